@@ -1,0 +1,135 @@
+"""Attention over the paged KV cache for a ragged batch.
+
+The batch is flattened: every scheduled token is one row. Rows are ordered so that the single-token
+chunks (decodes) come first; they attend in one batched call over their gathered blocks. Multi-token
+chunks (prefill chunks, and later fine-tuning windows) attend one sequence at a time with causal
+masking inside the chunk; a chunk that starts at position 0 attends to its own fresh K/V without
+touching the cache.
+
+Metadata is built once per iteration and shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from coserve.platform.kv_cache import KVCache
+
+
+@dataclass(slots=True)
+class ChunkSpan:
+    """One sequence's rows in the flattened batch."""
+
+    row: int  # first row
+    start: int  # position of the first row
+    num_tokens: int
+    block_table: list[int]
+
+
+@dataclass(slots=True)
+class PrefillSpan:
+    row: int
+    num_tokens: int
+    blocks: torch.Tensor | None  # [num_blocks_covering_context], None when start == 0
+    context_len: int
+    mask: torch.Tensor | None  # [num_tokens, context_len] bool (True = attend), None when start == 0
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Everything the attention of one iteration needs, for all layers."""
+
+    positions: torch.Tensor  # [T]
+    slots: torch.Tensor  # [T] KV slot of each row
+    num_decodes: int  # rows [0, num_decodes) are single-token chunks
+    decode_blocks: torch.Tensor | None  # [num_decodes, max_blocks], padded with block 0
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    prefills: list[PrefillSpan]
+
+
+def build_metadata(spans: list[ChunkSpan], block_size: int, device: torch.device) -> AttentionMetadata:
+    """Build the per-iteration metadata. `spans` must list single-token chunks first."""
+    starts = torch.tensor([s.start for s in spans], dtype=torch.int64)
+    lens = torch.tensor([s.num_tokens for s in spans], dtype=torch.int64)
+    total = int(lens.sum())
+    seq_of_row = torch.repeat_interleave(torch.arange(len(spans)), lens)
+    first_row = torch.cumsum(lens, 0) - lens
+    positions = starts[seq_of_row] + torch.arange(total) - first_row[seq_of_row]
+    width = max(len(s.block_table) for s in spans)
+    tables = torch.zeros((len(spans), width), dtype=torch.int64)
+    for i, span in enumerate(spans):
+        tables[i, : len(span.block_table)] = torch.tensor(span.block_table, dtype=torch.int64)
+    slots = tables[seq_of_row, positions // block_size] * block_size + positions % block_size
+
+    num_decodes = 0
+    while num_decodes < len(spans) and spans[num_decodes].num_tokens == 1:
+        num_decodes += 1
+    decode_blocks = decode_mask = None
+    if num_decodes:
+        ctx = starts[:num_decodes] + 1
+        nblocks = int((ctx.max() + block_size - 1) // block_size)
+        decode_blocks = tables[:num_decodes, :nblocks].to(device)
+        keys = torch.arange(nblocks * block_size)
+        decode_mask = (keys[None, :] < ctx[:, None]).view(num_decodes, 1, 1, -1).to(device)
+    prefills = [_prefill_span(s, block_size, device) for s in spans[num_decodes:]]
+    return AttentionMetadata(positions=positions.to(device), slots=slots.to(device),
+                             num_decodes=num_decodes, decode_blocks=decode_blocks,
+                             decode_mask=decode_mask, prefills=prefills)
+
+
+def _prefill_span(span: ChunkSpan, block_size: int, device: torch.device) -> PrefillSpan:
+    context = span.start + span.num_tokens
+    if span.start == 0:
+        return PrefillSpan(span.row, span.num_tokens, None, context, None)
+    nblocks = (context + block_size - 1) // block_size
+    blocks = torch.tensor(span.block_table[:nblocks], dtype=torch.int64, device=device)
+    query_pos = torch.arange(span.start, context, device=device)
+    mask = torch.arange(context, device=device)[None, :] <= query_pos[:, None]
+    return PrefillSpan(span.row, span.num_tokens, blocks, context, mask)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
+                    meta: AttentionMetadata) -> torch.Tensor:
+    """Causal attention of every row over its sequence's context.
+
+    Args:
+        q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim] of this iteration's rows (already
+            written to the cache at `meta.slots`).
+    Returns:
+        [T, heads * head_dim]
+    """
+    out = torch.empty_like(q)
+    k_blocks, v_blocks = cache.blocks(layer)
+    nd = meta.num_decodes
+    if nd:
+        out[:nd] = _decode_attention(q[:nd], k_blocks, v_blocks, meta)
+    for span in meta.prefills:
+        rows = slice(span.row, span.row + span.num_tokens)
+        if span.blocks is None:
+            keys, values, mask = k[rows], v[rows], None
+        else:
+            keys = k_blocks[span.blocks].flatten(0, 1)[: span.context_len]
+            values = v_blocks[span.blocks].flatten(0, 1)[: span.context_len]
+            mask = span.mask
+        out[rows] = _sdpa(q[rows].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                          mask, causal=mask is None).transpose(0, 1)
+    return out.flatten(1)
+
+
+def _decode_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor,
+                      meta: AttentionMetadata) -> torch.Tensor:
+    # [nd, max_blocks, block_size, kv_heads, d] -> [nd, kv_heads, max_blocks * block_size, d]
+    keys = k_blocks[meta.decode_blocks].flatten(1, 2).transpose(1, 2)
+    values = v_blocks[meta.decode_blocks].flatten(1, 2).transpose(1, 2)
+    out = _sdpa(q.unsqueeze(2), keys, values, meta.decode_mask, causal=False)
+    return out.squeeze(2)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          causal: bool) -> torch.Tensor:
+    """SDPA with grouped-query heads: q [..., heads, L, d], k/v [..., kv_heads, S, d]."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                          enable_gqa=q.shape[-3] != k.shape[-3])

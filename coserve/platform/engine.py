@@ -1,0 +1,178 @@
+"""The engine of the GPU process: executes one `IterationPlan` per call and reports what it did.
+
+It makes no scheduling decision: which tokens run, which KV blocks they use, which adapter lives in
+which slot, and when state is dropped all come from the plan. What it keeps between iterations is
+the minimum to execute plans: each sequence's token ids (the newest sampled token is the next
+decode's input), its sampling settings and its adapter slot.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from coserve.platform.attention import ChunkSpan, build_metadata
+from coserve.platform.config import ModelConfig, resolve_dtype
+from coserve.platform.kv_cache import KVCache
+from coserve.platform.lora import LoRABank, LoRASegment
+from coserve.platform.model import Transformer
+from coserve.platform.sampler import RowSampling, Sampler
+from coserve.platform.weights import load_weights
+from coserve.policies.plan import (IterationPlan, IterationResult, NewSequence, SampledToken,
+                                   ScheduledChunk, StepTimings)
+from coserve.policies.request import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How to build an engine. Sizes are the user's; measured facts go into `RuntimeLayout`."""
+
+    model: str
+    dtype: str = "auto"
+    device: str = "cpu"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # overrides kv_cache_memory_gb
+    kv_cache_memory_gb: float | None = None  # default: 0.5 on CPU, 90% of free memory on CUDA
+    max_model_len: int | None = None
+    max_loras: int = 4  # adapter slots in the bank
+    max_lora_rank: int = 64
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLayout:
+    """What the scheduler needs to know about a built engine."""
+
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    num_adapter_slots: int
+    max_lora_rank: int
+
+
+@dataclass(slots=True)
+class _Sequence:
+    tokens: list[int]
+    sampling: SamplingParams
+    adapter_slot: int
+    num_outputs: int
+
+
+class Engine:
+    """Base model + paged KV cache + LoRA bank + sampler, driven by plans."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model_config = ModelConfig.from_pretrained(config.model)
+        self.dtype = resolve_dtype(config.dtype, self.model_config)
+        torch.manual_seed(config.seed)
+        weights = load_weights(Path(config.model), self.model_config, self.dtype, self.device)
+        self.model = Transformer(self.model_config, weights, self.dtype, self.device)
+        max_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                      self.model_config.max_position_embeddings)
+        num_blocks = config.num_kv_blocks or self._blocks_for_memory()
+        cfg = self.model_config
+        self.cache = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads,
+                             cfg.head_dim, self.dtype, self.device)
+        self.bank = LoRABank(cfg, config.max_loras, config.max_lora_rank, self.dtype, self.device)
+        self.sampler = Sampler()
+        self.layout = RuntimeLayout(num_kv_blocks=num_blocks, block_size=config.block_size,
+                                    max_model_len=max_len, vocab_size=cfg.vocab_size,
+                                    num_adapter_slots=config.max_loras,
+                                    max_lora_rank=config.max_lora_rank)
+        self._seqs: dict[str, _Sequence] = {}
+
+    def _blocks_for_memory(self) -> int:
+        cfg, c = self.model_config, self.config
+        per_block = KVCache.bytes_per_block(cfg.num_layers, c.block_size, cfg.num_kv_heads,
+                                            cfg.head_dim, self.dtype)
+        if c.kv_cache_memory_gb is not None:
+            budget = c.kv_cache_memory_gb * 2**30
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = 0.9 * free
+        else:
+            budget = 0.5 * 2**30
+        return max(1, int(budget // per_block))
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+    def step(self, plan: IterationPlan) -> IterationResult:
+        """Execute one plan: adapter changes, frees, then one fused forward and sampling."""
+        t0 = time.perf_counter()
+        for slot in plan.adapter_unloads:
+            self.bank.unload(slot)
+        for load in plan.adapter_loads:
+            self.bank.load(load.slot, load.adapter_id, load.path)
+        for request_id in plan.freed:
+            self._seqs.pop(request_id, None)
+        for new in plan.new_sequences:
+            self._seqs[new.request_id] = _new_sequence(new)
+        result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
+        if plan.chunks:
+            self._run(plan.chunks, result, t0)
+        result.timings.total_s = time.perf_counter() - t0
+        return result
+
+    def _run(self, chunks: list[ScheduledChunk], result: IterationResult, t0: float) -> None:
+        # Single-token chunks first (one batched decode attention), then grouped by adapter so each
+        # adapter's rows are contiguous. Row order is an execution detail; results are keyed by id.
+        order = sorted(chunks, key=lambda c: (c.num_tokens > 1, self._seqs[c.request_id].adapter_slot))
+        spans, token_ids, segments, sample_rows = [], [], [], []
+        row = 0
+        for chunk in order:
+            seq = self._seqs[chunk.request_id]
+            if chunk.start + chunk.num_tokens > len(seq.tokens):
+                raise RuntimeError(f"plan asks for positions up to {chunk.start + chunk.num_tokens} of "
+                                   f"{chunk.request_id}, which has {len(seq.tokens)} tokens")
+            spans.append(ChunkSpan(row, chunk.start, chunk.num_tokens, chunk.block_table))
+            token_ids.extend(seq.tokens[chunk.start: chunk.start + chunk.num_tokens])
+            _extend_segments(segments, seq.adapter_slot, row, row + chunk.num_tokens)
+            row += chunk.num_tokens
+            if chunk.sample:
+                sample_rows.append(row - 1)
+        meta = build_metadata(spans, self.cache.block_size, self.device)
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+        batch = self.model.make_batch(ids, meta, segments)
+        t1 = time.perf_counter()
+        hidden = self.model.forward(batch, self.cache, self.bank)
+        sampled = [c for c in order if c.sample]
+        logits = self.model.logits(hidden[sample_rows]) if sample_rows else None
+        t2 = time.perf_counter()
+        if logits is not None:
+            self._sample(sampled, logits, result)
+        t3 = time.perf_counter()
+        result.timings = StepTimings(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
+
+    def _sample(self, chunks: list[ScheduledChunk], logits: torch.Tensor,
+                result: IterationResult) -> None:
+        seqs = [self._seqs[c.request_id] for c in chunks]
+        rows = [RowSampling(temperature=s.sampling.temperature, top_p=s.sampling.top_p,
+                            top_k=s.sampling.top_k, seed=s.sampling.seed, output_index=s.num_outputs,
+                            num_logprobs=s.sampling.logprobs) for s in seqs]
+        token_ids, logprobs = self.sampler(logits, rows)
+        for chunk, seq, token, lp in zip(chunks, seqs, token_ids, logprobs):
+            seq.tokens.append(token)
+            seq.num_outputs += 1
+            result.sampled.append(SampledToken(chunk.request_id, token, lp))
+
+
+def _new_sequence(new: NewSequence) -> _Sequence:
+    return _Sequence(tokens=list(new.token_ids), sampling=new.sampling, adapter_slot=new.adapter_slot,
+                     num_outputs=new.num_output_tokens)
+
+
+def _extend_segments(segments: list[LoRASegment], slot: int, start: int, end: int) -> None:
+    if slot < 0:
+        return
+    if segments and segments[-1].slot == slot and segments[-1].end == start:
+        segments[-1].end = end
+    else:
+        segments.append(LoRASegment(slot, start, end))

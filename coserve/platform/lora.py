@@ -1,0 +1,226 @@
+"""Multi-LoRA: PEFT adapters read from disk, a bank of slots, and the batched delta in the forward.
+
+Each adapter is stored per layer as four fused pairs that mirror the base model's fused projections
+(qkv, o, gate_up, down). For a fused pair, A stacks the modules' A matrices ([sum r, in]) and B is
+block-diagonal ([sum out, sum r], zeros between modules, scale folded in), so one adapter costs two
+small matmuls per projection whatever subset of q/k/v or gate/up it targets.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from coserve.platform.config import ModelConfig
+
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class Projection(enum.IntEnum):
+    """The base model's fused projections, each carrying the LoRA of its member modules."""
+
+    QKV = 0
+    O = 1
+    GATE_UP = 2
+    DOWN = 3
+
+
+FUSED_MODULES: dict[Projection, tuple[str, ...]] = {
+    Projection.QKV: ("q_proj", "k_proj", "v_proj"),
+    Projection.O: ("o_proj",),
+    Projection.GATE_UP: ("gate_proj", "up_proj"),
+    Projection.DOWN: ("down_proj",),
+}
+_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
+
+
+class AdapterError(ValueError):
+    """A LoRA adapter that cannot be served: missing files, unsupported modules, rank too large."""
+
+
+@dataclass(slots=True)
+class LoRAPair:
+    a: torch.Tensor  # [R, in]
+    b: torch.Tensor  # [out, R], scale folded in
+
+
+# One layer of an adapter: a pair (or None) per Projection, indexed by the enum.
+AdapterLayer = tuple[LoRAPair | None, LoRAPair | None, LoRAPair | None, LoRAPair | None]
+
+
+@dataclass(slots=True)
+class AdapterWeights:
+    adapter_id: int
+    rank: int
+    target_modules: tuple[str, ...]
+    layers: list[AdapterLayer]
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterConfig:
+    """The parts of PEFT's adapter_config.json that the forward needs."""
+
+    r: int
+    lora_alpha: float
+    use_rslora: bool
+
+    def scale(self, rank: int) -> float:
+        return self.lora_alpha / (math.sqrt(rank) if self.use_rslora else rank)
+
+
+def read_adapter_config(path: str | Path) -> AdapterConfig:
+    """Read and validate a PEFT `adapter_config.json`.
+
+    Raises:
+        AdapterError: missing file or a feature coserve does not serve.
+    """
+    cfg_path = Path(path) / "adapter_config.json"
+    if not cfg_path.is_file():
+        raise AdapterError(f"no adapter_config.json in {path}: not a PEFT LoRA adapter folder")
+    raw = json.loads(cfg_path.read_text())
+    if raw.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"adapter {path} is {raw.get('peft_type')}, only LORA is supported")
+    unsupported = [k for k in ("use_dora", "modules_to_save", "alpha_pattern", "rank_pattern")
+                   if raw.get(k)]
+    if raw.get("bias", "none") != "none":
+        unsupported.append(f"bias={raw['bias']}")
+    if unsupported:
+        raise AdapterError(f"adapter {path} uses unsupported PEFT features: {', '.join(unsupported)}")
+    return AdapterConfig(r=int(raw["r"]), lora_alpha=float(raw.get("lora_alpha", raw["r"])),
+                         use_rslora=bool(raw.get("use_rslora", False)))
+
+
+def _read_tensors(path: Path, cfg: ModelConfig) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+    weights_path = path / "adapter_model.safetensors"
+    if not weights_path.is_file():
+        raise AdapterError(f"no adapter_model.safetensors in {path}")
+    found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for name, tensor in load_file(str(weights_path)).items():
+        match = _KEY.search(name)
+        if match is None:
+            raise AdapterError(f"adapter {path}: unsupported weight {name!r}; LoRA may target only "
+                               f"{', '.join(TARGET_MODULES)} of the decoder layers")
+        layer, module, which = int(match[1]), match[2], match[3]
+        if module not in TARGET_MODULES or layer >= cfg.num_layers:
+            raise AdapterError(f"adapter {path}: unsupported target module {module!r} (layer {layer});"
+                               f" supported: {', '.join(TARGET_MODULES)}")
+        found.setdefault((layer, module), {})[which] = tensor
+    if not found:
+        raise AdapterError(f"adapter {path} has no LoRA weights")
+    return found
+
+
+def load_peft_adapter(path: str | Path, adapter_id: int, cfg: ModelConfig, max_rank: int,
+                      dtype: torch.dtype, device: torch.device) -> AdapterWeights:
+    """Load a PEFT LoRA folder into the fused layout, checking it fits this model and bank.
+
+    Raises:
+        AdapterError: unsupported modules or features, a rank above `max_rank`, wrong shapes.
+    """
+    path = Path(path)
+    acfg = read_adapter_config(path)
+    tensors = _read_tensors(path, cfg)
+    shapes = cfg.linear_shapes()
+    rank = 0
+    for (layer, module), pair in tensors.items():
+        if set(pair) != {"A", "B"}:
+            raise AdapterError(f"adapter {path}: layer {layer} {module} lacks lora_A or lora_B")
+        r = pair["A"].shape[0]
+        rank = max(rank, r)
+        d_in, d_out = shapes[module]
+        if tuple(pair["A"].shape) != (r, d_in) or tuple(pair["B"].shape) != (d_out, r):
+            raise AdapterError(f"adapter {path}: {module} of layer {layer} has shapes "
+                               f"{tuple(pair['A'].shape)}/{tuple(pair['B'].shape)}, model expects "
+                               f"({r}, {d_in})/({d_out}, {r})")
+    if rank > max_rank:
+        raise AdapterError(f"adapter {path} has rank {rank}, above the bank's max_lora_rank {max_rank}")
+    layers = [_fuse_layer(tensors, i, acfg, shapes, dtype, device) for i in range(cfg.num_layers)]
+    modules = tuple(m for m in TARGET_MODULES if any(k[1] == m for k in tensors))
+    return AdapterWeights(adapter_id=adapter_id, rank=rank, target_modules=modules, layers=layers)
+
+
+def _fuse_layer(tensors: dict[tuple[int, str], dict[str, torch.Tensor]], layer: int,
+                acfg: AdapterConfig, shapes: dict[str, tuple[int, int]], dtype: torch.dtype,
+                device: torch.device) -> AdapterLayer:
+    fused: list[LoRAPair | None] = []
+    for modules in FUSED_MODULES.values():
+        present = [(m, tensors[(layer, m)]) for m in modules if (layer, m) in tensors]
+        if not present:
+            fused.append(None)
+            continue
+        total_r = sum(p["A"].shape[0] for _, p in present)
+        total_out = sum(shapes[m][1] for m in modules)
+        a = torch.cat([p["A"].float() for _, p in present])
+        b = torch.zeros(total_out, total_r)
+        row = col = 0
+        for m in modules:
+            pair = tensors.get((layer, m))
+            if pair is not None:
+                r = pair["A"].shape[0]
+                b[row: row + shapes[m][1], col: col + r] = pair["B"].float() * acfg.scale(r)
+                col += r
+            row += shapes[m][1]
+        fused.append(LoRAPair(a=a.to(device, dtype).contiguous(), b=b.to(device, dtype).contiguous()))
+    return tuple(fused)  # type: ignore[return-value]
+
+
+@dataclass(slots=True)
+class LoRASegment:
+    """Rows [start, end) of the flattened batch run through bank slot `slot`."""
+
+    slot: int
+    start: int
+    end: int
+
+
+class LoRABank:
+    """A fixed number of adapter slots; the scheduler decides what lives where."""
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, max_rank: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        if num_slots < 0 or max_rank < 1:
+            raise ValueError(f"need num_slots >= 0 and max_lora_rank >= 1, got {num_slots}, {max_rank}")
+        self.cfg, self.max_rank, self.dtype, self.device = cfg, max_rank, dtype, device
+        self.slots: list[AdapterWeights | None] = [None] * num_slots
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.slots)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < len(self.slots):
+            raise ValueError(f"adapter slot {slot} out of range [0, {len(self.slots)})")
+
+    def load(self, slot: int, adapter_id: int, path: str | Path) -> None:
+        """Read the PEFT folder at `path` into `slot`, replacing what was there."""
+        self._check_slot(slot)
+        self.slots[slot] = load_peft_adapter(path, adapter_id, self.cfg, self.max_rank, self.dtype,
+                                             self.device)
+
+    def install(self, slot: int, weights: AdapterWeights) -> None:
+        """Put in-memory weights (e.g. a trainer's live adapter) into `slot`."""
+        self._check_slot(slot)
+        self.slots[slot] = weights
+
+    def unload(self, slot: int) -> None:
+        self._check_slot(slot)
+        self.slots[slot] = None
+
+    def apply(self, proj: Projection, layer: int, x: torch.Tensor, out: torch.Tensor,
+              segments: list[LoRASegment]) -> None:
+        """out[rows] += (x[rows] @ A^T) @ B^T for each segment's adapter, in place."""
+        for seg in segments:
+            adapter = self.slots[seg.slot]
+            if adapter is None:
+                raise RuntimeError(f"adapter slot {seg.slot} is empty but scheduled")
+            pair = adapter.layers[layer][proj]
+            if pair is not None:
+                rows = slice(seg.start, seg.end)
+                out[rows].addmm_(x[rows] @ pair.a.t(), pair.b.t())

@@ -1,0 +1,105 @@
+"""coserve's own forward for Llama, Qwen2, Qwen3 and Mistral over a flattened ragged batch.
+
+No transformers modeling code runs here. One call computes every scheduled token of every sequence
+(prefill chunks and decodes mixed), each token through its own LoRA adapter, writing K/V into the
+paged cache. Layers are plain functions of (weights, inputs) so a trainer can recompute any single
+layer on any token window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from coserve.platform.attention import AttentionMetadata, paged_attention
+from coserve.platform.config import ModelConfig
+from coserve.platform.kv_cache import KVCache
+from coserve.platform.lora import LoRABank, LoRASegment, Projection
+from coserve.platform.rope import RotaryTable, apply_rope
+from coserve.platform.weights import LayerWeights, ModelWeights
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """The inputs of one fused forward."""
+
+    token_ids: torch.Tensor  # [T]
+    attn: AttentionMetadata
+    lora: list[LoRASegment]  # rows through each adapter; rows in no segment use the base model
+    cos: torch.Tensor  # [T, 1, head_dim]
+    sin: torch.Tensor
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as HF computes it: normalise in float32, cast back, then scale."""
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps) if x.dtype != torch.float32 else \
+        F.rms_norm(x, (x.shape[-1],), eps=eps)
+    return weight * normed.to(x.dtype)
+
+
+class Transformer:
+    """A loaded base model: weights, rotary tables and the layer functions."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.cfg, self.weights, self.dtype, self.device = cfg, weights, dtype, device
+        self.rotary = RotaryTable(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, dtype, device)
+
+    def make_batch(self, token_ids: torch.Tensor, attn: AttentionMetadata,
+                   lora: list[LoRASegment]) -> ForwardBatch:
+        cos, sin = self.rotary.lookup(attn.positions)
+        return ForwardBatch(token_ids=token_ids, attn=attn, lora=lora, cos=cos, sin=sin)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache, bank: LoRABank) -> torch.Tensor:
+        """Hidden states after the last layer (before the final norm), [T, hidden]."""
+        h = self.weights.embed[batch.token_ids]
+        for i in range(self.cfg.num_layers):
+            h = self.layer(i, h, batch, cache, bank)
+        return h
+
+    def layer(self, i: int, h: torch.Tensor, batch: ForwardBatch, cache: KVCache,
+              bank: LoRABank) -> torch.Tensor:
+        """One decoder layer on the batch's rows; writes the rows' K/V into the cache."""
+        w = self.weights.layers[i]
+        h = h + self._attention(i, w, rms_norm(h, w.input_norm, self.cfg.rms_norm_eps), batch, cache,
+                                bank)
+        return h + self._mlp(i, w, rms_norm(h, w.post_norm, self.cfg.rms_norm_eps), batch, bank)
+
+    def _attention(self, i: int, w: LayerWeights, x: torch.Tensor, batch: ForwardBatch,
+                   cache: KVCache, bank: LoRABank) -> torch.Tensor:
+        cfg = self.cfg
+        qkv = F.linear(x, w.qkv_w, w.qkv_b)
+        bank.apply(Projection.QKV, i, x, qkv, batch.lora)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(-1, cfg.num_heads, cfg.head_dim)
+        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = rms_norm(q, w.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+        q = apply_rope(q, batch.cos, batch.sin)
+        k = apply_rope(k, batch.cos, batch.sin)
+        cache.write(i, batch.attn.slots, k, v)
+        attn = paged_attention(q, k, v, cache, i, batch.attn)
+        out = F.linear(attn, w.o_w, w.o_b)
+        bank.apply(Projection.O, i, attn, out, batch.lora)
+        return out
+
+    def _mlp(self, i: int, w: LayerWeights, x: torch.Tensor, batch: ForwardBatch,
+             bank: LoRABank) -> torch.Tensor:
+        gate_up = F.linear(x, w.gate_up_w, w.gate_up_b)
+        bank.apply(Projection.GATE_UP, i, x, gate_up, batch.lora)
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = F.silu(gate) * up
+        out = F.linear(act, w.down_w, w.down_b)
+        bank.apply(Projection.DOWN, i, act, out, batch.lora)
+        return out
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head on the given rows only, [N, vocab] in float32."""
+        normed = rms_norm(hidden, self.weights.final_norm, self.cfg.rms_norm_eps)
+        return F.linear(normed, self.weights.lm_head).float()

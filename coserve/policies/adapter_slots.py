@@ -1,0 +1,124 @@
+"""Which LoRA adapter lives in which slot of the engine's adapter bank (LRU, with pinning).
+
+The engine has a fixed number of bank slots. A running request pins its adapter so the slot cannot
+be reused under it; an unpinned resident adapter stays loaded (a later request reuses it without a
+reload) until its slot is needed, least recently used first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from coserve.policies.plan import AdapterLoad
+from coserve.policies.request import AdapterRef
+
+
+@dataclass(slots=True)
+class SlotGrant:
+    """The answer to `AdapterSlots.acquire`: where the adapter is and what the engine must do.
+
+    Attributes:
+        slot: the bank slot the adapter occupies (pass it as `NewSequence.adapter_slot`).
+        load: set when the engine must load the adapter into `slot` before the forward.
+        evicted_slot: set when another adapter was evicted from a slot to make room (the engine
+            unloads it before loading; it equals `slot`).
+    """
+
+    slot: int
+    load: AdapterLoad | None = None
+    evicted_slot: int | None = None
+
+
+class AdapterSlots:
+    """LRU assignment of adapters to `num_slots` bank slots; pinned adapters are never evicted.
+
+    Args:
+        num_slots: slots in the engine's LoRA bank.
+
+    Raises:
+        ValueError: ``num_slots`` < 1.
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self._num_slots = num_slots
+        self._empty_slots: list[int] = list(range(num_slots))
+        self._resident: dict[int, tuple[int, AdapterRef]] = {}  # adapter id -> (slot, ref)
+        self._pins: dict[int, int] = {}  # adapter id -> pin count (absent: unpinned)
+        self._lru: OrderedDict[int, None] = OrderedDict()  # resident adapter ids, least recent first
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    def slot_of(self, adapter_id: int) -> int | None:
+        """The slot holding the adapter, or None if it is not resident."""
+        entry = self._resident.get(adapter_id)
+        return entry[0] if entry is not None else None
+
+    def pin_count(self, adapter_id: int) -> int:
+        return self._pins.get(adapter_id, 0)
+
+    def can_acquire(self, adapter: AdapterRef) -> bool:
+        """Whether `acquire` would succeed now (changes nothing)."""
+        if adapter.adapter_id in self._resident or self._empty_slots:
+            return True
+        return self._lru_unpinned() is not None
+
+    def acquire(self, adapter: AdapterRef) -> SlotGrant | None:
+        """Pin the adapter into a slot, loading it (and evicting the LRU unpinned one) if needed.
+
+        Returns:
+            The grant, or None when every slot holds a pinned adapter (the caller waits).
+
+        Raises:
+            ValueError: the adapter id is resident with a different path.
+        """
+        adapter_id = adapter.adapter_id
+        entry = self._resident.get(adapter_id)
+        if entry is not None:
+            slot, resident = entry
+            if resident.path != adapter.path:
+                raise ValueError(f"adapter id {adapter_id} is loaded from {resident.path!r}, "
+                                 f"not {adapter.path!r}")
+            self._pin(adapter_id)
+            return SlotGrant(slot=slot)
+        evicted_slot: int | None = None
+        if self._empty_slots:
+            slot = self._empty_slots.pop(0)
+        else:
+            victim = self._lru_unpinned()
+            if victim is None:
+                return None
+            slot = self._resident.pop(victim)[0]
+            del self._lru[victim]
+            evicted_slot = slot
+        self._resident[adapter_id] = (slot, adapter)
+        self._pin(adapter_id)
+        load = AdapterLoad(slot=slot, adapter_id=adapter_id, path=adapter.path)
+        return SlotGrant(slot=slot, load=load, evicted_slot=evicted_slot)
+
+    def release(self, adapter_id: int) -> None:
+        """Unpin the adapter once; it stays resident until its slot is needed.
+
+        Raises:
+            ValueError: the adapter is not pinned.
+        """
+        pins = self._pins.get(adapter_id, 0)
+        if pins == 0:
+            raise ValueError(f"release of adapter id {adapter_id}, which is not pinned")
+        if pins == 1:
+            del self._pins[adapter_id]
+        else:
+            self._pins[adapter_id] = pins - 1
+
+    def _pin(self, adapter_id: int) -> None:
+        self._pins[adapter_id] = self._pins.get(adapter_id, 0) + 1
+        # Use order, not release order, decides eviction: the adapter just asked for is the newest.
+        self._lru[adapter_id] = None
+        self._lru.move_to_end(adapter_id)
+
+    def _lru_unpinned(self) -> int | None:
+        return next((a for a in self._lru if a not in self._pins), None)

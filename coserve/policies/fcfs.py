@@ -1,0 +1,368 @@
+"""First-come-first-served continuous batching with a token budget and chunked prefill.
+
+There are no prefill and decode phases (vLLM v1): every request has `num_computed_tokens` catching up
+with `num_tokens`, and an iteration gives each request some tokens under one budget. A prompt that
+does not fit is computed in chunks over several iterations; a decode is a chunk of one token.
+
+The module-level functions (`prefix_salt`, `num_new_tokens`, `check_stop`) hold the rules that do not
+depend on the order requests are picked in, so other policies reuse them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.config import SchedulerConfig
+from coserve.policies.kv_blocks import KVBlockManager
+from coserve.policies.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
+from coserve.policies.request import Request, RequestStatus
+
+# Prefix-cache salt of base-model requests; adapter ids are >= 0, so no adapter shares it.
+BASE_MODEL_SALT = -1
+
+
+def prefix_salt(request: Request) -> int:
+    """Salt for the request's prefix-cache hashes: a LoRA adapter changes K/V for the same tokens."""
+    return request.adapter.adapter_id if request.adapter is not None else BASE_MODEL_SALT
+
+
+def num_new_tokens(request: Request, token_budget: int, long_prefill_threshold: int = 0) -> int:
+    """Tokens the request computes this iteration: what remains, capped by the budget and threshold."""
+    count = min(request.num_tokens - request.num_computed_tokens, token_budget)
+    if long_prefill_threshold > 0:
+        count = min(count, long_prefill_threshold)
+    return max(count, 0)
+
+
+def check_stop(request: Request, token_id: int, max_model_len: int) -> RequestStatus | None:
+    """The finished status after `token_id` was appended to the request's output, or None.
+
+    EOS and stop token ids are checked before the length limits, so a model that ends exactly at
+    `max_tokens` reports `stop` (it did end), not `length`.
+    """
+    sampling = request.sampling
+    if request.num_output_tokens >= sampling.min_tokens:
+        if token_id == request.eos_token_id and not sampling.ignore_eos:
+            return RequestStatus.FINISHED_STOPPED
+        if token_id in sampling.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+    if sampling.max_tokens is not None and request.num_output_tokens >= sampling.max_tokens:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
+    # The next token would sit at position num_tokens, past the model's context.
+    if request.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
+    return None
+
+
+@dataclass(slots=True)
+class _Budget:
+    """What is left of this iteration's token budget."""
+
+    tokens: int
+
+
+class FCFSPolicy:
+    """Continuous batching: running requests first, then waiting requests in arrival order.
+
+    Args:
+        config: budgets and limits.
+        kv: the KV block manager of the engine this policy plans for.
+        adapters: the adapter bank slots of that engine.
+
+    Raises:
+        ValueError: `kv` disagrees with `config` (block size, prefix caching), or a sequence of
+            `max_model_len` tokens needs more blocks than the KV cache has.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv: KVBlockManager, adapters: AdapterSlots) -> None:
+        if kv.block_size != config.block_size:
+            raise ValueError(f"KV block size {kv.block_size} != SchedulerConfig.block_size "
+                             f"{config.block_size}")
+        if kv.enable_prefix_caching != config.enable_prefix_caching:
+            raise ValueError(f"KV prefix caching {kv.enable_prefix_caching} != "
+                             f"SchedulerConfig.enable_prefix_caching {config.enable_prefix_caching}")
+        if -(-config.max_model_len // kv.block_size) > kv.num_blocks:
+            # Otherwise one long request could be preempted forever, alone in the cache.
+            raise ValueError(f"max_model_len={config.max_model_len} needs more than the "
+                             f"{kv.num_blocks} KV blocks of {kv.block_size} tokens")
+        self._config = config
+        self._kv = kv
+        self._adapters = adapters
+        self._requests: dict[str, Request] = {}  # every unfinished request
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []  # admission order: the last one is preempted first
+        self._in_engine: set[str] = set()  # ids the engine holds state for (sent as NewSequence)
+        self._pinned: set[str] = set()  # ids holding an adapter pin
+        self._pending_freed: list[str] = []  # finished since the last plan; freed in the next one
+        self._next_step_id = 0
+
+    # ------------------------------------------------------------------------------- requests
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request at the back of the waiting queue.
+
+        Raises:
+            ValueError: empty prompt, prompt longer than max_model_len, duplicate id, a negative
+                adapter id, or a request that is not WAITING.
+        """
+        prompt_len = len(request.prompt_token_ids)
+        if prompt_len == 0:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        if prompt_len > self._config.max_model_len:
+            raise ValueError(f"request {request.request_id!r}: prompt has {prompt_len} tokens, more "
+                             f"than max_model_len={self._config.max_model_len}")
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already scheduled")
+        if request.adapter is not None and request.adapter.adapter_id < 0:
+            raise ValueError(f"adapter ids must be >= 0, got {request.adapter.adapter_id}")
+        if request.status != RequestStatus.WAITING:
+            raise ValueError(f"request {request.request_id!r} is {request.status.name}, not WAITING")
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+
+    def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool:
+        """Finish a request now (a client abort, or a stop string found by the output processor).
+
+        Its blocks and adapter pin are released at once; the engine drops its state in the next plan.
+
+        Returns:
+            False when the request is unknown or already finished (nothing to do).
+
+        Raises:
+            ValueError: `status` is not a finished status.
+        """
+        if not status.is_finished:
+            raise ValueError(f"abort needs a finished status, got {status.name}")
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        self._finish(request, status)
+        return True
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The unfinished request with this id, or None."""
+        return self._requests.get(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def has_work(self) -> bool:
+        """Unfinished requests, or finished ones whose engine state the next plan must free."""
+        return bool(self._requests or self._pending_freed)
+
+    @property
+    def kv(self) -> KVBlockManager:
+        """The block manager this policy allocates from (read it for usage and prefix-cache stats)."""
+        return self._kv
+
+    @property
+    def adapters(self) -> AdapterSlots:
+        return self._adapters
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # ---------------------------------------------------------------------------------- plan
+
+    def plan(self) -> IterationPlan:
+        """Decide the next iteration: running requests first, then admissions in arrival order.
+
+        Admissions happen only when nothing was preempted in this step: a preemption means memory
+        is short, and admitting would just preempt again next step.
+
+        Raises:
+            RuntimeError: the plan breaks the token or sequence budget (a bug, not bad input).
+        """
+        plan = IterationPlan(step_id=self._next_step_id, freed=self._pending_freed)
+        self._next_step_id += 1
+        self._pending_freed = []
+        budget = _Budget(tokens=self._config.max_batch_tokens)
+        preempted = self._schedule_running(plan, budget)
+        if not preempted:
+            self._schedule_waiting(plan, budget)
+        self._check_invariants(plan)
+        return plan
+
+    def _schedule_running(self, plan: IterationPlan, budget: _Budget) -> bool:
+        """Give tokens to running requests in order, preempting from the back when blocks run out.
+
+        Returns:
+            Whether any request was preempted.
+        """
+        preempted = False
+        index = 0
+        while index < len(self._running) and budget.tokens > 0:
+            request = self._running[index]
+            count = num_new_tokens(request, budget.tokens, self._config.long_prefill_threshold)
+            if count == 0:
+                index += 1
+                continue
+            target = request.num_computed_tokens + count
+            while not self._kv.allocate_slots(request.request_id, target):
+                # The victim is always at or after `index`, so no scheduled chunk loses its blocks.
+                victim = self._running[-1]
+                self._preempt(victim, plan)
+                preempted = True
+                if victim is request:
+                    return preempted  # it was the last one; nothing after it to schedule
+            self._emit_chunk(request, count, plan)
+            budget.tokens -= count
+            index += 1
+        return preempted
+
+    def _schedule_waiting(self, plan: IterationPlan, budget: _Budget) -> None:
+        while (self._waiting and budget.tokens > 0
+               and len(self._running) < self._config.max_num_seqs):
+            request = self._waiting[0]
+            if not self._try_admit(request, plan, budget):
+                break  # strict FCFS: nobody overtakes the head of the queue
+            self._waiting.popleft()
+            self._running.append(request)
+            request.status = RequestStatus.RUNNING
+
+    def _try_admit(self, request: Request, plan: IterationPlan, budget: _Budget) -> bool:
+        """Reserve blocks and an adapter slot for a waiting request and emit its first chunk.
+
+        Returns False, leaving the request waiting with no blocks and no pin, when the blocks or the
+        adapter slot are not available (matched prefix blocks go back to the cache).
+        """
+        # Checked first because a granted adapter may have evicted another one: it cannot be undone.
+        if request.adapter is not None and not self._adapters.can_acquire(request.adapter):
+            return False
+        request_id = request.request_id
+        token_ids = request.all_token_ids()
+        if self._config.enable_prefix_caching:
+            request.num_computed_tokens = self._kv.match_prefix(request_id, token_ids,
+                                                                prefix_salt(request))
+        count = num_new_tokens(request, budget.tokens, self._config.long_prefill_threshold)
+        if not self._kv.allocate_slots(request_id, request.num_computed_tokens + count):
+            self._kv.free(request_id)  # give back the matched prefix blocks
+            request.num_computed_tokens = 0
+            return False
+        adapter_slot = self._acquire_adapter(request, plan)
+        plan.new_sequences.append(NewSequence(
+            request_id=request_id,
+            token_ids=token_ids,
+            sampling=request.sampling,
+            num_output_tokens=request.num_output_tokens,
+            adapter_slot=adapter_slot,
+        ))
+        self._in_engine.add(request_id)
+        self._emit_chunk(request, count, plan)
+        budget.tokens -= count
+        return True
+
+    def _acquire_adapter(self, request: Request, plan: IterationPlan) -> int:
+        if request.adapter is None:
+            return -1
+        grant = self._adapters.acquire(request.adapter)
+        if grant is None:
+            raise RuntimeError(f"adapter slot vanished between can_acquire and acquire for "
+                               f"{request.request_id!r}")
+        self._pinned.add(request.request_id)
+        if grant.evicted_slot is not None:
+            plan.adapter_unloads.append(grant.evicted_slot)
+        if grant.load is not None:
+            plan.adapter_loads.append(grant.load)
+        return grant.slot
+
+    def _emit_chunk(self, request: Request, count: int, plan: IterationPlan) -> None:
+        start = request.num_computed_tokens
+        plan.chunks.append(ScheduledChunk(
+            request_id=request.request_id,
+            start=start,
+            num_tokens=count,
+            block_table=self._kv.block_table(request.request_id),
+            sample=start + count == request.num_tokens,
+        ))
+
+    def _preempt(self, request: Request, plan: IterationPlan) -> None:
+        """Drop a running request's K/V and requeue it first; it recomputes from scratch later."""
+        self._running.remove(request)
+        self._release_resources(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self._waiting.appendleft(request)
+        plan.freed.append(request.request_id)
+        self._in_engine.discard(request.request_id)
+
+    def _check_invariants(self, plan: IterationPlan) -> None:
+        if plan.num_tokens > self._config.max_batch_tokens:
+            raise RuntimeError(f"plan {plan.step_id} has {plan.num_tokens} tokens, over "
+                               f"max_batch_tokens={self._config.max_batch_tokens}")
+        if len(self._running) > self._config.max_num_seqs:
+            raise RuntimeError(f"{len(self._running)} running requests, over "
+                               f"max_num_seqs={self._config.max_num_seqs}")
+        scheduled = [c.request_id for c in plan.chunks]
+        if len(set(scheduled)) != len(scheduled) or any(c.num_tokens < 1 for c in plan.chunks):
+            raise RuntimeError(f"plan {plan.step_id} has duplicate or empty chunks: {scheduled}")
+
+    # -------------------------------------------------------------------------------- update
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> list[Request]:
+        """Apply what the engine did: advance computed tokens, append samples, finish requests.
+
+        Requests aborted after the plan was made are skipped.
+
+        Returns:
+            The requests that received a token this step (finished ones included), in batch order.
+
+        Raises:
+            ValueError: the result belongs to another step, or lacks a token for a sampled chunk.
+        """
+        if result.step_id != plan.step_id:
+            raise ValueError(f"result of step {result.step_id} applied to plan {plan.step_id}")
+        sampled = {token.request_id: token.token_id for token in result.sampled}
+        touched: list[Request] = []
+        for chunk in plan.chunks:
+            request = self._requests.get(chunk.request_id)
+            if request is None:
+                continue
+            request.num_computed_tokens = chunk.start + chunk.num_tokens
+            self._cache_new_full_blocks(request, chunk)
+            if not chunk.sample:
+                continue
+            token_id = sampled.get(chunk.request_id)
+            if token_id is None:
+                raise ValueError(f"step {result.step_id}: no sampled token for {chunk.request_id!r}")
+            request.append_output_token(token_id)
+            touched.append(request)
+            status = check_stop(request, token_id, self._config.max_model_len)
+            if status is not None:
+                self._finish(request, status)
+        return touched
+
+    def _cache_new_full_blocks(self, request: Request, chunk: ScheduledChunk) -> None:
+        block_size = self._config.block_size
+        end = chunk.start + chunk.num_tokens
+        # Most decode steps complete no block; skip building the token list for them.
+        if not self._config.enable_prefix_caching or end // block_size == chunk.start // block_size:
+            return
+        self._kv.cache_full_blocks(request.request_id, request.all_token_ids(), end,
+                                   prefix_salt(request))
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        if request in self._running:
+            self._running.remove(request)
+        elif request in self._waiting:
+            self._waiting.remove(request)
+        self._release_resources(request)
+        del self._requests[request.request_id]
+        if request.request_id in self._in_engine:
+            self._in_engine.discard(request.request_id)
+            self._pending_freed.append(request.request_id)
+
+    def _release_resources(self, request: Request) -> None:
+        self._kv.free(request.request_id)
+        if request.request_id in self._pinned:
+            self._pinned.discard(request.request_id)
+            if request.adapter is not None:
+                self._adapters.release(request.adapter.adapter_id)

@@ -1,0 +1,294 @@
+"""Paged KV-cache bookkeeping: which physical blocks hold which request's positions.
+
+The engine owns the K/V tensors; this module only decides block ids. It never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+# Parent hash of a sequence's first block (any fixed int works; it only seeds the chain).
+_ROOT_HASH = 0
+
+
+def hash_block(parent_hash: int, block_tokens: tuple[int, ...], salt: int) -> int:
+    """Chained hash of one full block: it depends on every token before it and on the salt.
+
+    Python's hash of a tuple of ints is deterministic across processes (no hash randomisation for
+    ints), so the same prompt gives the same chain everywhere.
+    """
+    return hash((parent_hash, block_tokens, salt))
+
+
+@dataclass(slots=True, frozen=True)
+class _BlockKey:
+    """What a cached block holds; compared on a hash hit so a collision can never alias K/V."""
+
+    parent_hash: int
+    tokens: tuple[int, ...]
+    salt: int
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix-cache counters since construction (tokens, not blocks)."""
+
+    queries: int = 0
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class KVBlockManager:
+    """Maps each request's token positions to fixed-size physical KV blocks, with prefix caching.
+
+    Position ``p`` of a request lives in ``block_table[p // block_size]`` at offset ``p % block_size``::
+
+        tokens:  | t0 t1 t2 t3 | t4 t5 t6 t7 | t8 t9 .. .. |
+        table:   [    17     ,     4       ,     9       ]    block_size = 4
+                 |<- full, hashed, shareable ->|<- partial: private to the request ->|
+                 h0 = hash(ROOT, (t0..t3), salt)
+                 h1 = hash(h0,   (t4..t7), salt)         the chain makes h1 depend on t0..t7
+
+    Only full blocks are ever shared. A physical block is in exactly one of three states:
+
+    - **in use**: ref count >= 1; listed in the tables of the requests that hold it (more than one
+      only for cached full blocks matched by ``match_prefix``);
+    - **free, plain**: ref count 0, holds nothing reusable; handed out first;
+    - **free, cached**: ref count 0 but its hash entry is kept, so a later request with the same
+      prefix can take it back; kept in LRU order and evicted (hash dropped) only when allocation
+      runs out of plain free blocks.
+
+    ``num_free_blocks`` counts both free kinds: a cached free block is as allocatable as a plain one.
+
+    Args:
+        num_blocks: physical blocks in the engine's KV cache.
+        block_size: token positions per block.
+        enable_prefix_caching: when False, ``match_prefix`` finds nothing and ``cache_full_blocks``
+            registers nothing.
+
+    Raises:
+        ValueError: ``num_blocks`` or ``block_size`` is < 1.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self._num_blocks = num_blocks
+        self._block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_counts = [0] * num_blocks
+        # Plain free blocks; dict for O(1) removal with insertion order (the first is reused first).
+        self._free_plain: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        # Cached blocks with ref count 0, least recently used first.
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._hash_to_block: dict[int, int] = {}
+        self._block_hash: dict[int, int] = {}
+        self._block_key: dict[int, _BlockKey] = {}
+        self._tables: dict[str, list[int]] = {}
+        # Chain hashes of each request's full blocks computed so far (registered or not).
+        self._req_hashes: dict[str, list[int]] = {}
+        self.stats = PrefixCacheStats()
+
+    # ----------------------------------------------------------------------------------- queries
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take now: plain free ones plus evictable cached ones."""
+        return len(self._free_plain) + len(self._evictable)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a reusable prefix."""
+        return len(self._evictable)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (cached free blocks count as free)."""
+        return 1.0 - self.num_free_blocks / self._num_blocks
+
+    def has_table(self, request_id: str) -> bool:
+        return request_id in self._tables
+
+    def block_table(self, request_id: str) -> list[int]:
+        """A copy of the request's block table (empty if it holds no blocks)."""
+        return list(self._tables.get(request_id, ()))
+
+    def blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
+        """Extra blocks the request needs so that its table covers ``[0, num_total_tokens)``.
+
+        Raises:
+            ValueError: ``num_total_tokens`` is negative.
+        """
+        if num_total_tokens < 0:
+            raise ValueError(f"num_total_tokens must be >= 0, got {num_total_tokens}")
+        have = len(self._tables.get(request_id, ()))
+        want = -(-num_total_tokens // self._block_size)
+        return max(0, want - have)
+
+    def can_allocate(self, request_id: str, num_total_tokens: int) -> bool:
+        return self.blocks_needed(request_id, num_total_tokens) <= self.num_free_blocks
+
+    # ------------------------------------------------------------------------ allocation / free
+
+    def allocate_slots(self, request_id: str, num_total_tokens: int) -> bool:
+        """Grow the request's table to cover positions ``[0, num_total_tokens)``.
+
+        Returns:
+            True on success; False, with nothing changed, when there are not enough free blocks
+            (the scheduler's "does not fit" answer, never an exception).
+
+        Raises:
+            ValueError: ``num_total_tokens`` is negative.
+        """
+        needed = self.blocks_needed(request_id, num_total_tokens)
+        if needed > self.num_free_blocks:
+            return False
+        table = self._tables.setdefault(request_id, [])
+        self._req_hashes.setdefault(request_id, [])
+        for _ in range(needed):
+            block = self._take_free_block()
+            self._ref_counts[block] = 1
+            table.append(block)
+        return True
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks; unknown ids are ignored (freeing twice is harmless).
+
+        Blocks are released tail first, so among one request's cached blocks the later ones are
+        evicted before the prefix that other requests are most likely to share (as in vLLM).
+        """
+        table = self._tables.pop(request_id, [])
+        self._req_hashes.pop(request_id, None)
+        for block in reversed(table):
+            self._ref_counts[block] -= 1
+            if self._ref_counts[block] > 0:
+                continue
+            if block in self._block_hash:
+                self._evictable[block] = None
+            else:
+                self._free_plain[block] = None
+
+    def _take_free_block(self) -> int:
+        if self._free_plain:
+            block, _ = self._free_plain.popitem(last=False)
+            return block
+        block, _ = self._evictable.popitem(last=False)
+        self._forget_hash(block)
+        return block
+
+    def _forget_hash(self, block: int) -> None:
+        block_hash = self._block_hash.pop(block)
+        del self._block_key[block]
+        if self._hash_to_block.get(block_hash) == block:
+            del self._hash_to_block[block_hash]
+
+    # ---------------------------------------------------------------------------- prefix cache
+
+    def match_prefix(self, request_id: str, token_ids: list[int], salt: int) -> int:
+        """Share the cached full blocks that start ``token_ids`` into a new request's table.
+
+        Walks full blocks from the start while the chained hash is cached and the stored
+        ``(parent hash, tokens, salt)`` equal this request's (a hash alone is never trusted). At
+        least one token is always left to compute, because the engine needs the logits of the last
+        prompt position: if every block would match, the last matched block is dropped.
+
+        Args:
+            request_id: a request that holds no blocks yet.
+            token_ids: the request's tokens (prompt, plus outputs kept across a preemption).
+            salt: separates K/V that differ for the same tokens (e.g. the LoRA adapter).
+
+        Returns:
+            The number of leading tokens whose K/V are already cached (a multiple of block_size).
+
+        Raises:
+            ValueError: the request already holds blocks.
+        """
+        if request_id in self._tables:
+            raise ValueError(f"match_prefix needs a request without blocks; {request_id!r} has "
+                             f"{len(self._tables[request_id])}")
+        self.stats.queries += 1
+        self.stats.queried_tokens += len(token_ids)
+        if not self.enable_prefix_caching:
+            return 0
+        matched, hashes = self._lookup_chain(token_ids, salt)
+        for block in matched:
+            if self._ref_counts[block] == 0:
+                del self._evictable[block]
+            self._ref_counts[block] += 1
+        self._tables[request_id] = matched
+        self._req_hashes[request_id] = hashes
+        num_cached = len(matched) * self._block_size
+        self.stats.hit_tokens += num_cached
+        return num_cached
+
+    def _lookup_chain(self, token_ids: list[int], salt: int) -> tuple[list[int], list[int]]:
+        # (len - 1) // block_size full blocks at most: the last token is always computed.
+        max_blocks = max(0, len(token_ids) - 1) // self._block_size
+        matched: list[int] = []
+        hashes: list[int] = []
+        parent = _ROOT_HASH
+        for index in range(max_blocks):
+            tokens = tuple(token_ids[index * self._block_size:(index + 1) * self._block_size])
+            block_hash = hash_block(parent, tokens, salt)
+            block = self._hash_to_block.get(block_hash)
+            if block is None or self._block_key[block] != _BlockKey(parent, tokens, salt):
+                break
+            matched.append(block)
+            hashes.append(block_hash)
+            parent = block_hash
+        return matched, hashes
+
+    def cache_full_blocks(self, request_id: str, token_ids: list[int], num_computed_tokens: int,
+                          salt: int) -> None:
+        """Register the request's blocks that became full (and computed) so later requests hit them.
+
+        Call it after the engine computed positions ``[0, num_computed_tokens)``. A block whose
+        content is already cached under another block id stays private to this request.
+
+        Args:
+            request_id: a request holding blocks.
+            token_ids: its tokens; at least ``num_computed_tokens`` of them.
+            num_computed_tokens: positions whose K/V are now in the cache.
+            salt: the same salt the request used in ``match_prefix``.
+
+        Raises:
+            ValueError: unknown request, too few tokens, or more computed tokens than its table covers.
+        """
+        table = self._tables.get(request_id)
+        if table is None:
+            raise ValueError(f"cache_full_blocks: request {request_id!r} holds no blocks")
+        if num_computed_tokens > len(token_ids) or num_computed_tokens > len(table) * self._block_size:
+            raise ValueError(f"cache_full_blocks: {num_computed_tokens} computed tokens but "
+                             f"{len(token_ids)} token ids and {len(table)} blocks for {request_id!r}")
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._req_hashes[request_id]
+        num_full = num_computed_tokens // self._block_size
+        for index in range(len(hashes), num_full):
+            parent = hashes[-1] if hashes else _ROOT_HASH
+            tokens = tuple(token_ids[index * self._block_size:(index + 1) * self._block_size])
+            block_hash = hash_block(parent, tokens, salt)
+            hashes.append(block_hash)
+            block = table[index]
+            # A block already hashed was shared in by match_prefix; a taken hash means the same
+            # content (or a colliding one) is cached elsewhere, and the first copy wins.
+            if block in self._block_hash or block_hash in self._hash_to_block:
+                continue
+            self._hash_to_block[block_hash] = block
+            self._block_hash[block] = block_hash
+            self._block_key[block] = _BlockKey(parent, tokens, salt)

@@ -1,0 +1,110 @@
+"""The contract between the scheduler (decides) and the engine (executes).
+
+Everything here crosses a process boundary (a Ray call), so it is plain dataclasses of ints, floats,
+strings and lists: no tensors. A request's full data is sent once (`NewSequence`), the first time it is
+scheduled or again after a preemption; afterwards an iteration only names it in `chunks`.
+
+Token layout of one sequence in one iteration::
+
+    |<------------- block_table covers all of these positions -------------->|
+    | computed (K/V already cached) | this chunk: start .. start+num_tokens |
+    0                             start                                     end
+
+A chunk is a prefill chunk when it covers prompt positions and a decode when it is the single newest
+token. When `end == len(tokens)` the logits of its last position are sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coserve.policies.request import SamplingParams
+
+
+@dataclass(slots=True)
+class NewSequence:
+    """A sequence's data, sent the first time it is scheduled (or re-sent after preemption)."""
+
+    request_id: str
+    token_ids: list[int]  # prompt, plus the outputs generated before a preemption
+    sampling: SamplingParams
+    num_output_tokens: int = 0  # outputs already inside token_ids (seeded sampling stays reproducible)
+    adapter_slot: int = -1  # -1: the base model
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """Positions [start, start + num_tokens) of one sequence, computed in this iteration."""
+
+    request_id: str
+    start: int
+    num_tokens: int
+    block_table: list[int]  # every block of the sequence, position p lives in block_table[p // block_size]
+    sample: bool  # sample a token from the last position's logits
+
+
+@dataclass(slots=True)
+class AdapterLoad:
+    """Load the PEFT adapter at `path` into bank slot `slot` before the forward runs."""
+
+    slot: int
+    adapter_id: int
+    path: str
+
+
+@dataclass(slots=True)
+class IterationPlan:
+    """One iteration of the engine, decided by a policy."""
+
+    step_id: int
+    new_sequences: list[NewSequence] = field(default_factory=list)
+    chunks: list[ScheduledChunk] = field(default_factory=list)  # [num_scheduled_seqs], batch order
+    freed: list[str] = field(default_factory=list)  # request ids whose engine state is dropped
+    adapter_unloads: list[int] = field(default_factory=list)  # slots emptied before loads
+    adapter_loads: list[AdapterLoad] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.chunks or self.freed or self.adapter_loads or self.adapter_unloads)
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Logprob of a sampled token and the top-N alternatives (sorted, most likely first)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(slots=True)
+class SampledToken:
+    request_id: str
+    token_id: int
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass(slots=True)
+class StepTimings:
+    """Measured wall time of an iteration and its parts, in seconds (feeds the latency model)."""
+
+    total_s: float = 0.0
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+
+
+@dataclass(slots=True)
+class IterationResult:
+    """What the engine did with a plan."""
+
+    step_id: int
+    sampled: list[SampledToken] = field(default_factory=list)  # one per chunk with sample=True
+    num_tokens: int = 0
+    timings: StepTimings = field(default_factory=StepTimings)

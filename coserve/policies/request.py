@@ -1,0 +1,151 @@
+"""Requests as the scheduler sees them: sampling parameters, the status machine, token lists.
+
+Only the scheduler changes a request's status. The order of `RequestStatus` is meaningful: every status
+after `PREEMPTED` is a finished one, so `is_finished` is a single comparison (as in vLLM v1).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to sample one request's output, shaped like vLLM's `SamplingParams`.
+
+    Args:
+        n: number of completions (the offline API expands n > 1 into n requests).
+        temperature: 0 means greedy.
+        top_p: nucleus mass kept, in (0, 1].
+        top_k: keep the k most likely tokens; -1 (or 0) turns it off.
+        seed: per-request seed; the same seed gives the same tokens whatever else is batched.
+        max_tokens: output tokens at most; None means up to the context length.
+        min_tokens: EOS and stop token ids are ignored before this many output tokens.
+        stop: strings that end the output (not included in the text).
+        stop_token_ids: token ids that end the output (besides EOS).
+        ignore_eos: keep generating after EOS.
+        logprobs: number of top logprobs per output token (None: none; 0: only the sampled token's).
+        skip_special_tokens: drop special tokens from the detokenized text.
+        include_stop_str_in_output: keep the matched stop string in the text.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == 0:
+            self.top_k = -1
+        checks = [
+            (self.n >= 1, "n", f"n must be >= 1, got {self.n}"),
+            (self.temperature >= 0.0, "temperature", f"temperature must be >= 0, got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k == -1 or self.top_k >= 1, "top_k", f"top_k must be -1 or >= 1, got {self.top_k}"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+             f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}"),
+            (self.logprobs is None or self.logprobs >= 0, "logprobs",
+             f"logprobs must be >= 0, got {self.logprobs}"),
+        ]
+        for ok, param, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.IntEnum):
+    """Life cycle of an inference request. Everything after PREEMPTED is finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+
+# The one table from finished states to OpenAI finish reasons.
+FINISH_REASONS: dict[RequestStatus, str] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(slots=True)
+class AdapterRef:
+    """A LoRA adapter a request runs through: unique int id, display name, PEFT folder."""
+
+    adapter_id: int
+    name: str
+    path: str
+
+
+@dataclass
+class Request:
+    """One sequence to generate, owned by the scheduler.
+
+    `num_computed_tokens` counts the positions whose K/V are in the cache; it catches up with
+    `num_tokens` (prompt + output). That single rule covers chunked prefill, decode, prefix-cache hits
+    and recompute after preemption.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    eos_token_id: int | None = None
+    adapter: AdapterRef | None = None
+    tenant: str = "default"
+    arrival_time: float = 0.0
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    _output_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def output_token_ids(self) -> tuple[int, ...]:
+        return tuple(self._output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self._output_token_ids)
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self._output_token_ids
+
+    def append_output_token(self, token_id: int) -> None:
+        """The only way to grow the output; keeps `all_token_ids` consistent."""
+        self._output_token_ids.append(token_id)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)
