@@ -55,6 +55,7 @@ class LLM:
         max_model_len: context length (default: the model's).
         num_kv_blocks / kv_cache_memory_gb: size of the paged KV cache.
         max_loras / max_lora_rank: adapter slots in the bank and the largest rank they take.
+        native_kernels: use the C paged-decode kernel on CPU in float32 (else pure torch).
         gpu_memory_utilization, enable_lora, enforce_eager: accepted for vLLM compatibility
             (LoRA is always on; coserve has no CUDA graphs to skip).
     """
@@ -65,15 +66,17 @@ class LLM:
                  max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  enable_prefix_caching: bool = True, max_loras: int = 4, max_lora_rank: int = 64,
-                 gpu_memory_utilization: float | None = None, enable_lora: bool = True,
-                 enforce_eager: bool = True) -> None:
+                 native_kernels: bool = True, gpu_memory_utilization: float | None = None,
+                 enable_lora: bool = True, enforce_eager: bool = True) -> None:
         from transformers import AutoTokenizer  # the tokenizer only; no modeling code
 
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
         self.engine = Engine(EngineConfig(
             model=model, dtype=dtype, device=device, block_size=block_size,
             num_kv_blocks=num_kv_blocks, kv_cache_memory_gb=kv_cache_memory_gb,
-            max_model_len=max_model_len, max_loras=max_loras, max_lora_rank=max_lora_rank, seed=seed))
+            max_model_len=max_model_len, max_loras=max_loras, max_lora_rank=max_lora_rank, seed=seed,
+            native_kernels=native_kernels))
+        # After the engine: a folder that is not a supported model is reported as such first.
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
         layout = self.engine.layout
         self.scheduler_config = SchedulerConfig(
             max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
@@ -113,8 +116,10 @@ class LLM:
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params = _per_prompt(sampling_params or SamplingParams(), len(prompt_list), "sampling_params")
         loras = _per_prompt(lora_request, len(prompt_list), "lora_request")
-        groups = [self._add_prompt(p, sp, lr) for p, sp, lr in zip(prompt_list, params, loras)]
-        self._run_to_completion([t for _, _, tracked in groups for t in tracked])
+        groups = [self._prepare(p, sp, lr) for p, sp, lr in zip(prompt_list, params, loras)]
+        tracked = [t for _, _, items in groups for t in items]
+        self._admit_all([t.request for t in tracked])
+        self._run_to_completion(tracked)
         return [self._request_output(rid, prompt, tracked) for rid, prompt, tracked in groups]
 
     def chat(self, messages: ChatMessages | Sequence[ChatMessages],
@@ -136,7 +141,19 @@ class LLM:
 
     # ------------------------------------------------------------------------------ internals
 
-    def _add_prompt(self, prompt: PromptType, params: SamplingParams,
+    def _admit_all(self, requests: list[Request]) -> None:
+        """Queue every request, or none of them: a bad prompt leaves nothing half-submitted."""
+        added: list[str] = []
+        try:
+            for request in requests:
+                self.policy.add_request(request)
+                added.append(request.request_id)
+        except ValueError:
+            for request_id in added:
+                self.policy.abort(request_id)
+            raise
+
+    def _prepare(self, prompt: PromptType, params: SamplingParams,
                     lora: LoRARequest | None) -> tuple[str, str | None, list[_Tracked]]:
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
@@ -154,7 +171,6 @@ class LLM:
             request = Request(request_id=f"{request_id}-{index}", prompt_token_ids=token_ids,
                               sampling=child, eos_token_id=self._eos, adapter=adapter,
                               arrival_time=time.monotonic())
-            self.policy.add_request(request)
             want_lp = child.logprobs is not None
             tracked.append(_Tracked(request, TextTracker(self.tokenizer, child),
                                     [] if want_lp else None, 0.0 if want_lp else None))

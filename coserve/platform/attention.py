@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from coserve.platform.kv_cache import KVCache
+from coserve.platform.native import PagedDecode
 
 
 @dataclass(slots=True)
@@ -47,10 +48,14 @@ class AttentionMetadata:
     num_decodes: int  # rows [0, num_decodes) are single-token chunks
     decode_blocks: torch.Tensor | None  # [num_decodes, max_blocks], padded with block 0
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    decode_lens: torch.Tensor | None  # [num_decodes] context length of each decode
     prefills: list[PrefillSpan]
+    block_size: int
+    decode_kernel: PagedDecode | None  # native CPU kernel for the decodes; None: torch gather+SDPA
 
 
-def build_metadata(spans: list[ChunkSpan], block_size: int, device: torch.device) -> AttentionMetadata:
+def build_metadata(spans: list[ChunkSpan], block_size: int, device: torch.device,
+                   decode_kernel: PagedDecode | None = None) -> AttentionMetadata:
     """Build the per-iteration metadata. `spans` must list single-token chunks first."""
     starts = torch.tensor([s.start for s in spans], dtype=torch.int64)
     lens = torch.tensor([s.num_tokens for s in spans], dtype=torch.int64)
@@ -59,25 +64,26 @@ def build_metadata(spans: list[ChunkSpan], block_size: int, device: torch.device
     first_row = torch.cumsum(lens, 0) - lens
     positions = starts[seq_of_row] + torch.arange(total) - first_row[seq_of_row]
     width = max(len(s.block_table) for s in spans)
-    tables = torch.zeros((len(spans), width), dtype=torch.int64)
-    for i, span in enumerate(spans):
-        tables[i, : len(span.block_table)] = torch.tensor(span.block_table, dtype=torch.int64)
+    tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in spans],
+                          dtype=torch.int64)
     slots = tables[seq_of_row, positions // block_size] * block_size + positions % block_size
 
     num_decodes = 0
     while num_decodes < len(spans) and spans[num_decodes].num_tokens == 1:
         num_decodes += 1
-    decode_blocks = decode_mask = None
+    decode_blocks = decode_mask = decode_lens = None
     if num_decodes:
-        ctx = starts[:num_decodes] + 1
-        nblocks = int((ctx.max() + block_size - 1) // block_size)
-        decode_blocks = tables[:num_decodes, :nblocks].to(device)
-        keys = torch.arange(nblocks * block_size)
-        decode_mask = (keys[None, :] < ctx[:, None]).view(num_decodes, 1, 1, -1).to(device)
+        decode_lens = starts[:num_decodes] + 1
+        nblocks = int((decode_lens.max() + block_size - 1) // block_size)
+        decode_blocks = tables[:num_decodes, :nblocks].contiguous().to(device)
+        if decode_kernel is None:  # the torch path masks the padding of its gathered blocks
+            keys = torch.arange(nblocks * block_size)
+            decode_mask = (keys[None, :] < decode_lens[:, None]).view(num_decodes, 1, 1, -1).to(device)
     prefills = [_prefill_span(s, block_size, device) for s in spans[num_decodes:]]
     return AttentionMetadata(positions=positions.to(device), slots=slots.to(device),
                              num_decodes=num_decodes, decode_blocks=decode_blocks,
-                             decode_mask=decode_mask, prefills=prefills)
+                             decode_mask=decode_mask, decode_lens=decode_lens, prefills=prefills,
+                             block_size=block_size, decode_kernel=decode_kernel)
 
 
 def _prefill_span(span: ChunkSpan, block_size: int, device: torch.device) -> PrefillSpan:
@@ -104,7 +110,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     out = torch.empty_like(q)
     k_blocks, v_blocks = cache.blocks(layer)
     nd = meta.num_decodes
-    if nd:
+    if nd and meta.decode_kernel is not None:
+        meta.decode_kernel(q[:nd].contiguous(), cache.k[layer], cache.v[layer], meta.decode_blocks,
+                           meta.decode_lens, out, meta.block_size)
+    elif nd:
         out[:nd] = _decode_attention(q[:nd], k_blocks, v_blocks, meta)
     for span in meta.prefills:
         rows = slice(span.row, span.row + span.num_tokens)

@@ -19,6 +19,7 @@ from coserve.platform.config import ModelConfig, resolve_dtype
 from coserve.platform.kv_cache import KVCache
 from coserve.platform.lora import LoRABank, LoRASegment
 from coserve.platform.model import Transformer
+from coserve.platform.native import load_paged_decode
 from coserve.platform.sampler import RowSampling, Sampler
 from coserve.platform.weights import load_weights
 from coserve.policies.plan import (IterationPlan, IterationResult, NewSequence, SampledToken,
@@ -40,6 +41,7 @@ class EngineConfig:
     max_loras: int = 4  # adapter slots in the bank
     max_lora_rank: int = 64
     seed: int = 0
+    native_kernels: bool = True  # the C paged-decode kernel on CPU/fp32 (falls back to torch without gcc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,8 @@ class Engine:
                              cfg.head_dim, self.dtype, self.device)
         self.bank = LoRABank(cfg, config.max_loras, config.max_lora_rank, self.dtype, self.device)
         self.sampler = Sampler()
+        native = config.native_kernels and self.device.type == "cpu" and self.dtype == torch.float32
+        self._decode_kernel = load_paged_decode() if native else None
         self.layout = RuntimeLayout(num_kv_blocks=num_blocks, block_size=config.block_size,
                                     max_model_len=max_len, vocab_size=cfg.vocab_size,
                                     num_adapter_slots=config.max_loras,
@@ -138,7 +142,7 @@ class Engine:
             row += chunk.num_tokens
             if chunk.sample:
                 sample_rows.append(row - 1)
-        meta = build_metadata(spans, self.cache.block_size, self.device)
+        meta = build_metadata(spans, self.cache.block_size, self.device, self._decode_kernel)
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
         batch = self.model.make_batch(ids, meta, segments)
         t1 = time.perf_counter()

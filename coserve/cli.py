@@ -1,0 +1,100 @@
+"""The `coserve` command line (`coserve = coserve.cli:main` in pyproject.toml).
+
+Each command group lives in its own `_register_*` function that adds a subparser and sets
+`handler` (a function of the parsed arguments returning an exit code). To add a command
+(`demo`, `serve`, `profile`, `bench`, ...), write a `_register_<name>(subparsers)` function and
+append it to `REGISTRARS`. Heavy imports (torch, transformers, Ray) happen inside handlers so that
+`coserve --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+Subparsers = Any  # argparse's _SubParsersAction is private; this alias documents intent.
+# Copies of tiny_model.ARCHS / PRESETS (a test keeps them equal): importing tiny_model pulls in torch.
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+TINY_PRESETS = ("tiny", "small")
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    """Parse `KEY=VALUE`, reading VALUE as JSON when it is JSON (`3`, `true`, `null`), else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _cmd_model_create_tiny(args: argparse.Namespace) -> int:
+    """Handler of `coserve model create-tiny`."""
+    from coserve.platform.tiny_model import count_parameters, create_tiny_model
+
+    target = Path(args.dir)
+    if (target / "config.json").exists() and not args.force:
+        print(f"error: {target} already holds a model (config.json); pass --force to overwrite",
+              file=sys.stderr)
+        return 1
+    overrides = dict(args.overrides or [])
+    try:
+        path = create_tiny_model(target, arch=args.arch, preset=args.preset, seed=args.seed, **overrides)
+    except ValueError as error:  # bad arch/preset/override: a usage error, not a crash
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    params = count_parameters(path)
+    print(f"created {args.arch}/{args.preset} model (seed {args.seed}, {params / 1e6:.2f}M parameters) at {path}")
+    return 0
+
+
+def _register_model(subparsers: Subparsers) -> None:
+    """`coserve model ...`: create and inspect model folders."""
+    model = subparsers.add_parser("model", help="create and inspect model folders")
+    model_sub = model.add_subparsers(dest="model_command", metavar="COMMAND")
+    model_sub.required = True
+
+    tiny = model_sub.add_parser(
+        "create-tiny", help="write a tiny random HF-format model with a trained BPE tokenizer",
+        description="Write a tiny random model (HF format: config.json, model.safetensors, tokenizer) "
+                    "for tests and demos. No download: the tokenizer is trained from a packaged corpus.")
+    tiny.add_argument("dir", help="output folder (created if missing)")
+    tiny.add_argument("--arch", choices=TINY_ARCHS, default="llama", help="model family (default: llama)")
+    tiny.add_argument("--preset", choices=TINY_PRESETS, default="tiny",
+                      help="size: tiny (~0.8M parameters) or small (~26-30M) (default: tiny)")
+    tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    tiny.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append",
+                      type=_parse_override, help="override a config field, e.g. --set num_key_value_heads=1 "
+                                                 "(repeatable; VALUE is read as JSON when possible)")
+    tiny.add_argument("--force", action="store_true", help="overwrite an existing model in DIR")
+    tiny.set_defaults(handler=_cmd_model_create_tiny)
+
+
+# Command groups, in `coserve --help` order. Other modules' commands are added here.
+REGISTRARS: list[Callable[[Subparsers], None]] = [_register_model]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full `coserve` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="coserve", description="Co-serve LLM inference and LoRA fine-tuning on one base model.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for register in REGISTRARS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit code (setuptools' wrapper passes it to sys.exit)."""
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

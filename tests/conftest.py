@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny random models of every supported family, generated once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# Unusual shapes on purpose: one KV head, q/k/v bias, q/k norm with head_dim != hidden/heads,
+# tied and untied embeddings, Llama-3 rope scaling, MHA (kv heads == heads).
+FAMILY_OVERRIDES: dict[str, dict] = {
+    "llama": {"num_key_value_heads": 1, "tie_word_embeddings": False},
+    "qwen2": {"tie_word_embeddings": True},
+    "qwen3": {"head_dim": 48, "tie_word_embeddings": True},
+    "mistral": {"num_key_value_heads": 4, "tie_word_embeddings": False},
+}
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from coserve.platform.tiny_model import create_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {arch: create_tiny_model(root / arch, arch=arch, preset="tiny", seed=7, **overrides)
+            for arch, overrides in FAMILY_OVERRIDES.items()}
+
+
+@pytest.fixture(scope="session")
+def llama_dir(model_dirs: dict[str, Path]) -> Path:
+    return model_dirs["llama"]
+
