@@ -5,6 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+
+# The models under test are tiny: a second OpenMP thread gains nothing, and on a busy 2-core machine
+# its barrier waits turn a microsecond matmul into a scheduler time slice.
+torch.set_num_threads(1)
 
 # Unusual shapes on purpose: one KV head, q/k/v bias, q/k norm with head_dim != hidden/heads,
 # tied and untied embeddings, Llama-3 rope scaling, MHA (kv heads == heads).
