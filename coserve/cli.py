@@ -75,8 +75,26 @@ def _register_model(subparsers: Subparsers) -> None:
     tiny.set_defaults(handler=_cmd_model_create_tiny)
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """Handler of `coserve demo`."""
+    from coserve.demo import run_demo
+
+    run_demo(args.model, max_tokens=args.max_tokens, dtype=args.dtype, device=args.device)
+    return 0
+
+
+def _register_demo(subparsers: Subparsers) -> None:
+    """`coserve demo`: offline generation on a model folder (what `make run` does for now)."""
+    demo = subparsers.add_parser("demo", help="offline generation demo: base and LoRA rows in one batch")
+    demo.add_argument("--model", required=True, help="HF-format model folder")
+    demo.add_argument("--max-tokens", type=int, default=32, help="tokens per reply (default: 32)")
+    demo.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    demo.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    demo.set_defaults(handler=_cmd_demo)
+
+
 # Command groups, in `coserve --help` order. Other modules' commands are added here.
-REGISTRARS: list[Callable[[Subparsers], None]] = [_register_model]
+REGISTRARS: list[Callable[[Subparsers], None]] = [_register_model, _register_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,7 +47,7 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(llm: LLM) -> None:
 
 def test_n_completions_with_seed_differ_and_repeat(llm: LLM) -> None:
     prompt = _token_prompts(llm, [9], seed=6)[0]
-    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
+    params = SamplingParams(n=3, temperature=2.0, seed=7, max_tokens=24, ignore_eos=True)
     first = llm.generate(prompt, params)[0]
     again = llm.generate(prompt, params)[0]
     assert [c.index for c in first.outputs] == [0, 1, 2]
