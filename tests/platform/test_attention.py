@@ -67,3 +67,27 @@ def test_metadata_orders_decodes_first_and_maps_slots() -> None:
     assert meta.positions.tolist() == [5, 0, 1, 2]
     assert meta.slots.tolist() == [7 * BLOCK + 1, 2 * BLOCK, 2 * BLOCK + 1, 2 * BLOCK + 2]
     assert meta.decode_lens.tolist() == [6]
+
+
+def test_native_kernel_is_identical_on_any_thread_count() -> None:
+    kernel = load_paged_decode()
+    if kernel is None:
+        pytest.skip("no C compiler: the native kernel is unavailable")
+    g = torch.Generator().manual_seed(0)
+    batch, heads, kv_heads, dim, num_blocks = 9, 8, 2, 64, 40
+    k_slots = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=g)
+    v_slots = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=g)
+    tables = torch.randperm(num_blocks, generator=g)[: batch * 4].view(batch, 4).contiguous()
+    lens = torch.randint(1, 4 * BLOCK + 1, (batch,), generator=g)
+    q = torch.randn(batch, heads, dim, generator=g)
+    outs = []
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = torch.empty_like(q)
+            kernel(q, k_slots, v_slots, tables, lens, out, BLOCK)
+            outs.append(out)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(outs[0], outs[1])

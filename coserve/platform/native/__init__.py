@@ -49,12 +49,14 @@ def _build(source: Path) -> Path | None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        cmd = [compiler, "-O3", "-march=native", "-ffast-math", "-fPIC", "-shared", "-o", str(built),
-               str(source), "-lm"]
-        if subprocess.run(cmd, capture_output=True).returncode != 0:
-            return None
-        os.replace(built, target)  # atomic: concurrent builders never see a half-written file
-    return target
+        base = [compiler, "-O3", "-march=native", "-ffast-math", "-fPIC", "-shared", "-o", str(built),
+                str(source), "-lm"]
+        # OpenMP splits the sequences over the cores; without libgomp the pragma is ignored (1 thread).
+        for cmd in (base + ["-fopenmp"], base):
+            if subprocess.run(cmd, capture_output=True).returncode == 0:
+                os.replace(built, target)  # atomic: concurrent builders never see a partial file
+                return target
+    return None
 
 
 class PagedDecode:
@@ -62,7 +64,7 @@ class PagedDecode:
 
     def __init__(self, library: Path) -> None:
         self._fn = ctypes.CDLL(str(library)).paged_decode_f32
-        self._fn.argtypes = [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float]
+        self._fn.argtypes = [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int]
         self._fn.restype = ctypes.c_int
 
     def __call__(self, q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor,
@@ -70,12 +72,13 @@ class PagedDecode:
                  block_size: int) -> None:
         """out[b] = softmax(q[b] k^T / sqrt(d)) v over the ctx_lens[b] positions of sequence b.
 
-        All tensors must be contiguous float32 (int64 for tables, ctx_lens) on the CPU.
+        All tensors must be contiguous float32 (int64 for tables, ctx_lens) on the CPU. The
+        sequences are split over torch's intra-op thread count.
         """
         batch, heads, dim = q.shape
         status = self._fn(q.data_ptr(), k_slots.data_ptr(), v_slots.data_ptr(), tables.data_ptr(),
                           ctx_lens.data_ptr(), out.data_ptr(), batch, heads, k_slots.shape[1], dim,
-                          block_size, tables.shape[1], dim ** -0.5)
+                          block_size, tables.shape[1], dim ** -0.5, torch.get_num_threads())
         if status != 0:
             raise MemoryError("paged_decode_f32 could not allocate its scratch buffer")
 

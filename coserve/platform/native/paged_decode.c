@@ -15,13 +15,18 @@
  * out: [B, H, D]. Returns 0, or -1 when scratch memory could not be allocated. */
 int paged_decode_f32(const float *q, const float *kc, const float *vc, const int64_t *tables,
                      const int64_t *ctx_lens, float *out, int64_t B, int64_t H, int64_t Hkv,
-                     int64_t D, int64_t bs, int64_t max_blocks, float scale) {
+                     int64_t D, int64_t bs, int64_t max_blocks, float scale, int num_threads) {
     const int64_t G = H / Hkv;
     int64_t max_ctx = 1;
     for (int64_t b = 0; b < B; ++b) max_ctx = ctx_lens[b] > max_ctx ? ctx_lens[b] : max_ctx;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
     float *scratch = (float *)malloc(sizeof(float) * G * max_ctx);
-    if (scratch == NULL) return -1;
+    if (scratch == NULL) failed = 1;
+#pragma omp for schedule(static)
     for (int64_t b = 0; b < B; ++b) {
+        if (scratch == NULL) continue;
         const int64_t ctx = ctx_lens[b];
         const int64_t *table = tables + b * max_blocks;
         for (int64_t kh = 0; kh < Hkv; ++kh) {
@@ -57,5 +62,6 @@ int paged_decode_f32(const float *q, const float *kc, const float *vc, const int
         }
     }
     free(scratch);
-    return 0;
+    }
+    return failed ? -1 : 0;
 }
