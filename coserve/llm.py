@@ -56,8 +56,11 @@ class LLM:
         num_kv_blocks / kv_cache_memory_gb: size of the paged KV cache.
         max_loras / max_lora_rank: adapter slots in the bank and the largest rank they take.
         native_kernels: use the C paged-decode kernel on CPU in float32 (else pure torch).
-        gpu_memory_utilization, enable_lora, enforce_eager: accepted for vLLM compatibility
-            (LoRA is always on; coserve has no CUDA graphs to skip).
+        gpu_memory_utilization: on CUDA, the share of the memory left free by the weights that the
+            KV cache takes (default 0.9).
+        enable_lora, enforce_eager: accepted for vLLM compatibility (LoRA is always on; coserve has
+            no CUDA graphs to skip). `use_tqdm` of `generate` and
+            `chat` likewise: no progress bar is drawn.
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto",
@@ -66,7 +69,7 @@ class LLM:
                  max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  enable_prefix_caching: bool = True, max_loras: int = 4, max_lora_rank: int = 64,
-                 native_kernels: bool = True, gpu_memory_utilization: float | None = None,
+                 native_kernels: bool = True, gpu_memory_utilization: float = 0.9,
                  enable_lora: bool = True, enforce_eager: bool = True) -> None:
         from transformers import AutoTokenizer  # the tokenizer only; no modeling code
 
@@ -74,7 +77,7 @@ class LLM:
             model=model, dtype=dtype, device=device, block_size=block_size,
             num_kv_blocks=num_kv_blocks, kv_cache_memory_gb=kv_cache_memory_gb,
             max_model_len=max_model_len, max_loras=max_loras, max_lora_rank=max_lora_rank, seed=seed,
-            native_kernels=native_kernels))
+            native_kernels=native_kernels, gpu_memory_utilization=gpu_memory_utilization))
         # After the engine: a folder that is not a supported model is reported as such first.
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
         layout = self.engine.layout
@@ -129,15 +132,18 @@ class LLM:
              use_tqdm: bool = False) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [{"prompt_token_ids": self.encode_chat(c, chat_template, add_generation_prompt)}
-                   for c in conversations]
+        prompts = []
+        for conversation in conversations:
+            text = self.apply_chat_template(conversation, chat_template, add_generation_prompt)
+            prompts.append({"prompt": text,
+                            "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, lora_request, use_tqdm=use_tqdm)
 
-    def encode_chat(self, messages: ChatMessages, chat_template: str | None = None,
-                    add_generation_prompt: bool = True) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
+    def apply_chat_template(self, messages: ChatMessages, chat_template: str | None = None,
+                            add_generation_prompt: bool = True) -> str:
+        """The conversation as prompt text, through the tokenizer's (or the given) chat template."""
+        return self.tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
-        return self.tokenizer.encode(text, add_special_tokens=False)
 
     # ------------------------------------------------------------------------------ internals
 

@@ -36,7 +36,8 @@ class EngineConfig:
     device: str = "cpu"
     block_size: int = 16
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_gb
-    kv_cache_memory_gb: float | None = None  # default: 0.5 on CPU, 90% of free memory on CUDA
+    kv_cache_memory_gb: float | None = None  # default: 0.5 on CPU, a share of free memory on CUDA
+    gpu_memory_utilization: float = 0.9  # CUDA: share of the memory free after loading the weights
     max_model_len: int | None = None
     max_loras: int = 4  # adapter slots in the bank
     max_lora_rank: int = 64
@@ -99,7 +100,7 @@ class Engine:
             budget = c.kv_cache_memory_gb * 2**30
         elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = 0.9 * free
+            budget = c.gpu_memory_utilization * free
         else:
             budget = 0.5 * 2**30
         return max(1, int(budget // per_block))

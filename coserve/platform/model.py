@@ -34,9 +34,9 @@ class ForwardBatch:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm as HF computes it: normalise in float32, cast back, then scale."""
-    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps) if x.dtype != torch.float32 else \
-        F.rms_norm(x, (x.shape[-1],), eps=eps)
-    return weight * normed.to(x.dtype)
+    if x.dtype == torch.float32:  # nothing to cast: one fused kernel
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class Transformer:
@@ -46,6 +46,11 @@ class Transformer:
                  device: torch.device) -> None:
         self.cfg, self.weights, self.dtype, self.device = cfg, weights, dtype, device
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, dtype, device)
+        # oneDNN's blocked layout runs the LM head (a wide [vocab, hidden] matrix) about 1.5x faster
+        # than MKL's sgemm on a CPU decode batch; only the sampled rows ever reach it.
+        self._lm_head_onednn = (weights.lm_head.to_mkldnn() if device.type == "cpu"
+                                and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+                                else None)
 
     def make_batch(self, token_ids: torch.Tensor, attn: AttentionMetadata,
                    lora: list[LoRASegment]) -> ForwardBatch:
@@ -73,15 +78,15 @@ class Transformer:
         cfg = self.cfg
         qkv = F.linear(x, w.qkv_w, w.qkv_b)
         bank.apply(Projection.QKV, i, x, qkv, batch.lora)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(-1, cfg.num_heads, cfg.head_dim)
-        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        heads = cfg.num_heads + cfg.num_kv_heads
+        # q and k sit side by side in the fused output: rotate them in one call.
+        qk = qkv[:, : cfg.q_size + cfg.kv_size].view(-1, heads, cfg.head_dim)
+        v = qkv[:, cfg.q_size + cfg.kv_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
-            q = rms_norm(q, w.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, w.k_norm, cfg.rms_norm_eps)
-        q = apply_rope(q, batch.cos, batch.sin)
-        k = apply_rope(k, batch.cos, batch.sin)
+            qk = torch.cat([rms_norm(qk[:, : cfg.num_heads], w.q_norm, cfg.rms_norm_eps),
+                            rms_norm(qk[:, cfg.num_heads:], w.k_norm, cfg.rms_norm_eps)], dim=1)
+        qk = apply_rope(qk, batch.cos, batch.sin)
+        q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads:]
         cache.write(i, batch.attn.slots, k, v)
         attn = paged_attention(q, k, v, cache, i, batch.attn)
         out = F.linear(attn, w.o_w, w.o_b)
@@ -102,4 +107,6 @@ class Transformer:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the given rows only, [N, vocab] in float32."""
         normed = rms_norm(hidden, self.weights.final_norm, self.cfg.rms_norm_eps)
+        if self._lm_head_onednn is not None:
+            return torch._C._nn.mkldnn_linear(normed.to_mkldnn(), self._lm_head_onednn, None).to_dense()
         return F.linear(normed, self.weights.lm_head).float()

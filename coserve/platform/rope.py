@@ -47,15 +47,20 @@ class RotaryTable:
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)  # [max_positions, head_dim]
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        # HF's rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin): folding the sign into the table
+        # saves a negation per call and gives the same bits.
+        sin = emb.sin()
+        half = head_dim // 2
+        self.signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(device=device,
+                                                                                  dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, 1, head_dim], broadcastable over heads."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """cos and signed sin of shape [T, 1, head_dim], broadcastable over heads."""
+        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, head_dim] by the positions' angles."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, head_dim] by the positions' angles (tables from `RotaryTable.lookup`)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * signed_sin

@@ -105,6 +105,7 @@ def test_chat_applies_the_template(llm: LLM) -> None:
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}]
     out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=5))
     expected = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert out[0].prompt == expected
     assert out[0].prompt_token_ids == llm.tokenizer.encode(expected, add_special_tokens=False)
     two = llm.chat([messages, [{"role": "user", "content": "Hello"}]], SamplingParams(max_tokens=3))
     assert len(two) == 2
@@ -123,3 +124,20 @@ def test_prefix_caching_reuses_blocks_and_keeps_outputs(llama_dir: Path) -> None
                 max_model_len=128, enable_prefix_caching=False)
     assert [o.outputs[0].token_ids for o in plain.generate(prompts, params)] == \
         [first[0].outputs[0].token_ids, second[0].outputs[0].token_ids]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_runs_close_to_float32(llama_dir: Path, llm: LLM, dtype: str) -> None:
+    """bf16/fp16 take the torch attention path; their first-token logprobs stay near fp32's."""
+    half = LLM(model=str(llama_dir), dtype=dtype, max_model_len=256, num_kv_blocks=128)
+    assert half.engine.dtype != llm.engine.dtype and half.engine._decode_kernel is None
+    prompts = _token_prompts(llm, [7, 19, 33, 12], seed=12)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=4)
+    full = llm.generate(prompts, params)
+    low = half.generate(prompts, params)
+    for a, b in zip(full, low):
+        first_full, first_low = a.outputs[0].logprobs[0], b.outputs[0].logprobs[0]
+        shared = set(first_full) & set(first_low)
+        assert shared, "the top-4 candidates of the first token should overlap"
+        for token_id in shared:
+            assert first_low[token_id].logprob == pytest.approx(first_full[token_id].logprob, abs=1.5)

@@ -1,0 +1,395 @@
+"""Helpers and per-engine arms of ``benchmarks/engine_throughput.py``.
+
+Each arm runs in its own subprocess (``python _bench_arms.py ARM --spec SPEC --out OUT``) so that
+memory, OpenMP threads and imported libraries of one engine do not disturb another.  The vLLM arm runs
+under ``.vllm-venv/bin/python``, so this module imports nothing but the standard library at top level;
+every engine import happens inside its arm.
+
+The spec (JSON written by the driver) holds: ``model_dir``, ``adapter_dir``, ``prompts`` (token-id
+lists), ``lora_mask`` (one bool per prompt), ``max_tokens``, ``threads``, ``warmup`` (prompts),
+``warmup_tokens``, ``max_num_seqs``, ``max_batch_tokens`` and, for the memory check,
+``memory_iterations``.  The result (JSON) holds ``tokens_per_s``, ``wall_s``, ``peak_rss_mib``,
+``outputs`` (generated token ids per prompt) and arm-specific notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ADAPTER_NAME = "bench-lora"
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+# ----------------------------------------------------------------------------- measurements
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process (and of any waited-for children), in MiB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, kids) / 1024.0
+
+
+def current_rss_mib() -> float:
+    """Current resident set size of this process in MiB (VmRSS from /proc)."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def timed(fn: Callable[[], Any], repeats: int = 1) -> tuple[Any, list[float]]:
+    """Run ``fn`` ``repeats`` times; return the last result and every call's wall seconds."""
+    walls, result = [], None
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        result = fn()
+        walls.append(time.perf_counter() - start)
+    return result, walls
+
+
+def finish(spec: dict[str, Any], outputs: list[list[int]], walls: list[float],
+           **extra: Any) -> dict[str, Any]:
+    """Assemble an arm's result: throughput (median and best timed call), peak RSS, outputs, notes."""
+    n_tokens = sum(len(o) for o in outputs)
+    expected = len(spec["prompts"]) * spec["max_tokens"]
+    median = sorted(walls)[len(walls) // 2]
+    return {"tokens_per_s": expected / median, "best_tokens_per_s": expected / min(walls),
+            "wall_s": median, "walls_s": walls, "output_tokens": n_tokens, "expected_tokens": expected,
+            "peak_rss_mib": peak_rss_mib(), "loadavg_1m_after": os.getloadavg()[0],
+            "outputs": outputs, **extra}
+
+
+def set_torch_threads(threads: int) -> None:
+    """Pin torch's intra-op thread count (the arms' subprocesses also get OMP_NUM_THREADS)."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- workload preparation
+def make_fallback_model(path: Path, seed: int = 0) -> Path:
+    """Write a random Llama of the ``small`` preset's shape with a word-level tokenizer.
+
+    Only used while ``coserve.platform.tiny_model`` is missing: hidden 512, 8 layers, 8 heads,
+    4 KV heads, head_dim 64, intermediate 1408, vocab 8192.
+    """
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    vocab.update({f"w{i}": i for i in range(len(specials), 8192)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="<pad>")
+    cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                      max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+                      tie_word_embeddings=False, torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+def special_token_ids(model_dir: Path) -> set[int]:
+    """Ids to keep out of random prompts: the tokenizer's special tokens and config bos/eos/pad."""
+    ids: set[int] = set()
+    cfg = json.loads((model_dir / "config.json").read_text())
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        val = cfg.get(key)
+        ids.update(val if isinstance(val, list) else [] if val is None else [val])
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        ids.update(tok.all_special_ids)
+        ids.update(getattr(tok, "added_tokens_decoder", {}).keys())
+    except Exception as exc:  # noqa: BLE001 - a model without tokenizer still benchmarks
+        print(f"[bench] no tokenizer in {model_dir} ({exc}); avoiding config ids only", file=sys.stderr)
+    return ids
+
+
+def make_prompts(model_dir: Path, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    """``n`` prompts of ``lo..hi`` token ids drawn with ``seed`` from the vocab minus special ids."""
+    import random
+
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    banned = special_token_ids(model_dir)
+    allowed = [i for i in range(vocab) if i not in banned]
+    rng = random.Random(seed)
+    return [[rng.choice(allowed) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def make_adapter(model_dir: Path, out: Path, rank: int = 16, alpha: int = 32, seed: int = 0,
+                 b_std: float = 0.02) -> Path:
+    """Save a PEFT LoRA adapter (all seven projections) whose B matrices are random, not zero."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    if (out / "adapter_model.safetensors").exists():
+        return out
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                     bias="none", task_type="CAUSAL_LM")
+    torch.manual_seed(seed)
+    model = get_peft_model(base, cfg)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * b_std)
+    model.save_pretrained(out)
+    return out
+
+
+def warmup_slice(spec: dict[str, Any]) -> tuple[list[list[int]], list[bool]]:
+    """The warm-up prompts (distinct from the timed ones, so no prefix-cache hit) and their mask."""
+    prompts = spec["warmup"]
+    return prompts, [i % 2 == 1 for i in range(len(prompts))]
+
+
+# ----------------------------------------------------------------------------- arms
+def arm_coserve(spec: dict[str, Any]) -> dict[str, Any]:
+    """coserve's offline ``LLM.generate`` with a per-prompt ``lora_request`` list."""
+    set_torch_threads(spec["threads"])
+    from coserve import LLM, LoRARequest, SamplingParams
+
+    # Prefix caching off (here and in vLLM): the workload has no shared prefixes, and a repeated
+    # timed call with the same prompts would otherwise skip its prefill.
+    llm = LLM(model=spec["model_dir"], dtype="float32", device="cpu", enable_prefix_caching=False,
+              max_num_seqs=spec["max_num_seqs"], max_batch_tokens=spec["max_batch_tokens"])
+    lora = LoRARequest(ADAPTER_NAME, 1, spec["adapter_dir"])
+    steps = count_engine_steps(llm)
+
+    def run(prompts: list[list[int]], mask: list[bool], max_tokens: int) -> list[list[int]]:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        reqs = [lora if m else None for m in mask]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=reqs)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    wp, wm = warmup_slice(spec)
+    run(wp, wm, spec["warmup_tokens"])
+    steps0 = steps[0] if steps is not None else None
+    outputs, walls = timed(lambda: run(spec["prompts"], spec["lora_mask"], spec["max_tokens"]),
+                          spec["repeats"])
+    result = finish(spec, outputs, walls,
+                    engine_iterations=None if steps is None else steps[0] - steps0)
+    if spec.get("memory_iterations"):
+        result["memory"] = coserve_memory_check(run, spec, steps)
+    return result
+
+
+def count_engine_steps(llm: Any) -> list[int] | None:
+    """Wrap ``llm.engine.step`` to count engine iterations; ``None`` if the engine has no such hook."""
+    counter = [0]
+    engine = getattr(llm, "engine", None)
+    step = getattr(engine, "step", None)
+    if step is None:
+        return None
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        counter[0] += 1
+        return step(*a, **kw)
+
+    try:
+        engine.step = counted
+    except AttributeError:
+        return None
+    return counter
+
+
+def coserve_memory_check(run: Callable[[list[list[int]], list[bool], int], list[list[int]]],
+                         spec: dict[str, Any], steps: list[int] | None) -> dict[str, Any]:
+    """Repeat small mixed generate calls for >= ``memory_iterations`` engine iterations; RSS drift.
+
+    Each call decodes 32 tokens for 8 fresh prompts (the timed prompts' tokens reshuffled, half of
+    them LoRA). Iterations are counted at ``llm.engine.step``; without that hook each call counts as
+    32 (a lower bound). RSS is sampled after two warm calls (allocator caches primed) and at the end.
+    """
+    import random
+
+    rng = random.Random(1234)
+    base, mask, tokens = spec["prompts"][:8], spec["lora_mask"][:8], 32
+
+    def fresh() -> list[list[int]]:
+        return [rng.sample(p, len(p)) for p in base]
+
+    def done_iters(calls: int) -> int:
+        return steps[0] - steps0 if steps is not None else calls * tokens
+
+    for _ in range(2):
+        run(fresh(), mask, tokens)
+    gc.collect()
+    steps0 = steps[0] if steps is not None else 0
+    start_rss, samples, calls = current_rss_mib(), [], 0
+    t0 = time.perf_counter()
+    while done_iters(calls) < spec["memory_iterations"]:
+        run(fresh(), mask, tokens)
+        calls += 1
+        if calls % 4 == 0:
+            samples.append(round(current_rss_mib(), 1))
+    gc.collect()
+    end_rss = current_rss_mib()
+    return {"calls": calls, "iterations": done_iters(calls),
+            "iterations_counted": steps is not None, "start_rss_mib": start_rss,
+            "end_rss_mib": end_rss, "growth_mib": end_rss - start_rss, "rss_samples_mib": samples,
+            "wall_s": time.perf_counter() - t0}
+
+
+def arm_hf(spec: dict[str, Any]) -> dict[str, Any]:
+    """transformers ``generate`` on one left-padded batch; LoRA rows via peft ``adapter_names``."""
+    set_torch_threads(spec["threads"])
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    base = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32).eval()
+    model = PeftModel.from_pretrained(base, spec["adapter_dir"], adapter_name=ADAPTER_NAME).eval()
+    pad_id = base.config.pad_token_id if base.config.pad_token_id is not None else 0
+    # eos disabled (vLLM's ignore_eos semantics: EOS may be sampled, it just does not stop).
+    # min_new_tokens == max_new_tokens guards the length; without an eos id it masks nothing.
+    gcfg = GenerationConfig(do_sample=False, max_new_tokens=spec["max_tokens"],
+                            min_new_tokens=spec["max_tokens"], eos_token_id=None,
+                            pad_token_id=pad_id, bos_token_id=None)
+
+    def batch(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        return ids, mask
+
+    def run(prompts: list[list[int]], lmask: list[bool], max_tokens: int) -> tuple[list[list[int]], str]:
+        gcfg.max_new_tokens = gcfg.min_new_tokens = max_tokens
+        ids, attn = batch(prompts)
+        names = [ADAPTER_NAME if m else "__base__" for m in lmask]
+        with torch.inference_mode():
+            try:
+                out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg,
+                                     adapter_names=names)
+                mode = "mixed-batch (peft adapter_names)"
+            except (TypeError, ValueError) as exc:  # old peft: two homogeneous batches
+                print(f"[bench] mixed-batch LoRA unsupported ({exc}); two batches", file=sys.stderr)
+                return two_batches(prompts, lmask), "two batches (base, lora)"
+        return [row[ids.shape[1]:].tolist() for row in out], mode
+
+    def two_batches(prompts: list[list[int]], lmask: list[bool]) -> list[list[int]]:
+        outputs: list[list[int]] = [[] for _ in prompts]
+        for use_lora in (False, True):
+            rows = [i for i, m in enumerate(lmask) if m == use_lora]
+            if not rows:
+                continue
+            ids, attn = batch([prompts[i] for i in rows])
+            ctx = model.disable_adapter() if not use_lora else _nullcontext()
+            with torch.inference_mode(), ctx:
+                out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg)
+            for i, row in zip(rows, out):
+                outputs[i] = row[ids.shape[1]:].tolist()
+        return outputs
+
+    wp, wm = warmup_slice(spec)
+    run(wp, wm, spec["warmup_tokens"])
+    delta = lora_logit_delta(model, spec["prompts"][0])
+    (outputs, mode), walls = timed(
+        lambda: run(spec["prompts"], spec["lora_mask"], spec["max_tokens"]), spec["repeats"])
+    import peft
+    import transformers
+
+    return finish(spec, outputs, walls, lora_mode=mode, lora_logit_max_abs_delta=delta,
+                  versions={"torch": torch.__version__, "transformers": transformers.__version__,
+                            "peft": peft.__version__})
+
+
+def lora_logit_delta(model: Any, prompt: list[int]) -> float:
+    """Max |logit(adapter) - logit(base)| on one prompt: proves the adapter is not a no-op."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        with_lora = model(input_ids=ids).logits
+        with model.disable_adapter():
+            without = model(input_ids=ids).logits
+    return float((with_lora - without).abs().max())
+
+
+def _nullcontext() -> Any:
+    """A do-nothing context manager (contextlib's, imported lazily)."""
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def arm_vllm(spec: dict[str, Any]) -> dict[str, Any]:
+    """vLLM CPU (run under .vllm-venv): ``LLM.generate`` with a LoRARequest per LoRA prompt."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    ncpu = os.cpu_count() or 1
+    bind = "all" if spec["threads"] >= ncpu else f"0-{spec['threads'] - 1}"
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    model_dir = Path(spec["model_dir"])
+    has_tok = (model_dir / "tokenizer.json").exists() or (model_dir / "tokenizer.model").exists()
+    # max_loras=2, not 1: with a single slot vLLM-CPU 0.32.0 applies the adapter to the no-LoRA rows
+    # of a mixed batch too (measured: base rows then equal all-LoRA outputs, 0/16 match transformers);
+    # with two slots every row matches. One adapter is used either way.
+    llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, enable_lora=True,
+              max_lora_rank=16, max_loras=2, max_num_seqs=spec["max_num_seqs"],
+              max_num_batched_tokens=spec["max_batch_tokens"], max_model_len=512, seed=0,
+              skip_tokenizer_init=not has_tok, enable_prefix_caching=False)
+    lora = LoRARequest(ADAPTER_NAME, 1, spec["adapter_dir"])
+
+    def run(prompts: list[list[int]], mask: list[bool], max_tokens: int) -> list[list[int]]:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                                detokenize=has_tok)
+        reqs = [lora if m else None for m in mask]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                            lora_request=reqs, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    wp, wm = warmup_slice(spec)
+    run(wp, wm, spec["warmup_tokens"])
+    outputs, walls = timed(lambda: run(spec["prompts"], spec["lora_mask"], spec["max_tokens"]),
+                          spec["repeats"])
+    return finish(spec, outputs, walls, versions={"vllm": vllm.__version__},
+                  env={k: v for k, v in os.environ.items() if k.startswith("VLLM_")})
+
+
+ARMS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "coserve": arm_coserve, "hf": arm_hf, "vllm": arm_vllm}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of one arm's subprocess: read the spec, run the arm, write the result."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("arm", choices=sorted(ARMS))
+    ap.add_argument("--spec", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    result = ARMS[args.arm](spec)
+    args.out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
