@@ -1,7 +1,9 @@
 """Helpers and per-engine arms of ``benchmarks/engine_throughput.py``.
 
 Each arm runs in its own subprocess (``python _bench_arms.py ARM --spec SPEC --out OUT``) so that
-memory, OpenMP threads and imported libraries of one engine do not disturb another.  The vLLM arm runs
+memory, OpenMP threads and imported libraries of one engine do not disturb another; the ``paired``
+arm runs coserve and transformers in one process with their timed calls alternating, so that the
+drift of a shared machine cancels out of their ratio.  The vLLM arm runs
 under ``.vllm-venv/bin/python``, so this module imports nothing but the standard library at top level;
 every engine import happens inside its arm.
 
@@ -15,7 +17,6 @@ lists), ``lora_mask`` (one bool per prompt), ``max_tokens``, ``threads``, ``warm
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import resource
@@ -23,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from _bench_memory import Runner, coserve_memory_check, count_engine_steps  # noqa: E402
 
 ADAPTER_NAME = "bench-lora"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -34,15 +37,6 @@ def peak_rss_mib() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return max(own, kids) / 1024.0
-
-
-def current_rss_mib() -> float:
-    """Current resident set size of this process in MiB (VmRSS from /proc)."""
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
 
 
 def timed(fn: Callable[[], Any], repeats: int = 1) -> tuple[Any, list[float]]:
@@ -75,35 +69,6 @@ def set_torch_threads(threads: int) -> None:
 
 
 # ----------------------------------------------------------------------------- workload preparation
-def make_fallback_model(path: Path, seed: int = 0) -> Path:
-    """Write a random Llama of the ``small`` preset's shape with a word-level tokenizer.
-
-    Only used while ``coserve.platform.tiny_model`` is missing: hidden 512, 8 layers, 8 heads,
-    4 KV heads, head_dim 64, intermediate 1408, vocab 8192.
-    """
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<s>", "</s>", "<pad>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    vocab.update({f"w{i}": i for i in range(len(specials), 8192)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
-    cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                      max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=3,
-                      tie_word_embeddings=False, torch_dtype="float32")
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
-
-
 def special_token_ids(model_dir: Path) -> set[int]:
     """Ids to keep out of random prompts: the tokenizer's special tokens and config bos/eos/pad."""
     ids: set[int] = set()
@@ -163,8 +128,8 @@ def warmup_slice(spec: dict[str, Any]) -> tuple[list[list[int]], list[bool]]:
 
 
 # ----------------------------------------------------------------------------- arms
-def arm_coserve(spec: dict[str, Any]) -> dict[str, Any]:
-    """coserve's offline ``LLM.generate`` with a per-prompt ``lora_request`` list."""
+def coserve_runner(spec: dict[str, Any]) -> tuple[Runner, Any]:
+    """coserve's offline ``LLM.generate`` with a per-prompt ``lora_request`` list, and the LLM."""
     set_torch_threads(spec["threads"])
     from coserve import LLM, LoRARequest, SamplingParams
 
@@ -173,7 +138,6 @@ def arm_coserve(spec: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(model=spec["model_dir"], dtype="float32", device="cpu", enable_prefix_caching=False,
               max_num_seqs=spec["max_num_seqs"], max_batch_tokens=spec["max_batch_tokens"])
     lora = LoRARequest(ADAPTER_NAME, 1, spec["adapter_dir"])
-    steps = count_engine_steps(llm)
 
     def run(prompts: list[list[int]], mask: list[bool], max_tokens: int) -> list[list[int]]:
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -181,79 +145,29 @@ def arm_coserve(spec: dict[str, Any]) -> dict[str, Any]:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=reqs)
         return [list(o.outputs[0].token_ids) for o in outs]
 
-    wp, wm = warmup_slice(spec)
-    run(wp, wm, spec["warmup_tokens"])
-    steps0 = steps[0] if steps is not None else None
+    return run, llm
+
+
+def arm_coserve(spec: dict[str, Any]) -> dict[str, Any]:
+    """coserve alone: warm-up, timed calls, then the memory check if asked."""
+    run, llm = coserve_runner(spec)
+    steps = count_engine_steps(llm)
+    run(*warmup_slice(spec), spec["warmup_tokens"])
+    steps0 = steps[0]
     outputs, walls = timed(lambda: run(spec["prompts"], spec["lora_mask"], spec["max_tokens"]),
                           spec["repeats"])
-    result = finish(spec, outputs, walls,
-                    engine_iterations=None if steps is None else steps[0] - steps0)
+    result = finish(spec, outputs, walls, engine_iterations=steps[0] - steps0)
     if spec.get("memory_iterations"):
         result["memory"] = coserve_memory_check(run, spec, steps)
     return result
 
 
-def count_engine_steps(llm: Any) -> list[int] | None:
-    """Wrap ``llm.engine.step`` to count engine iterations; ``None`` if the engine has no such hook."""
-    counter = [0]
-    engine = getattr(llm, "engine", None)
-    step = getattr(engine, "step", None)
-    if step is None:
-        return None
-
-    def counted(*a: Any, **kw: Any) -> Any:
-        counter[0] += 1
-        return step(*a, **kw)
-
-    try:
-        engine.step = counted
-    except AttributeError:
-        return None
-    return counter
-
-
-def coserve_memory_check(run: Callable[[list[list[int]], list[bool], int], list[list[int]]],
-                         spec: dict[str, Any], steps: list[int] | None) -> dict[str, Any]:
-    """Repeat small mixed generate calls for >= ``memory_iterations`` engine iterations; RSS drift.
-
-    Each call decodes 32 tokens for 8 fresh prompts (the timed prompts' tokens reshuffled, half of
-    them LoRA). Iterations are counted at ``llm.engine.step``; without that hook each call counts as
-    32 (a lower bound). RSS is sampled after two warm calls (allocator caches primed) and at the end.
-    """
-    import random
-
-    rng = random.Random(1234)
-    base, mask, tokens = spec["prompts"][:8], spec["lora_mask"][:8], 32
-
-    def fresh() -> list[list[int]]:
-        return [rng.sample(p, len(p)) for p in base]
-
-    def done_iters(calls: int) -> int:
-        return steps[0] - steps0 if steps is not None else calls * tokens
-
-    for _ in range(2):
-        run(fresh(), mask, tokens)
-    gc.collect()
-    steps0 = steps[0] if steps is not None else 0
-    start_rss, samples, calls = current_rss_mib(), [], 0
-    t0 = time.perf_counter()
-    while done_iters(calls) < spec["memory_iterations"]:
-        run(fresh(), mask, tokens)
-        calls += 1
-        if calls % 4 == 0:
-            samples.append(round(current_rss_mib(), 1))
-    gc.collect()
-    end_rss = current_rss_mib()
-    return {"calls": calls, "iterations": done_iters(calls),
-            "iterations_counted": steps is not None, "start_rss_mib": start_rss,
-            "end_rss_mib": end_rss, "growth_mib": end_rss - start_rss, "rss_samples_mib": samples,
-            "wall_s": time.perf_counter() - t0}
-
-
-def arm_hf(spec: dict[str, Any]) -> dict[str, Any]:
+def hf_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
     """transformers ``generate`` on one left-padded batch; LoRA rows via peft ``adapter_names``."""
     set_torch_threads(spec["threads"])
+    import peft
     import torch
+    import transformers
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -266,54 +180,60 @@ def arm_hf(spec: dict[str, Any]) -> dict[str, Any]:
                             min_new_tokens=spec["max_tokens"], eos_token_id=None,
                             pad_token_id=pad_id, bos_token_id=None)
 
-    def batch(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(prompts: list[list[int]], lmask: list[bool], max_tokens: int) -> list[list[int]]:
+        gcfg.max_new_tokens = gcfg.min_new_tokens = max_tokens
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):
             ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
-        return ids, mask
-
-    def run(prompts: list[list[int]], lmask: list[bool], max_tokens: int) -> tuple[list[list[int]], str]:
-        gcfg.max_new_tokens = gcfg.min_new_tokens = max_tokens
-        ids, attn = batch(prompts)
+            attn[row, width - len(p):] = 1
         names = [ADAPTER_NAME if m else "__base__" for m in lmask]
         with torch.inference_mode():
-            try:
-                out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg,
-                                     adapter_names=names)
-                mode = "mixed-batch (peft adapter_names)"
-            except (TypeError, ValueError) as exc:  # old peft: two homogeneous batches
-                print(f"[bench] mixed-batch LoRA unsupported ({exc}); two batches", file=sys.stderr)
-                return two_batches(prompts, lmask), "two batches (base, lora)"
-        return [row[ids.shape[1]:].tolist() for row in out], mode
+            out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg,
+                                 adapter_names=names)
+        return [row[width:].tolist() for row in out]
 
-    def two_batches(prompts: list[list[int]], lmask: list[bool]) -> list[list[int]]:
-        outputs: list[list[int]] = [[] for _ in prompts]
-        for use_lora in (False, True):
-            rows = [i for i, m in enumerate(lmask) if m == use_lora]
-            if not rows:
-                continue
-            ids, attn = batch([prompts[i] for i in rows])
-            ctx = model.disable_adapter() if not use_lora else _nullcontext()
-            with torch.inference_mode(), ctx:
-                out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg)
-            for i, row in zip(rows, out):
-                outputs[i] = row[ids.shape[1]:].tolist()
-        return outputs
+    extra = {"lora_mode": "mixed-batch (peft adapter_names)",
+             "lora_logit_max_abs_delta": lora_logit_delta(model, spec["prompts"][0]),
+             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                          "peft": peft.__version__}}
+    return run, extra
 
-    wp, wm = warmup_slice(spec)
-    run(wp, wm, spec["warmup_tokens"])
-    delta = lora_logit_delta(model, spec["prompts"][0])
-    (outputs, mode), walls = timed(
-        lambda: run(spec["prompts"], spec["lora_mask"], spec["max_tokens"]), spec["repeats"])
-    import peft
-    import transformers
 
-    return finish(spec, outputs, walls, lora_mode=mode, lora_logit_max_abs_delta=delta,
-                  versions={"torch": torch.__version__, "transformers": transformers.__version__,
-                            "peft": peft.__version__})
+def arm_hf(spec: dict[str, Any]) -> dict[str, Any]:
+    """transformers alone: warm-up, then the timed calls."""
+    run, extra = hf_runner(spec)
+    run(*warmup_slice(spec), spec["warmup_tokens"])
+    outputs, walls = timed(lambda: run(spec["prompts"], spec["lora_mask"], spec["max_tokens"]),
+                          spec["repeats"])
+    return finish(spec, outputs, walls, **extra)
+
+
+def arm_paired(spec: dict[str, Any]) -> dict[str, Any]:
+    """coserve and transformers in one process, their timed calls alternating.
+
+    A shared machine drifts by tens of percent within minutes; a ratio of two calls made seconds
+    apart is far steadier than one of two runs made minutes apart. Peak RSS covers both engines.
+    """
+    co_run, llm = coserve_runner(spec)
+    hf_run, extra = hf_runner(spec)
+    steps = count_engine_steps(llm)
+    for run in (co_run, hf_run):
+        run(*warmup_slice(spec), spec["warmup_tokens"])
+    args = (spec["prompts"], spec["lora_mask"], spec["max_tokens"])
+    co_walls, hf_walls, steps0 = [], [], steps[0]
+    for _ in range(max(1, spec["repeats"])):
+        co_out, walls = timed(lambda: co_run(*args))
+        co_walls += walls
+        hf_out, walls = timed(lambda: hf_run(*args))
+        hf_walls += walls
+    co = finish(spec, co_out, co_walls,
+                engine_iterations=(steps[0] - steps0) // len(co_walls))
+    if spec.get("memory_iterations"):
+        co["memory"] = coserve_memory_check(co_run, spec, steps)
+    return {"coserve": co, "hf": finish(spec, hf_out, hf_walls, **extra),
+            "pair_ratios": [h / c for c, h in zip(co_walls, hf_walls)]}
 
 
 def lora_logit_delta(model: Any, prompt: list[int]) -> float:
@@ -326,13 +246,6 @@ def lora_logit_delta(model: Any, prompt: list[int]) -> float:
         with model.disable_adapter():
             without = model(input_ids=ids).logits
     return float((with_lora - without).abs().max())
-
-
-def _nullcontext() -> Any:
-    """A do-nothing context manager (contextlib's, imported lazily)."""
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def arm_vllm(spec: dict[str, Any]) -> dict[str, Any]:
@@ -375,7 +288,7 @@ def arm_vllm(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 ARMS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "coserve": arm_coserve, "hf": arm_hf, "vllm": arm_vllm}
+    "coserve": arm_coserve, "hf": arm_hf, "paired": arm_paired, "vllm": arm_vllm}
 
 
 def main(argv: list[str] | None = None) -> int:

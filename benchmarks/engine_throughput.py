@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--skip-coserve", action="store_true", help="do not run the coserve arm")
     ap.add_argument("--skip-hf", action="store_true", help="do not run the transformers arm")
     ap.add_argument("--skip-vllm", action="store_true", help="do not run the vLLM-CPU arm")
+    ap.add_argument("--separate", action="store_true",
+                    help="run coserve and transformers in separate processes, one after the other "
+                         "(default: one process, their timed calls alternating)")
     ap.add_argument("--memory-iterations", type=int, default=0,
                     help="coserve: also run >= N engine iterations and report RSS growth (0: off)")
     ap.add_argument("--repeats", type=int, default=1,
@@ -78,14 +81,8 @@ def ensure_model(model_dir: Path | None) -> tuple[Path, str]:
     path = OUT_DIR / "small-llama"
     if (path / "config.json").exists():
         return path, (path / ".origin").read_text().strip() if (path / ".origin").exists() else "cached"
-    try:
-        from coserve.platform.tiny_model import create_tiny_model
-    except ImportError:
-        fallback = OUT_DIR / "fallback-small-llama"
-        if not (fallback / "config.json").exists():
-            print("[bench] coserve.platform.tiny_model missing: writing a fallback Llama", file=sys.stderr)
-            arms.make_fallback_model(fallback)
-        return fallback, "fallback (transformers LlamaConfig, small shape)"
+    from coserve.platform.tiny_model import create_tiny_model
+
     create_tiny_model(path, arch="llama", preset="small", seed=0)
     (path / ".origin").write_text("coserve create_tiny_model(arch=llama, preset=small, seed=0)\n")
     return path, "coserve create_tiny_model(arch=llama, preset=small, seed=0)"
@@ -201,8 +198,15 @@ def run_rounds(plan: list[tuple[str, Path | None]], spec: dict[str, Any],
             if python is None:
                 results[arm] = {"error": "no .vllm-venv (run: bash benchmarks/setup_vllm_venv.sh)"}
                 continue
-            memory = spec["memory_iterations"] if arm == "coserve" and index == 0 else 0
-            results[arm] = run_arm(arm, python, dict(spec, memory_iterations=memory), args.timeout)
+            memory = spec["memory_iterations"] if arm in ("coserve", "paired") and index == 0 else 0
+            result = run_arm(arm, python, dict(spec, memory_iterations=memory), args.timeout)
+            if arm == "paired" and "error" not in result:
+                results["coserve"], results["hf"] = result["coserve"], result["hf"]
+                results["coserve"]["pair_ratios"] = result["pair_ratios"]
+            elif arm == "paired":
+                results["coserve"] = results["hf"] = result
+            else:
+                results[arm] = result
         rounds.append(results)
     return rounds
 
@@ -214,12 +218,15 @@ def merge_rounds(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str,
         if "error" in first:
             merged[arm] = first
             continue
+        pairs = [x for r in rounds for x in r[arm].get("pair_ratios", [])]
         walls = [w for r in rounds if "walls_s" in r.get(arm, {}) for w in r[arm]["walls_s"]]
         median = sorted(walls)[len(walls) // 2]
         merged[arm] = dict(first, walls_s=walls, wall_s=median,
                            tokens_per_s=first["expected_tokens"] / median,
                            best_tokens_per_s=first["expected_tokens"] / min(walls),
                            peak_rss_mib=max(r[arm].get("peak_rss_mib", 0) for r in rounds if arm in r))
+        if pairs:
+            merged[arm]["pair_ratios"] = pairs
     return merged
 
 
@@ -228,8 +235,12 @@ def round_ratios(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, floa
     ratios = []
     for results in rounds:
         co = results.get("coserve", {}).get("tokens_per_s")
-        ratios.append({f"coserve/{arm}": co / res["tokens_per_s"] for arm, res in results.items()
-                       if co and arm != "coserve" and res.get("tokens_per_s")})
+        ratio = {f"coserve/{arm}": co / res["tokens_per_s"] for arm, res in results.items()
+                 if co and arm != "coserve" and res.get("tokens_per_s")}
+        pairs = results.get("coserve", {}).get("pair_ratios")
+        if pairs:  # alternating calls: the median of call-by-call ratios
+            ratio["coserve/hf"] = sorted(pairs)[len(pairs) // 2]
+        ratios.append(ratio)
     return ratios
 
 
@@ -240,9 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     model_dir, origin = ensure_model(args.model_dir)
     spec = build_spec(args, model_dir)
     plan: list[tuple[str, Path | None]] = []
-    if not args.skip_coserve:
+    if not (args.skip_coserve or args.skip_hf or args.separate):
+        plan.append(("paired", Path(sys.executable)))
+    elif not args.skip_coserve:
         plan.append(("coserve", Path(sys.executable)))
-    if not args.skip_hf:
+    if args.separate and not args.skip_hf:
         plan.append(("hf", Path(sys.executable)))
     if not args.skip_vllm:
         plan.append(("vllm", VLLM_PYTHON if VLLM_PYTHON.exists() else None))
@@ -259,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(results, meta))
     for index, ratio in enumerate(meta["ratios"]):
         print(f"round {index + 1}: " + ", ".join(f"{k} = {v:.2f}x" for k, v in ratio.items()))
+    pairs = results.get("coserve", {}).get("pair_ratios")
+    if pairs:
+        print(f"coserve/hf over {len(pairs)} alternating call pairs: median "
+              f"{sorted(pairs)[len(pairs) // 2]:.2f}x, min {min(pairs):.2f}x, max {max(pairs):.2f}x")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
