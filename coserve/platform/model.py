@@ -47,10 +47,11 @@ class Transformer:
         self.cfg, self.weights, self.dtype, self.device = cfg, weights, dtype, device
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, dtype, device)
         # oneDNN's blocked layout runs the LM head (a wide [vocab, hidden] matrix) about 1.5x faster
-        # than MKL's sgemm on a CPU decode batch; only the sampled rows ever reach it.
-        self._lm_head_onednn = (weights.lm_head.to_mkldnn() if device.type == "cpu"
-                                and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-                                else None)
+        # than MKL's sgemm on a CPU decode batch. It is a second copy of the matrix, so only when small.
+        head_bytes = weights.lm_head.numel() * weights.lm_head.element_size()
+        use_onednn = (device.type == "cpu" and dtype == torch.float32 and head_bytes <= 2**28
+                      and torch.backends.mkldnn.is_available())
+        self._lm_head_onednn = weights.lm_head.to_mkldnn() if use_onednn else None
 
     def make_batch(self, token_ids: torch.Tensor, attn: AttentionMetadata,
                    lora: list[LoRASegment]) -> ForwardBatch:
