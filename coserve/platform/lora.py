@@ -47,8 +47,10 @@ class AdapterError(ValueError):
 
 @dataclass(slots=True)
 class LoRAPair:
-    a: torch.Tensor  # [R, in]
-    b: torch.Tensor  # [out, R], scale folded in
+    """One fused projection's LoRA, stored transposed for `x @ a_t @ b_t` (no per-call transposes)."""
+
+    a_t: torch.Tensor  # [in, R]: PEFT's lora_A weights, stacked and transposed
+    b_t: torch.Tensor  # [R, out]: block-diagonal lora_B weights, transposed, scale folded in
 
 
 # One layer of an adapter: a pair (or None) per Projection, indexed by the enum.
@@ -167,7 +169,8 @@ def _fuse_layer(tensors: dict[tuple[int, str], dict[str, torch.Tensor]], layer: 
                 b[row: row + shapes[m][1], col: col + r] = pair["B"].float() * acfg.scale(r)
                 col += r
             row += shapes[m][1]
-        fused.append(LoRAPair(a=a.to(device, dtype).contiguous(), b=b.to(device, dtype).contiguous()))
+        fused.append(LoRAPair(a_t=a.t().to(device, dtype).contiguous(),
+                              b_t=b.t().to(device, dtype).contiguous()))
     return tuple(fused)  # type: ignore[return-value]
 
 
@@ -223,4 +226,4 @@ class LoRABank:
             pair = adapter.layers[layer][proj]
             if pair is not None:
                 rows = slice(seg.start, seg.end)
-                out[rows].addmm_(x[rows] @ pair.a.t(), pair.b.t())
+                out[rows].addmm_(x[rows] @ pair.a_t, pair.b_t)
