@@ -1,0 +1,5 @@
+"""The OpenAI-compatible gateway: protocol models, serving logic and FastAPI routers per endpoint.
+
+Layout (one triad per endpoint): `protocol/` (pydantic models, no I/O), `serving/` (request -> scheduler
+-> response), `routers/` (FastAPI only). Nothing here imports torch.
+"""

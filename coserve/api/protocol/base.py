@@ -1,0 +1,197 @@
+"""Shared protocol pieces: the base model, OpenAI's error body, usage, and validation-error mapping.
+
+Every request and response model of the gateway derives from `OpenAIBaseModel`. Validation failures
+never reach users in FastAPI's 422 shape: `error_from_validation` turns a pydantic `ValidationError`
+into a `ProtocolError` (400 `invalid_request_error` naming the offending param), and `ProtocolError`
+renders as OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+Reference: https://platform.openai.com/docs/guides/error-codes
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+logger = logging.getLogger(__name__)
+
+# (model, unknown field names) pairs already logged: clients resend the same extras on every request,
+# and one line per combination is enough to notice them.
+_LOGGED_EXTRAS: set[tuple[str, frozenset[str]]] = set()
+_MAX_LOGGED_EXTRAS = 1024
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class OpenAIBaseModel(BaseModel):
+    """Base of every protocol model: unknown fields are kept and logged, never rejected.
+
+    OpenAI clients send fields we do not implement (`store`, `metadata`, `service_tier`, ...); rejecting
+    them would break unmodified clients, and silently dropping them would hide why an option had no effect.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _log_extra_fields(cls, data: Any, handler: Any) -> Any:
+        result = handler(data)
+        if isinstance(data, dict):
+            known = set(cls.model_fields)
+            known.update(f.alias for f in cls.model_fields.values() if f.alias)
+            extra = frozenset(k for k in data if k not in known)
+            key = (cls.__name__, extra)
+            if extra and key not in _LOGGED_EXTRAS and len(_LOGGED_EXTRAS) < _MAX_LOGGED_EXTRAS:
+                _LOGGED_EXTRAS.add(key)
+                logger.warning("%s: ignoring unsupported fields %s", cls.__name__, sorted(extra))
+        return result
+
+
+def now() -> int:
+    """Unix time in whole seconds, the unit of every `created`/`created_at` field."""
+    return int(time.time())
+
+
+class ErrorBody(OpenAIBaseModel):
+    """The inner object of an OpenAI error: all four keys are always present (param/code may be null)."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(OpenAIBaseModel):
+    """OpenAI's error body `{"error": {...}}`, also sent as an SSE data event when a stream fails."""
+
+    error: ErrorBody
+
+
+class UsageInfo(OpenAIBaseModel):
+    """Token usage of one request (OpenAI `CompletionUsage`)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ProtocolError(Exception):
+    """A failure to report to the client as an OpenAI error body with an HTTP status.
+
+    Raised by validation helpers and by the serving layer; the router layer renders it with
+    `to_response()` and `status`. `code` is an OpenAI string code (never the HTTP status).
+    """
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def to_response(self) -> ErrorResponse:
+        """The JSON body to send with `self.status`."""
+        return ErrorResponse(error=ErrorBody(message=self.message, type=self.type, param=self.param,
+                                             code=self.code))
+
+    @classmethod
+    def not_found(cls, message: str, *, param: str | None = None,
+                  code: str | None = None) -> ProtocolError:
+        """404: unknown resource, or one that belongs to another tenant (never 403, so ids don't leak)."""
+        return cls(message, status=404, param=param, code=code)
+
+    def __repr__(self) -> str:
+        return (f"ProtocolError(status={self.status}, type={self.type!r}, param={self.param!r}, "
+                f"code={self.code!r}, message={self.message!r})")
+
+
+def param_error(param: str, message: str) -> PydanticCustomError:
+    """A validation error for a cross-field rule, naming `param` explicitly.
+
+    A model validator's error is located at the model itself, so the field travels in the error's
+    context and `error_from_validation` appends it to that location. Raise it inside a validator.
+    """
+    # The message is a format template over the context; braces from user values would be read as fields.
+    return PydanticCustomError("invalid_value", message.replace("{", "(").replace("}", ")"),
+                               {"param": param})
+
+
+# Location items that pydantic inserts for union members ('str', "literal['auto']", 'constrained-int',
+# 'list[TextPart]', model class names): none of them is one of our snake_case field names.
+_FIELD_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "bytes"})
+_TYPE_MISMATCH = frozenset({"literal_error", "model_type", "model_attributes_type", "union_tag_invalid",
+                            "is_instance_of"})
+
+
+def _clean_loc(loc: tuple[int | str, ...]) -> list[int | str]:
+    return [p for p in loc if isinstance(p, int) or (_FIELD_NAME.fullmatch(p) and p not in _TYPE_TAGS)]
+
+
+def format_param(loc: list[int | str]) -> str | None:
+    """`['messages', 0, 'role']` -> `'messages[0].role'` (OpenAI's notation); an empty path -> None."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out or None
+
+
+def _is_type_mismatch(err_type: str) -> bool:
+    return err_type.endswith("_type") or err_type in _TYPE_MISMATCH
+
+
+def _rank(err_type: str) -> int:
+    # A value error means the input had the right shape; a wrong tag (`type: "image_url"`) explains
+    # the fields missing after it better than the missing fields do.
+    if err_type == "missing":
+        return 2
+    return 1 if _is_type_mismatch(err_type) else 0
+
+
+def _pick_error(errors: list[Any]) -> Any:
+    """The most telling error of a union failure: the same top-level field as the first error, the
+    deepest location (the branch that matched the input's shape), then by `_rank`."""
+    top = _clean_loc(errors[0]["loc"])[:1]
+    same = [e for e in errors if _clean_loc(e["loc"])[:1] == top]
+    return min(same, key=lambda e: (-len(_clean_loc(e["loc"])), _rank(e["type"])))
+
+
+def error_from_validation(exc: ValidationError) -> ProtocolError:
+    """Turn a pydantic `ValidationError` into a 400 `invalid_request_error` naming the offending param.
+
+    Codes follow OpenAI's: `missing_required_parameter`, `invalid_type`, `invalid_value`.
+    """
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return ProtocolError("Invalid request.", code="invalid_value")
+    err = _pick_error(errors)
+    ctx = err.get("ctx") or {}
+    loc = _clean_loc(err["loc"])
+    if isinstance(ctx.get("param"), str):
+        # A model validator's error sits at the model's own location; its param is relative to it.
+        loc.append(ctx["param"])
+    param = format_param(loc)
+    msg = str(err["msg"]).rstrip(".")
+    if err["type"] == "missing":
+        return ProtocolError(f"Missing required parameter: '{param}'.", param=param,
+                             code="missing_required_parameter")
+    if err["type"] == "json_invalid":
+        return ProtocolError(f"The request body is not valid JSON: {msg}.", code="invalid_json")
+    code = "invalid_type" if _is_type_mismatch(err["type"]) and err["type"] != "literal_error" \
+        else "invalid_value"
+    where = f"Invalid '{param}'" if param else "Invalid request body"
+    return ProtocolError(f"{where}: {msg}.", param=param, code=code)
+
+
+def validate_request(model: type[ModelT], data: Any) -> ModelT:
+    """`model.model_validate(data)`, raising `ProtocolError` (400) instead of `ValidationError`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error_from_validation(exc) from None

@@ -1,0 +1,239 @@
+"""`POST /v1/chat/completions`: the request, the `chat.completion` response and the streamed chunks.
+
+Fields are ordered as in https://platform.openai.com/docs/api-reference/chat/create (messages, model,
+then alphabetical); coserve extensions (sent by the `openai` client through `extra_body=`) sit in a
+marked block. `ChatCompletionRequest.to_sampling_params` is the one place where wire parameters become
+engine parameters.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error
+from coserve.policies.request import SamplingParams
+
+MessageRole = Literal["system", "user", "assistant", "developer", "tool"]
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
+
+MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS = 20
+
+
+class ChatCompletionContentPartText(OpenAIBaseModel):
+    """A text part of a message's content; the only part type a text-only model accepts."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatCompletionMessageParam(OpenAIBaseModel):
+    """One input message. One model for every role (not a tagged union) so errors name plain params.
+
+    `tool_calls` is accepted on assistant history messages and passed to the chat template as is.
+    """
+
+    role: MessageRole
+    content: str | list[ChatCompletionContentPartText] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, object]] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _check_role_fields(self) -> ChatCompletionMessageParam:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise param_error("content", f"a '{self.role}' message needs 'content'")
+        if self.role == "tool" and not self.tool_call_id:
+            raise param_error("tool_call_id", "a 'tool' message needs 'tool_call_id'")
+        return self
+
+    def text(self) -> str:
+        """The content as one string: text parts joined by newlines (as vLLM does), None as ''."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class StreamOptions(OpenAIBaseModel):
+    """Options of a streamed response."""
+
+    include_usage: bool | None = None
+
+
+class ChatCompletionRequest(OpenAIBaseModel):
+    """The body of `POST /v1/chat/completions`.
+
+    `presence_penalty`, `frequency_penalty` and `logit_bias` are validated but NOT honoured: the engine
+    has no penalty or bias stage. Only the values that leave sampling unchanged (0, empty) are exact.
+    `max_completion_tokens` wins over the deprecated `max_tokens` when both are sent.
+    """
+
+    messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
+    model: str
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
+    logit_bias: dict[str, Annotated[int, Field(ge=-100, le=100)]] | None = None
+    logprobs: bool | None = False
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=128)] | None = 1
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
+    seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
+    stop: Annotated[str, Field(min_length=1)] | Annotated[
+        list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = 1.0
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = 1.0
+    user: str | None = None
+
+    # --- coserve extensions (not in the OpenAI spec; send them with `extra_body=`) ---
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # --- end of coserve extensions ---
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise param_error("top_logprobs", "'top_logprobs' requires 'logprobs' to be true")
+        if self.stream_options is not None and not self.stream:
+            raise param_error("stream_options", "'stream_options' is only allowed when 'stream' is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (`choices: []`)."""
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def requested_max_tokens(self) -> int | None:
+        """The client's output limit, if any: `max_completion_tokens`, else the deprecated `max_tokens`."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def to_sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
+        """Engine sampling parameters for this request.
+
+        Args:
+            default_max_tokens: the limit when the client sets none, normally the context length minus
+                the prompt length. The serving layer checks a client limit against the context itself
+                (400 `context_length_exceeded`); it is not clamped here.
+        """
+        top_p = 1.0 if self.top_p is None else self.top_p
+        top_k = -1 if self.top_k is None else self.top_k
+        if top_p == 0.0:
+            # OpenAI allows top_p=0: keep only the most likely token. The engine needs top_p > 0.
+            top_p, top_k = 1.0, 1
+        requested = self.requested_max_tokens()
+        return SamplingParams(
+            n=self.n or 1,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=self.seed,
+            max_tokens=requested if requested is not None else default_max_tokens,
+            min_tokens=self.min_tokens,
+            stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+
+
+def _completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+class TopLogprob(OpenAIBaseModel):
+    """One of the most likely tokens at an output position."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatCompletionTokenLogprob(OpenAIBaseModel):
+    """The sampled token at one output position, its log probability and the top alternatives."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(OpenAIBaseModel):
+    """Log probabilities of a choice's content tokens."""
+
+    content: list[ChatCompletionTokenLogprob] | None = None
+    refusal: list[ChatCompletionTokenLogprob] | None = None
+
+
+class ChatCompletionMessage(OpenAIBaseModel):
+    """The generated assistant message of a non-streamed choice."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    refusal: str | None = None
+
+
+class ChatCompletionChoice(OpenAIBaseModel):
+    """One of the `n` completions of a non-streamed response."""
+
+    index: int
+    message: ChatCompletionMessage
+    finish_reason: FinishReason
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletion(OpenAIBaseModel):
+    """The `chat.completion` response object."""
+
+    id: str = Field(default_factory=_completion_id)
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class ChoiceDelta(OpenAIBaseModel):
+    """What a chunk adds to a choice: the role in the first chunk, then content pieces."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    refusal: str | None = None
+
+
+class ChatCompletionChunkChoice(OpenAIBaseModel):
+    """A choice inside a streamed chunk; `finish_reason` is set only in its last chunk."""
+
+    index: int
+    delta: ChoiceDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(OpenAIBaseModel):
+    """One `chat.completion.chunk` SSE event.
+
+    With `stream_options.include_usage` every chunk carries `usage: null` and one extra final chunk
+    has `choices: []` and the usage; dump with `exclude_none=False` so `usage: null` is present.
+    """
+
+    id: str = Field(default_factory=_completion_id)
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=now)
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatCompletionChunkChoice]
+    usage: UsageInfo | None = None

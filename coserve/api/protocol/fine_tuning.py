@@ -1,0 +1,226 @@
+"""`/v1/fine_tuning/jobs`: the create request, jobs, events, checkpoints and their list pages.
+
+Fields follow https://platform.openai.com/docs/api-reference/fine-tuning and the bounds of OpenAI's
+spec (n_epochs 1..50, batch_size 1..256, learning_rate_multiplier > 0; coserve caps it at 10). Only the
+`supervised` method is implemented. The coserve extension `lora` takes PEFT's names.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from coserve.api.protocol.base import OpenAIBaseModel, now, param_error
+
+JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled",
+                    "paused"]  # "paused" is not in the SDK's Literal; its lenient parser accepts it
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+Auto = Literal["auto"]
+NEpochs = Auto | Annotated[int, Field(ge=1, le=50)]
+BatchSize = Auto | Annotated[int, Field(ge=1, le=256)]
+LearningRateMultiplier = Auto | Annotated[float, Field(gt=0.0, le=10.0)]
+
+
+class Hyperparameters(OpenAIBaseModel):
+    """Training hyperparameters; "auto" lets coserve choose (resolved values are echoed in the job)."""
+
+    batch_size: BatchSize | None = "auto"
+    learning_rate_multiplier: LearningRateMultiplier | None = "auto"
+    n_epochs: NEpochs | None = "auto"
+
+
+class SupervisedMethod(OpenAIBaseModel):
+    """Configuration of supervised fine-tuning."""
+
+    hyperparameters: Hyperparameters | None = None
+
+
+class Method(OpenAIBaseModel):
+    """The fine-tuning method; coserve implements `supervised` only."""
+
+    type: Literal["supervised", "dpo", "reinforcement"]
+    supervised: SupervisedMethod | None = None
+
+    @model_validator(mode="after")
+    def _only_supervised(self) -> Method:
+        if self.type != "supervised":
+            raise param_error("type", f"method '{self.type}' is not supported; use 'supervised'")
+        return self
+
+
+class LoRAParams(OpenAIBaseModel):
+    """coserve extension: the LoRA adapter to train, in PEFT's `LoraConfig` names. None = server default."""
+
+    r: Annotated[int, Field(ge=1, le=256)] | None = None
+    lora_alpha: Annotated[float, Field(gt=0.0)] | None = None
+    lora_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    target_modules: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+
+
+MetadataKey = Annotated[str, Field(min_length=1, max_length=64)]
+MetadataValue = Annotated[str, Field(max_length=512)]
+
+
+class FineTuningJobCreate(OpenAIBaseModel):
+    """The body of `POST /v1/fine_tuning/jobs`.
+
+    `suffix` is restricted to `[A-Za-z0-9_-]{1,64}` because it becomes part of a model id
+    (`ft:{base}:{tenant}:{suffix}:{id}`), where `:` or `/` would break parsing and paths.
+    `hyperparameters` (deprecated by OpenAI) and `method.supervised.hyperparameters` may not both be set.
+    """
+
+    model: Annotated[str, Field(min_length=1)]
+    training_file: Annotated[str, Field(min_length=1)]
+    hyperparameters: Hyperparameters | None = None
+    method: Method | None = None
+    suffix: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")] | None = None
+    validation_file: str | None = None
+    seed: Annotated[int, Field(ge=0, le=2147483647)] | None = None
+    metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] | None = None
+
+    # --- coserve extensions (not in the OpenAI spec; send them with `extra_body=`) ---
+    lora: LoRAParams | None = None
+    # --- end of coserve extensions ---
+
+    @model_validator(mode="after")
+    def _one_hyperparameter_source(self) -> FineTuningJobCreate:
+        method_hp = self.method.supervised.hyperparameters if self.method and self.method.supervised \
+            else None
+        if self.hyperparameters is not None and method_hp is not None:
+            raise param_error("hyperparameters", "set 'method.supervised.hyperparameters' or the "
+                              "deprecated 'hyperparameters', not both")
+        return self
+
+    def requested_hyperparameters(self) -> Hyperparameters:
+        """The hyperparameters from whichever place the client used, "auto" where unset."""
+        if self.method and self.method.supervised and self.method.supervised.hyperparameters:
+            hp = self.method.supervised.hyperparameters
+        else:
+            hp = self.hyperparameters or Hyperparameters()
+        return Hyperparameters(batch_size=hp.batch_size or "auto",
+                               learning_rate_multiplier=hp.learning_rate_multiplier or "auto",
+                               n_epochs=hp.n_epochs or "auto")
+
+
+class FineTuningJobError(OpenAIBaseModel):
+    """Why a job failed, e.g. code `invalid_n_examples` with param `training_file`."""
+
+    code: str
+    message: str
+    param: str | None = None
+
+
+class FineTuningJob(OpenAIBaseModel):
+    """The `fine_tuning.job` object. `error` is null unless the job failed."""
+
+    id: str
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    created_at: int = Field(default_factory=now)
+    error: FineTuningJobError | None = None
+    fine_tuned_model: str | None = None
+    finished_at: int | None = None
+    hyperparameters: Hyperparameters
+    model: str
+    organization_id: str
+    result_files: list[str] = Field(default_factory=list)
+    seed: int
+    status: JobStatus
+    trained_tokens: int | None = None
+    training_file: str
+    validation_file: str | None = None
+    estimated_finish: int | None = None
+    integrations: list[dict[str, Any]] | None = None
+    metadata: dict[str, str] | None = None
+    method: Method | None = None
+    user_provided_suffix: str | None = None  # sent by OpenAI, absent from the SDK model
+
+    # --- coserve extensions ---
+    lora: LoRAParams | None = None
+    # --- end of coserve extensions ---
+
+
+class FineTuningJobList(OpenAIBaseModel):
+    """A page of jobs, newest first."""
+
+    object: Literal["list"] = "list"
+    data: list[FineTuningJob]
+    has_more: bool = False
+
+
+class MetricsData(OpenAIBaseModel):
+    """The `data` of a metrics event: losses are per token, averaged over the step."""
+
+    step: int
+    train_loss: float | None = None
+    valid_loss: float | None = None
+    total_steps: int | None = None
+
+
+class FineTuningJobEvent(OpenAIBaseModel):
+    """A `fine_tuning.job.event`: a `message` event (`data` null) or a `metrics` event."""
+
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int = Field(default_factory=now)
+    level: Literal["info", "warn", "error"] = "info"
+    message: str
+    data: dict[str, Any] | None = None
+    type: Literal["message", "metrics"] | None = "message"
+
+    @classmethod
+    def metrics_event(cls, id: str, metrics: MetricsData,
+                      created_at: int | None = None) -> FineTuningJobEvent:
+        """A metrics event whose message reads like OpenAI's `Step 3/300: training loss=0.22, ...`."""
+        parts = []
+        if metrics.train_loss is not None:
+            parts.append(f"training loss={metrics.train_loss:.4g}")
+        if metrics.valid_loss is not None:
+            parts.append(f"validation loss={metrics.valid_loss:.4g}")
+        total = f"/{metrics.total_steps}" if metrics.total_steps is not None else ""
+        return cls(id=id, created_at=created_at if created_at is not None else now(), type="metrics",
+                   message=f"Step {metrics.step}{total}: " + ", ".join(parts),
+                   data=metrics.model_dump(exclude_none=True))
+
+
+class FineTuningJobEventList(OpenAIBaseModel):
+    """A page of a job's events, newest first."""
+
+    object: Literal["list"] = "list"
+    data: list[FineTuningJobEvent]
+    has_more: bool = False
+
+
+class CheckpointMetrics(OpenAIBaseModel):
+    """Metrics at a checkpoint's step (all optional, as in OpenAI's object)."""
+
+    step: float | None = None
+    train_loss: float | None = None
+    train_mean_token_accuracy: float | None = None
+    valid_loss: float | None = None
+    valid_mean_token_accuracy: float | None = None
+    full_valid_loss: float | None = None
+    full_valid_mean_token_accuracy: float | None = None
+
+
+class FineTuningJobCheckpoint(OpenAIBaseModel):
+    """A `fine_tuning.job.checkpoint`; `fine_tuned_model_checkpoint` is servable (`...:ckpt-step-N`)."""
+
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: int = Field(default_factory=now)
+    fine_tuned_model_checkpoint: str
+    fine_tuning_job_id: str
+    step_number: int
+    metrics: CheckpointMetrics = Field(default_factory=CheckpointMetrics)
+
+
+class FineTuningJobCheckpointList(OpenAIBaseModel):
+    """A page of a job's checkpoints, highest step first."""
+
+    object: Literal["list"] = "list"
+    data: list[FineTuningJobCheckpoint]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
