@@ -1,0 +1,141 @@
+"""What every part of the metadata store shares: the connection, its lock, the clock and the helpers.
+
+SQL in this package is built from table and column names that are constants of this package (never from
+caller input); every value goes through a `?` parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from coserve.actors.store.blobs import BlobDir
+from coserve.actors.store.schema import open_database
+
+R = TypeVar("R")
+S = TypeVar("S", bound="StoreCore")
+
+MAX_PAGE = 10_000
+"""The largest `limit` a list call accepts (OpenAI's bound for files)."""
+
+
+def check_tenant(tenant: str) -> None:
+    """Raise ValueError unless `tenant` is a non-empty string."""
+    if not isinstance(tenant, str) or not tenant:
+        raise ValueError(f"tenant must be a non-empty string, got {tenant!r}")
+
+
+def check_limit(limit: int) -> None:
+    """Raise ValueError unless 1 <= limit <= MAX_PAGE."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be an integer in [1, {MAX_PAGE}], got {limit!r}")
+
+
+def to_json(name: str, value: Any) -> str | None:
+    """`value` as JSON text (None stays NULL); ValueError naming `name` if it is not JSON-able."""
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be JSON-serialisable: {exc}") from None
+
+
+def from_row(cls: type[R], row: sqlite3.Row, json_columns: frozenset[str],
+             convert: dict[str, Callable[[Any], Any]] | None = None) -> R:
+    """Build the dataclass `cls` from the row's columns of the same names, decoding JSON columns."""
+    convert = convert or {}
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        value = row[f.name]
+        if f.name in json_columns and value is not None:
+            value = json.loads(value)
+        if f.name in convert:
+            value = convert[f.name](value)
+        values[f.name] = value
+    return cls(**values)
+
+
+class StoreCore:
+    """The connection, the lock that makes this the single writer, the clock and the blob folder.
+
+    Args:
+        data_dir: folder of the store: `metadata.sqlite3` and `files/` live in it (created if missing).
+        clock: seconds since the epoch; injectable so tests get deterministic timestamps.
+    """
+
+    DB_NAME = "metadata.sqlite3"
+
+    def __init__(self, data_dir: str | Path, clock: Callable[[], float] = time.time) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        # One lock around every statement: sqlite3 connections are not safe for concurrent use, and one
+        # writer means no SQLITE_BUSY and no interleaving between a check and the write that depends on it.
+        self._lock = threading.RLock()
+        self._conn = open_database(self.data_dir / self.DB_NAME)
+        self._blobs = BlobDir(self.data_dir / "files")
+
+    def close(self) -> None:
+        """Close the database; the store must not be used afterwards."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self: S) -> S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _now(self) -> int:
+        return int(self._clock())
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction under the lock: committed on success, rolled back on any exception."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """The connection under the lock, for reads (autocommit: each statement sees committed data)."""
+        with self._lock:
+            yield self._conn
+
+    def _page(self, table: str, scope: str, params: tuple[Any, ...], *, visible: str = "1",
+              visible_params: tuple[Any, ...] = (), after: str | None, limit: int, order: str = "seq",
+              newest_first: bool = True) -> tuple[list[sqlite3.Row], bool]:
+        """One page of `table`'s rows matching `scope AND visible`, ordered by `order`.
+
+        `after` names a row in `scope` (visible or not: a file deleted between two pages is still a valid
+        cursor); the page starts just past it. Returns the rows and whether more follow.
+
+        Raises:
+            ValueError: bad `limit`, or `after` is no row in `scope` (another tenant's id included).
+        """
+        check_limit(limit)
+        op, direction = ("<", "DESC") if newest_first else (">", "ASC")
+        where, values = f"({scope}) AND ({visible})", (*params, *visible_params)
+        with self._read() as conn:
+            if after is not None:
+                cursor = conn.execute(f"SELECT {order} FROM {table} WHERE ({scope}) AND id = ?",
+                                      (*params, after)).fetchone()
+                if cursor is None:
+                    raise ValueError(f"after: no such id {after!r}")
+                where, values = f"{where} AND {order} {op} ?", (*values, cursor[0])
+            rows = conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY {order} {direction} LIMIT ?",
+                                (*values, limit + 1)).fetchall()
+        return rows[:limit], len(rows) > limit
