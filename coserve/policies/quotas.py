@@ -1,0 +1,249 @@
+"""Per-tenant quotas: request and token rate limits (token buckets), concurrent jobs, job size.
+
+Pure: the clock is an argument (`now`, seconds on any monotonic scale), never read here, so tests and
+the scheduler decide what time it is.
+
+A refusal is a `Refusal`. Its `retry_after_s` says whether waiting helps, which is what the API layer
+needs to pick a status code (OpenAI's conventions):
+
+- a number (> 0): the limit is temporary; the same call succeeds after that many seconds at the latest
+  if nothing else is taken meanwhile. Answer 429 with a `Retry-After` header (the official client
+  honours it).
+- None: the call can never succeed as sent (a request estimated at more tokens than the bucket holds,
+  a job larger than `max_training_tokens_per_job`, fine-tuning disabled). Retrying is useless, so the
+  API should answer 400 (`invalid_request_error`). OpenAI itself answers 429 for "request too large
+  for tokens per minute"; we prefer the code that tells the client not to retry.
+
+Concurrent fine-tuning jobs are a temporary limit, but when a running job ends is unknown here, so the
+refusal carries a fixed hint (`JOB_RETRY_AFTER_S`, overridable per call) and the API answers 429.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+SECONDS_PER_MINUTE = 60.0
+# Hint for a refused job under `max_concurrent_jobs`: fine-tuning jobs run for minutes, so polling
+# more often than this only adds load.
+JOB_RETRY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a call was refused and whether to retry.
+
+    Args:
+        limit: the `TenantLimits` field that refused (for error messages and codes).
+        reason: a sentence for the client.
+        retry_after_s: seconds until the call can succeed (> 0), or None when it never can.
+    """
+
+    limit: str
+    reason: str
+    retry_after_s: float | None
+
+    def __post_init__(self) -> None:
+        if self.retry_after_s is not None and not self.retry_after_s > 0:
+            raise ValueError(f"retry_after_s must be > 0 or None, got {self.retry_after_s!r}")
+
+
+def _check_amount(name: str, value: float) -> None:
+    if isinstance(value, bool) or not value >= 0 or math.isinf(value):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+class TokenBucket:
+    """A bucket of `capacity` tokens refilled continuously at `refill_per_s`; it starts full.
+
+    Args:
+        capacity: the most that can be taken at once (the burst).
+        refill_per_s: tokens added per second.
+        limit: the name of the setting it enforces, used in refusals.
+
+    Raises:
+        ValueError: capacity or refill rate is not a finite number > 0.
+    """
+
+    def __init__(self, capacity: float, refill_per_s: float, limit: str = "bucket") -> None:
+        for name, value in (("capacity", capacity), ("refill_per_s", refill_per_s)):
+            if isinstance(value, bool) or not value > 0 or math.isinf(value):
+                raise ValueError(f"{limit}: {name} must be a finite number > 0, got {value!r}")
+        self._capacity = float(capacity)
+        self._rate = float(refill_per_s)
+        self._limit = limit
+        self._tokens = float(capacity)
+        self._updated_at: float | None = None  # the first call sets the clock's origin
+
+    @classmethod
+    def per_minute(cls, amount_per_minute: float, limit: str) -> TokenBucket:
+        """A bucket allowing `amount_per_minute` per minute, all of it as one burst."""
+        return cls(amount_per_minute, amount_per_minute / SECONDS_PER_MINUTE, limit)
+
+    @property
+    def capacity(self) -> float:
+        return self._capacity
+
+    def available(self, now: float) -> float:
+        """Tokens in the bucket at `now`."""
+        self._refill(now)
+        return self._tokens
+
+    def check(self, amount: float, now: float) -> Refusal | None:
+        """Whether `amount` could be taken at `now`, without taking it.
+
+        Raises:
+            ValueError: `amount` is negative or not finite.
+        """
+        _check_amount("amount", amount)
+        self._refill(now)
+        if amount > self._capacity:
+            return Refusal(self._limit, f"{amount:g} exceeds {self._limit}={self._capacity:g}", None)
+        missing = amount - self._tokens
+        if missing <= 0:
+            return None
+        return Refusal(self._limit, f"{self._limit} exceeded: {amount:g} requested, "
+                                    f"{self._tokens:.0f} left", missing / self._rate)
+
+    def try_take(self, amount: float, now: float) -> Refusal | None:
+        """Take `amount` tokens if the bucket holds them; otherwise take nothing and say why.
+
+        Raises:
+            ValueError: `amount` is negative or not finite.
+        """
+        refusal = self.check(amount, now)
+        if refusal is None:
+            self._tokens -= amount
+        return refusal
+
+    def refund(self, amount: float, now: float) -> None:
+        """Give back tokens taken but not used (never above capacity).
+
+        Raises:
+            ValueError: `amount` is negative or not finite.
+        """
+        _check_amount("amount", amount)
+        self._refill(now)
+        self._tokens = min(self._capacity, self._tokens + amount)
+
+    def _refill(self, now: float) -> None:
+        if self._updated_at is None:
+            self._updated_at = now
+        # A clock that steps back gives nothing and does not move the origin back: no double refill.
+        elapsed = now - self._updated_at
+        if elapsed > 0:
+            self._tokens = min(self._capacity, self._tokens + elapsed * self._rate)
+            self._updated_at = now
+
+
+def _check_limit(name: str, value: int | None, minimum: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} or None (unlimited), got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """A tenant's limits; None means unlimited.
+
+    Args:
+        requests_per_minute: chat/completion requests per minute (token bucket, burst = the limit).
+        tokens_per_minute: estimated prompt + max output tokens per minute (token bucket).
+        max_concurrent_jobs: fine-tuning jobs queued or running at once; 0 disables fine-tuning.
+        max_training_tokens_per_job: training tokens of one job (tokens per epoch x epochs).
+
+    Raises:
+        ValueError: a limit is not an integer, or below 1 (below 0 for `max_concurrent_jobs`).
+    """
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent_jobs: int | None = None
+    max_training_tokens_per_job: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_limit("requests_per_minute", self.requests_per_minute, 1)
+        _check_limit("tokens_per_minute", self.tokens_per_minute, 1)
+        _check_limit("max_concurrent_jobs", self.max_concurrent_jobs, 0)
+        _check_limit("max_training_tokens_per_job", self.max_training_tokens_per_job, 1)
+
+
+class TenantQuota:
+    """The live quota state of one tenant: its rate buckets and its job limits.
+
+    Args:
+        limits: the tenant's limits.
+    """
+
+    def __init__(self, limits: TenantLimits) -> None:
+        self._limits = limits
+        self._requests = (None if limits.requests_per_minute is None else
+                          TokenBucket.per_minute(limits.requests_per_minute, "requests_per_minute"))
+        self._tokens = (None if limits.tokens_per_minute is None else
+                        TokenBucket.per_minute(limits.tokens_per_minute, "tokens_per_minute"))
+
+    @property
+    def limits(self) -> TenantLimits:
+        return self._limits
+
+    def admit_request(self, est_tokens: int, now: float) -> Refusal | None:
+        """Admit one request estimated at `est_tokens` (prompt + max output), or refuse it.
+
+        Atomic: when either bucket refuses, neither is charged. When both refuse, the refusal that
+        cannot succeed (None) wins, else the longer wait (the request needs both).
+
+        Raises:
+            ValueError: `est_tokens` is negative.
+        """
+        _check_amount("est_tokens", est_tokens)
+        refusals = [bucket.check(amount, now)
+                    for bucket, amount in ((self._requests, 1), (self._tokens, est_tokens))
+                    if bucket is not None]
+        refused = [r for r in refusals if r is not None]
+        if refused:
+            return max(refused, key=lambda r: math.inf if r.retry_after_s is None else r.retry_after_s)
+        if self._requests is not None:
+            self._requests.try_take(1, now)
+        if self._tokens is not None:
+            self._tokens.try_take(est_tokens, now)
+        return None
+
+    def refund(self, tokens: int, now: float) -> None:
+        """Give back tokens a request was charged but did not use (estimate minus actual).
+
+        Raises:
+            ValueError: `tokens` is negative.
+        """
+        _check_amount("tokens", tokens)
+        if self._tokens is not None:
+            self._tokens.refund(tokens, now)
+
+    def admit_job(self, active_jobs: int, training_tokens: int,
+                  retry_after_s: float = JOB_RETRY_AFTER_S) -> Refusal | None:
+        """Admit a new fine-tuning job, or refuse it. Size is checked first: a job too large never fits.
+
+        Args:
+            active_jobs: the tenant's jobs that count against the limit (queued or running).
+            training_tokens: the new job's training tokens (tokens per epoch x epochs).
+            retry_after_s: the hint given when the concurrency limit refuses.
+
+        Raises:
+            ValueError: a negative count.
+        """
+        _check_amount("active_jobs", active_jobs)
+        _check_amount("training_tokens", training_tokens)
+        limits = self._limits
+        cap = limits.max_training_tokens_per_job
+        if cap is not None and training_tokens > cap:
+            return Refusal("max_training_tokens_per_job",
+                           f"the job has {training_tokens} training tokens, over "
+                           f"max_training_tokens_per_job={cap}", None)
+        if limits.max_concurrent_jobs == 0:
+            return Refusal("max_concurrent_jobs", "fine-tuning is disabled for this tenant "
+                                                  "(max_concurrent_jobs=0)", None)
+        if limits.max_concurrent_jobs is not None and active_jobs >= limits.max_concurrent_jobs:
+            return Refusal("max_concurrent_jobs",
+                           f"{active_jobs} fine-tuning jobs are active, the limit is "
+                           f"max_concurrent_jobs={limits.max_concurrent_jobs}", retry_after_s)
+        return None
