@@ -91,3 +91,11 @@ def test_native_kernel_is_identical_on_any_thread_count() -> None:
     finally:
         torch.set_num_threads(previous)
     assert torch.equal(outs[0], outs[1])
+
+
+def test_loading_the_kernel_keeps_ieee_denormals() -> None:
+    """Built with -ffast-math, the library would switch the whole process to flush-to-zero."""
+    if load_paged_decode() is None:
+        pytest.skip("no C compiler: the native kernel is unavailable")
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    assert float(tiny * 1.0) != 0.0

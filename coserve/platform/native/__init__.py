@@ -49,7 +49,11 @@ def _build(source: Path) -> Path | None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        base = [compiler, "-O3", "-march=native", "-ffast-math", "-fPIC", "-shared", "-o", str(built),
+        # Not -ffast-math: linked into a shared object it sets flush-to-zero for the whole process
+        # (crtfastmath.o), changing torch's numerics too. Reassociation alone lets gcc vectorise the
+        # dot products; no-math-errno lets it vectorise expf.
+        base = [compiler, "-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math",
+                "-fassociative-math", "-fno-signed-zeros", "-fPIC", "-shared", "-o", str(built),
                 str(source), "-lm"]
         # OpenMP splits the sequences over the cores; without libgomp the pragma is ignored (1 thread).
         for cmd in (base + ["-fopenmp"], base):
