@@ -1,0 +1,190 @@
+"""The features of an iteration plan that the latency model is linear in.
+
+Each feature is a count of work the engine does in one iteration; the latency model multiplies each by a
+fitted cost (seconds per unit) and adds a constant for the fixed per-iteration overhead (Python, kernel
+launches, sampling set-up). The features are chosen so that their costs are roughly constant:
+
+- ``prefill_tokens`` / ``decode_tokens``: rows through the weight matmuls. They are split because a decode
+  batch is memory-bound (every weight is read for few rows) while a prefill chunk is compute-bound, so a
+  token costs differently in each. A chunk of one token is counted as a decode whatever its position: it
+  does exactly a decode's work (one query row), and the plan cannot tell a prompt's last token apart.
+- ``prefill_attention``: (query, key) pairs a prefill chunk's causal attention computes. A chunk of ``n``
+  tokens at ``start`` has query ``i`` attend ``start + i + 1`` keys, so the count is
+  ``n * start + n * (n + 1) / 2`` (exact, not the ``n * (start + n/2)`` approximation). This is the
+  quadratic compute term.
+- ``decode_context``: keys a decode reads (``start + 1``), the K/V bytes streamed from the cache. Kept apart
+  from ``prefill_attention`` because reading K/V for one query is memory-bound, unlike a prefill's
+  query-block attention.
+- ``ft_forward_tokens``: fine-tuning forward-window tokens (full depth, activations kept for backward).
+- ``ft_backward_token_layers``: backward work as tokens times layers, because a backward tasklet covers a
+  slice of the depth (LLMStation's layer-granular tasklets); ``num_layers`` converts a full-depth token.
+- ``distinct_adapters``: LoRA bank slots used in the batch (the base model, slot -1, does not count): the
+  LoRA kernels run one segment per distinct adapter.
+- ``num_sequences``: chunks in the batch (per-sequence metadata, sampling, block-table preparation).
+- ``adapter_loads``: adapters loaded from disk before the forward, a large fixed cost per load.
+
+Fine-tuning windows and tasklets are not in `IterationPlan` yet; `plan_features` takes their amounts as
+arguments so the policy can predict a combined plan before the contract carries them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from coserve.policies.plan import IterationPlan
+
+# The order of the model's coefficients after the constant term (and of `PlanFeatures.vector`).
+FEATURE_NAMES: tuple[str, ...] = (
+    "prefill_tokens",
+    "decode_tokens",
+    "prefill_attention",
+    "decode_context",
+    "ft_forward_tokens",
+    "ft_backward_token_layers",
+    "distinct_adapters",
+    "num_sequences",
+    "adapter_loads",
+)
+CONSTANT = "constant"  # name of the intercept in coefficient tables
+
+
+@dataclass(frozen=True, slots=True)
+class PlanFeatures:
+    """Work counts of one iteration (see the module docstring for each field's meaning).
+
+    Fields are floats because the hybrid policy scales an increment (`scaled`) and adds it to a base
+    (`+`); features of real plans are whole numbers. The constant term is not a field: it is implicit
+    in every prediction, so ``base + s * increment`` never counts the overhead twice.
+    """
+
+    prefill_tokens: float = 0.0
+    decode_tokens: float = 0.0
+    prefill_attention: float = 0.0
+    decode_context: float = 0.0
+    ft_forward_tokens: float = 0.0
+    ft_backward_token_layers: float = 0.0
+    distinct_adapters: float = 0.0
+    num_sequences: float = 0.0
+    adapter_loads: float = 0.0
+
+    def vector(self) -> tuple[float, ...]:
+        """The features in `FEATURE_NAMES` order (explicit: this runs on every planning call)."""
+        return (
+            self.prefill_tokens, self.decode_tokens, self.prefill_attention, self.decode_context,
+            self.ft_forward_tokens, self.ft_backward_token_layers, self.distinct_adapters,
+            self.num_sequences, self.adapter_loads,
+        )
+
+    @classmethod
+    def from_vector(cls, values: tuple[float, ...] | list[float]) -> PlanFeatures:
+        """Inverse of `vector`."""
+        if len(values) != len(FEATURE_NAMES):
+            raise ValueError(f"expected {len(FEATURE_NAMES)} feature values, got {len(values)}")
+        return cls(*(float(v) for v in values))
+
+    def __add__(self, other: PlanFeatures) -> PlanFeatures:
+        return PlanFeatures.from_vector([a + b for a, b in zip(self.vector(), other.vector())])
+
+    def scaled(self, factor: float) -> PlanFeatures:
+        """Every feature times `factor` (an increment repeated `factor` times)."""
+        return PlanFeatures.from_vector([factor * v for v in self.vector()])
+
+    def validate(self, name: str = "features") -> None:
+        """Raise ValueError when a feature is negative or not finite (no work is negative)."""
+        for field_name, value in zip(FEATURE_NAMES, self.vector()):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}.{field_name} must be a finite number >= 0, got {value!r}")
+
+
+def finetune_increment(phase: str, num_layers: int, layers: int | None = None) -> PlanFeatures:
+    """The features one more fine-tuning token adds, for `LatencyModel.max_extra_tokens`.
+
+    Args:
+        phase: "forward" (a forward-window token, full depth) or "backward".
+        num_layers: the model's decoder layers.
+        layers: layers a backward tasklet covers per token; None means the full depth.
+
+    Raises:
+        ValueError: unknown phase, num_layers < 1, or layers outside [1, num_layers].
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    if phase == "forward":
+        return PlanFeatures(ft_forward_tokens=1.0)
+    if phase != "backward":
+        raise ValueError(f"phase must be 'forward' or 'backward', got {phase!r}")
+    depth = num_layers if layers is None else layers
+    if not 1 <= depth <= num_layers:
+        raise ValueError(f"layers must be in [1, num_layers={num_layers}], got {layers}")
+    return PlanFeatures(ft_backward_token_layers=float(depth))
+
+
+def _adapter_slot(request_id: str, sent: Mapping[str, int], known: Mapping[str, int] | None) -> int:
+    """The slot a scheduled request runs through: from this plan's `NewSequence`, else the caller's map."""
+    if request_id in sent:
+        return sent[request_id]
+    if known is not None and request_id in known:
+        return known[request_id]
+    # A wrong adapter count silently skews every prediction, so a missing slot is the caller's bug.
+    raise ValueError(
+        f"adapter slot of request {request_id!r} is unknown: it is not sent in this plan's new_sequences "
+        "and not in adapter_slots (pass request_id -> slot for every running request)"
+    )
+
+
+def plan_features(
+    plan: IterationPlan,
+    adapter_slots: Mapping[str, int] | None = None,
+    *,
+    ft_forward_tokens: int = 0,
+    ft_backward_token_layers: int = 0,
+) -> PlanFeatures:
+    """Count the work of `plan` (pure; see the module docstring for each feature).
+
+    Args:
+        plan: the iteration.
+        adapter_slots: request_id -> adapter slot (-1: base model) for requests scheduled in `plan` whose
+            `NewSequence` was sent in an earlier iteration; the scheduler knows them. Slots sent in
+            `plan.new_sequences` take precedence.
+        ft_forward_tokens: fine-tuning forward-window tokens run alongside (until the plan carries them).
+        ft_backward_token_layers: fine-tuning backward work, tokens times layers.
+
+    Raises:
+        ValueError: a chunk with num_tokens < 1 or start < 0, a negative fine-tuning amount, or a request
+            whose adapter slot is unknown.
+    """
+    if ft_forward_tokens < 0 or ft_backward_token_layers < 0:
+        raise ValueError(
+            "ft_forward_tokens and ft_backward_token_layers must be >= 0, "
+            f"got {ft_forward_tokens} and {ft_backward_token_layers}"
+        )
+    sent = {seq.request_id: seq.adapter_slot for seq in plan.new_sequences}
+    prefill = decode = prefill_attention = decode_context = 0
+    slots: set[int] = set()
+    for chunk in plan.chunks:
+        n, start = chunk.num_tokens, chunk.start
+        if n < 1 or start < 0:
+            raise ValueError(f"chunk of {chunk.request_id!r}: need num_tokens >= 1 and start >= 0, "
+                             f"got num_tokens={n}, start={start}")
+        if n == 1:
+            decode += 1
+            decode_context += start + 1
+        else:
+            prefill += n
+            prefill_attention += n * start + n * (n + 1) // 2
+        slot = _adapter_slot(chunk.request_id, sent, adapter_slots)
+        if slot >= 0:
+            slots.add(slot)
+    return PlanFeatures(
+        prefill_tokens=float(prefill),
+        decode_tokens=float(decode),
+        prefill_attention=float(prefill_attention),
+        decode_context=float(decode_context),
+        ft_forward_tokens=float(ft_forward_tokens),
+        ft_backward_token_layers=float(ft_backward_token_layers),
+        distinct_adapters=float(len(slots)),
+        num_sequences=float(len(plan.chunks)),
+        adapter_loads=float(len(plan.adapter_loads)),
+    )
