@@ -1,11 +1,18 @@
-"""Token-level LoRA fine-tuning: trainable adapters, the windowed exact forward/backward, the loss."""
+"""Token-level LoRA fine-tuning: trainable adapters, the windowed exact forward/backward, the loss,
+the optimizer step and checkpoints."""
 
+from coserve.platform.trainer.checkpoint import DataPosition, load_checkpoint, save_checkpoint
 from coserve.platform.trainer.lora_params import LoRATrainConfig, TrainableLoRA, peft_key
 from coserve.platform.trainer.loss import (IGNORE_INDEX, WindowLoss, chunked_cross_entropy,
                                            window_loss)
+from coserve.platform.trainer.optimizer import (LoRAOptimizer, NonFiniteGradientError,
+                                                OptimizerConfig, StepStats, TrainingSequence,
+                                                train_batch)
 from coserve.platform.trainer.windowed import (SequenceState, WindowedTrainer, next_token_targets,
                                                run_schedule, train_sequence)
 
-__all__ = ["IGNORE_INDEX", "LoRATrainConfig", "SequenceState", "TrainableLoRA", "WindowLoss",
-           "WindowedTrainer", "chunked_cross_entropy", "next_token_targets", "peft_key",
-           "run_schedule", "train_sequence", "window_loss"]
+__all__ = ["IGNORE_INDEX", "DataPosition", "LoRAOptimizer", "LoRATrainConfig",
+           "NonFiniteGradientError", "OptimizerConfig", "SequenceState", "StepStats",
+           "TrainableLoRA", "TrainingSequence", "WindowLoss", "WindowedTrainer",
+           "chunked_cross_entropy", "load_checkpoint", "next_token_targets", "peft_key",
+           "run_schedule", "save_checkpoint", "train_batch", "train_sequence", "window_loss"]

@@ -1,0 +1,175 @@
+"""Training checkpoints: adapter + optimizer state + data position in one folder, written atomically.
+
+Layout of a checkpoint folder:
+
+* `adapter_config.json`, `adapter_model.safetensors`: the adapter in PEFT format, at the top level so
+  the folder itself loads in `peft` and in the engine's adapter bank (checkpoints are servable).
+* `optimizer.pt`: `LoRAOptimizer.state_dict()` (AdamW moments as tensors), `torch.save`d; read back
+  with `weights_only=True`, so a checkpoint cannot run code.
+* `trainer_state.json`: the format version and the `DataPosition` (seed, epoch, index, step).
+
+The data order is a rule, not stored data: epoch e of a job with seed s visits the examples in
+`DataPosition.order` = a permutation drawn from (s, e). A position (epoch, index) plus the seed is
+therefore enough to continue with exactly the batches an uninterrupted run would have taken.
+
+Atomicity: everything is written and fsynced in a hidden temporary folder beside the target, which
+is then renamed into place. A reader sees the old checkpoint or the new one, never a mix; a crash
+while writing leaves only a `.<name>.tmp-*` folder. Replacing an existing checkpoint swaps folders
+with two renames (Linux cannot rename over a non-empty folder): an exception between them puts the
+old one back; a process crash between them leaves it as `.<name>.old-*/checkpoint` and no folder at
+`path`, so `load_checkpoint` fails loudly rather than resuming from a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from coserve.platform.config import ModelConfig
+from coserve.platform.trainer.lora_params import TrainableLoRA
+from coserve.platform.trainer.optimizer import LoRAOptimizer
+
+CHECKPOINT_FORMAT = 1
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "trainer_state.json"
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, epoch) over distinct RNG seeds
+
+
+@dataclass(frozen=True, slots=True)
+class DataPosition:
+    """Where a job is in its data: the next example is `order(n)[index]` of epoch `epoch`.
+
+    `step` counts optimizer steps done. A batch never spans two epochs: the last batch of an epoch
+    may be short (every example is seen exactly once per epoch, and the epoch's reshuffle happens at
+    a batch boundary, so resuming needs nothing but this position).
+    """
+
+    seed: int
+    epoch: int = 0
+    index: int = 0
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.epoch, self.index, self.step) < 0:
+            raise ValueError(f"negative data position {self}")
+
+    def order(self, num_examples: int) -> list[int]:
+        """Epoch `epoch`'s order: a permutation of range(num_examples) drawn from (seed, epoch)."""
+        g = torch.Generator().manual_seed((self.seed * _MIX + self.epoch) % 2**63)
+        return torch.randperm(num_examples, generator=g).tolist()
+
+    def next_batch(self, num_examples: int, batch_size: int) -> tuple[list[int], DataPosition]:
+        """The example indices of the next batch and the position after its optimizer step."""
+        if num_examples < 1 or batch_size < 1:
+            raise ValueError(f"need examples and a batch size >= 1, got {num_examples}, {batch_size}")
+        if self.index >= num_examples:
+            raise ValueError(f"position {self.index} is past the {num_examples} examples of an epoch")
+        end = min(self.index + batch_size, num_examples)
+        batch = self.order(num_examples)[self.index: end]
+        after = (replace(self, epoch=self.epoch + 1, index=0) if end == num_examples
+                 else replace(self, index=end))
+        return batch, replace(after, step=self.step + 1)
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, int]) -> DataPosition:
+        return cls(seed=int(raw["seed"]), epoch=int(raw["epoch"]), index=int(raw["index"]),
+                   step=int(raw["step"]))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Flush a folder's entries (created files, renames)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file and the folder itself, so the rename publishes durable contents."""
+    for item in folder.iterdir():
+        with open(item, "rb") as f:
+            os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def _write_contents(folder: Path, lora: TrainableLoRA, optimizer: LoRAOptimizer,
+                    position: DataPosition, base_model_name_or_path: str | None) -> None:
+    lora.save_pretrained(folder, base_model_name_or_path)
+    torch.save(optimizer.state_dict(), folder / OPTIMIZER_FILE)
+    state = {"format": CHECKPOINT_FORMAT, "position": position.to_dict()}
+    (folder / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def save_checkpoint(path: str | Path, lora: TrainableLoRA, optimizer: LoRAOptimizer,
+                    position: DataPosition, base_model_name_or_path: str | None = None) -> Path:
+    """Write a checkpoint folder at `path` atomically (replacing one that is there); returns `path`.
+
+    Raises:
+        ValueError: the optimizer is not over `lora`, or the position's step disagrees with the
+            optimizer's step count (a checkpoint that would resume inconsistently is refused).
+    """
+    if optimizer.lora is not lora:
+        raise ValueError("the optimizer does not belong to this adapter")
+    if position.step != optimizer.step_count:
+        raise ValueError(f"data position is at step {position.step}, the optimizer at "
+                         f"{optimizer.step_count}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    old: Path | None = None
+    try:
+        _write_contents(tmp, lora, optimizer, position, base_model_name_or_path)
+        _fsync_tree(tmp)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.rename(path, old / "checkpoint")
+        os.rename(tmp, path)
+    except BaseException:
+        if old is not None and not path.exists():  # put the previous checkpoint back
+            os.rename(old / "checkpoint", path)
+        for leftover in (tmp, old):
+            if leftover is not None:
+                shutil.rmtree(leftover, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_checkpoint(path: str | Path, model_config: ModelConfig, device: torch.device | str = "cpu"
+                    ) -> tuple[TrainableLoRA, LoRAOptimizer, DataPosition]:
+    """Read a checkpoint back as trainable weights, their optimizer and the data position.
+
+    Raises:
+        FileNotFoundError: `path` is not a complete checkpoint folder.
+        ValueError: another format, an adapter that does not fit `model_config`, or an optimizer
+            state that does not fit the adapter or disagrees with the position's step.
+    """
+    path = Path(path)
+    missing = [name for name in (STATE_FILE, OPTIMIZER_FILE, "adapter_config.json",
+                                 "adapter_model.safetensors") if not (path / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{path} is not a complete checkpoint: missing {missing}")
+    state = json.loads((path / STATE_FILE).read_text())
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {path}: format {state.get('format')!r}, "
+                         f"expected {CHECKPOINT_FORMAT}")
+    position = DataPosition.from_dict(state["position"])
+    lora = TrainableLoRA.from_pretrained(path, model_config, device)
+    optimizer_state = torch.load(path / OPTIMIZER_FILE, map_location=device, weights_only=True)
+    optimizer = LoRAOptimizer.from_state_dict(lora, optimizer_state)
+    if optimizer.step_count != position.step:
+        raise ValueError(f"checkpoint {path}: optimizer at step {optimizer.step_count}, data position "
+                         f"at step {position.step}")
+    return lora, optimizer, position
