@@ -1,0 +1,68 @@
+"""`/v1/models`: the base models and the tenant's own fine-tuned models.
+
+Reference: https://platform.openai.com/docs/api-reference/models. Another tenant's model is 404 like an
+unknown one (`model_not_found`, OpenAI's wording). Deleting a base model is 403: the tenant can see it,
+so "not found" would be false, and OpenAI answers a delete of a model the caller does not own with a
+permission error (`openai.PermissionDeniedError`, which the client does not retry).
+"""
+
+from __future__ import annotations
+
+from coserve.actors.store import MetadataStore, ModelRecord
+from coserve.api.protocol.base import ProtocolError
+from coserve.api.protocol.models import Model, ModelDeleted, ModelList
+
+BASE_MODEL_OWNER = "system"
+
+
+def to_model(record: ModelRecord) -> Model:
+    """The OpenAI `Model` of a stored model: base models are owned by "system", fine-tuned by their tenant."""
+    return Model(id=record.id, created=record.created_at, owned_by=record.tenant or BASE_MODEL_OWNER,
+                 parent=record.base_model)
+
+
+def model_not_found(model_id: str) -> ProtocolError:
+    """OpenAI's 404 for a model that does not exist or belongs to someone else."""
+    return ProtocolError.not_found(f"The model `{model_id}` does not exist or you do not have access to it.",
+                                   param="model", code="model_not_found")
+
+
+class ModelsService:
+    """The models endpoints.
+
+    Args:
+        store: where models are registered (base models at start-up, fine-tuned ones by jobs).
+    """
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+
+    def list_models(self, tenant: str) -> ModelList:
+        """Base models first, then the tenant's fine-tuned models in creation order."""
+        return ModelList(data=[to_model(r) for r in self.store.list_models(tenant)])
+
+    def retrieve(self, tenant: str, model_id: str) -> Model:
+        """One model the tenant may use. Raises ProtocolError 404 `model_not_found` otherwise."""
+        record = self.store.get_model(tenant, model_id)
+        if record is None:
+            raise model_not_found(model_id)
+        return to_model(record)
+
+    def delete(self, tenant: str, model_id: str) -> ModelDeleted:
+        """Delete one of the tenant's fine-tuned models.
+
+        Raises:
+            ProtocolError: 404 `model_not_found` for an unknown or another tenant's model; 403 for a base
+                model.
+        """
+        record = self.store.get_model(tenant, model_id)
+        if record is None:
+            raise model_not_found(model_id)
+        if record.tenant is None:
+            raise ProtocolError(f"You do not have permission to delete the model `{model_id}`: only your own "
+                                "fine-tuned models can be deleted.", status=403, param="model",
+                                code="model_not_deletable")
+        if not self.store.delete_model(tenant, model_id):
+            # Deleted by a concurrent request between the two calls: gone for this caller too.
+            raise model_not_found(model_id)
+        return ModelDeleted(id=model_id, deleted=True)

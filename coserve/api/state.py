@@ -1,0 +1,41 @@
+"""What every router of the gateway shares, kept on `app.state` and handed out by a dependency.
+
+Routers never import the app: they ask for `GatewayState` with `Depends(get_state)`, so a new router
+(chat, fine-tuning) plugs in by being included, and tests can build as many apps as they like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from coserve.actors.store import MetadataStore
+from coserve.policies.tenants import TenantsConfig
+
+# The largest upload accepted. OpenAI allows 512 MB, but an upload is validated and stored from memory,
+# so the default is lower; operators raise it with `build_app(..., max_upload_bytes=...)`.
+DEFAULT_MAX_UPLOAD_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayState:
+    """The gateway's collaborators and limits.
+
+    Args:
+        store: the metadata store (files, jobs, models); tenant-scoped reads make isolation the default.
+        tenants: API keys and tenants.
+        base_models: ids of the base models this server serves (visible to every tenant).
+        max_upload_bytes: the largest file accepted by `POST /v1/files`.
+    """
+
+    store: MetadataStore
+    tenants: TenantsConfig
+    base_models: tuple[str, ...]
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+
+
+def get_state(request: Request) -> GatewayState:
+    """FastAPI dependency: the `GatewayState` of the app serving `request`."""
+    state: GatewayState = request.app.state.gateway
+    return state
