@@ -2,6 +2,9 @@
 the optimizer step and checkpoints."""
 
 from coserve.platform.trainer.checkpoint import DataPosition, load_checkpoint, save_checkpoint
+from coserve.platform.trainer.data import (EncodedExample, PreparedDataset, ResolvedHyperparameters,
+                                           TemplateError, encode_example, prepare_dataset,
+                                           resolve_hyperparameters)
 from coserve.platform.trainer.lora_params import LoRATrainConfig, TrainableLoRA, peft_key
 from coserve.platform.trainer.loss import (IGNORE_INDEX, WindowLoss, chunked_cross_entropy,
                                            window_loss)
@@ -11,8 +14,10 @@ from coserve.platform.trainer.optimizer import (LoRAOptimizer, NonFiniteGradient
 from coserve.platform.trainer.windowed import (SequenceState, WindowedTrainer, next_token_targets,
                                                run_schedule, train_sequence)
 
-__all__ = ["IGNORE_INDEX", "DataPosition", "LoRAOptimizer", "LoRATrainConfig",
-           "NonFiniteGradientError", "OptimizerConfig", "SequenceState", "StepStats",
+__all__ = ["IGNORE_INDEX", "DataPosition", "EncodedExample", "LoRAOptimizer", "LoRATrainConfig",
+           "NonFiniteGradientError", "OptimizerConfig", "PreparedDataset",
+           "ResolvedHyperparameters", "SequenceState", "StepStats", "TemplateError",
            "TrainableLoRA", "TrainingSequence", "WindowLoss", "WindowedTrainer",
-           "chunked_cross_entropy", "load_checkpoint", "next_token_targets", "peft_key",
-           "run_schedule", "save_checkpoint", "train_batch", "train_sequence", "window_loss"]
+           "chunked_cross_entropy", "encode_example", "load_checkpoint", "next_token_targets",
+           "peft_key", "prepare_dataset", "resolve_hyperparameters", "run_schedule",
+           "save_checkpoint", "train_batch", "train_sequence", "window_loss"]

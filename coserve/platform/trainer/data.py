@@ -1,0 +1,335 @@
+"""Training data of a fine-tuning job: chat examples -> loss-masked sequences, and "auto" hyperparameters.
+
+Loss mask (issue 3, item 1). An example is rendered with the tokenizer's own chat template, so the
+model trains on exactly the text it will see when served. The trained tokens are, for every assistant
+message whose `weight` is not 0:
+
+* the tokens of its `content`, and
+* the end-of-turn marker that closes it: the first `tokenizer.eos_token` (ChatML's `<|im_end|>`) the
+  template writes after the content, within that turn. The model must learn to stop, and generation
+  stops at eos. Template text after the marker (ChatML's newline) and every role header
+  (`<|im_start|>assistant\\n`) are untrained: the server writes them, the model never generates them.
+  A template whose turn has no eos after the content trains the content only.
+
+System, user, tool and developer messages are never trained. How spans are found: the template is
+rendered for each prefix of the conversation (`messages[:i]` with the generation prompt, then
+`messages[:i+1]`); the assistant content starts where the generation prompt ends. Every prefix
+rendering must be a prefix of the full rendering (raise `TemplateError` otherwise: a template that
+rewrites earlier turns, e.g. one that drops reasoning of past turns, has no fixed token mask), and the
+content must appear verbatim there. Character spans become token masks through the fast tokenizer's
+offsets on the full rendering, whose ids are checked equal to `apply_chat_template(tokenize=True)`.
+A BPE token straddling a span edge (e.g. the header's newline merged with a content that starts with
+newlines) is trained: every content character is then learned, at the cost of one header character.
+
+Bad input (issue 3): an example longer than `max_len` is truncated to its first `max_len` tokens
+(OpenAI's behaviour) and flagged; an example with no trained target left is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from coserve.platform.trainer.optimizer import BASE_LEARNING_RATE, OptimizerConfig, TrainingSequence
+
+MIN_EXAMPLES = 10  # OpenAI refuses smaller training files
+MAX_WARNED_INDICES = 20  # a warning names at most this many example indices
+
+
+class TemplateError(ValueError):
+    """The chat template cannot give an exact loss mask for this conversation."""
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedExample:
+    """One tokenized conversation and which tokens are learned."""
+
+    token_ids: torch.Tensor  # [L] int64, L <= max_len
+    trained: torch.Tensor  # [L] bool: token p is an assistant token (the target of position p - 1)
+    truncated: bool  # the rendering had more than max_len tokens; the tail was cut
+    full_length: int  # tokens before truncation
+
+    @property
+    def num_trained(self) -> int:
+        """Trained targets; token 0 is nobody's target, as in `TrainingSequence.num_trained`."""
+        return int(self.trained[1:].sum())
+
+    @property
+    def skipped(self) -> bool:
+        """No trained target: the example adds nothing to the loss and is left out of the job."""
+        return self.num_trained == 0
+
+    def to_sequence(self) -> TrainingSequence:
+        """The trainer's form: one forward window, backward in reverse (the scheduler may re-window)."""
+        return TrainingSequence(self.token_ids, self.trained)
+
+
+def _content_text(message: Mapping[str, Any]) -> str:
+    """A message's text: a string, or the `text` parts of an OpenAI content list, joined."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content if part.get("type") == "text")
+
+
+def _render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], generation_prompt: bool) -> str:
+    """The template's text for `messages` (an empty conversation renders to the empty string)."""
+    if not messages:
+        if not generation_prompt:
+            return ""
+        # apply_chat_template refuses an empty conversation; the generation prompt that opens a
+        # conversation starting with an assistant message still exists, so render it directly.
+        rendered, _ = render_jinja_template([[]], chat_template=tokenizer.get_chat_template(),
+                                            add_generation_prompt=True, **tokenizer.special_tokens_map)
+        return rendered[0]
+    return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                         add_generation_prompt=generation_prompt)
+
+
+def _is_trained(message: Mapping[str, Any], index: int) -> bool:
+    """Assistant messages train unless `weight` is 0; any other weight value is an error."""
+    if message.get("role") != "assistant":
+        return False
+    weight = message.get("weight", 1)
+    if type(weight) is not int or weight not in (0, 1):  # bool and 1.0 are not weights (files.py)
+        raise ValueError(f"message {index}: 'weight' must be 0 or 1, got {weight!r}")
+    return weight == 1
+
+
+def _require_prefix(prefix: str, text: str, what: str) -> None:
+    if not text.startswith(prefix):
+        raise TemplateError(f"the chat template is not prefix-stable: the rendering of {what} is not a "
+                            "prefix of the longer conversation's rendering; no exact loss mask exists")
+
+
+def trained_char_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]]
+                       ) -> tuple[str, list[tuple[int, int]]]:
+    """The full rendering and the [start, end) character spans to train (module docstring: the rule).
+
+    Raises:
+        TemplateError: a prefix rendering is not a prefix of the full one, or an assistant content
+            does not appear verbatim where its turn starts.
+        ValueError: an assistant `weight` other than 0 or 1.
+    """
+    full = _render(tokenizer, messages, generation_prompt=False)
+    eos = getattr(tokenizer, "eos_token", None)
+    spans: list[tuple[int, int]] = []
+    previous = ""
+    for i, message in enumerate(messages):
+        upto = _render(tokenizer, messages[:i + 1], generation_prompt=False)
+        _require_prefix(previous, upto, f"messages[:{i}]")
+        _require_prefix(upto, full, f"messages[:{i + 1}]")
+        previous = upto
+        if not _is_trained(message, i):
+            continue
+        prompt = _render(tokenizer, messages[:i], generation_prompt=True)
+        _require_prefix(prompt, upto, f"messages[:{i}] with the generation prompt")
+        content = _content_text(message)
+        start, end = len(prompt), len(prompt) + len(content)
+        if upto[start:end] != content:
+            raise TemplateError(f"message {i}: the chat template does not write the assistant content "
+                                "verbatim after the generation prompt")
+        # The end-of-turn marker: the first eos inside this turn's own text after the content.
+        marker = upto.find(eos, end) if eos else -1
+        if marker >= 0:
+            end = marker + len(eos)
+        if end > start:
+            spans.append((start, end))
+    return full, spans
+
+
+def encode_example(tokenizer: Any, messages: Sequence[Mapping[str, Any]], max_len: int) -> EncodedExample:
+    """Tokenize one conversation with the chat template and mask it to its trained assistant tokens.
+
+    Returns an `EncodedExample`; `.skipped` is true when no trained target is left (all assistant
+    messages have weight 0, or truncation cut them off), and the caller counts it.
+
+    Raises:
+        TemplateError, ValueError: see `trained_char_spans`; also a tokenizer without offsets.
+    """
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2 (a target needs a preceding token), got {max_len}")
+    full, spans = trained_char_spans(tokenizer, messages)
+    encoding = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
+    reference = tokenizer.apply_chat_template(list(messages), tokenize=True, return_dict=False)
+    if list(ids) != list(reference):
+        raise TemplateError("tokenizing the rendered text does not give apply_chat_template's ids; "
+                            "the character offsets would not map onto the trained tokens")
+    # A token is trained when its characters overlap a trained span (edge tokens: module docstring).
+    trained = [any(s < span_end and e > span_start for span_start, span_end in spans)
+               for s, e in offsets]
+    token_ids = torch.tensor(ids[:max_len], dtype=torch.long)
+    mask = torch.tensor(trained[:max_len], dtype=torch.bool)
+    return EncodedExample(token_ids=token_ids, trained=mask, truncated=len(ids) > max_len,
+                          full_length=len(ids))
+
+
+@dataclass(slots=True)
+class PreparedDataset:
+    """The job's training sequences (skipped examples left out) and what the preparation found."""
+
+    sequences: list[TrainingSequence]
+    num_examples: int  # examples given, skipped ones included
+    num_skipped: int
+    num_truncated: int
+    trained_tokens: int  # trained targets of one epoch
+    example_indices: list[int] = field(default_factory=list)  # input index of each sequence
+    warnings: list[str] = field(default_factory=list)
+
+
+def _indices_text(indices: list[int]) -> str:
+    shown = ", ".join(str(i) for i in indices[:MAX_WARNED_INDICES])
+    more = len(indices) - MAX_WARNED_INDICES
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+Example = Mapping[str, Any] | Sequence[Mapping[str, Any]]  # a JSONL object or a bare message list
+
+
+def prepare_dataset(tokenizer: Any, examples: Sequence[Example], max_len: int) -> PreparedDataset:
+    """Encode every example (a JSONL object with `messages`, or a bare message list).
+
+    Truncated examples are kept and warned about; examples without a trained token are skipped,
+    counted and warned about. Indices in warnings are 0-based positions in `examples`.
+    """
+    sequences: list[TrainingSequence] = []
+    kept: list[int] = []
+    truncated: list[int] = []
+    skipped: list[int] = []
+    for index, example in enumerate(examples):
+        messages = example["messages"] if isinstance(example, Mapping) else example
+        encoded = encode_example(tokenizer, messages, max_len)
+        if encoded.truncated:
+            truncated.append(index)
+        if encoded.skipped:
+            skipped.append(index)
+            continue
+        sequences.append(encoded.to_sequence())
+        kept.append(index)
+    warnings = []
+    if truncated:
+        warnings.append(f"{len(truncated)} example(s) longer than {max_len} tokens were truncated to "
+                        f"{max_len}: index {_indices_text(truncated)}")
+    if skipped:
+        warnings.append(f"{len(skipped)} example(s) have no trainable assistant token and were "
+                        f"skipped: index {_indices_text(skipped)}")
+    return PreparedDataset(sequences=sequences, num_examples=len(examples), num_skipped=len(skipped),
+                           num_truncated=len(truncated),
+                           trained_tokens=sum(seq.num_trained for seq in sequences),
+                           example_indices=kept, warnings=warnings)
+
+
+# "auto" epochs: OpenAI cookbook "Data preparation and analysis for chat model fine-tuning".
+TARGET_EPOCHS = 3
+MIN_TARGET_EXAMPLES = 100  # fewer examples: more epochs, so that the job sees ~100 examples
+MAX_TARGET_EXAMPLES = 25_000  # more examples: fewer epochs, so that the job sees ~25k examples
+MAX_AUTO_EPOCHS = 25
+AUTO_BATCH_FRACTION = 0.002  # "auto" batch ~0.2% of the examples, as OpenAI's chosen values suggest
+BOUNDS = {"n_epochs": (1, 50), "batch_size": (1, 256)}
+MAX_LEARNING_RATE_MULTIPLIER = 10.0  # coserve's cap (api/protocol/fine_tuning.py)
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedHyperparameters:
+    """The job's hyperparameters with every "auto" replaced by a value."""
+
+    n_epochs: int
+    batch_size: int
+    learning_rate_multiplier: float
+    learning_rate: float  # BASE_LEARNING_RATE (1e-4) x learning_rate_multiplier
+    steps_per_epoch: int
+    total_steps: int
+    total_trained_tokens: int  # trained targets over all epochs (the job's `trained_tokens`)
+
+    def optimizer_config(self) -> OptimizerConfig:
+        """The optimizer settings these hyperparameters imply (other settings at their defaults)."""
+        return OptimizerConfig(learning_rate_multiplier=self.learning_rate_multiplier)
+
+
+def auto_n_epochs(num_examples: int) -> int:
+    """3 epochs; small files get more (up to 25) and big ones fewer, aiming at 100..25k example visits."""
+    if num_examples * TARGET_EPOCHS < MIN_TARGET_EXAMPLES:
+        return min(MAX_AUTO_EPOCHS, math.ceil(MIN_TARGET_EXAMPLES / num_examples))
+    if num_examples * TARGET_EPOCHS > MAX_TARGET_EXAMPLES:
+        return max(1, MAX_TARGET_EXAMPLES // num_examples)
+    return TARGET_EPOCHS
+
+
+def auto_batch_size(num_examples: int) -> int:
+    """About 0.2% of the examples, within [1, 256]."""
+    return max(1, min(BOUNDS["batch_size"][1], round(num_examples * AUTO_BATCH_FRACTION)))
+
+
+def _integer_param(name: str, value: Any) -> int:
+    low, high = BOUNDS[name]
+    # `type is int`: bool is an int subclass and 3.0 is not an integer hyperparameter.
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"invalid hyperparameter '{name}': {value!r}; expected \"auto\" or an "
+                         f"integer in [{low}, {high}]")
+    return value
+
+
+def _multiplier_param(value: Any) -> float:
+    ok = type(value) in (int, float) and math.isfinite(value)
+    if not ok or not 0 < value <= MAX_LEARNING_RATE_MULTIPLIER:
+        raise ValueError(f"invalid hyperparameter 'learning_rate_multiplier': {value!r}; expected "
+                         f"\"auto\" or a number in (0, {MAX_LEARNING_RATE_MULTIPLIER:g}]")
+    return float(value)
+
+
+def resolve_hyperparameters(requested: Mapping[str, Any], num_examples: int,
+                            num_trained_tokens: int) -> ResolvedHyperparameters:
+    """Replace "auto" (or None / absent) by coserve's rules and check explicit values.
+
+    `num_examples` is the number of trainable sequences (after skipping) and `num_trained_tokens`
+    their trained targets per epoch. Rules for "auto":
+
+    * n_epochs: 3, as OpenAI's default. When 3 epochs would show the model fewer than 100 examples,
+      ceil(100 / num_examples) epochs (at most 25): a 10-example file gets 10 epochs, since a few
+      dozen steps teach a LoRA nothing. When 3 epochs would exceed 25,000 examples,
+      25,000 // num_examples epochs (at least 1): big files need fewer passes. (OpenAI cookbook.)
+    * batch_size: round(0.2% of num_examples) within [1, 256], the proportion OpenAI's auto batch
+      sizes are reported to follow: small datasets keep one optimizer step per example or two,
+      big ones get less noisy gradients while keeping about 500 steps per epoch (more past 256).
+    * learning_rate_multiplier: 1.0, so learning rate = 1e-4, the usual LoRA rate (issue 3's rule).
+
+    Raises:
+        ValueError: fewer than 10 examples, no trained token, an unknown key, or a value outside
+            OpenAI's bounds (n_epochs 1..50, batch_size 1..256, multiplier in (0, 10]); the message
+            names the parameter.
+    """
+    if num_examples < MIN_EXAMPLES:
+        raise ValueError(f"Training file has {num_examples} example(s), but must have at least "
+                         f"{MIN_EXAMPLES} examples")
+    if num_trained_tokens <= 0:
+        raise ValueError("the training examples have no trainable assistant token")
+    unknown = sorted(set(requested) - {"n_epochs", "batch_size", "learning_rate_multiplier"})
+    if unknown:
+        raise ValueError(f"unknown hyperparameter(s) {unknown}")
+
+    def given(name: str) -> Any:
+        value = requested.get(name)
+        return None if value == "auto" else value
+
+    n_epochs = given("n_epochs")
+    n_epochs = auto_n_epochs(num_examples) if n_epochs is None else _integer_param("n_epochs", n_epochs)
+    batch_size = given("batch_size")
+    batch_size = (auto_batch_size(num_examples) if batch_size is None
+                  else _integer_param("batch_size", batch_size))
+    multiplier = given("learning_rate_multiplier")
+    multiplier = 1.0 if multiplier is None else _multiplier_param(multiplier)
+    steps_per_epoch = math.ceil(num_examples / batch_size)  # the last batch of an epoch may be short
+    return ResolvedHyperparameters(n_epochs=n_epochs, batch_size=batch_size,
+                                   learning_rate_multiplier=multiplier,
+                                   learning_rate=BASE_LEARNING_RATE * multiplier,
+                                   steps_per_epoch=steps_per_epoch,
+                                   total_steps=steps_per_epoch * n_epochs,
+                                   total_trained_tokens=num_trained_tokens * n_epochs)
