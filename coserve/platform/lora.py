@@ -12,6 +12,7 @@ import enum
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,35 +144,44 @@ def load_peft_adapter(path: str | Path, adapter_id: int, cfg: ModelConfig, max_r
                                f"({r}, {d_in})/({d_out}, {r})")
     if rank > max_rank:
         raise AdapterError(f"adapter {path} has rank {rank}, above the bank's max_lora_rank {max_rank}")
-    layers = [_fuse_layer(tensors, i, acfg, shapes, dtype, device) for i in range(cfg.num_layers)]
+    layers = []
+    for i in range(cfg.num_layers):
+        present = {m: pair for (layer, m), pair in tensors.items() if layer == i}
+        a = {m: pair["A"].to(device, torch.float32) for m, pair in present.items()}
+        b = {m: pair["B"].to(device, torch.float32) for m, pair in present.items()}
+        scale = {m: acfg.scale(t.shape[0]) for m, t in a.items()}
+        layers.append(contiguous_layer(fuse_layer(a, b, scale, shapes, dtype)))
     modules = tuple(m for m in TARGET_MODULES if any(k[1] == m for k in tensors))
     return AdapterWeights(adapter_id=adapter_id, rank=rank, target_modules=modules, layers=layers)
 
 
-def _fuse_layer(tensors: dict[tuple[int, str], dict[str, torch.Tensor]], layer: int,
-                acfg: AdapterConfig, shapes: dict[str, tuple[int, int]], dtype: torch.dtype,
-                device: torch.device) -> AdapterLayer:
-    fused: list[LoRAPair | None] = []
+def fuse_layer(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
+               scale: Mapping[str, float], shapes: Mapping[str, tuple[int, int]],
+               dtype: torch.dtype) -> AdapterLayer:
+    """One layer's LoRA in the bank's fused layout, from per-module A [r, in] and B [out, r].
+
+    Modules absent from `a` are not adapted. Built from cat and scaling only, so it is differentiable:
+    the trainer builds its live adapter through it and gradients reach `a` and `b`.
+    """
+    pairs: list[LoRAPair | None] = []
     for modules in FUSED_MODULES.values():
-        present = [(m, tensors[(layer, m)]) for m in modules if (layer, m) in tensors]
+        present = [m for m in modules if m in a]
         if not present:
-            fused.append(None)
+            pairs.append(None)
             continue
-        total_r = sum(p["A"].shape[0] for _, p in present)
-        total_out = sum(shapes[m][1] for m in modules)
-        a = torch.cat([p["A"].float() for _, p in present])
-        b = torch.zeros(total_out, total_r)
-        row = col = 0
-        for m in modules:
-            pair = tensors.get((layer, m))
-            if pair is not None:
-                r = pair["A"].shape[0]
-                b[row: row + shapes[m][1], col: col + r] = pair["B"].float() * acfg.scale(r)
-                col += r
-            row += shapes[m][1]
-        fused.append(LoRAPair(a_t=a.t().to(device, dtype).contiguous(),
-                              b_t=b.t().to(device, dtype).contiguous()))
-    return tuple(fused)  # type: ignore[return-value]
+        a_t = torch.cat([a[m] for m in present]).t()
+        # Row block of module m: its scaled B^T under m's output columns, zeros under the others'.
+        rows = [torch.cat([b[m].t() * scale[m] if other == m else
+                           b[m].new_zeros(a[m].shape[0], shapes[other][1]) for other in modules], dim=1)
+                for m in present]
+        pairs.append(LoRAPair(a_t=a_t.to(dtype), b_t=torch.cat(rows).to(dtype)))
+    return tuple(pairs)  # type: ignore[return-value]
+
+
+def contiguous_layer(layer: AdapterLayer) -> AdapterLayer:
+    """The same pairs as contiguous tensors (what the bank keeps for fast matmuls)."""
+    return tuple(None if p is None else LoRAPair(p.a_t.contiguous(), p.b_t.contiguous())
+                 for p in layer)  # type: ignore[return-value]
 
 
 @dataclass(slots=True)

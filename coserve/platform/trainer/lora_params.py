@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from coserve.platform.config import ModelConfig
-from coserve.platform.lora import (FUSED_MODULES, TARGET_MODULES, AdapterLayer, AdapterWeights,
-                                   LoRAPair)
+from coserve.platform.lora import (TARGET_MODULES, AdapterLayer, AdapterWeights, contiguous_layer,
+                                   fuse_layer)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -150,30 +150,16 @@ class TrainableLoRA:
         Under `torch.no_grad` this is a plain copy for inference (the bank's live adapter); with grad
         enabled, `x @ a_t @ b_t` back-propagates into `a` and `b` (cast and block layout included).
         """
-        shapes = self.model_config.linear_shapes()
-        pairs: list[LoRAPair | None] = []
-        for modules in FUSED_MODULES.values():
-            present = [m for m in modules if (layer, m) in self.a]
-            if not present:
-                pairs.append(None)
-                continue
-            a_t = torch.cat([self.a[(layer, m)] for m in present]).t()
-            # Row block of module m: its scaled B^T under m's output columns, zeros under the others.
-            rows = []
-            for m in present:
-                b_m = self.b[(layer, m)]
-                rows.append(torch.cat([b_m.t() * self.config.scale if other == m else
-                                       b_m.new_zeros(self.config.r, shapes[other][1])
-                                       for other in modules], dim=1))
-            b_t = torch.cat(rows, dim=0)
-            pairs.append(LoRAPair(a_t=a_t.to(dtype), b_t=b_t.to(dtype)))
-        return tuple(pairs)  # type: ignore[return-value]
+        modules = [m for m in TARGET_MODULES if (layer, m) in self.a]
+        return fuse_layer({m: self.a[(layer, m)] for m in modules},
+                          {m: self.b[(layer, m)] for m in modules},
+                          {m: self.config.scale for m in modules},
+                          self.model_config.linear_shapes(), dtype)
 
     @torch.no_grad()
     def adapter_weights(self, adapter_id: int, dtype: torch.dtype) -> AdapterWeights:
         """A detached snapshot in the bank's fused layout, for `LoRABank.install`."""
-        layers = [tuple(None if p is None else LoRAPair(p.a_t.contiguous(), p.b_t.contiguous())
-                        for p in self.fused_layer(i, dtype))
+        layers = [contiguous_layer(self.fused_layer(i, dtype))
                   for i in range(self.model_config.num_layers)]
         return AdapterWeights(adapter_id=adapter_id, rank=self.config.r,
                               target_modules=self.config.target_modules,
