@@ -101,24 +101,11 @@ def make_prompts(model_dir: Path, n: int, lo: int, hi: int, seed: int) -> list[l
 def make_adapter(model_dir: Path, out: Path, rank: int = 16, alpha: int = 32, seed: int = 0,
                  b_std: float = 0.02) -> Path:
     """Save a PEFT LoRA adapter (all seven projections) whose B matrices are random, not zero."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from coserve.platform.tiny_model import create_random_adapter
 
-    if (out / "adapter_model.safetensors").exists():
-        return out
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
-                     bias="none", task_type="CAUSAL_LM")
-    torch.manual_seed(seed)
-    model = get_peft_model(base, cfg)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * b_std)
-    model.save_pretrained(out)
-    return out
+    return create_random_adapter(model_dir, out, seed=seed, b_std=b_std, r=rank, lora_alpha=alpha,
+                                 lora_dropout=0.0, target_modules=LORA_TARGETS, bias="none",
+                                 task_type="CAUSAL_LM")
 
 
 def warmup_slice(spec: dict[str, Any]) -> tuple[list[list[int]], list[bool]]:

@@ -21,21 +21,10 @@ DEMO_CHATS = [
 
 def make_demo_adapter(model_dir: Path, out: Path, seed: int = 0) -> Path:
     """A rank-8 PEFT adapter on all projections with random B, so it visibly changes outputs."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from coserve.platform.tiny_model import create_random_adapter
 
-    if (out / "adapter_config.json").is_file():
-        return out
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
-                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=g) * 0.05)
-    model.save_pretrained(out)
-    return out
+    return create_random_adapter(model_dir, out, seed=seed, b_std=0.05, r=8, lora_alpha=16,
+                                 target_modules="all-linear")
 
 
 def run_demo(model_dir: str, max_tokens: int = 32, dtype: str = "float32", device: str = "cpu") -> None:

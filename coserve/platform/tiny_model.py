@@ -204,6 +204,32 @@ def _add_legacy_keys(config_path: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def create_random_adapter(model_dir: str | Path, out: str | Path, *, seed: int = 0,
+                          b_std: float = 0.02, **lora: Any) -> Path:
+    """Save a PEFT LoRA adapter for `model_dir` whose B matrices are random rather than zero.
+
+    PEFT initialises B to zero, which makes a fresh adapter a no-op; tests, the demo and benchmarks
+    need one that changes outputs. `lora` goes to `peft.LoraConfig` (r, lora_alpha, target_modules,
+    use_rslora, ...). An adapter already saved at `out` is reused. Seeded; the caller's RNG is untouched.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    out = Path(out)
+    if (out / "adapter_model.safetensors").is_file():
+        return out
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # lora_A's Kaiming init draws from the global generator
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                               LoraConfig(**lora))
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * b_std)
+    model.save_pretrained(out)
+    return out
+
+
 def count_parameters(path: str | Path) -> int:
     """Number of parameters saved in `path`'s safetensors files (tied weights are stored once).
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from reference import greedy_reference, random_prompts
 from transformers import AutoModelForCausalLM
 
 from coserve import LLM, LoRARequest, SamplingParams
+from coserve.platform.tiny_model import create_random_adapter
 from coserve.policies.plan import IterationPlan
 
 STEPS = 10
@@ -88,26 +89,15 @@ def test_greedy_parity_with_transformers(model_dirs: dict[str, Path], arch: str)
     assert mixed, "some iteration should mix decodes with prefill chunks"
 
 
-def _make_adapter(model_dir: Path, out: Path, seed: int, **lora: object) -> Path:
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(**lora))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:  # B starts at zero: randomise it so the adapter changes outputs
-                param.copy_(torch.randn(param.shape, generator=g) * 0.2)
-    model.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def adapters(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("adapters")
+    all_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     return {
-        "attn": _make_adapter(llama_dir, root / "attn", 1, r=8, lora_alpha=16,
-                              target_modules=["q_proj", "v_proj", "down_proj"]),
-        "all": _make_adapter(llama_dir, root / "all", 2, r=4, lora_alpha=8, use_rslora=True,
-                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                             "up_proj", "down_proj"]),
+        "attn": create_random_adapter(llama_dir, root / "attn", seed=1, b_std=0.2, r=8, lora_alpha=16,
+                                      target_modules=["q_proj", "v_proj", "down_proj"]),
+        "all": create_random_adapter(llama_dir, root / "all", seed=2, b_std=0.2, r=4, lora_alpha=8,
+                                     use_rslora=True, target_modules=all_modules),
     }
 
 
