@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import torch
+
 from coserve.detokenizer import TextTracker, to_logprob_dict
 from coserve.lora_request import LoRARequest
 from coserve.outputs import CompletionOutput, RequestOutput
@@ -187,10 +189,11 @@ class LLM:
             return None
         known = self._validated_adapters.get(lora.lora_int_id)
         if known is None:
-            # Fail here, with the adapter's own error, rather than inside an engine iteration.
+            # Fail here, with the adapter's own error, rather than inside an engine iteration. The
+            # check reads the adapter on the CPU: no device memory for a copy the engine reloads.
             engine = self.engine
             load_peft_adapter(lora.lora_path, lora.lora_int_id, engine.model_config,
-                              engine.layout.max_lora_rank, engine.dtype, engine.device)
+                              engine.layout.max_lora_rank, torch.float32, torch.device("cpu"))
             self._validated_adapters[lora.lora_int_id] = lora.lora_path
         elif known != lora.lora_path:
             raise ValueError(f"lora_int_id {lora.lora_int_id} is already used for {known}")
