@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coserve.policies.request import SamplingParams
+from coserve.policies.training_plan import TrainingReport, TrainingWork
 
 
 @dataclass(slots=True)
@@ -62,14 +63,17 @@ class IterationPlan:
     freed: list[str] = field(default_factory=list)  # request ids whose engine state is dropped
     adapter_unloads: list[int] = field(default_factory=list)  # slots emptied before loads
     adapter_loads: list[AdapterLoad] = field(default_factory=list)
+    training: TrainingWork = field(default_factory=TrainingWork)  # fine-tuning work (training_plan)
 
     @property
     def num_tokens(self) -> int:
+        """Inference tokens of the iteration (fine-tuning tokens: `training.forward_tokens`)."""
         return sum(c.num_tokens for c in self.chunks)
 
     @property
     def is_empty(self) -> bool:
-        return not (self.chunks or self.freed or self.adapter_loads or self.adapter_unloads)
+        return not (self.chunks or self.freed or self.adapter_loads or self.adapter_unloads
+                    or not self.training.is_empty)
 
 
 @dataclass(slots=True)
@@ -108,3 +112,4 @@ class IterationResult:
     sampled: list[SampledToken] = field(default_factory=list)  # one per chunk with sample=True
     num_tokens: int = 0
     timings: StepTimings = field(default_factory=StepTimings)
+    training: TrainingReport = field(default_factory=TrainingReport)

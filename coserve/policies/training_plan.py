@@ -1,0 +1,165 @@
+"""The fine-tuning part of the scheduler/engine contract: what to train this iteration, and what happened.
+
+Plain dataclasses of ints, floats, strings and lists (they cross a Ray call). A job's data is sent once
+(`JobStart`), tokenized; afterwards an iteration names sequences and token ranges only.
+
+Work of one training sequence (`sequence_id`, one example of one batch of one job):
+
+* `SequenceStart`: the engine sets up the sequence's state (kept layer inputs, gradient buffer).
+* `ForwardWindow`: positions [start, start + num_tokens) run through every layer *inside the same
+  fused forward as the inference tokens*, through the job's trainable adapter (bank slot
+  `JobStart.adapter_slot`); their K/V go to the paged KV cache at `block_table`, like a prefill chunk.
+  Windows of one sequence come in order, and their union is the whole sequence.
+* `BackwardTasklet`: layers [layer_start, layer_end) (the highest first) on the token window
+  [start, end). Valid orders: a tasklet needs the whole forward done, every later token of its layers
+  done, and its tokens done in the layer above (layer-major and window-major orders both satisfy it).
+* `OptimizerStep`: after the backward of every sequence of a batch, one AdamW step of the job.
+* `SaveAdapter`: write the job's adapter (PEFT format, servable); with `position`, a resumable
+  checkpoint (optimizer state + data position).
+
+The engine runs a plan's fine-tuning work in this order: job stops, job starts, sequence drops,
+sequence starts, the fused forward (inference chunks + forward windows), backward tasklets in list
+order, optimizer steps, saves. A failure (a NaN/inf loss or gradient) fails the job, not the engine:
+it is reported in `TrainingReport.failures` and the engine drops the job's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TrainingExample:
+    """One tokenized example: `trained[p]` says token p is learned (the target of position p - 1)."""
+
+    token_ids: list[int]
+    trained: list[bool]
+
+
+@dataclass(slots=True)
+class JobStart:
+    """Create a job's trainable adapter (or resume it from a checkpoint) in the engine."""
+
+    job_id: str
+    adapter_slot: int  # bank slot the trainable adapter occupies for forward windows (kept pinned)
+    lora: dict[str, object]  # PEFT names: r, lora_alpha, lora_dropout, target_modules
+    optimizer: dict[str, object]  # OptimizerConfig.to_dict()
+    seed: int
+    examples: list[TrainingExample]
+    resume_from: str | None = None  # a checkpoint folder (adapter + optimizer + position)
+    base_model_name_or_path: str | None = None  # written into adapter_config.json
+
+
+@dataclass(slots=True)
+class SequenceStart:
+    sequence_id: str
+    job_id: str
+    example_index: int
+    loss_normalizer: int  # trained tokens of the whole batch: gradients are of the batch mean
+
+
+@dataclass(slots=True)
+class ForwardWindow:
+    sequence_id: str
+    start: int
+    num_tokens: int
+    block_table: list[int]  # every block of the sequence up to start + num_tokens
+
+
+@dataclass(slots=True)
+class BackwardTasklet:
+    sequence_id: str
+    layer_start: int
+    layer_end: int  # exclusive; layers run from layer_end - 1 down to layer_start
+    start: int
+    end: int
+
+    @property
+    def token_layers(self) -> int:
+        return (self.end - self.start) * (self.layer_end - self.layer_start)
+
+
+@dataclass(slots=True)
+class OptimizerStep:
+    job_id: str
+    step: int  # the optimizer step this is (1-based); the engine checks it
+    num_sequences: int
+    num_tokens: int  # trained tokens of the batch
+
+
+@dataclass(slots=True)
+class SaveAdapter:
+    job_id: str
+    path: str
+    step: int
+    position: dict[str, int] | None = None  # DataPosition.to_dict(): save a resumable checkpoint
+
+
+@dataclass(slots=True)
+class TrainingWork:
+    """The fine-tuning part of one `IterationPlan`."""
+
+    job_stops: list[str] = field(default_factory=list)
+    job_starts: list[JobStart] = field(default_factory=list)
+    sequence_drops: list[str] = field(default_factory=list)  # state dropped: the sequence is redone
+    sequence_starts: list[SequenceStart] = field(default_factory=list)
+    forward_windows: list[ForwardWindow] = field(default_factory=list)
+    backward_tasklets: list[BackwardTasklet] = field(default_factory=list)
+    optimizer_steps: list[OptimizerStep] = field(default_factory=list)
+    saves: list[SaveAdapter] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.job_stops or self.job_starts or self.sequence_drops or self.sequence_starts
+                    or self.forward_windows or self.backward_tasklets or self.optimizer_steps
+                    or self.saves)
+
+    @property
+    def forward_tokens(self) -> int:
+        return sum(w.num_tokens for w in self.forward_windows)
+
+    @property
+    def backward_token_layers(self) -> int:
+        return sum(t.token_layers for t in self.backward_tasklets)
+
+
+@dataclass(slots=True)
+class WindowReport:
+    sequence_id: str
+    loss_sum: float  # summed token losses of the window (unnormalised)
+    num_tokens: int  # tokens with a target in the window
+
+
+@dataclass(slots=True)
+class StepReport:
+    job_id: str
+    step: int
+    loss: float  # the batch's mean token loss
+    grad_norm: float
+    learning_rate: float
+    num_sequences: int
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class JobFailure:
+    job_id: str
+    code: str  # e.g. "non_finite_loss", "bad_checkpoint"
+    message: str
+
+
+@dataclass(slots=True)
+class SavedAdapter:
+    job_id: str
+    path: str
+    step: int
+
+
+@dataclass(slots=True)
+class TrainingReport:
+    """The fine-tuning part of one `IterationResult`."""
+
+    windows: list[WindowReport] = field(default_factory=list)
+    steps: list[StepReport] = field(default_factory=list)
+    saved: list[SavedAdapter] = field(default_factory=list)
+    failures: list[JobFailure] = field(default_factory=list)
