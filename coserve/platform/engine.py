@@ -21,6 +21,7 @@ from coserve.platform.lora import LoRABank, LoRASegment
 from coserve.platform.model import Transformer
 from coserve.platform.native import load_paged_decode
 from coserve.platform.sampler import RowSampling, Sampler
+from coserve.platform.training_runtime import TrainingRuntime, WindowRows
 from coserve.platform.weights import load_weights
 from coserve.policies.plan import (IterationPlan, IterationResult, NewSequence, SampledToken,
                                    ScheduledChunk, StepTimings)
@@ -58,6 +59,19 @@ class RuntimeLayout:
 
 
 @dataclass(slots=True)
+class _Rows:
+    """One piece of the fused batch: an inference chunk or a fine-tuning forward window."""
+
+    start: int
+    num_tokens: int
+    block_table: list[int]
+    slot: int  # adapter bank slot, -1: the base model
+    token_ids: list[int]
+    chunk: ScheduledChunk | None = None
+    window: WindowRows | None = None
+
+
+@dataclass(slots=True)
 class _Sequence:
     tokens: list[int]
     sampling: SamplingParams
@@ -91,6 +105,7 @@ class Engine:
                                     num_adapter_slots=config.max_loras,
                                     max_lora_rank=config.max_lora_rank)
         self._seqs: dict[str, _Sequence] = {}
+        self.training = TrainingRuntime(self.model, self.cache, self.bank)
 
     def _blocks_for_memory(self) -> int:
         cfg, c = self.model_config, self.config
@@ -110,7 +125,8 @@ class Engine:
         return len(self._seqs)
 
     def step(self, plan: IterationPlan) -> IterationResult:
-        """Execute one plan: adapter changes, frees, then one fused forward and sampling."""
+        """Execute one plan: adapter changes, frees, one fused forward (inference chunks and
+        fine-tuning forward windows) and sampling, then backward tasklets, optimizer steps, saves."""
         t0 = time.perf_counter()
         for slot in plan.adapter_unloads:
             self.bank.unload(slot)
@@ -121,35 +137,58 @@ class Engine:
         for new in plan.new_sequences:
             self._seqs[new.request_id] = _new_sequence(new)
         result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
-        if plan.chunks:
-            self._run(plan.chunks, result, t0)
+        self.training.apply_control(plan.training, result.training)
+        windows = self.training.window_rows(plan.training)
+        if plan.chunks or windows:
+            self._run(plan.chunks, windows, result, t0)
+        t_backward = time.perf_counter()
+        self.training.run_after_forward(plan.training, result.training)
+        result.timings.backward_s = time.perf_counter() - t_backward
         result.timings.total_s = time.perf_counter() - t0
         return result
 
-    def _run(self, chunks: list[ScheduledChunk], result: IterationResult, t0: float) -> None:
-        # Single-token chunks first (one batched decode attention), then grouped by adapter so each
-        # adapter's rows are contiguous. Row order is an execution detail; results are keyed by id.
-        order = sorted(chunks, key=lambda c: (c.num_tokens > 1, self._seqs[c.request_id].adapter_slot))
-        spans, token_ids, segments, sample_rows = [], [], [], []
-        row = 0
-        for chunk in order:
+    def _rows(self, chunks: list[ScheduledChunk], windows: list[WindowRows]) -> list[_Rows]:
+        """Every piece of the fused batch: single-token chunks first (one batched decode attention),
+        then grouped by adapter so each adapter's rows are contiguous. Row order is an execution
+        detail; results are keyed by id."""
+        pieces = []
+        for chunk in chunks:
             seq = self._seqs[chunk.request_id]
             if chunk.start + chunk.num_tokens > len(seq.tokens):
                 raise RuntimeError(f"plan asks for positions up to {chunk.start + chunk.num_tokens} of "
                                    f"{chunk.request_id}, which has {len(seq.tokens)} tokens")
-            spans.append(ChunkSpan(row, chunk.start, chunk.num_tokens, chunk.block_table))
-            token_ids.extend(seq.tokens[chunk.start: chunk.start + chunk.num_tokens])
-            _extend_segments(segments, seq.adapter_slot, row, row + chunk.num_tokens)
-            row += chunk.num_tokens
-            if chunk.sample:
+            pieces.append(_Rows(chunk.start, chunk.num_tokens, chunk.block_table, seq.adapter_slot,
+                                seq.tokens[chunk.start: chunk.start + chunk.num_tokens], chunk=chunk))
+        for item in windows:
+            w = item.window
+            pieces.append(_Rows(w.start, w.num_tokens, w.block_table, item.slot, item.token_ids,
+                                window=item))
+        return sorted(pieces, key=lambda p: (p.num_tokens > 1, p.slot))
+
+    def _run(self, chunks: list[ScheduledChunk], windows: list[WindowRows], result: IterationResult,
+             t0: float) -> None:
+        order = self._rows(chunks, windows)
+        spans, token_ids, segments, sample_rows, sampled, placed = [], [], [], [], [], []
+        row = 0
+        for piece in order:
+            spans.append(ChunkSpan(row, piece.start, piece.num_tokens, piece.block_table))
+            token_ids.extend(piece.token_ids)
+            _extend_segments(segments, piece.slot, row, row + piece.num_tokens)
+            if piece.window is not None:
+                placed.append((row, piece.window))
+            row += piece.num_tokens
+            if piece.chunk is not None and piece.chunk.sample:
                 sample_rows.append(row - 1)
+                sampled.append(piece.chunk)
         meta = build_metadata(spans, self.cache.block_size, self.device, self._decode_kernel)
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
         batch = self.model.make_batch(ids, meta, segments)
         t1 = time.perf_counter()
-        hidden = self.model.forward(batch, self.cache, self.bank)
-        sampled = [c for c in order if c.sample]
+        keep = (lambda i, h: self.training.keep_layer_input(placed, i, h)) if placed else None
+        hidden = self.model.forward(batch, self.cache, self.bank, keep)
         logits = self.model.logits(hidden[sample_rows]) if sample_rows else None
+        if placed:
+            self.training.record_windows(placed, hidden, result.training)
         t2 = time.perf_counter()
         if logits is not None:
             self._sample(sampled, logits, result)

@@ -8,6 +8,7 @@ layer on any token window.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,10 +60,16 @@ class Transformer:
         return ForwardBatch(token_ids=token_ids, attn=attn, lora=lora, cos=cos, sin=sin)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: KVCache, bank: LoRABank) -> torch.Tensor:
-        """Hidden states after the last layer (before the final norm), [T, hidden]."""
+    def forward(self, batch: ForwardBatch, cache: KVCache, bank: LoRABank,
+                keep: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Hidden states after the last layer (before the final norm), [T, hidden].
+
+        `keep(i, h)` sees each layer's input (a trainer keeps its windows' rows for the recompute).
+        """
         h = self.weights.embed[batch.token_ids]
         for i in range(self.cfg.num_layers):
+            if keep is not None:
+                keep(i, h)
             h = self.layer(i, h, batch, cache, bank)
         return h
 

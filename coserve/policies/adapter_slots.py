@@ -122,3 +122,19 @@ class AdapterSlots:
 
     def _lru_unpinned(self) -> int | None:
         return next((a for a in self._lru if a not in self._pins), None)
+
+    def forget(self, adapter_id: int) -> int | None:
+        """Make an unpinned adapter's slot empty (its adapter is gone: a deleted model, an ended
+        training job); returns the slot, which the caller unloads, or None if it was not resident.
+
+        Raises:
+            ValueError: the adapter is pinned (requests or a job still use it).
+        """
+        if self._pins.get(adapter_id, 0):
+            raise ValueError(f"adapter id {adapter_id} is pinned; release it first")
+        entry = self._resident.pop(adapter_id, None)
+        if entry is None:
+            return None
+        del self._lru[adapter_id]
+        self._empty_slots.append(entry[0])
+        return entry[0]

@@ -102,6 +102,7 @@ class StepTimings:
     prepare_s: float = 0.0
     forward_s: float = 0.0
     sample_s: float = 0.0
+    backward_s: float = 0.0  # fine-tuning backward tasklets, optimizer steps and saves
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ Work of one training sequence (`sequence_id`, one example of one batch of one jo
   done, and its tokens done in the layer above (layer-major and window-major orders both satisfy it).
 * `OptimizerStep`: after the backward of every sequence of a batch, one AdamW step of the job.
 * `SaveAdapter`: write the job's adapter (PEFT format, servable); with `position`, a resumable
-  checkpoint (optimizer state + data position).
+  checkpoint (optimizer state + data position); `final` ends the job (the engine drops its state).
 
 The engine runs a plan's fine-tuning work in this order: job stops, job starts, sequence drops,
 sequence starts, the fused forward (inference chunks + forward windows), backward tasklets in list
@@ -93,6 +93,7 @@ class SaveAdapter:
     path: str
     step: int
     position: dict[str, int] | None = None  # DataPosition.to_dict(): save a resumable checkpoint
+    final: bool = False  # the job's last save: the engine drops the job's state after it
 
 
 @dataclass(slots=True)

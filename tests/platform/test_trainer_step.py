@@ -5,7 +5,7 @@
   trained tokens, `clip_grad_norm_(1.0)`), with clipping idle and with clipping active. Adam is
   nearly invariant to a gradient's scale on its first step, so each case takes two steps: the second
   step is where a missing or wrong clip shows, and a control proves the test would see it. The
-  few elements (< 0.5%) whose gradient is ~0 are held only to Adam's step bound (`_check_weights`).
+  few elements (< 0.5%) whose gradient is ~0 are held only to Adam's step bound (`check_weights`).
 * The step itself is bit for bit `clip_grad_norm_` + `torch.optim.AdamW` (weight decay included).
 * Checkpoint after step 1, restore into fresh objects, two more steps: bit-identical to three
   uninterrupted steps (and a restore without the optimizer state is not).
@@ -15,24 +15,21 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
 
 from coserve.platform.config import ModelConfig
 from coserve.platform.model import Transformer
-from coserve.platform.trainer import (IGNORE_INDEX, DataPosition, LoRAOptimizer, LoRATrainConfig,
+from coserve.platform.trainer import (DataPosition, LoRAOptimizer, LoRATrainConfig,
                                       NonFiniteGradientError, OptimizerConfig, TrainableLoRA,
                                       TrainingSequence, WindowedTrainer, load_checkpoint,
                                       save_checkpoint, train_batch)
 from coserve.platform.trainer import checkpoint as checkpoint_module
 from coserve.platform.weights import load_weights
+from train_reference import MAX_REL_ERR, check_weights, peft_adamw_run, rel_errs, worst
 
-MAX_REL_ERR = 1e-4
 LORA = LoRATrainConfig(r=4, lora_alpha=8)
 Segments = list[tuple[int, bool]]  # (tokens, trained) runs: prompt, answer, user turn, answer...
 # (segments, forward windows, backward windows): lengths 48, 24, 37 | 35, 32.
@@ -89,72 +86,6 @@ def _snapshot(lora: TrainableLoRA) -> dict[str, torch.Tensor]:
     return {name: t.detach().clone() for name, t in lora.named_parameters().items()}
 
 
-@dataclass
-class RefStep:
-    """peft + AdamW after one step: weights, the step's pre-clip gradient and its norm."""
-
-    weights: dict[str, torch.Tensor]
-    grads: dict[str, torch.Tensor]
-    norm: float
-
-
-def _peft_run(model_dir: Path, lora_cfg: LoRATrainConfig, init: dict[str, torch.Tensor],
-              batches: list[list[TrainingSequence]], config: OptimizerConfig) -> list[RefStep]:
-    """The reference: peft's full-sequence backward, `clip_grad_norm_`, `torch.optim.AdamW`."""
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    peft_cfg = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.lora_alpha, lora_dropout=0.0,
-                          target_modules=list(lora_cfg.target_modules))
-    peft_model = get_peft_model(hf, peft_cfg)
-    params = {n.replace(".default.weight", ".weight"): p for n, p in peft_model.named_parameters()
-              if p.requires_grad}
-    assert set(params) == set(init), "peft and the trainer disagree on which tensors train"
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(init[name])
-    adamw = torch.optim.AdamW(params.values(), lr=config.learning_rate, betas=config.betas,
-                              eps=config.eps, weight_decay=config.weight_decay)
-    steps = []
-    for batch in batches:
-        total = sum(seq.num_trained for seq in batch)
-        for seq in batch:
-            ignore = torch.full_like(seq.token_ids, IGNORE_INDEX)
-            labels = torch.where(seq.trained, seq.token_ids, ignore)
-            loss = peft_model(input_ids=seq.token_ids[None], labels=labels[None]).loss
-            (loss * seq.num_trained / total).backward()  # HF's loss is the sequence's mean
-        grads = {name: p.grad.clone() for name, p in params.items()}
-        norm = float(torch.nn.utils.clip_grad_norm_(params.values(), config.max_grad_norm))
-        adamw.step()
-        adamw.zero_grad()
-        steps.append(RefStep({name: p.detach().clone() for name, p in params.items()}, grads, norm))
-    return steps
-
-
-def _rel_errs(mine: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Per tensor: max |difference| relative to that reference tensor's max |value|."""
-    return {name: float((mine[name] - t).abs().max() / t.abs().max()) for name, t in ref.items()}
-
-
-def _worst(errors: dict[str, float]) -> tuple[str, float]:
-    name = max(errors, key=errors.get)
-    return name, errors[name]
-
-
-def _check_weights(mine: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
-                   noisy: dict[str, torch.Tensor], bound: float) -> None:
-    """Weights within MAX_REL_ERR, except elements whose step follows gradient noise (`noisy`).
-
-    Adam's step is about lr * g / |g| per element: where |g| is ~1e-5 of its tensor's largest, the
-    1e-6-level rounding differences between two exact backwards (fp32, other summation orders) move
-    that element's step by a visible fraction of lr. Those few are only held to Adam's bound.
-    """
-    for name, w_ref in ref.items():
-        diff, scale = (mine[name] - w_ref).abs(), float(w_ref.abs().max())
-        clean = float(diff[~noisy[name]].max()) / scale
-        assert clean <= MAX_REL_ERR, f"{name}: relative error {clean:.2e}"
-        if noisy[name].any():
-            assert float(diff[noisy[name]].max()) <= bound, f"{name}: beyond Adam's step bound"
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_optimizer_steps_equal_peft_adamw(model: Transformer, llama_dir: Path, case: str) -> None:
     """Two batch steps of the windowed trainer + LoRAOptimizer equal peft + AdamW's."""
@@ -163,7 +94,7 @@ def test_optimizer_steps_equal_peft_adamw(model: Transformer, llama_dir: Path, c
     batches = _batches(model.cfg.vocab_size)
     lora = _lora(model.cfg, lora_cfg, b_scale)
     init = _snapshot(lora)
-    reference = _peft_run(llama_dir, lora_cfg, init, batches, config)
+    reference = peft_adamw_run(llama_dir, lora_cfg, init, batches, config)
     assert all((ref.norm > 1.0) == expect_clipped for ref in reference), [r.norm for r in reference]
 
     trainer, optimizer = WindowedTrainer(model, lora, vocab_chunk=500), LoRAOptimizer(lora, config)
@@ -177,16 +108,16 @@ def test_optimizer_steps_equal_peft_adamw(model: Transformer, llama_dir: Path, c
             noisy[name] |= g.abs() < NOISY_GRAD * g.abs().max()
         fraction = sum(int(m.sum()) for m in noisy.values()) / sum(m.numel() for m in noisy.values())
         assert fraction < 0.005, "too many excluded elements: the comparison would be weak"
-        _check_weights(_snapshot(lora), ref.weights, noisy, bound=3 * step * config.learning_rate)
+        check_weights(_snapshot(lora), ref.weights, noisy, bound=3 * step * config.learning_rate)
         # Every tensor must move well past the tolerance, or equality would prove nothing.
-        assert min(_rel_errs(init, ref.weights).values()) > 5 * MAX_REL_ERR
+        assert min(rel_errs(init, ref.weights).values()) > 5 * MAX_REL_ERR
 
     if expect_clipped:  # control: without clipping the second step lands elsewhere
         unclipped = OptimizerConfig(learning_rate_multiplier=config.learning_rate_multiplier,
                                     weight_decay=config.weight_decay, max_grad_norm=math.inf)
-        free = _peft_run(llama_dir, lora_cfg, init, batches, unclipped)
+        free = peft_adamw_run(llama_dir, lora_cfg, init, batches, unclipped)
         with pytest.raises(AssertionError, match="relative error"):
-            _check_weights(free[-1].weights, reference[-1].weights, noisy, bound=math.inf)
+            check_weights(free[-1].weights, reference[-1].weights, noisy, bound=math.inf)
 
 
 DATASET: list[Segments] = [[(10, False), (14, True)], [(6, False), (9, True), (5, False), (8, True)],
@@ -234,7 +165,7 @@ def test_checkpoint_resume_equals_uninterrupted_run(model: Transformer, tmp_path
     lora, _, position = load_checkpoint(tmp_path / "ckpt", model.cfg)
     fresh = LoRAOptimizer(lora, config)
     _job_steps(WindowedTrainer(model, lora), fresh, position, dataset, 2)
-    assert _worst(_rel_errs(_snapshot(lora), expected))[1] > 100 * MAX_REL_ERR
+    assert worst(rel_errs(_snapshot(lora), expected))[1] > 100 * MAX_REL_ERR
 
 
 def _fake_step(optimizer: LoRAOptimizer, seed: int) -> None:

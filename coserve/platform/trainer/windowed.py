@@ -21,10 +21,13 @@ sequence) gives the gradient of the sequence's mean loss. For a batch, pass `los
 tokens of the whole batch to every sequence: the summed `.grad` is then the gradient of
 (sum of the batch's token losses) / (batch's trained tokens), the batch mean whatever the windowing.
 
-Later integration: when forward windows ride in the engine's fused forward, that forward must not
-run under `torch.inference_mode` for the kept tensors (inference tensors cannot enter autograd), or
-must copy them out; the trainer's dense K/V store becomes the paged cache, with the earlier tokens'
-K/V gathered from it as leaves in the tasklet.
+Two K/V homes. Standalone (`forward_window`), a sequence's K/V live in dense per-layer buffers of its
+state. Co-served, the window runs inside the engine's fused forward (`Engine.step`): its K/V go to
+the paged `KVCache` like a prefill chunk's, the engine copies each layer's input rows into the state
+(`keep_layer_input`) and hands the last hidden rows to `record_window`; the state then holds the
+positions' cache slots (`kv_slots`) and a tasklet gathers the earlier tokens' K/V from the cache as
+leaves. The fused forward runs under `torch.inference_mode`; the kept buffers are ordinary tensors
+allocated outside it (copies into them are allowed), so autograd can use them later.
 
 Dependencies (checked): a tasklet on tokens [a, b) of layer n needs the whole forward done, tokens
 [b, L) of layer n done (so the accumulator holds every later contribution) and tokens [a, L) of
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from coserve.platform.attention import ChunkSpan, build_metadata
+from coserve.platform.kv_cache import KVCache
 from coserve.platform.lora import AdapterWeights, LoRABank, LoRASegment
 from coserve.platform.model import ForwardBatch, Transformer
 from coserve.platform.trainer.lora_params import TrainableLoRA
@@ -74,7 +78,7 @@ class SequenceState:
     targets: torch.Tensor  # [L] next-token targets, IGNORE_INDEX where no loss
     loss_scale: float
     layer_inputs: list[torch.Tensor | None]  # [L, hidden] per layer
-    keys: list[torch.Tensor | None]  # [L, kv_heads, head_dim] per layer, post-rope
+    keys: list[torch.Tensor | None]  # [L, kv_heads, head_dim] per layer, post-rope (dense mode)
     values: list[torch.Tensor | None]
     grad_hidden: torch.Tensor | None  # [L, hidden] fp32: see the module docstring
     key_grads: list[torch.Tensor | None]  # fp32 accumulators, allocated when a layer's backward starts
@@ -83,6 +87,7 @@ class SequenceState:
     backward_end: list[int] = field(default_factory=list)  # per layer: [0, end) still to back-propagate
     loss_sum: float = 0.0
     num_loss_tokens: int = 0
+    kv_slots: torch.Tensor | None = None  # [L] paged-cache slot of each position (co-served mode)
 
     @property
     def length(self) -> int:
@@ -155,8 +160,9 @@ class WindowedTrainer:
     """Forward windows and backward tasklets of training sequences over a frozen `Transformer`."""
 
     def __init__(self, model: Transformer, lora: TrainableLoRA,
-                 vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> None:
+                 vocab_chunk: int = DEFAULT_VOCAB_CHUNK, cache: KVCache | None = None) -> None:
         self.model, self.lora, self.vocab_chunk = model, lora, vocab_chunk
+        self.cache = cache  # the engine's paged cache, for sequences started with paged=True
         cfg = model.cfg
         self._bank = LoRABank(cfg, 1, lora.config.r, model.dtype, model.device)
         self._forward_adapter: AdapterWeights | None = None
@@ -166,11 +172,14 @@ class WindowedTrainer:
         self._forward_adapter = self.lora.adapter_weights(adapter_id=-1, dtype=self.model.dtype)
 
     def start_sequence(self, token_ids: torch.Tensor | list[int], trained: torch.Tensor | list[bool],
-                       loss_normalizer: int | None = None) -> SequenceState:
+                       loss_normalizer: int | None = None, paged: bool = False) -> SequenceState:
         """Set up the state of one sequence. `trained[p]`: token p is a learned (assistant) token.
 
         `loss_normalizer`: trained tokens of the whole batch (default: of this sequence).
+        `paged`: the K/V live in the trainer's `cache` (co-served windows), not in the state.
         """
+        if paged and self.cache is None:
+            raise ValueError("a paged sequence needs the trainer to have the engine's KV cache")
         device = self.model.device
         ids = torch.as_tensor(token_ids, dtype=torch.int64, device=device)
         mask = torch.as_tensor(trained, device=device)
@@ -189,13 +198,15 @@ class WindowedTrainer:
         def empty(*shape: int) -> torch.Tensor:
             return torch.empty(shape, dtype=self.model.dtype, device=device)
 
+        def kv() -> list[torch.Tensor | None]:
+            return [None if paged else empty(length, cfg.num_kv_heads, cfg.head_dim) for _ in range(n)]
+
         return SequenceState(
             token_ids=ids, targets=targets, loss_scale=1.0 / normalizer,
-            layer_inputs=[empty(length, cfg.hidden_size) for _ in range(n)],
-            keys=[empty(length, cfg.num_kv_heads, cfg.head_dim) for _ in range(n)],
-            values=[empty(length, cfg.num_kv_heads, cfg.head_dim) for _ in range(n)],
+            layer_inputs=[empty(length, cfg.hidden_size) for _ in range(n)], keys=kv(), values=kv(),
             grad_hidden=torch.zeros(length, cfg.hidden_size, device=device),
-            key_grads=[None] * n, value_grads=[None] * n, backward_end=[length] * n)
+            key_grads=[None] * n, value_grads=[None] * n, backward_end=[length] * n,
+            kv_slots=torch.full((length,), -1, dtype=torch.int64, device=device) if paged else None)
 
     def _batch(self, state: SequenceState, start: int, end: int) -> ForwardBatch:
         """Metadata of tokens [start, end) attending to [0, end): block size 1, slot = position."""
@@ -216,7 +227,15 @@ class WindowedTrainer:
         for n in range(self.model.cfg.num_layers):
             state.layer_inputs[n][start:end] = h  # type: ignore[index]
             h = self.model.layer(n, h, batch, cache, self._bank)  # type: ignore[arg-type]
-        result = window_loss(self.model, h, state.targets[start:end], state.loss_scale,
+        return self.record_window(state, start, end, h)
+
+    def record_window(self, state: SequenceState, start: int, end: int,
+                      hidden: torch.Tensor) -> WindowLoss:
+        """Loss and output gradient of tokens [start, end), whose last hidden states are `hidden`."""
+        if start != state.forward_end or end > state.length:
+            raise ValueError(f"window [{start}, {end}) does not continue the sequence's forward at "
+                             f"{state.forward_end} (length {state.length})")
+        result = window_loss(self.model, hidden, state.targets[start:end], state.loss_scale,
                              self.vocab_chunk)
         state.grad_hidden[start:end] = result.grad_hidden  # type: ignore[index]
         state.forward_end, state.loss_sum = end, state.loss_sum + result.loss_sum
@@ -238,15 +257,16 @@ class WindowedTrainer:
         end = state.backward_end[layer]
         start = end - num_tokens
         self._check_tasklet(state, layer, start, end)
+        cfg = self.model.cfg
         if state.key_grads[layer] is None:  # first tasklet of this layer: a fresh accumulator
-            state.key_grads[layer] = torch.zeros(state.keys[layer].shape, device=self.model.device)
-            state.value_grads[layer] = torch.zeros(state.values[layer].shape, device=self.model.device)
+            shape = (state.length, cfg.num_kv_heads, cfg.head_dim)
+            state.key_grads[layer] = torch.zeros(shape, device=self.model.device)
+            state.value_grads[layer] = torch.zeros(shape, device=self.model.device)
         x = state.layer_inputs[layer][start:end].detach()  # type: ignore[index]
         # The embeddings are frozen: layer 0 needs no input gradient, only LoRA gradients.
         x.requires_grad_(layer > 0)
-        past_k = state.keys[layer][:start].detach().requires_grad_(start > 0)  # type: ignore[index]
-        past_v = state.values[layer][:start].detach().requires_grad_(start > 0)  # type: ignore[index]
-        cache = _LeafKV(past_k, past_v)
+        past_k, past_v = self._past_kv(state, layer, start)
+        cache = _LeafKV(past_k.requires_grad_(start > 0), past_v.requires_grad_(start > 0))
         with torch.enable_grad():
             self._bank.install(_SLOT, self._grad_adapter(layer))
             out = self.model.layer(layer, x, self._batch(state, start, end), cache,  # type: ignore[arg-type]
@@ -267,6 +287,14 @@ class WindowedTrainer:
         if start == 0:
             self._release_layer(state, layer)
         return start, end
+
+    def _past_kv(self, state: SequenceState, layer: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Detached copies of the K/V of positions [0, start) of `layer` (dense buffers or cache)."""
+        if state.kv_slots is None:
+            return (state.keys[layer][:start].detach(),  # type: ignore[index]
+                    state.values[layer][:start].detach())  # type: ignore[index]
+        slots = state.kv_slots[:start]
+        return self.cache.k[layer][slots], self.cache.v[layer][slots]  # type: ignore[union-attr]
 
     def _grad_adapter(self, layer: int) -> AdapterWeights:
         """An adapter whose only built layer is `layer`, differentiable into the master weights."""

@@ -1,0 +1,169 @@
+"""Fine-tuning jobs from chat examples: building a job's spec, and running jobs offline next to `LLM`.
+
+    from coserve import LLM
+    llm = LLM(model="path/to/hf-folder", dtype="float32")
+    result = llm.fine_tune(examples, output_dir="out/my-job", hyperparameters={"n_epochs": 2})
+    # result.adapter_path is a PEFT folder: serve it with LoRARequest("mine", 1, result.adapter_path)
+
+`LLM.start_fine_tune` returns at once; the job then trains inside every `generate`/`chat` call (the
+same iterations as the inference tokens) and `LLM.wait` finishes it. Offline there is no latency
+SLO: each iteration gives fine-tuning what the inference tokens leave of `max_batch_tokens`
+(forward-window tokens, or the same number of full-depth tokens as backward token-layers).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coserve.platform.trainer.data import (PreparedDataset, ResolvedHyperparameters,
+                                           prepare_dataset, resolve_hyperparameters)
+from coserve.platform.trainer.lora_params import LoRATrainConfig
+from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.finetune_job import (FinetuneJob, FinetuneJobSpec, JobEvent, JobEventKind,
+                                           JobState)
+from coserve.policies.kv_blocks import KVBlockManager
+from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.policies.training_plan import TrainingExample
+
+# Offline fine-tuning adapters take ids from here down, far from users' LoRARequest ids.
+FIRST_TRAINING_ADAPTER_ID = 2**40
+
+
+@dataclass(slots=True)
+class PreparedJob:
+    """A job ready to schedule, and what preparing its data found."""
+
+    spec: FinetuneJobSpec
+    dataset: PreparedDataset
+    hyperparameters: ResolvedHyperparameters
+
+
+def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+                *, job_id: str, tenant: str, adapter_id: int, num_layers: int, max_len: int,
+                output_dir: str | Path, hyperparameters: Mapping[str, Any] | None = None,
+                lora: Mapping[str, Any] | None = None, seed: int = 0,
+                base_model_name_or_path: str | None = None) -> PreparedJob:
+    """Tokenize the examples with the chat template and resolve every "auto" setting.
+
+    Raises:
+        ValueError: fewer than 10 usable examples, bad hyperparameters or LoRA settings (the message
+            names the setting), or a conversation the template cannot mask exactly.
+    """
+    dataset = prepare_dataset(tokenizer, examples, max_len)
+    resolved = resolve_hyperparameters(dict(hyperparameters or {}), len(dataset.sequences),
+                                       dataset.trained_tokens)
+    lora_config = LoRATrainConfig(**_lora_arguments(lora or {}))
+    spec = FinetuneJobSpec(
+        job_id=job_id, tenant=tenant, adapter_id=adapter_id,
+        examples=[TrainingExample(seq.token_ids.tolist(), seq.trained.tolist())
+                  for seq in dataset.sequences],
+        n_epochs=resolved.n_epochs, batch_size=resolved.batch_size, seed=seed,
+        num_layers=num_layers, output_dir=str(output_dir),
+        lora={"r": lora_config.r, "lora_alpha": lora_config.lora_alpha,
+              "lora_dropout": lora_config.lora_dropout,
+              "target_modules": list(lora_config.target_modules)},
+        optimizer=resolved.optimizer_config().to_dict(),
+        base_model_name_or_path=base_model_name_or_path)
+    return PreparedJob(spec, dataset, resolved)
+
+
+def _lora_arguments(raw: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(raw) - {"r", "lora_alpha", "lora_dropout", "target_modules"})
+    if unknown:
+        raise ValueError(f"unknown LoRA setting(s) {unknown}; use PEFT's names r, lora_alpha, "
+                         f"lora_dropout, target_modules")
+    args = {k: v for k, v in raw.items() if v is not None}
+    if isinstance(args.get("target_modules"), str):
+        args["target_modules"] = (args["target_modules"],)
+    elif "target_modules" in args:
+        args["target_modules"] = tuple(args["target_modules"])
+    return args
+
+
+@dataclass(slots=True)
+class FineTuneResult:
+    """A finished offline job."""
+
+    job_id: str
+    state: JobState
+    adapter_path: str | None  # the final PEFT adapter (None unless the job succeeded)
+    checkpoints: list[str]  # one resumable, servable checkpoint per epoch
+    events: list[JobEvent]
+    trained_tokens: int
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def losses(self) -> list[float]:
+        """The mean training loss of every optimizer step, in order."""
+        return [e.loss for e in self.events if e.kind == JobEventKind.STEP and e.loss is not None]
+
+
+@dataclass(slots=True)
+class _Tracked:
+    job: FinetuneJob
+    prepared: PreparedJob
+    events: list[JobEvent] = field(default_factory=list)
+
+
+class OfflineJobs:
+    """Fine-tuning jobs attached to one policy and engine; the `LLM` loop calls `schedule` after the
+    policy plans an iteration and `update` after the engine ran it."""
+
+    def __init__(self, kv: KVBlockManager, adapters: AdapterSlots, max_batch_tokens: int,
+                 num_layers: int) -> None:
+        self._kv, self._adapters = kv, adapters
+        self._max_batch_tokens, self._num_layers = max_batch_tokens, num_layers
+        self._jobs: dict[str, _Tracked] = {}
+        self._adapter_ids = itertools.count(FIRST_TRAINING_ADAPTER_ID)
+
+    def next_adapter_id(self) -> int:
+        return next(self._adapter_ids)
+
+    def submit(self, prepared: PreparedJob) -> FinetuneJob:
+        if prepared.spec.job_id in self._jobs:
+            raise ValueError(f"job id {prepared.spec.job_id!r} is already used")
+        job = FinetuneJob(prepared.spec, self._kv, self._adapters)
+        self._jobs[job.job_id] = _Tracked(job, prepared)
+        return job
+
+    def has_work(self) -> bool:
+        return any(t.job.runnable or t.job.state == JobState.FINISHING for t in self._jobs.values())
+
+    def schedule(self, plan: IterationPlan) -> None:
+        """Give the running jobs what the inference tokens leave of the iteration's token budget."""
+        budget = max(0, self._max_batch_tokens - plan.num_tokens)
+        for tracked in self._jobs.values():
+            if budget <= 0:
+                break
+            charged = tracked.job.schedule(plan, budget, budget * self._num_layers)
+            budget -= int(round(charged))
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> None:
+        for tracked in self._jobs.values():
+            if not tracked.job.state.is_finished:
+                tracked.events.extend(tracked.job.update(plan, result))
+
+    def cancel(self, job_id: str, plan: IterationPlan) -> None:
+        event = self._jobs[job_id].job.cancel(plan)
+        if event is not None:
+            self._jobs[job_id].events.append(event)
+
+    def result(self, job_id: str) -> FineTuneResult:
+        tracked = self._jobs[job_id]
+        job, events = tracked.job, tracked.events
+        final = next((e.path for e in events if e.kind == JobEventKind.SUCCEEDED), None)
+        failure = next((e for e in events if e.kind == JobEventKind.FAILED), None)
+        return FineTuneResult(
+            job_id=job_id, state=job.state, adapter_path=final,
+            checkpoints=[e.path for e in events if e.kind == JobEventKind.CHECKPOINT and e.path],
+            events=list(events), trained_tokens=job.trained_tokens,
+            warnings=list(tracked.prepared.dataset.warnings),
+            error=None if failure is None else f"{failure.code}: {failure.message}")
+
+    def job(self, job_id: str) -> FinetuneJob:
+        return self._jobs[job_id].job
