@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TINY_MODEL := .coserve/models/tiny-llama
+TENANTS := .coserve/tenants.yaml
+RUN_FLAGS ?=
 
 .PHONY: venv test run bench bench-setup clean
 
@@ -21,8 +23,17 @@ test: venv
 $(TINY_MODEL)/config.json: | venv
 	$(VENV)/bin/coserve model create-tiny $(TINY_MODEL) --arch llama --preset tiny
 
-run: venv $(TINY_MODEL)/config.json
-	$(VENV)/bin/coserve demo --model $(TINY_MODEL)
+# The demo tenant of `make run` (written once; edit it freely afterwards).
+$(TENANTS):
+	mkdir -p $(dir $@)
+	printf '%s\n' '# Written by make run: one demo tenant (see DESIGN.md for the format).' 'tenants:' \
+		'  demo:' '    api_keys: ["sk-demo"]' '    weight: 1.0' > $@
+
+# Serve the tiny model on 127.0.0.1:8000 (Ray by default; `make run RUN_FLAGS=--local` for one process).
+run: venv $(TINY_MODEL)/config.json $(TENANTS)
+	@echo "coserve: demo tenant API key: sk-demo  ->  OpenAI(base_url=\"http://127.0.0.1:8000/v1\", api_key=\"sk-demo\")"
+	$(VENV)/bin/coserve serve --model $(TINY_MODEL) --tenants $(TENANTS) --data-dir .coserve/data \
+		--host 127.0.0.1 --port 8000 $(RUN_FLAGS)
 
 # vLLM's CPU build, in its own virtualenv (.vllm-venv): it pins an older transformers.
 bench-setup:

@@ -16,6 +16,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from coserve.bench.cli import register_bench
+from coserve.profiling import register_profile
+
 Subparsers = Any  # argparse's _SubParsersAction is private; this alias documents intent.
 # Copies of tiny_model.ARCHS / PRESETS (a test keeps them equal): importing tiny_model pulls in torch.
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
@@ -93,8 +96,53 @@ def _register_demo(subparsers: Subparsers) -> None:
     demo.set_defaults(handler=_cmd_demo)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """Handler of `coserve serve`: validate every setting, then serve until interrupted."""
+    from coserve.serve import ServeOptions, run_local, run_ray
+
+    opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
+                        port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,
+                        max_batch_tokens=args.max_batch_tokens, tpot_slo_ms=args.tpot_slo_ms,
+                        ttft_slo_ms=args.ttft_slo_ms, adapter_slots=args.adapter_slots, dtype=args.dtype,
+                        device=args.device, latency_profile=args.latency_profile)
+    try:
+        opts.validate()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    (run_local if opts.local else run_ray)(opts)
+    return 0
+
+
+def _register_serve(subparsers: Subparsers) -> None:
+    """`coserve serve`: the OpenAI-compatible server (Ray by default, one process with --local)."""
+    serve = subparsers.add_parser(
+        "serve", help="serve the OpenAI-compatible API (chat, files, models)",
+        description="Serve a base model and its tenants' fine-tuned adapters over an OpenAI-compatible API. "
+                    "Default: on Ray (a local cluster unless RAY_ADDRESS is set), the gateway as a Ray Serve "
+                    "ingress; --local: one process, plain uvicorn.")
+    serve.add_argument("--model", required=True, help="HF-format base model folder (its name is the model id)")
+    serve.add_argument("--tenants", required=True, help="tenants file (YAML: API keys, weights, limits)")
+    serve.add_argument("--data-dir", default=".coserve/data", help="metadata and uploads (default: .coserve/data)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    serve.add_argument("--local", action="store_true", help="one process, no Ray")
+    serve.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once (default: 64)")
+    serve.add_argument("--max-batch-tokens", type=int, default=2048,
+                       help="tokens per engine iteration (default: 2048)")
+    serve.add_argument("--tpot-slo-ms", type=float, default=None, help="time-per-output-token objective (ms)")
+    serve.add_argument("--ttft-slo-ms", type=float, default=None, help="time-to-first-token objective (ms)")
+    serve.add_argument("--adapter-slots", type=int, default=4, help="LoRA adapters resident at once (default: 4)")
+    serve.add_argument("--latency-profile", default=None,
+                       help="latency model fitted by `coserve profile --json` (default: learned online)")
+    serve.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
+    serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    serve.set_defaults(handler=_cmd_serve)
+
+
 # Command groups, in `coserve --help` order. Other modules' commands are added here.
-REGISTRARS: list[Callable[[Subparsers], None]] = [_register_model, _register_demo]
+REGISTRARS: list[Callable[[Subparsers], None]] = [_register_model, _register_demo, _register_serve,
+                                                  register_bench, register_profile]
 
 
 def build_parser() -> argparse.ArgumentParser:

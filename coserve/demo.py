@@ -1,8 +1,8 @@
 """`coserve demo`: an offline generation run on a model folder, printed to the terminal.
 
-Until the HTTP gateway lands this is what `make run` does: it loads the model with coserve's own
-engine, generates for a few chat prompts (some through a freshly made LoRA adapter, to show base and
-adapter rows sharing one batch) and prints the texts and the measured throughput.
+It loads the model with coserve's own engine (no server; `make run` serves over HTTP), generates for
+a few chat prompts (some through a freshly made LoRA adapter, to show base and adapter rows sharing one
+batch) and prints the texts and the measured throughput.
 """
 
 from __future__ import annotations

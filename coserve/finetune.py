@@ -13,6 +13,7 @@ SLO: each iteration gives fine-tuning what the inference tokens leave of `max_ba
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,8 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
                 *, job_id: str, tenant: str, adapter_id: int, num_layers: int, max_len: int,
                 output_dir: str | Path, hyperparameters: Mapping[str, Any] | None = None,
                 lora: Mapping[str, Any] | None = None, seed: int = 0,
-                base_model_name_or_path: str | None = None) -> PreparedJob:
+                base_model_name_or_path: str | None = None,
+                init_adapter: str | None = None) -> PreparedJob:
     """Tokenize the examples with the chat template and resolve every "auto" setting.
 
     Raises:
@@ -67,7 +69,7 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
               "lora_dropout": lora_config.lora_dropout,
               "target_modules": list(lora_config.target_modules)},
         optimizer=resolved.optimizer_config().to_dict(),
-        base_model_name_or_path=base_model_name_or_path)
+        base_model_name_or_path=base_model_name_or_path, init_adapter=init_adapter)
     return PreparedJob(spec, dataset, resolved)
 
 
@@ -103,16 +105,26 @@ class FineTuneResult:
         return [e.loss for e in self.events if e.kind == JobEventKind.STEP and e.loss is not None]
 
 
+class JobControl(enum.Enum):
+    CANCEL = "cancel"
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
 @dataclass(slots=True)
 class _Tracked:
     job: FinetuneJob
-    prepared: PreparedJob
+    warnings: list[str]
     events: list[JobEvent] = field(default_factory=list)
 
 
 class OfflineJobs:
     """Fine-tuning jobs attached to one policy and engine; the `LLM` loop calls `schedule` after the
-    policy plans an iteration and `update` after the engine ran it."""
+    policy plans an iteration and `update` after the engine ran it. It is also a `JobHost` for the
+    server's `JobManager` (add, cancel, pause, resume jobs; pop their events).
+
+    Job control is deferred to the next plan, because the engine learns of it there.
+    """
 
     def __init__(self, kv: KVBlockManager, adapters: AdapterSlots, max_batch_tokens: int,
                  num_layers: int) -> None:
@@ -120,22 +132,66 @@ class OfflineJobs:
         self._max_batch_tokens, self._num_layers = max_batch_tokens, num_layers
         self._jobs: dict[str, _Tracked] = {}
         self._adapter_ids = itertools.count(FIRST_TRAINING_ADAPTER_ID)
+        self._control: list[tuple[str, JobControl]] = []
+        self._new_events: list[JobEvent] = []
+
+    @property
+    def kv(self) -> KVBlockManager:
+        return self._kv
+
+    @property
+    def adapters(self) -> AdapterSlots:
+        return self._adapters
 
     def next_adapter_id(self) -> int:
         return next(self._adapter_ids)
 
     def submit(self, prepared: PreparedJob) -> FinetuneJob:
-        if prepared.spec.job_id in self._jobs:
-            raise ValueError(f"job id {prepared.spec.job_id!r} is already used")
         job = FinetuneJob(prepared.spec, self._kv, self._adapters)
-        self._jobs[job.job_id] = _Tracked(job, prepared)
+        self.add_job(job, prepared.dataset.warnings)
         return job
 
+    def add_job(self, job: FinetuneJob, warnings: list[str] | None = None) -> None:
+        """Schedule a job from the next iteration on. Raises ValueError on a duplicate id."""
+        if job.job_id in self._jobs:
+            raise ValueError(f"job id {job.job_id!r} is already used")
+        self._jobs[job.job_id] = _Tracked(job, list(warnings or []))
+
+    def remove_job(self, job_id: str) -> bool:
+        return self._defer(job_id, JobControl.CANCEL)
+
+    def pause_job(self, job_id: str) -> bool:
+        return self._defer(job_id, JobControl.PAUSE)
+
+    def resume_job(self, job_id: str) -> bool:
+        return self._defer(job_id, JobControl.RESUME)
+
+    def _defer(self, job_id: str, control: JobControl) -> bool:
+        if job_id not in self._jobs or self._jobs[job_id].job.state.is_finished:
+            return False
+        self._control.append((job_id, control))
+        return True
+
+    def pop_job_events(self) -> list[JobEvent]:
+        events, self._new_events = self._new_events, []
+        return events
+
     def has_work(self) -> bool:
-        return any(t.job.runnable or t.job.state == JobState.FINISHING for t in self._jobs.values())
+        return bool(self._control) or any(
+            t.job.runnable or t.job.state == JobState.FINISHING for t in self._jobs.values())
 
     def schedule(self, plan: IterationPlan) -> None:
-        """Give the running jobs what the inference tokens leave of the iteration's token budget."""
+        """Apply deferred control, then give the running jobs what the inference tokens leave of
+        the iteration's token budget."""
+        for job_id, control in self._control:
+            job = self._jobs[job_id].job
+            if control == JobControl.CANCEL:
+                self._record(job_id, [job.cancel(plan)])
+            elif control == JobControl.PAUSE:
+                job.pause(plan)
+            else:
+                job.resume()
+        self._control.clear()
         budget = max(0, self._max_batch_tokens - plan.num_tokens)
         for tracked in self._jobs.values():
             if budget <= 0:
@@ -144,14 +200,14 @@ class OfflineJobs:
             budget -= int(round(charged))
 
     def update(self, plan: IterationPlan, result: IterationResult) -> None:
-        for tracked in self._jobs.values():
+        for job_id, tracked in self._jobs.items():
             if not tracked.job.state.is_finished:
-                tracked.events.extend(tracked.job.update(plan, result))
+                self._record(job_id, tracked.job.update(plan, result))
 
-    def cancel(self, job_id: str, plan: IterationPlan) -> None:
-        event = self._jobs[job_id].job.cancel(plan)
-        if event is not None:
-            self._jobs[job_id].events.append(event)
+    def _record(self, job_id: str, events: list[JobEvent | None]) -> None:
+        real = [e for e in events if e is not None]
+        self._jobs[job_id].events.extend(real)
+        self._new_events.extend(real)
 
     def result(self, job_id: str) -> FineTuneResult:
         tracked = self._jobs[job_id]
@@ -161,8 +217,7 @@ class OfflineJobs:
         return FineTuneResult(
             job_id=job_id, state=job.state, adapter_path=final,
             checkpoints=[e.path for e in events if e.kind == JobEventKind.CHECKPOINT and e.path],
-            events=list(events), trained_tokens=job.trained_tokens,
-            warnings=list(tracked.prepared.dataset.warnings),
+            events=list(events), trained_tokens=job.trained_tokens, warnings=list(tracked.warnings),
             error=None if failure is None else f"{failure.code}: {failure.message}")
 
     def job(self, job_id: str) -> FinetuneJob:

@@ -12,17 +12,13 @@ applies the result, and this front end turns token ids into text (stop strings, 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 
-import torch
-
-from coserve.detokenizer import TextTracker, to_logprob_dict
+from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, FineTuneResult, OfflineJobs, prepare_job
+from coserve.frontend import AdapterChecker, EosIds, OutputTracker, encode_chat, expand_request
 from coserve.lora_request import LoRARequest
 from coserve.outputs import CompletionOutput, RequestOutput
 from coserve.platform.engine import Engine, EngineConfig
-from coserve.platform.lora import load_peft_adapter
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.fcfs import FCFSPolicy
@@ -32,16 +28,6 @@ from coserve.policies.request import AdapterRef, Request, RequestStatus, Samplin
 
 PromptType = str | dict
 ChatMessages = list[dict]
-
-
-@dataclass
-class _Tracked:
-    """Front-end state of one child request (one of a prompt's `n` completions)."""
-
-    request: Request
-    tracker: TextTracker
-    logprobs: list[dict] | None
-    cumulative_logprob: float | None
 
 
 class LLM:
@@ -91,13 +77,12 @@ class LLM:
             self.scheduler_config,
             KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching),
             AdapterSlots(layout.num_adapter_slots))
-        cfg = self.engine.model_config
-        self._eos = self.tokenizer.eos_token_id
-        if self._eos is None and cfg.eos_token_ids:
-            self._eos = cfg.eos_token_ids[0]
-        self._extra_eos = [t for t in cfg.eos_token_ids if t != self._eos]
+        self._eos = EosIds.resolve(self.tokenizer, self.engine.model_config.eos_token_ids)
         self._ids = itertools.count()
-        self._validated_adapters: dict[int, str] = {}
+        self._adapters = AdapterChecker(self.engine.model_config, layout.max_lora_rank)
+        self.jobs = OfflineJobs(self.policy.kv, self.policy.adapters,
+                                self.scheduler_config.max_batch_tokens,
+                                self.engine.model_config.num_layers)
 
     def get_tokenizer(self) -> object:
         return self.tokenizer
@@ -136,9 +121,8 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = []
         for conversation in conversations:
-            text = self.apply_chat_template(conversation, chat_template, add_generation_prompt)
-            prompts.append({"prompt": text,
-                            "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+            text, token_ids = encode_chat(self.tokenizer, conversation, chat_template, add_generation_prompt)
+            prompts.append({"prompt": text, "prompt_token_ids": token_ids})
         return self.generate(prompts, sampling_params, lora_request, use_tqdm=use_tqdm)
 
     def apply_chat_template(self, messages: ChatMessages, chat_template: str | None = None,
@@ -162,7 +146,7 @@ class LLM:
             raise
 
     def _prepare(self, prompt: PromptType, params: SamplingParams,
-                    lora: LoRARequest | None) -> tuple[str, str | None, list[_Tracked]]:
+                 lora: LoRARequest | None) -> tuple[str, str | None, list[OutputTracker]]:
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -171,74 +155,92 @@ class LLM:
             raise ValueError(f"a prompt must be a string or {{'prompt_token_ids': [...]}}, got {prompt!r}")
         adapter = self._adapter_ref(lora)
         request_id = str(next(self._ids))
-        tracked = []
-        for index in range(params.n):
-            child = replace(params, n=1, seed=None if params.seed is None else params.seed + index)
-            if self._extra_eos and not child.ignore_eos:
-                child.stop_token_ids = child.stop_token_ids + self._extra_eos
-            request = Request(request_id=f"{request_id}-{index}", prompt_token_ids=token_ids,
-                              sampling=child, eos_token_id=self._eos, adapter=adapter,
-                              arrival_time=time.monotonic())
-            want_lp = child.logprobs is not None
-            tracked.append(_Tracked(request, TextTracker(self.tokenizer, child),
-                                    [] if want_lp else None, 0.0 if want_lp else None))
-        return request_id, text, tracked
+        children = expand_request(request_id, token_ids, params, self._eos, adapter)
+        return request_id, text, [OutputTracker(child, self.tokenizer) for child in children]
 
     def _adapter_ref(self, lora: LoRARequest | None) -> AdapterRef | None:
         if lora is None:
             return None
-        known = self._validated_adapters.get(lora.lora_int_id)
-        if known is None:
-            # Fail here, with the adapter's own error, rather than inside an engine iteration. The
-            # check reads the adapter on the CPU: no device memory for a copy the engine reloads.
-            engine = self.engine
-            load_peft_adapter(lora.lora_path, lora.lora_int_id, engine.model_config,
-                              engine.layout.max_lora_rank, torch.float32, torch.device("cpu"))
-            self._validated_adapters[lora.lora_int_id] = lora.lora_path
-        elif known != lora.lora_path:
-            raise ValueError(f"lora_int_id {lora.lora_int_id} is already used for {known}")
+        # Fail here, with the adapter's own error, rather than inside an engine iteration.
+        self._adapters.check(lora.lora_int_id, lora.lora_path)
         return AdapterRef(adapter_id=lora.lora_int_id, name=lora.lora_name, path=lora.lora_path)
 
-    def _run_to_completion(self, tracked: list[_Tracked]) -> None:
+    def start_fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
+                        hyperparameters: dict | None = None, lora: dict | None = None,
+                        seed: int = 0, job_id: str | None = None) -> str:
+        """Start a LoRA fine-tuning job on chat examples; returns its id at once.
+
+        The job trains in the same iterations as every later `generate`/`chat` call; `wait`
+        finishes it. Examples are OpenAI fine-tuning lines (`{"messages": [...]}`) or message lists;
+        the loss is on assistant tokens (messages with `"weight": 0` excluded). Hyperparameters:
+        `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
+        `resolve_hyperparameters`); LoRA settings with PEFT's names (`r`, `lora_alpha`,
+        `target_modules`; default r=16, alpha=32, all seven projections). Checkpoints are written
+        to `output_dir/ckpt-step-N` at each epoch's end, the adapter to `output_dir/final`.
+
+        Raises:
+            ValueError: fewer than 10 usable examples, or a bad setting (named in the message).
+        """
+        adapter_id = self.jobs.next_adapter_id()
+        prepared = prepare_job(
+            self.tokenizer, examples, job_id=job_id or f"ftjob-{adapter_id - FIRST_TRAINING_ADAPTER_ID}",
+            tenant="offline", adapter_id=adapter_id, num_layers=self.engine.model_config.num_layers,
+            max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
+            hyperparameters=hyperparameters, lora=lora, seed=seed,
+            base_model_name_or_path=self.engine.config.model)
+        return self.jobs.submit(prepared).job_id
+
+    def wait(self, job_id: str) -> FineTuneResult:
+        """Run iterations (with any queued inference) until the job ends; returns its result."""
+        job = self.jobs.job(job_id)
+        while not job.state.is_finished:
+            self._iteration({})
+        return self.jobs.result(job_id)
+
+    def fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
+                  hyperparameters: dict | None = None, lora: dict | None = None,
+                  seed: int = 0) -> FineTuneResult:
+        """`start_fine_tune` then `wait`: train a LoRA adapter and return where it is."""
+        return self.wait(self.start_fine_tune(examples, output_dir, hyperparameters, lora, seed))
+
+    def _run_to_completion(self, tracked: list[OutputTracker]) -> None:
         by_id = {t.request.request_id: t for t in tracked}
         while self.policy.has_work():
-            plan = self.policy.plan()
-            result = self.engine.step(plan)
-            logprobs = {s.request_id: s.logprobs for s in result.sampled}
-            for request in self.policy.update(plan, result):
-                item = by_id.get(request.request_id)
-                if item is not None:
-                    self._on_token(item, logprobs.get(request.request_id))
+            self._iteration(by_id)
 
-    def _on_token(self, item: _Tracked, lp: TokenLogprobs | None) -> None:
-        request = item.request
-        if item.logprobs is not None and lp is not None:
-            item.logprobs.append(to_logprob_dict(lp, self.tokenizer))
-            item.cumulative_logprob += lp.logprob
-        if item.tracker.check_stop(list(request.output_token_ids)) and not request.is_finished:
-            self.policy.abort(request.request_id, RequestStatus.FINISHED_STOPPED)
+    def step(self) -> None:
+        """Run one iteration (queued inference first, fine-tuning in what is left) for a driver that
+        interleaves other work, such as a server's job manager."""
+        self._iteration({})
+
+    def _iteration(self, by_id: dict[str, OutputTracker]) -> None:
+        """One iteration: inference first, fine-tuning in what is left, then the outputs."""
+        plan = self.policy.plan()
+        self.jobs.schedule(plan)
+        result = self.engine.step(plan)
+        self.jobs.update(plan, result)
+        logprobs = {s.request_id: s.logprobs for s in result.sampled}
+        for request in self.policy.update(plan, result):
+            item = by_id.get(request.request_id)
+            if item is not None:
+                self._on_token(item, logprobs.get(request.request_id))
+
+    def _on_token(self, item: OutputTracker, lp: TokenLogprobs | None) -> None:
+        if item.on_token(lp):
+            self.policy.abort(item.request.request_id, RequestStatus.FINISHED_STOPPED)
 
     def _request_output(self, request_id: str, prompt: str | None,
-                        tracked: list[_Tracked]) -> RequestOutput:
+                        tracked: list[OutputTracker]) -> RequestOutput:
         outputs = []
         for index, item in enumerate(tracked):
             token_ids = list(item.request.output_token_ids)
             outputs.append(CompletionOutput(
-                index=index, text=item.tracker.final_text(token_ids), token_ids=token_ids,
+                index=index, text=item.final_text(), token_ids=token_ids,
                 cumulative_logprob=item.cumulative_logprob, logprobs=item.logprobs,
-                finish_reason=item.request.finish_reason, stop_reason=_stop_reason(item)))
+                finish_reason=item.request.finish_reason, stop_reason=item.stop_reason))
         return RequestOutput(request_id=request_id, prompt=prompt,
                              prompt_token_ids=list(tracked[0].request.prompt_token_ids),
                              outputs=outputs, finished=True)
-
-
-def _stop_reason(item: _Tracked) -> int | str | None:
-    if item.tracker.stopped is not None:
-        return item.tracker.stopped.stop
-    outputs = item.request.output_token_ids
-    if outputs and outputs[-1] in item.request.sampling.stop_token_ids:
-        return outputs[-1]
-    return None
 
 
 def _per_prompt(value: object, count: int, name: str) -> list:

@@ -1,4 +1,4 @@
-"""`coserve demo` (what `make run` runs until the gateway lands) generates through base and LoRA."""
+"""`coserve demo` (the offline demo) generates through base and LoRA."""
 
 from __future__ import annotations
 

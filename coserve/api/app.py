@@ -1,35 +1,31 @@
 """The gateway's FastAPI application: `build_app(store, tenants, base_models)`.
 
-Served by plain uvicorn in `--local` mode and, later, as the Ray Serve ingress. Endpoint routers are
-listed in `ROUTERS`; chat and fine-tuning plug in by being appended there: they get the store, tenants
-and limits from `Depends(get_state)` and the caller's tenant from the `Tenant` dependency.
+Served by plain uvicorn in `--local` mode and as the Ray Serve ingress otherwise (`coserve/serve.py`).
+Endpoint routers are listed in `ROUTERS`; a new one plugs in by being appended there: it gets the store,
+tenants, limits and scheduler client from `Depends(get_state)` and the caller's tenant from the `Tenant`
+dependency. The scheduler client is started and closed by the app's lifespan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
 from coserve.actors.store import MetadataStore
 from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_error_handlers
-from coserve.api.routers import files, models
+from coserve.api.routers import chat, files, fine_tuning, metrics, models
 from coserve.api.state import DEFAULT_MAX_UPLOAD_BYTES, GatewayState
 from coserve.policies.tenants import TenantsConfig
 
-ROUTERS: tuple[APIRouter, ...] = (files.router, models.router)
-
-health_router = APIRouter(tags=["health"])
-
-
-@health_router.get("/health")
-def health() -> dict[str, str]:
-    """Liveness: 200 while the process serves HTTP (no key needed, for load balancers and probes)."""
-    return {"status": "ok"}
+ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, chat.router,
+                                  fine_tuning.router)
 
 
 def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequence[str], *,
-              max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> FastAPI:
+              max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, scheduler: Any = None) -> FastAPI:
     """The OpenAI-compatible gateway over `store`.
 
     Args:
@@ -38,6 +34,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
         base_models: ids of the base models served; registered in the store (idempotent) so that every
             tenant lists them.
         max_upload_bytes: the largest file `POST /v1/files` accepts (413 beyond).
+        scheduler: the `SchedulerClient` behind `/v1/chat/completions` and `/metrics`; started and
+            closed with the app (its lifespan). None: no chat (503).
 
     Raises:
         ValueError: an empty or fine-tuned model id in `base_models`, or `max_upload_bytes` < 1.
@@ -46,13 +44,24 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
         raise ValueError(f"max_upload_bytes must be a positive integer, got {max_upload_bytes!r}")
     for model_id in base_models:
         store.ensure_base_model(model_id)
-    app = FastAPI(title="coserve", summary="OpenAI-compatible co-serving of inference and LoRA fine-tuning")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if scheduler is not None:
+            await scheduler.start()
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                await scheduler.close()
+
+    app = FastAPI(title="coserve", summary="OpenAI-compatible co-serving of inference and LoRA fine-tuning",
+                  lifespan=lifespan)
     app.state.gateway = GatewayState(store=store, tenants=tenants, base_models=tuple(base_models),
-                                     max_upload_bytes=max_upload_bytes)
+                                     max_upload_bytes=max_upload_bytes, scheduler=scheduler)
     install_error_handlers(app)
     # The whole body is capped, not only files: no endpoint needs more than an upload plus its framing.
     app.add_middleware(BodySizeLimit, max_bytes=max_upload_bytes + MULTIPART_OVERHEAD_BYTES)
-    app.include_router(health_router)
     for router in ROUTERS:
         app.include_router(router)
     return app

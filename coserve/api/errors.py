@@ -39,7 +39,8 @@ def error_json(status: int, message: str, *, type: str = "invalid_request_error"
 
 def protocol_error_response(exc: ProtocolError) -> JSONResponse:
     """`exc` rendered with its status."""
-    return JSONResponse(exc.to_response().model_dump(mode="json"), status_code=exc.status)
+    return JSONResponse(exc.to_response().model_dump(mode="json"), status_code=exc.status,
+                        headers=exc.headers or None)
 
 
 class _StrippedErrors:

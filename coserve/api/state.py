@@ -7,6 +7,7 @@ Routers never import the app: they ask for `GatewayState` with `Depends(get_stat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
@@ -27,12 +28,15 @@ class GatewayState:
         tenants: API keys and tenants.
         base_models: ids of the base models this server serves (visible to every tenant).
         max_upload_bytes: the largest file accepted by `POST /v1/files`.
+        scheduler: the `coserve.actors.client.SchedulerClient` chat completions go to (None: the
+            gateway serves no chat, e.g. in tests of the other endpoints).
     """
 
     store: MetadataStore
     tenants: TenantsConfig
     base_models: tuple[str, ...]
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    scheduler: Any = None
 
 
 def get_state(request: Request) -> GatewayState:

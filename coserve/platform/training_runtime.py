@@ -106,6 +106,9 @@ class TrainingRuntime:
         try:
             if start.resume_from is not None:
                 lora, optimizer, _ = load_checkpoint(start.resume_from, cfg, self.model.device)
+            elif start.init_adapter is not None:  # its own LoRA settings; a fresh optimizer
+                lora = TrainableLoRA.from_pretrained(start.init_adapter, cfg, self.model.device)
+                optimizer = LoRAOptimizer(lora, OptimizerConfig.from_dict(dict(start.optimizer)))
             else:
                 lora_config = LoRATrainConfig(**_lora_kwargs(start.lora))
                 lora = TrainableLoRA.init(cfg, lora_config, start.seed, self.model.device)

@@ -4,60 +4,34 @@ There are no prefill and decode phases (vLLM v1): every request has `num_compute
 with `num_tokens`, and an iteration gives each request some tokens under one budget. A prompt that
 does not fit is computed in chunks over several iterations; a decode is a chunk of one token.
 
-The module-level functions (`prefix_salt`, `num_new_tokens`, `check_stop`) hold the rules that do not
-depend on the order requests are picked in, so other policies reuse them.
+The rules that do not depend on the order requests are picked in (`prefix_salt`, `num_new_tokens`,
+`check_stop`) are in `request_rules`, so other policies reuse them.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.policies.request import Request, RequestStatus
+# The order-independent rules live in request_rules; re-exported here, where callers found them.
+from coserve.policies.request_rules import (BASE_MODEL_SALT, check_stop, clamp_new_tokens,
+                                            num_new_tokens, prefix_salt)
+from coserve.policies.waiting import FifoQueue, WaitingQueue
 
-# Prefix-cache salt of base-model requests; adapter ids are >= 0, so no adapter shares it.
-BASE_MODEL_SALT = -1
+__all__ = ["BASE_MODEL_SALT", "Budget", "FCFSPolicy", "check_stop", "clamp_new_tokens",
+           "num_new_tokens", "prefix_salt"]
 
-
-def prefix_salt(request: Request) -> int:
-    """Salt for the request's prefix-cache hashes: a LoRA adapter changes K/V for the same tokens."""
-    return request.adapter.adapter_id if request.adapter is not None else BASE_MODEL_SALT
-
-
-def num_new_tokens(request: Request, token_budget: int, long_prefill_threshold: int = 0) -> int:
-    """Tokens the request computes this iteration: what remains, capped by the budget and threshold."""
-    count = min(request.num_tokens - request.num_computed_tokens, token_budget)
-    if long_prefill_threshold > 0:
-        count = min(count, long_prefill_threshold)
-    return max(count, 0)
-
-
-def check_stop(request: Request, token_id: int, max_model_len: int) -> RequestStatus | None:
-    """The finished status after `token_id` was appended to the request's output, or None.
-
-    EOS and stop token ids are checked before the length limits, so a model that ends exactly at
-    `max_tokens` reports `stop` (it did end), not `length`.
-    """
-    sampling = request.sampling
-    if request.num_output_tokens >= sampling.min_tokens:
-        if token_id == request.eos_token_id and not sampling.ignore_eos:
-            return RequestStatus.FINISHED_STOPPED
-        if token_id in sampling.stop_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-    if sampling.max_tokens is not None and request.num_output_tokens >= sampling.max_tokens:
-        return RequestStatus.FINISHED_LENGTH_CAPPED
-    # The next token would sit at position num_tokens, past the model's context.
-    if request.num_tokens >= max_model_len:
-        return RequestStatus.FINISHED_LENGTH_CAPPED
-    return None
+_NUM_TOKENS = attrgetter("num_tokens")
+_REQUEST_ID = attrgetter("request_id")
 
 
 @dataclass(slots=True)
-class _Budget:
+class Budget:
     """What is left of this iteration's token budget."""
 
     tokens: int
@@ -91,12 +65,28 @@ class FCFSPolicy:
         self._kv = kv
         self._adapters = adapters
         self._requests: dict[str, Request] = {}  # every unfinished request
-        self._waiting: deque[Request] = deque()
+        self._waiting: WaitingQueue = self._new_waiting_queue()
         self._running: list[Request] = []  # admission order: the last one is preempted first
         self._in_engine: set[str] = set()  # ids the engine holds state for (sent as NewSequence)
         self._pinned: set[str] = set()  # ids holding an adapter pin
         self._pending_freed: list[str] = []  # finished since the last plan; freed in the next one
         self._next_step_id = 0
+
+    def _new_waiting_queue(self) -> WaitingQueue:
+        """The waiting queue: arrival order here; subclasses order it otherwise (e.g. by tenant)."""
+        return FifoQueue()
+
+    def _reclaim_kv(self, plan: IterationPlan) -> bool:
+        """Free KV blocks held by lower-priority work before an inference request is preempted.
+
+        FCFS has no such work. The co-serving policies free fine-tuning sequences here (Harli's
+        principle: inference takes the memory that fine-tuning borrowed).
+
+        Returns:
+            Whether any block was freed (the caller retries its allocation).
+        """
+        del plan
+        return False
 
     # ------------------------------------------------------------------------------- requests
 
@@ -180,54 +170,84 @@ class FCFSPolicy:
         Raises:
             RuntimeError: the plan breaks the token or sequence budget (a bug, not bad input).
         """
-        plan = IterationPlan(step_id=self._next_step_id, freed=self._pending_freed)
-        self._next_step_id += 1
-        self._pending_freed = []
-        budget = _Budget(tokens=self._config.max_batch_tokens)
-        preempted = self._schedule_running(plan, budget)
-        if not preempted:
-            self._schedule_waiting(plan, budget)
+        plan = self._new_plan()
+        self._schedule_inference(plan, Budget(tokens=self._config.max_batch_tokens))
         self._check_invariants(plan)
         return plan
 
-    def _schedule_running(self, plan: IterationPlan, budget: _Budget) -> bool:
+    def _new_plan(self) -> IterationPlan:
+        """An empty plan with the next step id that frees what finished since the last plan."""
+        plan = IterationPlan(step_id=self._next_step_id, freed=self._pending_freed)
+        self._next_step_id += 1
+        self._pending_freed = []
+        return plan
+
+    def _schedule_inference(self, plan: IterationPlan, budget: Budget) -> None:
+        """Running requests, then admissions (none in a step that preempted)."""
+        preempted = self._schedule_running(plan, budget)
+        if not preempted:
+            self._schedule_waiting(plan, budget)
+
+    def _schedule_running(self, plan: IterationPlan, budget: Budget) -> bool:
         """Give tokens to running requests in order, preempting from the back when blocks run out.
+
+        This loop runs once per running request per iteration: it reads attributes into locals and
+        builds chunks inline, because planning time is on the critical path of every iteration.
 
         Returns:
             Whether any request was preempted.
         """
         preempted = False
         index = 0
-        while index < len(self._running) and budget.tokens > 0:
-            request = self._running[index]
-            count = num_new_tokens(request, budget.tokens, self._config.long_prefill_threshold)
+        running, kv, chunks = self._running, self._kv, plan.chunks
+        threshold = self._config.long_prefill_threshold
+        tokens = budget.tokens
+        while index < len(running) and tokens > 0:
+            request = running[index]
+            start, total = request.num_computed_tokens, request.num_tokens
+            count = total - start
+            if count != 1:  # a decode (1 token) always fits: tokens > 0 and any threshold is >= 1
+                count = clamp_new_tokens(count, tokens, threshold)
             if count == 0:
                 index += 1
                 continue
-            target = request.num_computed_tokens + count
-            while not self._kv.allocate_slots(request.request_id, target):
+            request_id = request.request_id
+            while (table := kv.allocate_table(request_id, start + count)) is None:
+                if self._reclaim_kv(plan):
+                    continue
                 # The victim is always at or after `index`, so no scheduled chunk loses its blocks.
-                victim = self._running[-1]
+                victim = running[-1]
                 self._preempt(victim, plan)
                 preempted = True
                 if victim is request:
+                    budget.tokens = tokens
                     return preempted  # it was the last one; nothing after it to schedule
-            self._emit_chunk(request, count, plan)
-            budget.tokens -= count
+            chunks.append(ScheduledChunk(request_id, start, count, table, start + count == total))
+            tokens -= count
             index += 1
+        budget.tokens = tokens
         return preempted
 
-    def _schedule_waiting(self, plan: IterationPlan, budget: _Budget) -> None:
-        while (self._waiting and budget.tokens > 0
-               and len(self._running) < self._config.max_num_seqs):
-            request = self._waiting[0]
-            if not self._try_admit(request, plan, budget):
-                break  # strict FCFS: nobody overtakes the head of the queue
-            self._waiting.popleft()
+    def _schedule_waiting(self, plan: IterationPlan, budget: Budget) -> None:
+        while budget.tokens > 0 and len(self._running) < self._config.max_num_seqs:
+            request = self._next_waiting()
+            # Strict order: nobody overtakes the head. Not idling: with nothing running every adapter
+            # slot is unpinned and any request fits the cache (checked at construction).
+            if request is None or not self._try_admit(request, plan, budget):
+                break
+            self._waiting.remove(request)
             self._running.append(request)
             request.status = RequestStatus.RUNNING
+            self._on_admitted(request)
 
-    def _try_admit(self, request: Request, plan: IterationPlan, budget: _Budget) -> bool:
+    def _next_waiting(self) -> Request | None:
+        """The waiting request to admit next (the queue's head; policies may put another first)."""
+        return self._waiting.head()
+
+    def _on_admitted(self, request: Request) -> None:
+        """Called once per admission, after the request joined the running batch (for accounting)."""
+
+    def _try_admit(self, request: Request, plan: IterationPlan, budget: Budget) -> bool:
         """Reserve blocks and an adapter slot for a waiting request and emit its first chunk.
 
         Returns False, leaving the request waiting with no blocks and no pin, when the blocks or the
@@ -242,10 +262,11 @@ class FCFSPolicy:
             request.num_computed_tokens = self._kv.match_prefix(request_id, token_ids,
                                                                 prefix_salt(request))
         count = num_new_tokens(request, budget.tokens, self._config.long_prefill_threshold)
-        if not self._kv.allocate_slots(request_id, request.num_computed_tokens + count):
-            self._kv.free(request_id)  # give back the matched prefix blocks
-            request.num_computed_tokens = 0
-            return False
+        while not self._kv.allocate_slots(request_id, request.num_computed_tokens + count):
+            if not self._reclaim_kv(plan):
+                self._kv.free(request_id)  # give back the matched prefix blocks
+                request.num_computed_tokens = 0
+                return False
         adapter_slot = self._acquire_adapter(request, plan)
         plan.new_sequences.append(NewSequence(
             request_id=request_id,
@@ -294,14 +315,15 @@ class FCFSPolicy:
         self._in_engine.discard(request.request_id)
 
     def _check_invariants(self, plan: IterationPlan) -> None:
-        if plan.num_tokens > self._config.max_batch_tokens:
-            raise RuntimeError(f"plan {plan.step_id} has {plan.num_tokens} tokens, over "
+        counts = list(map(_NUM_TOKENS, plan.chunks))  # map/attrgetter: this runs every iteration
+        if sum(counts) > self._config.max_batch_tokens:
+            raise RuntimeError(f"plan {plan.step_id} has {sum(counts)} tokens, over "
                                f"max_batch_tokens={self._config.max_batch_tokens}")
         if len(self._running) > self._config.max_num_seqs:
             raise RuntimeError(f"{len(self._running)} running requests, over "
                                f"max_num_seqs={self._config.max_num_seqs}")
-        scheduled = [c.request_id for c in plan.chunks]
-        if len(set(scheduled)) != len(scheduled) or any(c.num_tokens < 1 for c in plan.chunks):
+        scheduled = list(map(_REQUEST_ID, plan.chunks))
+        if len(set(scheduled)) != len(scheduled) or (counts and min(counts) < 1):
             raise RuntimeError(f"plan {plan.step_id} has duplicate or empty chunks: {scheduled}")
 
     # -------------------------------------------------------------------------------- update

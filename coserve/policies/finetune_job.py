@@ -97,6 +97,7 @@ class FinetuneJobSpec:
     max_window_tokens: int = 256  # longest forward window (the policy's budget may cut it shorter)
     min_tasklet_tokens: int = 16  # smaller backward tasklets only for a layer's last tokens
     resume_from: str | None = None  # checkpoint folder to resume from, with `start_position`
+    init_adapter: str | None = None  # PEFT folder to start from instead of PEFT's init
     start_position: DataPosition | None = None
     base_model_name_or_path: str | None = None
 
@@ -276,9 +277,10 @@ class FinetuneJob:
         the same plan (the engine runs tasklets after the forward). 0 when nothing fit: no budget,
         no free KV block, or no free adapter slot.
         """
-        if not self.runnable or (self._batch is None and not self._next_batch(plan)):
+        # Started first: a job resumed at its very end still needs the engine to write its final save.
+        if not self.runnable or not self._ensure_started(plan):
             return 0.0
-        if not self._ensure_started(plan):
+        if self._batch is None and not self._next_batch(plan):
             return 0.0
         seq = self._current()
         assert seq is not None
@@ -306,7 +308,7 @@ class FinetuneJob:
             plan.training.job_starts.append(JobStart(
                 job_id=spec.job_id, adapter_slot=self._slot, lora=dict(spec.lora),
                 optimizer=dict(spec.optimizer), seed=spec.seed, examples=spec.examples,
-                resume_from=spec.resume_from,
+                resume_from=spec.resume_from, init_adapter=spec.init_adapter,
                 base_model_name_or_path=spec.base_model_name_or_path))
             self._started = True
         return True

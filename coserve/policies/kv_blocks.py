@@ -70,22 +70,28 @@ class KVBlockManager:
         block_size: token positions per block.
         enable_prefix_caching: when False, ``match_prefix`` finds nothing and ``cache_full_blocks``
             registers nothing.
+        first_block: the pool is blocks ``[first_block, first_block + num_blocks)`` of the engine's
+            cache, so that managers over disjoint ranges split one cache (the static-split baseline).
 
     Raises:
-        ValueError: ``num_blocks`` or ``block_size`` is < 1.
+        ValueError: ``num_blocks`` or ``block_size`` is < 1, or ``first_block`` < 0.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 first_block: int = 0) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if first_block < 0:
+            raise ValueError(f"first_block must be >= 0, got {first_block}")
         self._num_blocks = num_blocks
         self._block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._ref_counts = [0] * num_blocks
+        self._ref_counts = [0] * (first_block + num_blocks)  # indexed by block id
         # Plain free blocks; dict for O(1) removal with insertion order (the first is reused first).
-        self._free_plain: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._free_plain: OrderedDict[int, None] = OrderedDict(
+            (b, None) for b in range(first_block, first_block + num_blocks))
         # Cached blocks with ref count 0, least recently used first.
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._hash_to_block: dict[int, int] = {}
@@ -155,6 +161,12 @@ class KVBlockManager:
         Raises:
             ValueError: ``num_total_tokens`` is negative.
         """
+        table = self._tables.get(request_id)
+        if table is not None and num_total_tokens <= len(table) * self._block_size:
+            # Most calls are decodes inside the last block: nothing to take (a hot path).
+            if num_total_tokens < 0:
+                raise ValueError(f"num_total_tokens must be >= 0, got {num_total_tokens}")
+            return True
         needed = self.blocks_needed(request_id, num_total_tokens)
         if needed > self.num_free_blocks:
             return False
@@ -165,6 +177,18 @@ class KVBlockManager:
             self._ref_counts[block] = 1
             table.append(block)
         return True
+
+    def allocate_table(self, request_id: str, num_total_tokens: int) -> list[int] | None:
+        """`allocate_slots`, then a copy of the block table on success (None: nothing changed).
+
+        One call per scheduled request in the planner's loop instead of two.
+        """
+        table = self._tables.get(request_id)
+        if table is not None and 0 <= num_total_tokens <= len(table) * self._block_size:
+            return table[:]  # the common decode inside the last block: nothing to take
+        if not self.allocate_slots(request_id, num_total_tokens):
+            return None
+        return self._tables[request_id][:]
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks; unknown ids are ignored (freeing twice is harmless).

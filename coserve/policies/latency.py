@@ -300,9 +300,19 @@ class LatencyModel:
         s = math.floor((budget_s - base_s) / slope)
         if cap is not None:
             s = min(s, cap)
-        while s > 0 and self.predict(base + increment.scaled(s)) > budget_s:
+        base_v, inc_v, coef = base.vector(), increment.vector(), self._coef
+
+        def predict_at(k: int) -> float:
+            # predict(base + increment.scaled(k)) with the same float operations, without building
+            # feature objects: the planner calls this several times per job per iteration.
+            total = coef[0]
+            for c, b, i in zip(coef[1:], base_v, inc_v):
+                total += c * (b + k * i)
+            return total
+
+        while s > 0 and predict_at(s) > budget_s:
             s -= 1
-        while (cap is None or s < cap) and self.predict(base + increment.scaled(s + 1)) <= budget_s:
+        while (cap is None or s < cap) and predict_at(s + 1) <= budget_s:
             s += 1
         return s
 

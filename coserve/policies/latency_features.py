@@ -23,8 +23,10 @@ launches, sampling set-up). The features are chosen so that their costs are roug
 - ``num_sequences``: chunks in the batch (per-sequence metadata, sampling, block-table preparation).
 - ``adapter_loads``: adapters loaded from disk before the forward, a large fixed cost per load.
 
-Fine-tuning windows and tasklets are not in `IterationPlan` yet; `plan_features` takes their amounts as
-arguments so the policy can predict a combined plan before the contract carries them.
+The fine-tuning amounts are read from `plan.training` (forward windows, backward tasklets). A forward
+window's attention pairs are not added to ``prefill_attention``: the planner sizes windows with the linear
+``ft_forward_tokens`` increment, and no measurement yet says the window's quadratic term matters at the
+window sizes used (add it here, and to the increment, if a profile shows it does).
 """
 
 from __future__ import annotations
@@ -87,6 +89,12 @@ class PlanFeatures:
     def __add__(self, other: PlanFeatures) -> PlanFeatures:
         return PlanFeatures.from_vector([a + b for a, b in zip(self.vector(), other.vector())])
 
+    def with_finetune(self, forward_tokens: float, backward_token_layers: float) -> PlanFeatures:
+        """These features with the fine-tuning amounts replaced (the planner's per-job what-if)."""
+        return PlanFeatures(self.prefill_tokens, self.decode_tokens, self.prefill_attention,
+                            self.decode_context, float(forward_tokens), float(backward_token_layers),
+                            self.distinct_adapters, self.num_sequences, self.adapter_loads)
+
     def scaled(self, factor: float) -> PlanFeatures:
         """Every feature times `factor` (an increment repeated `factor` times)."""
         return PlanFeatures.from_vector([factor * v for v in self.vector()])
@@ -121,26 +129,7 @@ def finetune_increment(phase: str, num_layers: int, layers: int | None = None) -
     return PlanFeatures(ft_backward_token_layers=float(depth))
 
 
-def _adapter_slot(request_id: str, sent: Mapping[str, int], known: Mapping[str, int] | None) -> int:
-    """The slot a scheduled request runs through: from this plan's `NewSequence`, else the caller's map."""
-    if request_id in sent:
-        return sent[request_id]
-    if known is not None and request_id in known:
-        return known[request_id]
-    # A wrong adapter count silently skews every prediction, so a missing slot is the caller's bug.
-    raise ValueError(
-        f"adapter slot of request {request_id!r} is unknown: it is not sent in this plan's new_sequences "
-        "and not in adapter_slots (pass request_id -> slot for every running request)"
-    )
-
-
-def plan_features(
-    plan: IterationPlan,
-    adapter_slots: Mapping[str, int] | None = None,
-    *,
-    ft_forward_tokens: int = 0,
-    ft_backward_token_layers: int = 0,
-) -> PlanFeatures:
+def plan_features(plan: IterationPlan, adapter_slots: Mapping[str, int] | None = None) -> PlanFeatures:
     """Count the work of `plan` (pure; see the module docstring for each feature).
 
     Args:
@@ -148,33 +137,37 @@ def plan_features(
         adapter_slots: request_id -> adapter slot (-1: base model) for requests scheduled in `plan` whose
             `NewSequence` was sent in an earlier iteration; the scheduler knows them. Slots sent in
             `plan.new_sequences` take precedence.
-        ft_forward_tokens: fine-tuning forward-window tokens run alongside (until the plan carries them).
-        ft_backward_token_layers: fine-tuning backward work, tokens times layers.
 
     Raises:
-        ValueError: a chunk with num_tokens < 1 or start < 0, a negative fine-tuning amount, or a request
-            whose adapter slot is unknown.
+        ValueError: a chunk with num_tokens < 1 or start < 0, or a request whose adapter slot is unknown.
     """
-    if ft_forward_tokens < 0 or ft_backward_token_layers < 0:
-        raise ValueError(
-            "ft_forward_tokens and ft_backward_token_layers must be >= 0, "
-            f"got {ft_forward_tokens} and {ft_backward_token_layers}"
-        )
     sent = {seq.request_id: seq.adapter_slot for seq in plan.new_sequences}
+    known = adapter_slots if adapter_slots is not None else {}
     prefill = decode = prefill_attention = decode_context = 0
     slots: set[int] = set()
+    # One pass over every scheduled sequence per planning call: kept to plain locals (hot path).
     for chunk in plan.chunks:
         n, start = chunk.num_tokens, chunk.start
-        if n < 1 or start < 0:
-            raise ValueError(f"chunk of {chunk.request_id!r}: need num_tokens >= 1 and start >= 0, "
-                             f"got num_tokens={n}, start={start}")
-        if n == 1:
+        if n == 1 and start >= 0:
             decode += 1
             decode_context += start + 1
-        else:
+        elif n > 1 and start >= 0:
             prefill += n
             prefill_attention += n * start + n * (n + 1) // 2
-        slot = _adapter_slot(chunk.request_id, sent, adapter_slots)
+        else:
+            raise ValueError(f"chunk of {chunk.request_id!r}: need num_tokens >= 1 and start >= 0, "
+                             f"got num_tokens={n}, start={start}")
+        request_id = chunk.request_id
+        # This plan's NewSequence first, then the caller's map (most chunks: no new sequence).
+        slot = sent.get(request_id) if sent else None
+        if slot is None:
+            slot = known.get(request_id)
+        if slot is None:
+            # A wrong adapter count silently skews every prediction, so a missing slot is a bug.
+            raise ValueError(
+                f"adapter slot of request {request_id!r} is unknown: it is not sent in this plan's "
+                "new_sequences and not in adapter_slots (pass request_id -> slot for every running "
+                "request)")
         if slot >= 0:
             slots.add(slot)
     return PlanFeatures(
@@ -182,8 +175,8 @@ def plan_features(
         decode_tokens=float(decode),
         prefill_attention=float(prefill_attention),
         decode_context=float(decode_context),
-        ft_forward_tokens=float(ft_forward_tokens),
-        ft_backward_token_layers=float(ft_backward_token_layers),
+        ft_forward_tokens=float(plan.training.forward_tokens),
+        ft_backward_token_layers=float(plan.training.backward_token_layers),
         distinct_adapters=float(len(slots)),
         num_sequences=float(len(plan.chunks)),
         adapter_loads=float(len(plan.adapter_loads)),

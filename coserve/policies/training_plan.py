@@ -47,6 +47,7 @@ class JobStart:
     seed: int
     examples: list[TrainingExample]
     resume_from: str | None = None  # a checkpoint folder (adapter + optimizer + position)
+    init_adapter: str | None = None  # a PEFT folder to start from (fine-tuning a fine-tuned model)
     base_model_name_or_path: str | None = None  # written into adapter_config.json
 
 

@@ -25,6 +25,7 @@ from coserve.policies.latency import (
 )
 from coserve.policies.plan import AdapterLoad, IterationPlan, NewSequence, ScheduledChunk
 from coserve.policies.request import SamplingParams
+from coserve.policies.training_plan import BackwardTasklet, ForwardWindow, TrainingWork
 
 FP = ModelFingerprint(model_id="abc123", machine="Linux-x86_64 | test-cpu x2 | cpu", dtype="float32")
 # Plausible CPU costs (seconds per unit); the fine-tuning features stay 0 in these samples.
@@ -75,13 +76,18 @@ def test_plan_features_counts_each_kind_of_work() -> None:
         new_sequences=[NewSequence("a", list(range(4)), SamplingParams(), adapter_slot=2)],
         chunks=[_chunk("a", 0, 4), _chunk("b", 9, 1), _chunk("c", 19, 1), _chunk("d", 4, 3)],
         adapter_loads=[AdapterLoad(slot=5, adapter_id=7, path="/x")],
+        training=TrainingWork(
+            forward_windows=[ForwardWindow("j/s0", 4, 3, [0, 1])],
+            backward_tasklets=[BackwardTasklet("j/s1", 2, 4, 8, 13), BackwardTasklet("j/s1", 0, 1, 0, 3)],
+        ),
     )
     # "a" in the map says 7, but the slot sent in this plan wins; "c" runs the base model (not counted).
-    features = plan_features(plan, {"a": 7, "b": 2, "c": -1, "d": 5}, ft_forward_tokens=3)
+    features = plan_features(plan, {"a": 7, "b": 2, "c": -1, "d": 5})
     pairs = sum(s + i + 1 for s, n in ((0, 4), (4, 3)) for i in range(n))  # causal pairs, by brute force
     assert features == PlanFeatures(
         prefill_tokens=7, decode_tokens=2, prefill_attention=pairs, decode_context=10 + 20,
-        ft_forward_tokens=3, distinct_adapters=2, num_sequences=4, adapter_loads=1,
+        ft_forward_tokens=3, ft_backward_token_layers=5 * 2 + 3 * 1, distinct_adapters=2,
+        num_sequences=4, adapter_loads=1,
     )
     assert pairs == 28
 
@@ -92,8 +98,6 @@ def test_plan_features_refuses_unknown_adapter_slots_and_bad_chunks() -> None:
         plan_features(plan)
     with pytest.raises(ValueError, match="num_tokens >= 1"):
         plan_features(IterationPlan(step_id=1, chunks=[_chunk("x", 0, 0)]), {"x": -1})
-    with pytest.raises(ValueError, match="ft_forward_tokens"):
-        plan_features(IterationPlan(step_id=1), ft_forward_tokens=-1)
     assert plan_features(IterationPlan(step_id=2)) == PlanFeatures()
 
 

@@ -87,13 +87,15 @@ class ProtocolError(Exception):
     """
 
     def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.type = type
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})  # sent with the response (e.g. `retry-after` on a 429)
 
     def to_response(self) -> ErrorResponse:
         """The JSON body to send with `self.status`."""

@@ -50,6 +50,10 @@ class Method(OpenAIBaseModel):
         return self
 
 
+# The projections a LoRA may target (PEFT names); equal to coserve.platform.lora.TARGET_MODULES (tested).
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 class LoRAParams(OpenAIBaseModel):
     """coserve extension: the LoRA adapter to train, in PEFT's `LoraConfig` names. None = server default."""
 

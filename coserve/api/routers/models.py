@@ -1,7 +1,7 @@
 """HTTP routes of `/v1/models` (https://platform.openai.com/docs/api-reference/models).
 
 Model ids contain `:` and may contain `/` (HF names, `ft:...`), hence `{model:path}`. A route under a
-model (`/v1/models/{model}/adapter`, later) must be registered BEFORE these, or `{model:path}` takes it.
+model (`/v1/models/{model}/adapter`) must be registered BEFORE these, or `{model:path}` takes it.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import Response
 
 from coserve.api.auth import Tenant
 from coserve.api.protocol.models import Model, ModelDeleted, ModelList
@@ -30,6 +31,14 @@ Service = Annotated[ModelsService, Depends(get_models_service)]
 def list_models(tenant: Tenant, service: Service) -> ModelList:
     """The base models and the tenant's fine-tuned models (not paginated, like OpenAI)."""
     return service.list_models(tenant)
+
+
+@router.get("/{model:path}/adapter", response_class=Response)
+def export_adapter(tenant: Tenant, service: Service, model: str) -> Response:
+    """One of the tenant's fine-tuned models as its PEFT folder in a `.tar.gz`."""
+    filename, content = service.export_adapter(tenant, model)
+    return Response(content=content, media_type="application/gzip",
+                    headers={"content-disposition": f'attachment; filename="{filename}"'})
 
 
 @router.get("/{model:path}", response_model=Model)

@@ -8,6 +8,11 @@ permission error (`openai.PermissionDeniedError`, which the client does not retr
 
 from __future__ import annotations
 
+import io
+import re
+import tarfile
+from pathlib import Path
+
 from coserve.actors.store import MetadataStore, ModelRecord
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.models import Model, ModelDeleted, ModelList
@@ -47,6 +52,26 @@ class ModelsService:
         if record is None:
             raise model_not_found(model_id)
         return to_model(record)
+
+    def export_adapter(self, tenant: str, model_id: str) -> tuple[str, bytes]:
+        """(file name, `.tar.gz` bytes) of a fine-tuned model's PEFT folder, files at the top level.
+
+        Raises:
+            ProtocolError: 404 for an unknown or another tenant's model; 400 for a base model or one
+                whose adapter folder is gone.
+        """
+        record = self.store.get_model(tenant, model_id)
+        if record is None:
+            raise model_not_found(model_id)
+        folder = Path(record.adapter_path) if record.adapter_path else None
+        if folder is None or not (folder / "adapter_config.json").is_file():
+            raise ProtocolError(f"The model `{model_id}` has no LoRA adapter to export.", param="model",
+                                code="no_adapter")
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for name in ("adapter_config.json", "adapter_model.safetensors"):
+                tar.add(folder / name, arcname=name)
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", model_id) + ".tar.gz", buffer.getvalue()
 
     def delete(self, tenant: str, model_id: str) -> ModelDeleted:
         """Delete one of the tenant's fine-tuned models.

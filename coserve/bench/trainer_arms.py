@@ -1,4 +1,4 @@
-"""The two arms of ``benchmarks/trainer_bench.py`` and the activation-memory meter they share.
+"""The two arms of ``coserve bench trainer`` (``coserve/bench/trainer.py``) and the activation-memory meter they share.
 
 Both arms train one 512-token sequence per optimizer step (batch 1): LoRA r=16, alpha=32 on all seven
 projections, fp32, AdamW lr 1e-4 (weight decay 0), gradient clipping at 1.0, the same initial

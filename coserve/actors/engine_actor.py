@@ -1,0 +1,144 @@
+"""`EngineActor`: one per GPU. Its loop pulls the next plan from the scheduler and reports the result.
+
+A plain class (`ray.remote(EngineActor)` in cluster mode, in-process with `--local`). The loop runs on
+a background thread; one `SchedulerLink.exchange(engine_id, last_result) -> next plan` call per
+iteration is all it says to the scheduler. Only plain dataclasses cross that call (`IterationPlan`,
+`IterationResult`, `EngineFailure`), never tensors. The engine executes; it decides nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from coserve.actors.messages import EngineFailure
+from coserve.policies.plan import IterationPlan, IterationResult
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerLink(Protocol):
+    """How an engine loop reaches the scheduler."""
+
+    def exchange(self, engine_id: str, result: IterationResult | EngineFailure | None) -> IterationPlan | None:
+        """Report `result` (None on the first call) and get the next plan (None: stop)."""
+
+
+class LocalLink:
+    """In-process: the scheduler's coroutine runs on the gateway's event loop (`--local`).
+
+    Args:
+        scheduler: the SchedulerActor object.
+        loop: the running event loop the scheduler lives on.
+    """
+
+    def __init__(self, scheduler: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._scheduler = scheduler
+        self._loop = loop
+
+    def exchange(self, engine_id: str, result: IterationResult | EngineFailure | None) -> IterationPlan | None:
+        future = asyncio.run_coroutine_threadsafe(self._scheduler.exchange(engine_id, result), self._loop)
+        return future.result()
+
+
+class RayLink:
+    """Across processes: a Ray actor call on the SchedulerActor's handle (picklable: send it to the engine).
+
+    Args:
+        handle: the scheduler's `ray.actor.ActorHandle`.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def exchange(self, engine_id: str, result: IterationResult | EngineFailure | None) -> IterationPlan | None:
+        import ray
+
+        return ray.get(self._handle.exchange.remote(engine_id, result))
+
+
+@dataclass(slots=True)
+class LoopStats:
+    """Where the loop's time went, in seconds."""
+
+    iterations: int = 0
+    step_s: float = 0.0  # inside Engine.step
+    exchange_s: float = 0.0  # in exchange calls: transport + the scheduler's work + idle waits
+    failures: int = 0
+
+
+class EngineActor:
+    """An `Engine` and the loop that feeds it plans.
+
+    Args:
+        config: the `EngineConfig` (model folder, dtype, device, KV cache and adapter bank sizes).
+        engine_id: the name the scheduler knows this engine by.
+    """
+
+    def __init__(self, config: Any, engine_id: str = "engine-0") -> None:
+        from coserve.platform.engine import Engine
+
+        self.engine_id = engine_id
+        self.engine = Engine(config)
+        self._thread: threading.Thread | None = None
+        self._stats = LoopStats()
+        self.error: str | None = None  # why the loop ended, when it was not a normal stop
+
+    def layout(self) -> Any:
+        """The engine's `RuntimeLayout` (KV blocks, context length, adapter slots) for the scheduler."""
+        return self.engine.layout
+
+    def start(self, link: SchedulerLink) -> None:
+        """Start the loop on a background thread.
+
+        Raises:
+            RuntimeError: the loop is already running.
+        """
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError(f"engine {self.engine_id} is already running")
+        self._thread = threading.Thread(target=self._run, args=(link,), name=f"coserve-{self.engine_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the loop to end (the scheduler shut down); True when it has."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stats(self) -> dict[str, float]:
+        """`LoopStats` as a dict (plain data for a Ray call)."""
+        return asdict(self._stats)
+
+    def _run(self, link: SchedulerLink) -> None:
+        result: IterationResult | EngineFailure | None = None
+        stats = self._stats
+        try:
+            while True:
+                t0 = time.perf_counter()
+                plan = link.exchange(self.engine_id, result)
+                t1 = time.perf_counter()
+                stats.exchange_s += t1 - t0
+                if plan is None:
+                    return
+                result = self._step(plan)
+                stats.step_s += time.perf_counter() - t1
+                stats.iterations += 1
+        except Exception as error:  # noqa: BLE001 - the scheduler is gone; say why and stop
+            self.error = f"{type(error).__name__}: {error}"
+            logger.exception("engine %s: the loop stopped", self.engine_id)
+
+    def _step(self, plan: IterationPlan) -> IterationResult | EngineFailure:
+        try:
+            return self.engine.step(plan)
+        except Exception as error:  # noqa: BLE001 - reported to the scheduler, which fails the plan
+            logger.exception("engine %s: step %d failed", self.engine_id, plan.step_id)
+            self._stats.failures += 1
+            return EngineFailure(step_id=plan.step_id, message=f"{type(error).__name__}: {error}")

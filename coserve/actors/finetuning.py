@@ -1,0 +1,261 @@
+"""Fine-tuning jobs on the scheduler's side: the metadata store says what should run, the policy runs it.
+
+The gateway only writes intents into the store (a new job in `validating_files`, `cancelled`,
+`paused`, `queued` again on resume). `JobManager.reconcile`, called by the scheduler's loop, brings
+the policy in line with them: it validates and tokenizes new jobs, starts queued ones, pauses,
+resumes and cancels, and after a restart resumes `running` jobs from their last checkpoint. The
+store is the source of truth, so a restart and a normal start take the same path.
+`JobManager.record_events` writes what the jobs did back: metrics events per optimizer step,
+checkpoints (registered as servable models `ft:...:ckpt-step-N` the moment they exist), the final
+model, failures with their reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from coserve.actors.store import MetadataStore
+from coserve.actors.store.records import JobRecord, JobStatus
+from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
+from coserve.platform.trainer.checkpoint import STATE_FILE
+from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.data_position import DataPosition
+from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
+from coserve.policies.job_roster import TrainingJob
+from coserve.policies.kv_blocks import KVBlockManager
+from coserve.policies.quotas import TenantLimits
+
+
+class JobHost(Protocol):
+    """What the scheduling policy offers for jobs (`HybridTokenPolicy` and the baselines)."""
+
+    @property
+    def kv(self) -> KVBlockManager: ...
+
+    @property
+    def adapters(self) -> AdapterSlots: ...
+
+    def add_job(self, job: TrainingJob) -> None: ...
+
+    def remove_job(self, job_id: str) -> bool: ...
+
+    def pause_job(self, job_id: str) -> bool: ...
+
+    def resume_job(self, job_id: str) -> bool: ...
+
+    def pop_job_events(self) -> list[JobEvent]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FineTuningSettings:
+    base_model_id: str  # the public id of the served base model
+    base_model_path: str
+    data_dir: Path  # adapters go to {data_dir}/adapters/{job_id}/ (stored as absolute paths)
+    num_layers: int
+    max_model_len: int
+
+
+@dataclass(slots=True)
+class _Running:
+    record: JobRecord
+    job: FinetuneJob
+    total_steps: int
+    started_at: float
+    last_loss: float | None = None
+
+
+def model_id(settings: FineTuningSettings, record: JobRecord) -> str:
+    """`ft:{base}:{tenant}:{suffix}:{job-suffix}` (the job id's random part, as OpenAI's last field)."""
+    return f"ft:{settings.base_model_id}:{record.tenant}:{record.suffix or ''}:{record.id[6:14]}"
+
+
+class JobManager:
+    """Keeps the policy's jobs in line with the store; see the module docstring."""
+
+    def __init__(self, store: MetadataStore, host: JobHost, tokenizer: Any,
+                 settings: FineTuningSettings, limits: Mapping[str, TenantLimits] | None = None,
+                 clock: Callable[[], float] = time.time,
+                 on_trained: Callable[[str, int], None] | None = None) -> None:
+        self._store, self._host, self._tokenizer = store, host, tokenizer
+        self._settings, self._limits, self._clock = settings, dict(limits or {}), clock
+        self._on_trained = on_trained  # (tenant, trained tokens of a completed step), for metrics
+        self._running: dict[str, _Running] = {}
+        self._next_adapter_id = FIRST_TRAINING_ADAPTER_ID
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # -------------------------------------------------------------------------- store -> policy
+
+    def reconcile(self) -> None:
+        """Apply the store's intents: new, queued, paused, resumed and cancelled jobs."""
+        for record in self._store.list_active_jobs():
+            running = self._running.get(record.id)
+            if record.status == JobStatus.VALIDATING_FILES:
+                self._validate(record)
+            elif running is None and record.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+                self._start(record)
+            elif running is not None and record.status == JobStatus.PAUSED:
+                if running.record.status != JobStatus.PAUSED:
+                    self._host.pause_job(record.id)
+                    running.record = record
+            elif running is not None and record.status == JobStatus.QUEUED:  # resumed
+                self._host.resume_job(record.id)
+                running.record = self._store.update_job(record.id, status=JobStatus.RUNNING)
+        for job_id, running in list(self._running.items()):
+            current = self._store.get_job(running.record.tenant, job_id)
+            if current is None or current.status == JobStatus.CANCELLED:
+                self._host.remove_job(job_id)  # the policy reports the cancellation as an event
+
+    def _validate(self, record: JobRecord) -> None:
+        """Tokenize the training file and resolve "auto": queued, or failed with the reason."""
+        try:
+            self._prepare(record)
+        except ValueError as err:
+            code = "invalid_n_examples" if "at least" in str(err) else "invalid_training_file"
+            self._fail(record, code, str(err), param="training_file")
+            return
+        self._store.add_event(record.id, "Validated the training file")
+        self._store.update_job(record.id, status=JobStatus.QUEUED)
+
+    def _prepare(self, record: JobRecord, *, resume: bool = False) -> PreparedJob:
+        content = self._store.read_file_content(record.tenant, record.training_file)
+        if content is None:
+            raise ValueError(f"the training file {record.training_file} no longer exists")
+        examples = [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]
+        init_adapter = None
+        if record.model != self._settings.base_model_id:
+            model = self._store.get_model(record.tenant, record.model)
+            if model is None or model.adapter_path is None:
+                raise ValueError(f"model {record.model} is not this server's base model or one of "
+                                 f"your fine-tuned models")
+            init_adapter = model.adapter_path
+        prepared = prepare_job(
+            self._tokenizer, examples, job_id=record.id, tenant=record.tenant,
+            adapter_id=self._allocate_adapter_id(), num_layers=self._settings.num_layers,
+            max_len=self._settings.max_model_len,
+            output_dir=self._settings.data_dir.resolve() / "adapters" / record.id,
+            hyperparameters={k: v for k, v in record.hyperparameters.items() if v is not None},
+            lora=record.extensions.get("lora"), seed=record.seed,
+            base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter)
+        limit = self._limits.get(record.tenant, TenantLimits()).max_training_tokens_per_job
+        total = prepared.hyperparameters.total_trained_tokens
+        if limit is not None and total > limit:
+            raise ValueError(f"the job would train {total} tokens, over your limit of {limit} "
+                             f"training tokens per job")
+        if not resume:
+            hp = prepared.hyperparameters
+            self._store.update_job(record.id, hyperparameters={
+                "n_epochs": hp.n_epochs, "batch_size": hp.batch_size,
+                "learning_rate_multiplier": hp.learning_rate_multiplier})
+            for warning in prepared.dataset.warnings:
+                self._store.add_event(record.id, warning, level="warn")
+        return prepared
+
+    def _allocate_adapter_id(self) -> int:
+        self._next_adapter_id += 1
+        return self._next_adapter_id
+
+    def _start(self, record: JobRecord) -> None:
+        """Hand a queued job to the policy; a job that was running before a restart resumes from
+        its last checkpoint (the start of the job when it had none)."""
+        try:
+            prepared = self._prepare(record, resume=True)
+        except ValueError as err:
+            self._fail(record, "invalid_training_file", str(err), param="training_file")
+            return
+        spec = prepared.spec
+        checkpoints, _ = self._store.list_checkpoints(record.tenant, record.id, limit=1)
+        if checkpoints and checkpoints[0].adapter_path:
+            path = Path(checkpoints[0].adapter_path)
+            state = json.loads((path / STATE_FILE).read_text())
+            spec = replace(spec, resume_from=str(path),
+                                 start_position=DataPosition.from_dict(state["position"]))
+        job = FinetuneJob(spec, self._host.kv, self._host.adapters)
+        self._host.add_job(job)
+        record = self._store.update_job(record.id, status=JobStatus.RUNNING)
+        self._running[record.id] = _Running(record, job, job.total_steps, self._clock())
+        message = "Resumed from the last checkpoint" if checkpoints else "Fine-tuning job started"
+        self._store.add_event(record.id, message)
+
+    def _fail(self, record: JobRecord, code: str, message: str, param: str | None = None) -> None:
+        self._store.add_event(record.id, f"Job failed: {message}", level="error")
+        self._update_terminal(record.id, status=JobStatus.FAILED,
+                              error={"code": code, "message": message, "param": param})
+        self._running.pop(record.id, None)
+
+    def _update_terminal(self, job_id: str, **fields: Any) -> None:
+        """A final status, unless the job is already final (e.g. cancelled by its tenant meanwhile)."""
+        try:
+            self._store.update_job(job_id, **fields)
+        except ValueError:
+            pass  # an illegal transition out of a terminal status: the first final word stands
+
+    # -------------------------------------------------------------------------- policy -> store
+
+    def record_events(self) -> None:
+        """Write the jobs' events (steps, checkpoints, success, failure) into the store."""
+        for event in self._host.pop_job_events():
+            running = self._running.get(event.job_id)
+            if running is None:
+                continue
+            handler = _HANDLERS[event.kind]
+            handler(self, running, event)
+
+    def _on_step(self, running: _Running, event: JobEvent) -> None:
+        running.last_loss = event.loss
+        if self._on_trained is not None:
+            self._on_trained(running.record.tenant, event.num_tokens)
+        data = {"step": event.step, "train_loss": event.loss, "total_steps": running.total_steps}
+        total = f"/{running.total_steps}"
+        self._store.add_event(event.job_id, f"Step {event.step}{total}: training loss={event.loss:.4g}",
+                              type="metrics", data=data)
+        elapsed = self._clock() - running.started_at
+        steps_done = max(1, event.step - (running.job.spec.start_position or DataPosition(0)).step)
+        remaining = (running.total_steps - event.step) * elapsed / steps_done
+        self._store.update_job(event.job_id, trained_tokens=running.job.trained_tokens,
+                               estimated_finish=int(self._clock() + remaining))
+
+    def _on_checkpoint(self, running: _Running, event: JobEvent) -> None:
+        record = running.record
+        name = f"{model_id(self._settings, record)}:ckpt-step-{event.step}"
+        metrics = {"step": event.step, "train_loss": running.last_loss}
+        self._store.register_model(name, tenant=record.tenant, base_model=self._settings.base_model_id,
+                                   adapter_path=event.path, job_id=record.id)
+        self._store.add_checkpoint(record.id, event.step, name, metrics=metrics,
+                                   adapter_path=event.path)
+        self._store.add_event(record.id, f"Checkpoint created at step {event.step}")
+
+    def _on_succeeded(self, running: _Running, event: JobEvent) -> None:
+        record = running.record
+        name = model_id(self._settings, record)
+        self._store.register_model(name, tenant=record.tenant, base_model=self._settings.base_model_id,
+                                   adapter_path=event.path, job_id=record.id)
+        self._store.add_event(record.id, f"New fine-tuned model created: {name}")
+        self._store.add_event(record.id, "The job has successfully completed")
+        self._update_terminal(record.id, status=JobStatus.SUCCEEDED, fine_tuned_model=name,
+                              trained_tokens=running.job.trained_tokens)
+        del self._running[record.id]
+
+    def _on_failed(self, running: _Running, event: JobEvent) -> None:
+        self._fail(running.record, event.code or "training_failed", event.message)
+
+    def _on_cancelled(self, running: _Running, event: JobEvent) -> None:
+        self._store.add_event(event.job_id, "Fine-tuning job cancelled")
+        self._update_terminal(event.job_id, status=JobStatus.CANCELLED)
+        del self._running[event.job_id]
+
+
+_HANDLERS = {
+    JobEventKind.STEP: JobManager._on_step,
+    JobEventKind.CHECKPOINT: JobManager._on_checkpoint,
+    JobEventKind.SUCCEEDED: JobManager._on_succeeded,
+    JobEventKind.FAILED: JobManager._on_failed,
+    JobEventKind.CANCELLED: JobManager._on_cancelled,
+}

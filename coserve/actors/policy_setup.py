@@ -1,0 +1,103 @@
+"""Which scheduling policy a SchedulerActor runs, built once the engine's layout is known.
+
+`PolicyFactory(config, layout) -> policy`. Factories are plain picklable callables: in Ray mode the
+scheduler receives them in its own process. `CoServingPolicyFactory` (the default of `coserve serve`)
+builds the hybrid token policy with the latency model of a profile file (`coserve profile --json`),
+refused when it was fitted for another model, machine or dtype, or an unfitted one that learns the
+iteration costs online from every measured iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.config import SchedulerConfig
+from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.hybrid import HybridTokenPolicy
+from coserve.policies.hybrid_config import CoServingConfig
+from coserve.policies.kv_blocks import KVBlockManager
+from coserve.policies.latency import LatencyModel, ModelFingerprint
+from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.policies.request import Request, RequestStatus
+
+
+class InferencePolicy(Protocol):
+    """The policy surface the scheduler drives (FCFSPolicy; the hybrid token policy)."""
+
+    def add_request(self, request: Request) -> None: ...
+    def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool: ...
+    def plan(self) -> IterationPlan: ...
+    def update(self, plan: IterationPlan, result: IterationResult) -> list[Request]: ...
+    def has_work(self) -> bool: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def kv(self) -> KVBlockManager: ...
+
+
+class EngineLayout(Protocol):
+    """What the scheduler reads of an engine's `RuntimeLayout`."""
+
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    num_adapter_slots: int
+    max_lora_rank: int
+
+
+PolicyFactory = Callable[[SchedulerConfig, EngineLayout], InferencePolicy]
+
+
+def fcfs_policy(config: SchedulerConfig, layout: EngineLayout) -> InferencePolicy:
+    """FCFS continuous batching over the engine's KV blocks and adapter slots."""
+    kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
+    return FCFSPolicy(config, kv, AdapterSlots(layout.num_adapter_slots))
+
+
+@dataclass(frozen=True, slots=True)
+class CoServingPolicyFactory:
+    """Builds `HybridTokenPolicy` (inference first, fine-tuning up to the TPOT SLO, VTC fairness).
+
+    Args:
+        fingerprint: the served model, this machine and the dtype (a profile must match it).
+        tpot_slo_ms / ttft_slo_ms: the SLOs (None: `CoServingConfig`'s defaults).
+        latency_profile: a `coserve profile --json` file; None starts unfitted (learned online).
+        tenant_weights: tenant -> share under contention (the tenants file's `weight`).
+    """
+
+    fingerprint: ModelFingerprint
+    tpot_slo_ms: float | None = None
+    ttft_slo_ms: float | None = None
+    latency_profile: str | None = None
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+
+    def latency_model(self) -> LatencyModel:
+        """The profile's model, checked against this server; or an unfitted one.
+
+        Raises:
+            ValueError: the profile is unreadable or was fitted for another model, machine or dtype.
+        """
+        if self.latency_profile is None:
+            return LatencyModel(self.fingerprint)
+        try:
+            model = LatencyModel.from_json(Path(self.latency_profile).read_text())
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"--latency-profile {self.latency_profile}: {err}") from err
+        model.check_compatible(self.fingerprint)
+        return model
+
+    def __call__(self, config: SchedulerConfig, layout: EngineLayout) -> InferencePolicy:
+        slos = {k: v for k, v in (("tpot_slo_ms", self.tpot_slo_ms), ("ttft_slo_ms", self.ttft_slo_ms))
+                if v is not None}
+        co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights), **slos)
+        kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
+        return HybridTokenPolicy(co, kv, AdapterSlots(layout.num_adapter_slots), self.latency_model())

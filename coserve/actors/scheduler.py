@@ -1,0 +1,389 @@
+"""`SchedulerActor`: the central actor. It decides; engines execute.
+
+It owns the policy (what runs in each iteration), the tokenizer side of generation (chat template,
+incremental detokenization, stop strings, logprobs), tenant quotas, the per-request token streams the
+gateway reads, the metrics, and the engine registry.
+
+A plain class: `ray.remote(SchedulerActor)` makes it an async Ray actor in cluster mode; with `--local`
+it lives in the gateway's process and its coroutines run on the gateway's event loop. Either way every
+method runs on one event loop thread, so no state here needs a lock. Engines talk to it through
+`exchange(engine_id, result) -> next plan` (one round trip per iteration).
+
+The policy sits behind `PolicyFactory`: anything with FCFSPolicy's surface (`add_request`, `abort`,
+`plan`, `update`, `has_work`, `num_waiting`, `num_running`, `kv`) plugs in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from coserve.actors.admission import QuotaBook, context_rejection
+from coserve.actors.finetuning import FineTuningSettings, JobManager
+from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, EngineFailure, Rejection, StreamBatch
+from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
+from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
+from coserve.actors.streams import SubmissionState
+from coserve.frontend import AdapterChecker, EosIds, OutputTracker, encode_chat, expand_request
+from coserve.policies.config import SchedulerConfig
+from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.policies.quotas import TenantLimits
+from coserve.policies.request import AdapterRef, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+# How often the scheduler looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
+RECONCILE_INTERVAL_S = 0.25
+
+# A finished submission whose stream nobody read is dropped after this long.
+UNREAD_TTL_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """How to build a SchedulerActor (plain data: it is sent to the actor's process).
+
+    Args:
+        model: the base model folder (tokenizer, chat template, EOS ids).
+        max_num_seqs / max_batch_tokens / enable_prefix_caching: the policy's budgets.
+        tenant_limits: requests/min and tokens/min per tenant (absent: unlimited).
+        slo: latency objectives for the SLO attainment metrics.
+    """
+
+    model: str
+    max_num_seqs: int = 64
+    max_batch_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
+    slo: Slo = Slo()
+    data_dir: str | None = None  # the metadata store's folder: fine-tuning jobs run when it is set
+    base_model_id: str = ""  # the base model's public id (fine-tuned ids start `ft:{base}:`)
+
+
+class SchedulerActor:
+    """Queues, plans, output processing and streams for every engine (one engine for now).
+
+    Args:
+        settings: see `SchedulerSettings`.
+        policy_factory: builds the policy once the engine's layout is known.
+    """
+
+    def __init__(self, settings: SchedulerSettings, policy_factory: PolicyFactory = fcfs_policy) -> None:
+        from transformers import AutoTokenizer
+
+        from coserve.platform.config import ModelConfig
+
+        self._settings = settings
+        self._policy_factory = policy_factory
+        self._tokenizer = AutoTokenizer.from_pretrained(settings.model)
+        self._model_config = ModelConfig.from_pretrained(settings.model)
+        self._eos = EosIds.resolve(self._tokenizer, self._model_config.eos_token_ids)
+        self._quotas = QuotaBook(settings.tenant_limits)
+        self.metrics = SchedulerMetrics(settings.slo)
+        self._engines: dict[str, EngineLayout] = {}
+        self._policy: InferencePolicy | None = None
+        self._max_model_len = 0
+        self._adapters: AdapterChecker | None = None
+        self._adapter_ids: dict[str, int] = {}  # adapter folder -> engine adapter id (>= 1)
+        self._subs: dict[str, SubmissionState] = {}
+        self._by_origin: dict[str, set[str]] = {}  # gateway replica -> its live request ids
+        self._origin_events: dict[str, asyncio.Event] = {}
+        self._owner: dict[str, tuple[SubmissionState, int]] = {}  # child request id -> (submission, index)
+        self._inflight: IterationPlan | None = None
+        self._work = asyncio.Event()
+        self._closed = False
+        self._jobs: JobManager | None = None
+        self._last_reconcile = 0.0
+
+    # --------------------------------------------------------------------------- engines
+
+    def register_engine(self, engine_id: str, layout: EngineLayout) -> None:
+        """Add an engine and build the policy over its layout.
+
+        Raises:
+            ValueError: a second engine (one engine per scheduler for now) or a duplicate id.
+        """
+        if self._engines:
+            raise ValueError(f"engine {engine_id!r}: this scheduler already drives {list(self._engines)}")
+        config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=self._settings.max_num_seqs,
+                                 max_batch_tokens=self._settings.max_batch_tokens,
+                                 block_size=layout.block_size,
+                                 enable_prefix_caching=self._settings.enable_prefix_caching)
+        self._policy = self._policy_factory(config, layout)
+        self._engines[engine_id] = layout
+        self._max_model_len = layout.max_model_len
+        self._adapters = AdapterChecker(self._model_config, layout.max_lora_rank)
+        if self._settings.data_dir is not None and hasattr(self._policy, "add_job"):
+            self._jobs = self._job_manager(layout)
+
+    def _job_manager(self, layout: EngineLayout) -> JobManager:
+        """Fine-tuning jobs from the metadata store, run by the policy (see `JobManager`)."""
+        from coserve.actors.store import MetadataStore
+
+        settings = FineTuningSettings(
+            base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
+            data_dir=Path(self._settings.data_dir or "."), num_layers=self._model_config.num_layers,
+            max_model_len=layout.max_model_len)
+        store = MetadataStore(settings.data_dir)
+        return JobManager(store, self._policy, self._tokenizer, settings,  # type: ignore[arg-type]
+                          self._settings.tenant_limits, on_trained=self._count_finetune)
+
+    def _count_finetune(self, tenant: str, tokens: int) -> None:
+        self.metrics.count_tokens("finetune", tenant, tokens)
+
+    def _reconcile_jobs(self) -> None:
+        """Apply the store's job intents, at most every `RECONCILE_INTERVAL_S` (a few SQLite reads)."""
+        now = time.monotonic()
+        if self._jobs is not None and now - self._last_reconcile >= RECONCILE_INTERVAL_S:
+            self._last_reconcile = now
+            self._jobs.reconcile()
+
+    def engines(self) -> list[str]:
+        return list(self._engines)
+
+    async def exchange(self, engine_id: str,
+                       result: IterationResult | EngineFailure | None) -> IterationPlan | None:
+        """Apply the engine's last result and hand it the next plan; waits while there is no work.
+
+        Returns:
+            The next plan, or None when the scheduler is shut down (the engine loop ends).
+        """
+        if engine_id not in self._engines:
+            raise ValueError(f"unknown engine {engine_id!r}")
+        if result is not None:
+            plan, self._inflight = self._inflight, None
+            try:
+                self._apply(plan, result)
+            except Exception as error:  # noqa: BLE001 - a bug here must not stop the engine loop
+                logger.exception("applying the result of step %d failed", result.step_id)
+                if plan is not None:
+                    self._fail_plan(plan, f"internal error: {type(error).__name__}: {error}")
+        while not self._closed:
+            self._reconcile_jobs()
+            if self._policy.has_work():
+                plan = self._policy.plan()
+                if not plan.is_empty:
+                    self._inflight = plan
+                    return plan
+                await asyncio.sleep(0.001)  # work that cannot run yet (no free blocks): do not spin
+            else:
+                self._work.clear()
+                try:  # wake for new requests, or to look for new fine-tuning jobs in the store
+                    await asyncio.wait_for(self._work.wait(), RECONCILE_INTERVAL_S)
+                except TimeoutError:
+                    pass
+        return None
+
+    # ---------------------------------------------------------------------------- requests
+
+    async def submit(self, sub: ChatSubmission) -> Admission:
+        """Tokenize, check context length, adapter and quota, then queue the `n` child requests."""
+        if self._policy is None or self._closed:
+            return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
+                                                 type="server_error"))
+        try:
+            _, prompt = encode_chat(self._tokenizer, sub.messages)
+        except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault
+            return _reject(400, f"The messages cannot be rendered by the model's chat template: {error}",
+                           param="messages")
+        sampling = sub.sampling
+        too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len)
+        if too_long is not None:
+            return Admission(rejection=too_long)
+        if sampling.max_tokens is None:
+            sampling = replace(sampling, max_tokens=self._max_model_len - len(prompt))
+        adapter, rejection = self._adapter_ref(sub.adapter)
+        if rejection is not None:
+            return Admission(rejection=rejection)
+        estimate = self._quotas.estimate(sub.tenant, len(prompt), sampling.n, sampling.max_tokens,
+                                         client_limit=sub.sampling.max_tokens)
+        rejection = self._quotas.admit(sub.tenant, estimate)
+        if rejection is not None:
+            self.metrics.finished(sub.tenant, "rejected", None)
+            return Admission(rejection=rejection)
+        children = expand_request(sub.request_id, prompt, sampling, self._eos, adapter, sub.tenant)
+        self._drop_unread()
+        notify = self._origin_events.setdefault(sub.origin, asyncio.Event()) if sub.origin else None
+        state = SubmissionState(sub.tenant, [OutputTracker(c, self._tokenizer) for c in children],
+                                len(prompt), estimate, time.monotonic(), notify, sub.origin)
+        try:
+            self._queue(sub.request_id, state)
+        except ValueError as error:
+            return _reject(400, str(error), param="messages")
+        return Admission(prompt_tokens=len(prompt))
+
+    async def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
+        """The request's output, batch by batch, until a batch with `done`."""
+        state = self._subs.get(request_id)
+        if state is None:
+            yield StreamBatch(done=True, error=f"unknown request {request_id!r}")
+            return
+        while True:
+            await state.changed.wait()
+            batch = self._take(request_id, state)
+            yield batch
+            if batch.done:
+                return
+
+    async def poll(self, origin: str, timeout_s: float = 5.0) -> dict[str, StreamBatch]:
+        """The pending batches of every request `origin` submitted, in one call (the Ray gateway's
+        stream pump: one actor call per iteration whatever the number of live streams). Waits up to
+        `timeout_s` for one; returns {} when none came."""
+        event = self._origin_events.setdefault(origin, asyncio.Event())
+        ready = self._ready(origin)
+        if not ready:
+            event.clear()
+            try:
+                await asyncio.wait_for(event.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                return {}
+            ready = self._ready(origin)
+        return {request_id: self._take(request_id, self._subs[request_id]) for request_id in ready}
+
+    def _ready(self, origin: str) -> list[str]:
+        ids = self._by_origin.get(origin, ())
+        return [rid for rid in ids if (state := self._subs.get(rid)) is not None and state.changed.is_set()]
+
+    def _take(self, request_id: str, state: SubmissionState) -> StreamBatch:
+        batch = state.take()
+        if batch.done:
+            self._forget(request_id)
+        return batch
+
+    def _forget(self, request_id: str) -> SubmissionState | None:
+        state = self._subs.pop(request_id, None)
+        if state is not None and state.origin:
+            ids = self._by_origin.get(state.origin)
+            if ids is not None:
+                ids.discard(request_id)
+        return state
+
+    def _drop_unread(self) -> None:
+        """Forget finished submissions nobody read for `UNREAD_TTL_S` (their client left before the
+        response started)."""
+        now = time.monotonic()
+        stale = [rid for rid, state in self._subs.items()
+                 if state.closed_at is not None and now - state.closed_at > UNREAD_TTL_S]
+        for request_id in stale:
+            self._forget(request_id)
+
+    async def abort(self, request_id: str) -> bool:
+        """Stop a request (its client went away). False when it is unknown or already finished."""
+        state = self._forget(request_id)
+        if state is None or state.done:
+            return False
+        self._finish_all(state, RequestStatus.FINISHED_ABORTED)
+        self._finalize(state, outcome="abort")
+        self._work.set()  # the next plan frees the aborted requests' engine state
+        return True
+
+    async def metrics_text(self) -> str:
+        """Prometheus text of the scheduler's metrics."""
+        queues = None
+        if self._policy is not None:
+            kv = self._policy.kv
+            queues = QueueState(waiting=self._policy.num_waiting, running=self._policy.num_running,
+                                kv_blocks_used=kv.num_blocks - kv.num_free_blocks, kv_blocks_total=kv.num_blocks)
+        return self.metrics.render(queues)
+
+    async def shutdown(self) -> None:
+        """Fail what is in flight, then end the engines' loops (their next exchange returns None)."""
+        self._closed = True
+        for state in list(self._subs.values()):
+            if not state.done:
+                self._finish_all(state, RequestStatus.FINISHED_ABORTED)
+                state.error = "The server is shutting down."
+                self._finalize(state, outcome="error")
+        self._work.set()
+
+    # --------------------------------------------------------------------------- internals
+
+    def _adapter_ref(self, spec: AdapterSpec | None) -> tuple[AdapterRef | None, Rejection | None]:
+        if spec is None:
+            return None, None
+        adapter_id = self._adapter_ids.setdefault(spec.path, len(self._adapter_ids) + 1)
+        try:
+            self._adapters.check(adapter_id, spec.path)
+        except (OSError, ValueError) as error:
+            logger.warning("adapter of %s at %s cannot be served: %s", spec.name, spec.path, error)
+            return None, Rejection(400, f"The model `{spec.name}` cannot be served: {error}", param="model",
+                                   code="model_not_available")
+        return AdapterRef(adapter_id=adapter_id, name=spec.name, path=spec.path), None
+
+    def _queue(self, request_id: str, state: SubmissionState) -> None:
+        added: list[str] = []
+        try:
+            for index, tracker in enumerate(state.trackers):
+                self._policy.add_request(tracker.request)
+                added.append(tracker.request.request_id)
+                self._owner[tracker.request.request_id] = (state, index)
+        except ValueError:
+            for child_id in added:
+                self._policy.abort(child_id)
+                self._owner.pop(child_id, None)
+            self._quotas.refund(state.tenant, state.estimate)
+            raise
+        self._subs[request_id] = state
+        if state.origin:
+            self._by_origin.setdefault(state.origin, set()).add(request_id)
+        self.metrics.count_tokens("prompt", state.tenant, state.prompt_tokens)
+        self._work.set()
+
+    def _apply(self, plan: IterationPlan | None, result: IterationResult | EngineFailure) -> None:
+        if plan is None or plan.step_id != result.step_id:
+            raise ValueError(f"result of step {result.step_id} does not answer the plan in flight")
+        if isinstance(result, EngineFailure):
+            self._fail_plan(plan, result.message)
+            return
+        self.metrics.iterations.inc()
+        logprobs = {s.request_id: s.logprobs for s in result.sampled}
+        changed: dict[int, SubmissionState] = {}
+        now = time.monotonic()
+        for request in self._policy.update(plan, result):
+            owner = self._owner.get(request.request_id)
+            if owner is None:
+                continue
+            state, index = owner
+            if state.trackers[index].on_token(logprobs.get(request.request_id)):
+                self._policy.abort(request.request_id, RequestStatus.FINISHED_STOPPED)
+            first = state.on_token(index, now)
+            if first is not None:
+                self.metrics.first_token(state.tenant, first)
+            self.metrics.count_tokens("completion", state.tenant, 1)
+            changed[id(state)] = state
+        for state in changed.values():
+            state.emit()
+            if state.all_finished():
+                self._finalize(state, outcome=None)
+        if self._jobs is not None:
+            self._jobs.record_events()
+
+    def _fail_plan(self, plan: IterationPlan, message: str) -> None:
+        logger.error("engine step %d failed: %s", plan.step_id, message)
+        ids = {c.request_id for c in plan.chunks} | {n.request_id for n in plan.new_sequences}
+        failed = {id(o[0]): o[0] for rid in ids if (o := self._owner.get(rid)) is not None}
+        for state in failed.values():
+            self._finish_all(state, RequestStatus.FINISHED_ABORTED)
+            state.error = f"The engine failed while generating: {message}"
+            self._finalize(state, outcome="error")
+
+    def _finish_all(self, state: SubmissionState, status: RequestStatus) -> None:
+        for tracker in state.trackers:
+            if not tracker.request.is_finished:
+                self._policy.abort(tracker.request.request_id, status)
+
+    def _finalize(self, state: SubmissionState, outcome: str | None) -> None:
+        """Close a submission: usage, metrics, quota refund, the stream's last batch."""
+        for tracker in state.trackers:
+            self._owner.pop(tracker.request.request_id, None)
+            self.metrics.finished(state.tenant, outcome or tracker.request.finish_reason or "abort",
+                                  state.tpot(tracker))
+        self._quotas.refund(state.tenant, state.estimate - state.prompt_tokens - state.completion_tokens())
+        state.close()
+
+def _reject(status: int, message: str, *, param: str | None = None, code: str | None = None) -> Admission:
+    return Admission(rejection=Rejection(status, message, param=param, code=code))

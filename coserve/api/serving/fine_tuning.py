@@ -1,0 +1,210 @@
+"""`/v1/fine_tuning/jobs`: create, list, retrieve, cancel, pause, resume, events, checkpoints.
+
+Reference: https://platform.openai.com/docs/api-reference/fine-tuning. The gateway writes intents into
+the metadata store (a new job in `validating_files`, `cancelled`, `paused`, `queued` on resume); the
+scheduler's `JobManager` applies them to the engine and writes progress back, so a job survives a
+gateway or scheduler restart. Another tenant's job is 404 like an unknown one.
+"""
+
+from __future__ import annotations
+
+from coserve.actors.store import MetadataStore
+from coserve.actors.store.records import CheckpointRecord, EventRecord, JobRecord, JobStatus
+from coserve.api.protocol.base import ProtocolError
+from coserve.api.protocol.fine_tuning import (CheckpointMetrics, FineTuningJob, FineTuningJobCheckpoint,
+                                              FineTuningJobCheckpointList, FineTuningJobCreate,
+                                              FineTuningJobError, FineTuningJobEvent,
+                                              FineTuningJobEventList, FineTuningJobList,
+                                              Hyperparameters, LORA_TARGET_MODULES, LoRAParams,
+                                              Method, SupervisedMethod)
+from coserve.api.protocol.files import validate_finetune_jsonl
+from coserve.platform.trainer.data import MIN_EXAMPLES
+from coserve.policies.tenants import TenantsConfig
+
+# A tenant over its concurrent-jobs limit may retry when a job ends; jobs take minutes.
+JOBS_RETRY_AFTER_S = 60
+
+
+def to_job(record: JobRecord) -> FineTuningJob:
+    """The OpenAI `fine_tuning.job` of a stored job."""
+    hp = Hyperparameters(**{k: record.hyperparameters.get(k, "auto")
+                            for k in ("n_epochs", "batch_size", "learning_rate_multiplier")})
+    lora = record.extensions.get("lora")
+    return FineTuningJob(
+        id=record.id, created_at=record.created_at, model=record.model, organization_id=record.tenant,
+        status=record.status.value, training_file=record.training_file,
+        validation_file=record.validation_file, seed=record.seed, hyperparameters=hp,
+        method=Method(type="supervised", supervised=SupervisedMethod(hyperparameters=hp)),
+        fine_tuned_model=record.fine_tuned_model, finished_at=record.finished_at,
+        trained_tokens=record.trained_tokens, estimated_finish=record.estimated_finish,
+        error=FineTuningJobError(**record.error) if record.error else None,
+        metadata=record.metadata, result_files=record.result_files,
+        user_provided_suffix=record.suffix, lora=LoRAParams(**lora) if lora else None)
+
+
+def to_event(record: EventRecord) -> FineTuningJobEvent:
+    return FineTuningJobEvent(id=record.id, created_at=record.created_at, level=record.level,  # type: ignore[arg-type]
+                              message=record.message, data=record.data, type=record.type)  # type: ignore[arg-type]
+
+
+def to_checkpoint(record: CheckpointRecord) -> FineTuningJobCheckpoint:
+    metrics = {k: v for k, v in record.metrics.items() if k in CheckpointMetrics.model_fields}
+    return FineTuningJobCheckpoint(id=record.id, created_at=record.created_at,
+                                   fine_tuned_model_checkpoint=record.fine_tuned_model_checkpoint,
+                                   fine_tuning_job_id=record.job_id, step_number=record.step_number,
+                                   metrics=CheckpointMetrics(**metrics))
+
+
+def _check_lora(lora: LoRAParams | None) -> None:
+    """What the trainer cannot do is refused here, naming the setting (not later as a failed job)."""
+    if lora is None:
+        return
+    if lora.lora_dropout:
+        raise ProtocolError("lora.lora_dropout must be 0: dropout is not supported by the exact "
+                            "windowed trainer yet", param="lora.lora_dropout", code="invalid_lora")
+    unknown = sorted(set(lora.target_modules or ()) - set(LORA_TARGET_MODULES))
+    if unknown:
+        raise ProtocolError(f"lora.target_modules: unknown module(s) {unknown}; choose from "
+                            f"{list(LORA_TARGET_MODULES)}", param="lora.target_modules",
+                            code="invalid_lora")
+
+
+def _job_not_found(job_id: str) -> ProtocolError:
+    return ProtocolError.not_found(f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id",
+                                   code="fine_tuning_job_not_found")
+
+
+class FineTuningService:
+    """The fine-tuning endpoints over the metadata store.
+
+    Args:
+        store: where jobs live.
+        tenants: the tenants file (limits on concurrent jobs).
+        base_models: the base model ids a job may train from (besides the tenant's fine-tuned models).
+    """
+
+    def __init__(self, store: MetadataStore, tenants: TenantsConfig, base_models: tuple[str, ...]) -> None:
+        self.store, self.tenants, self.base_models = store, tenants, base_models
+
+    def create(self, tenant: str, body: FineTuningJobCreate) -> FineTuningJob:
+        """Check the model, the files and the tenant's job limit, then record the job.
+
+        Raises:
+            ProtocolError: 400 naming `model`, `training_file` or `validation_file`; 429 over the
+                tenant's concurrent-jobs limit.
+        """
+        self._check_model(tenant, body.model)
+        _check_lora(body.lora)
+        count = self._count_examples(tenant, body.training_file, "training_file")
+        if count < MIN_EXAMPLES:
+            raise ProtocolError(f"Training file has {count} example(s), but must have at least "
+                                f"{MIN_EXAMPLES} examples", param="training_file",
+                                code="invalid_n_examples")
+        if body.validation_file is not None:
+            self._count_examples(tenant, body.validation_file, "validation_file")
+        self._check_job_limit(tenant)
+        hp = body.requested_hyperparameters()
+        lora = body.lora.model_dump(exclude_none=True) if body.lora else None
+        record = self.store.create_job(
+            tenant, body.model, body.training_file, validation_file=body.validation_file,
+            hyperparameters=hp.model_dump(), method={"type": "supervised"}, suffix=body.suffix,
+            seed=body.seed, metadata=body.metadata, extensions={"lora": lora} if lora else {})
+        self.store.add_event(record.id, f"Created fine-tuning job: {record.id}")
+        return to_job(record)
+
+    def _check_model(self, tenant: str, model: str) -> None:
+        if model in self.base_models:
+            return
+        record = self.store.get_model(tenant, model)
+        if record is None or record.adapter_path is None:
+            raise ProtocolError(f"Model {model} is not available for fine-tuning or does not exist.",
+                                param="model", code="model_not_available")
+
+    def _count_examples(self, tenant: str, file_id: str, param: str) -> int:
+        record = self.store.get_file(tenant, file_id)
+        content = self.store.read_file_content(tenant, file_id) if record is not None else None
+        if record is None or content is None:
+            raise ProtocolError(f"invalid {param}: no such file {file_id}", param=param,
+                                code="invalid_file")
+        if record.purpose != "fine-tune":
+            raise ProtocolError(f"invalid {param}: file {file_id} has purpose '{record.purpose}', "
+                                f"not 'fine-tune'", param=param, code="invalid_file_purpose")
+        try:
+            return validate_finetune_jsonl(content)
+        except ProtocolError as err:
+            raise ProtocolError(f"invalid {param}: {err.message}", param=param,
+                                code="invalid_file_format") from None
+
+    def _check_job_limit(self, tenant: str) -> None:
+        config = self.tenants.tenants.get(tenant)
+        limit = config.limits.max_concurrent_jobs if config is not None else None
+        if limit is None:
+            return
+        active = sum(1 for job in self.store.list_active_jobs() if job.tenant == tenant)
+        if active >= limit:
+            raise ProtocolError(f"You have {active} fine-tuning job(s) queued or running; your limit "
+                                f"is {limit}. Retry when one ends.", status=429,
+                                type="rate_limit_error", code="rate_limit_exceeded",
+                                headers={"retry-after": str(JOBS_RETRY_AFTER_S)})
+
+    def list_page(self, tenant: str, after: str | None, limit: int) -> FineTuningJobList:
+        try:
+            records, has_more = self.store.list_jobs(tenant, after=after, limit=limit)
+        except ValueError as err:
+            raise ProtocolError(str(err), param="after") from None
+        return FineTuningJobList(data=[to_job(r) for r in records], has_more=has_more)
+
+    def retrieve(self, tenant: str, job_id: str) -> FineTuningJob:
+        return to_job(self._get(tenant, job_id))
+
+    def _get(self, tenant: str, job_id: str) -> JobRecord:
+        record = self.store.get_job(tenant, job_id)
+        if record is None:
+            raise _job_not_found(job_id)
+        return record
+
+    def _transition(self, tenant: str, job_id: str, status: JobStatus, allowed: set[JobStatus],
+                    verb: str) -> FineTuningJob:
+        record = self._get(tenant, job_id)
+        if record.status not in allowed:
+            raise ProtocolError(f"Cannot {verb} job {job_id}: it is {record.status.value}.",
+                                param="fine_tuning_job_id", code="invalid_job_status")
+        try:
+            record = self.store.update_job(job_id, status=status)
+        except ValueError as err:  # the scheduler moved it meanwhile (e.g. it just succeeded)
+            raise ProtocolError(f"Cannot {verb} job {job_id}: {err}", param="fine_tuning_job_id",
+                                code="invalid_job_status") from None
+        self.store.add_event(job_id, f"Job {status.value if status != JobStatus.QUEUED else 'resumed'}"
+                             f" by request")
+        return to_job(record)
+
+    def cancel(self, tenant: str, job_id: str) -> FineTuningJob:
+        active = {JobStatus.VALIDATING_FILES, JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.PAUSED}
+        return self._transition(tenant, job_id, JobStatus.CANCELLED, active, "cancel")
+
+    def pause(self, tenant: str, job_id: str) -> FineTuningJob:
+        return self._transition(tenant, job_id, JobStatus.PAUSED, {JobStatus.QUEUED, JobStatus.RUNNING},
+                                "pause")
+
+    def resume(self, tenant: str, job_id: str) -> FineTuningJob:
+        return self._transition(tenant, job_id, JobStatus.QUEUED, {JobStatus.PAUSED}, "resume")
+
+    def events(self, tenant: str, job_id: str, after: str | None, limit: int) -> FineTuningJobEventList:
+        self._get(tenant, job_id)
+        try:
+            records, has_more = self.store.list_events(tenant, job_id, after=after, limit=limit)
+        except ValueError as err:
+            raise ProtocolError(str(err), param="after") from None
+        return FineTuningJobEventList(data=[to_event(r) for r in records], has_more=has_more)
+
+    def checkpoints(self, tenant: str, job_id: str, after: str | None,
+                    limit: int) -> FineTuningJobCheckpointList:
+        self._get(tenant, job_id)
+        try:
+            records, has_more = self.store.list_checkpoints(tenant, job_id, after=after, limit=limit)
+        except ValueError as err:
+            raise ProtocolError(str(err), param="after") from None
+        data = [to_checkpoint(r) for r in records]
+        return FineTuningJobCheckpointList(data=data, has_more=has_more,
+                                           first_id=data[0].id if data else None,
+                                           last_id=data[-1].id if data else None)

@@ -1,0 +1,1 @@
+"""Benchmarks shipped with coserve: `coserve bench trainer`, `coserve bench co-serving`."""

@@ -1,0 +1,32 @@
+"""`coserve bench ...`: the benchmarks shipped with coserve (registered by `coserve.cli`).
+
+Heavy imports (torch, transformers, peft) happen inside the handlers so that `coserve --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _trainer(parser: argparse.ArgumentParser) -> Any:
+    def handler(args: argparse.Namespace) -> int:
+        from coserve.bench import trainer
+
+        return trainer.main(trainer.resolve_args(parser, args))
+    return handler
+
+
+def register_bench(subparsers: Any) -> None:
+    """Add `coserve bench trainer` (and later benchmarks) to the `coserve` parser."""
+    bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
+    bench_sub.required = True
+    trainer = bench_sub.add_parser(
+        "trainer", help="the windowed LoRA trainer vs transformers + peft (memory and speed)",
+        description="Training alone on the small preset, 512-token sequences, batch 1: activation bytes "
+                    "per token and tokens/s of coserve's trainer against transformers + peft.")
+    from coserve.bench.trainer import add_arguments  # argparse only: no torch at import
+
+    add_arguments(trainer)
+    trainer.set_defaults(handler=_trainer(trainer))

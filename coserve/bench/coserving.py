@@ -1,0 +1,281 @@
+"""`coserve bench co-serving`: inference arrivals + one fine-tuning job, once per policy and rate.
+
+    coserve bench co-serving [--quick] --json OUT [--plots DIR]
+
+On one in-process engine (the `small` preset by default, float32, CPU):
+
+1. Fit the latency model from a short sweep of real iterations (`calibration.profile_engine`) and
+   derive the SLOs from it (`calibration.calibrate_slo`: TPOT = 3 x the decode step at batch 8,
+   TTFT = 40 x TPOT); both are printed and written to the JSON. The model is then refitted with 6 s of
+   real co-serving iterations added (`_calibrate`), and the policies' safety margin is its held-out
+   MAPE (within [0.1, 0.3]).
+2. Measure fine-tuning alone (`finetune_only_tokens_per_s`): the coserve policy with no inference.
+3. For every rate and policy: a Poisson trace of `window_s` seconds (ShareGPT-like lengths divided by
+   4, see `traces`) replayed against the wall clock with the fine-tuning job running, then a drain of
+   at least the TTFT SLO; metrics as defined in `metrics`.
+4. One bursty on/off trace (BurstGPT-shaped) at the middle rate with coserve, for the timeline plot.
+5. `simulator_check`: each coserve run replayed in the simulator with a latency model fitted on that
+   run's own iterations (`simulator.truth_model_from_run`), its measured loop overhead and noise;
+   measured and simulated metrics side by side with their relative error.
+
+The fine-tuning job: 64 synthetic chat examples of 256-1024 tokens (`traces.synthetic_chat_dataset`),
+LoRA r=16 alpha=32 on all seven projections, batch size 1 (so the window sees many completed optimizer
+steps), AdamW, as many epochs as allowed (it never ends during a run). Each run starts the job afresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from coserve.bench.calibration import (SweepSettings, calibrate_slo, decode_step_s,
+                                       fit_latency_model, profile_engine)
+from coserve.bench.metrics import SLO, relative_error, summarize
+from coserve.bench.policy_set import PolicySetup, make_factory
+from coserve.bench.replay import RunLimits, RunRecord, replay
+from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead_s, simulate,
+                                     truth_model_from_run)
+from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
+
+QUICK_RATES = (0.5, 1.0, 2.0)
+FULL_RATES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
+QUICK_POLICIES = ("coserve", "temporal-n16", "temporal-n128", "dynamic-temporal", "static-split-0.1")
+FULL_POLICIES = ("coserve", "temporal-n16", "temporal-n64", "temporal-n256", "dynamic-temporal",
+                 "static-split-0.1", "static-split-0.3")
+NUM_KV_BLOCKS = 1024
+MAX_BATCH_TOKENS = 512
+TRAINING_ADAPTER_ID = 2**41  # far from user adapter ids, like the offline API's
+WARMUP_S = 6.0  # co-serving seconds of the calibration's second pass
+QUICK_SWEEP = SweepSettings(decode_batches=(1, 8, 16), decode_steps=4, forward_windows=(32, 128, 256),
+                            backward_budgets=(512, 2048))
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of `coserve bench co-serving`."""
+    ap.add_argument("--quick", action="store_true",
+                    help=f"rates {QUICK_RATES}, 5 policies, 16 s windows (about 6 minutes here)")
+    ap.add_argument("--json", type=Path, required=True, help="write the results here")
+    ap.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
+    ap.add_argument("--model-dir", type=Path, default=None,
+                    help="HF model folder (default: the small preset, created under benchmarks/out)")
+    ap.add_argument("--rates", default=None, help="comma-separated requests/s (overrides the default set)")
+    ap.add_argument("--policies", default=None, help="comma-separated policy names (see policy_set)")
+    ap.add_argument("--window-s", type=float, default=None, help="arrival window per run (default 16 quick, 40 otherwise)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of traces and the fine-tuning data")
+
+
+def _settings(args: argparse.Namespace) -> tuple[list[float], list[str], float]:
+    rates = [float(r) for r in args.rates.split(",")] if args.rates else \
+        list(QUICK_RATES if args.quick else FULL_RATES)
+    policies = [p.strip() for p in args.policies.split(",")] if args.policies else \
+        list(QUICK_POLICIES if args.quick else FULL_POLICIES)
+    window = args.window_s if args.window_s is not None else (16.0 if args.quick else 40.0)
+    return rates, policies, window
+
+
+def _engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, str]:
+    """The engine, the prepared fine-tuning job and a description of the model."""
+    from transformers import AutoTokenizer
+
+    from coserve.bench.trainer import ensure_model
+    from coserve.finetune import prepare_job
+    from coserve.platform.engine import Engine, EngineConfig
+
+    model_dir, origin = ensure_model(args.model_dir)
+    engine = Engine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=NUM_KV_BLOCKS,
+                                 block_size=16, max_loras=2, max_lora_rank=16, seed=args.seed))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    examples = synthetic_chat_dataset(tokenizer, 64, seed=args.seed)
+    prepared = prepare_job(tokenizer, examples, job_id="bench", tenant="finetune",
+                           adapter_id=TRAINING_ADAPTER_ID, num_layers=engine.model_config.num_layers,
+                           max_len=engine.layout.max_model_len, output_dir=workdir / "job",
+                           hyperparameters={"n_epochs": 50, "batch_size": 1},
+                           lora={"r": 16, "lora_alpha": 32}, seed=args.seed)
+    cfg = engine.model_config
+    model = (f"{model_dir.name} ({origin}): {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+             f"vocab {cfg.vocab_size}, float32")
+    return engine, prepared.spec, model
+
+
+def _max_num_seqs(setup_latency: Any, slo: SLO) -> int:
+    """The largest decode batch (of 32, 16, 8, 4) whose step at a 256-token context takes at most half
+    the TPOT SLO: the rest of the iteration is for prefill chunks and fine-tuning."""
+    for n in (32, 16, 8, 4):
+        if decode_step_s(setup_latency, batch=n) <= 0.5 * slo.tpot_s:
+            return n
+    return 4
+
+
+def _calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSettings,
+               warmup_s: float) -> tuple[PolicySetup, float]:
+    """Fit the latency model in two passes and derive the SLOs and limits from it.
+
+    Pass 1: the sweep (`profile_engine`), which sets the SLO. Pass 2: `warmup_s` seconds of real
+    co-serving (coserve at `rate`, planned with the pass-1 model), whose iterations mix decodes,
+    prefill chunks and fine-tuning work in the proportions the benchmark runs; the final model is fitted
+    on both passes. The safety margin is the final model's held-out MAPE (the meaning
+    `CoServingConfig.safety_margin` documents), kept within [0.1, 0.3].
+    """
+    from coserve.policies.config import SchedulerConfig
+    from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
+
+    samples = profile_engine(engine, dataclasses.replace(job_spec, job_id="calibration"), sweep)
+    fingerprint = ModelFingerprint(model_id_from_config(dataclasses.asdict(engine.model_config)),
+                                   machine_id(str(engine.device)), "float32")
+    latency, mape = fit_latency_model(samples, fingerprint)
+    slo = calibrate_slo(latency)
+    scheduler = SchedulerConfig(max_model_len=engine.layout.max_model_len,
+                                max_num_seqs=_max_num_seqs(latency, slo),
+                                max_batch_tokens=MAX_BATCH_TOKENS, block_size=engine.layout.block_size)
+    setup = PolicySetup(scheduler=scheduler, slo=slo, latency=latency, safety_margin=_margin(mape))
+    trace = make_trace(poisson_arrivals(rate, warmup_s, seed + 7), seed + 7, prefix="w")
+    warm = _run(engine, setup, job_spec, "coserve", rate, trace, RunLimits(warmup_s, 0.0), "warmup")
+    samples += [(it.features, it.engine_s) for it in warm.iterations if it.engine_s > 0]
+    latency, mape = fit_latency_model(samples, fingerprint)
+    return dataclasses.replace(setup, latency=latency, safety_margin=_margin(mape)), mape
+
+
+def _margin(mape_percent: float) -> float:
+    return min(0.3, max(0.1, mape_percent / 100.0))
+
+
+def _run(engine: Any, setup: PolicySetup, job_spec: Any, policy: str, rate: float, trace: list,
+         limits: RunLimits, tag: str) -> RunRecord:
+    spec = dataclasses.replace(job_spec, job_id=f"bench-{tag}",
+                               output_dir=f"{job_spec.output_dir}/{tag}")
+    return replay(engine, make_factory(policy, setup), trace, limits, job_spec=spec,
+                  policy_name=policy, rate=rate)
+
+
+SIM_CHECK_KEYS = ("inference_tokens_per_s", "finetune_tokens_per_s", "finetune_steady_tokens_per_s",
+                  "tpot_mean_ms", "ttft_p50_ms")
+
+
+def simulator_check(record: RunRecord, setup: PolicySetup, trace: list, limits: RunLimits,
+                    job_spec: Any, shape: EngineShape) -> dict[str, Any]:
+    """Replay `record`'s run in the simulator (truth model, overhead and noise from the record itself)
+    and compare its metrics; errors are relative to the measured values."""
+    model, sigma = truth_model_from_run(record, setup.latency.fingerprint)
+    sim = simulate(make_factory(record.policy, setup), trace, limits, model, shape,
+                   job_spec=dataclasses.replace(job_spec, job_id="sim"), policy_name=record.policy,
+                   rate=record.rate,
+                   sim=SimSettings(overhead_s=measured_overhead_s(record), noise_sigma=sigma))
+    measured, simulated = summarize(record, setup.slo).to_dict(), summarize(sim, setup.slo).to_dict()
+    return {"policy": record.policy, "rate": record.rate, "noise_sigma": sigma,
+            **{k: {"measured": measured[k], "simulated": simulated[k],
+                   "error": _finite(relative_error(simulated[k], measured[k]))} for k in SIM_CHECK_KEYS}}
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # JSON has no inf
+
+
+def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float], policies: list[str],
+             limits: RunLimits, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every (rate, policy) run; the metrics rows and the simulator checks of the coserve runs."""
+    layout = engine.layout
+    shape = EngineShape(layout.num_kv_blocks, layout.block_size, layout.num_adapter_slots,
+                        layout.vocab_size, engine.model_config.num_layers)
+    runs, checks = [], []
+    for rate in rates:
+        trace = make_trace(poisson_arrivals(rate, limits.window_s, seed), seed)
+        for policy in policies:
+            record = _run(engine, setup, job_spec, policy, rate, trace, limits, f"{policy}-{rate}")
+            runs.append(summarize(record, setup.slo).to_dict())
+            print(_row(runs[-1]), flush=True)
+            if policy == "coserve":
+                checks.append(simulator_check(record, setup, trace, limits, job_spec, shape))
+    return runs, checks
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Run everything (module docstring); returns the JSON document (and the bursty run's record under
+    the private key ``_bursty``, for the plots)."""
+    import torch
+
+    from coserve.policies.latency import machine_id
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rates, policies, window = _settings(args)
+    with tempfile.TemporaryDirectory(prefix="coserve-bench-") as tmp:
+        engine, job_spec, model = _engine_and_job(args, Path(tmp))
+        t0 = time.monotonic()
+        sweep = QUICK_SWEEP if args.quick else SweepSettings()
+        setup, mape = _calibrate(engine, job_spec, rates[len(rates) // 2], args.seed, sweep,
+                                 min(WARMUP_S, window))
+        slo = setup.slo
+        print(f"latency model: held-out MAPE {mape:.1f}% ({time.monotonic() - t0:.0f} s calibration); "
+              f"SLO: TPOT {slo.tpot_s * 1000:.1f} ms, TTFT {slo.ttft_s * 1000:.0f} ms; "
+              f"max_num_seqs {setup.scheduler.max_num_seqs}, safety margin {setup.safety_margin:.2f}",
+              flush=True)
+        limits = RunLimits(window, drain_s=max(slo.ttft_s, 2.0))
+        solo = _run(engine, setup, job_spec, "coserve", 0.0, [], RunLimits(window, 0.0), "solo")
+        finetune_only = summarize(solo, slo).finetune_tokens_per_s
+        print(f"fine-tuning only: {finetune_only:.1f} trained tokens/s", flush=True)
+        runs, checks = _measure(engine, setup, job_spec, rates, policies, limits, args.seed)
+        mid = rates[len(rates) // 2]
+        bursty_trace = make_trace(bursty_arrivals(mid, window, args.seed), args.seed, prefix="b")
+        bursty = _run(engine, setup, job_spec, "coserve", mid, bursty_trace, limits, "bursty")
+    return {
+        "machine": machine_id(str(engine.device)), "model": model,
+        "slo": {"tpot_ms": slo.tpot_s * 1000.0, "ttft_ms": slo.ttft_s * 1000.0},
+        "finetune_only_tokens_per_s": finetune_only, "runs": runs,
+        "bursty": {"rate": mid, **summarize(bursty, slo).to_dict()},
+        "simulator_check": checks,
+        "settings": {"window_s": window, "drain_s": limits.drain_s, "rates": rates, "policies": policies,
+                     "max_num_seqs": setup.scheduler.max_num_seqs, "max_batch_tokens": MAX_BATCH_TOKENS,
+                     "safety_margin": setup.safety_margin, "threads": torch.get_num_threads(),
+                     "seed": args.seed, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+        "latency_model": {"heldout_mape_percent": mape, "coefficients": setup.latency.coefficients},
+        "_bursty": bursty,
+    }
+
+
+def check_policy_names(names: list[str]) -> None:
+    """Raise ValueError naming the first unknown policy (the factories parse the names)."""
+    from coserve.policies.config import SchedulerConfig
+    from coserve.policies.latency import LatencyModel, ModelFingerprint
+
+    setup = PolicySetup(scheduler=SchedulerConfig(max_model_len=64, max_num_seqs=1, max_batch_tokens=64),
+                        slo=SLO(1.0, 1.0), latency=LatencyModel(ModelFingerprint("", "", "")))
+    for name in names:
+        make_factory(name, setup)
+
+
+def _row(run: dict[str, Any]) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f}"
+    att = run["slo_attainment"]
+    return (f"{run['policy']:>18} rate {run['rate']:<5} SLO {'-' if att is None else f'{att:.2f}'}  "
+            f"inference {run['inference_tokens_per_s']:7.1f} tok/s  fine-tuning "
+            f"{run['finetune_tokens_per_s']:7.1f} tok/s  TTFT p50/p99 {ms(run['ttft_p50_ms'])}/"
+            f"{ms(run['ttft_p99_ms'])} ms  TPOT p50/p99 {ms(run['tpot_p50_ms'])}/{ms(run['tpot_p99_ms'])} ms")
+
+
+def run_coserving_benchmark(args: argparse.Namespace) -> int:
+    """Handler of `coserve bench co-serving`: run, write the JSON (and plots), return an exit code."""
+    try:
+        check_policy_names(_settings(args)[1])
+    except ValueError as error:  # a usage error, reported before minutes of work
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result = run_benchmark(args)
+    bursty = result.pop("_bursty")
+    if args.plots is not None:
+        from coserve.bench.plots import write_plots
+
+        for path in write_plots(result, bursty, args.plots):
+            print(f"wrote {path}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    print(f"wrote {args.json}")
+    return 0

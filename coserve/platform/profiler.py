@@ -1,0 +1,252 @@
+"""The latency profiler: a designed sweep of real engine iterations, fitted and checked on held-out ones.
+
+Each measured iteration is built by hand (no policy): some decodes at chosen contexts, at most one
+prefill chunk at a chosen start, sequences spread over 0..`adapters` LoRA adapters, and a fine-tuning
+job's forward window or backward tasklets of chosen sizes. Unmeasured set-up iterations first put the
+sequences' earlier tokens into the KV cache and bring the job to the wanted phase, so the measured
+iteration does exactly the work its features count (`plan_features`). Iterations in which the job's
+optimizer step runs are measured but left out: no feature counts an optimizer step (it happens once
+per batch, not per token, and the policy does not plan it against the SLO).
+
+The samples are split at random (seeded) into a fit set and a held-out set; `LatencyModel.fit` runs
+on the first and `heldout_mape` on the second.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from coserve.platform.engine import Engine
+from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec, JobPhase
+from coserve.policies.kv_blocks import KVBlockManager
+from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample, plan_features
+from coserve.policies.plan import IterationPlan, NewSequence, ScheduledChunk
+from coserve.policies.request import AdapterRef, SamplingParams
+from coserve.policies.training_plan import TrainingExample
+
+SETUP_TOKENS = 1024  # tokens per set-up iteration (bounded so set-up never needs a huge batch)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    """The designed sweep: the levels each factor takes (drawn at random per iteration, seeded)."""
+
+    iterations: int = 160
+    heldout_fraction: float = 0.25
+    seed: int = 0
+    warmup: int = 4
+    decodes: tuple[int, ...] = (0, 1, 4, 16, 32)
+    contexts: tuple[int, ...] = (16, 128, 512)
+    prefill_tokens: tuple[int, ...] = (0, 0, 16, 64, 256)
+    prefill_starts: tuple[int, ...] = (0, 256)
+    forward_tokens: tuple[int, ...] = (0, 0, 32, 128)
+    backward_tokens: tuple[int, ...] = (0, 0, 32, 128)  # tokens of one layer's tasklet, times layers
+    finetune_length: int = 512  # tokens of each training example
+
+    def __post_init__(self) -> None:
+        if self.iterations < 4:
+            raise ValueError(f"iterations must be >= 4, got {self.iterations}")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One measured iteration's work."""
+
+    decode_contexts: tuple[int, ...]
+    prefill: tuple[int, int] | None  # (start, tokens)
+    adapters: int  # inference sequences use adapters 0..adapters-1 round-robin (0: base model)
+    forward_tokens: int
+    backward_layers: int  # backward token-layers, as layers of a `backward_tokens`-token tasklet
+    backward_tokens: int
+
+
+def design(settings: SweepSettings, num_adapters: int, max_len: int) -> list[Scenario]:
+    """The sweep's scenarios, deterministic for a seed; contexts and prefills fit `max_len`."""
+    rng = random.Random(settings.seed)
+    out = []
+    for _ in range(settings.iterations + settings.warmup):
+        contexts = [c for c in settings.contexts if c < max_len]
+        decodes = tuple(rng.choice(contexts) for _ in range(rng.choice(settings.decodes)))
+        tokens = rng.choice(settings.prefill_tokens)
+        start = rng.choice(settings.prefill_starts)
+        prefill = (start, tokens) if tokens and start + tokens <= max_len else None
+        backward = rng.choice(settings.backward_tokens)
+        forward = rng.choice(settings.forward_tokens) if not backward else 0
+        out.append(Scenario(decodes, prefill, rng.randint(0, num_adapters), forward,
+                            rng.randint(1, 4) if backward else 0, backward))
+    return out
+
+
+@dataclass
+class ProfileReport:
+    """The fitted model and how well it predicts iterations it was not fitted on."""
+
+    model: LatencyModel
+    heldout_mape: float
+    train_mape: float
+    train_samples: int
+    heldout_samples: int
+    skipped_optimizer_iterations: int
+    samples: list[Sample] = field(repr=False, default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON the CLI writes: loadable by `LatencyModel.from_dict` (extra keys are ignored)."""
+        return {**self.model.to_dict(), "heldout_mape": self.heldout_mape,
+                "heldout_samples": self.heldout_samples, "train_mape": self.train_mape,
+                "train_samples": self.train_samples,
+                "skipped_optimizer_iterations": self.skipped_optimizer_iterations}
+
+
+class _Harness:
+    """Builds and runs the iterations of the sweep on one engine (policy-free, see module docstring)."""
+
+    def __init__(self, engine: Engine, adapter_dirs: list[str], settings: SweepSettings) -> None:
+        self.engine = engine
+        layout = engine.layout
+        self.kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching=False)
+        self.slots = AdapterSlots(layout.num_adapter_slots)
+        self.adapters = [AdapterRef(i, f"profile-{i}", path) for i, path in enumerate(adapter_dirs)]
+        self.rng = random.Random(settings.seed + 1)
+        self.step_id = 0
+        self.slot_of: dict[str, int] = {}
+        vocab = engine.model_config.vocab_size
+        length = min(settings.finetune_length, layout.max_model_len)
+        examples = [TrainingExample([self.rng.randrange(8, vocab) for _ in range(length)],
+                                    [True] * length) for _ in range(4)]
+        spec = FinetuneJobSpec(job_id="profile-job", tenant="profile", adapter_id=10_000,
+                               examples=examples, n_epochs=10**6, batch_size=2, seed=settings.seed,
+                               num_layers=engine.model_config.num_layers, output_dir="/nonexistent",
+                               min_tasklet_tokens=1, lora={"r": 8, "lora_alpha": 16})
+        self.job = FinetuneJob(spec, self.kv, self.slots)
+        self._load_adapters()
+
+    def _plan(self) -> IterationPlan:
+        plan = IterationPlan(step_id=self.step_id)
+        self.step_id += 1
+        return plan
+
+    def _run(self, plan: IterationPlan) -> float:
+        result = self.engine.step(plan)
+        self.job.update(plan, result)
+        if result.training.failures:
+            failure = result.training.failures[0]
+            raise RuntimeError(f"the profiling job failed: {failure.code}: {failure.message}")
+        return result.timings.total_s
+
+    def _load_adapters(self) -> None:
+        plan = self._plan()
+        for ref in self.adapters:
+            grant = self.slots.acquire(ref)  # pinned for the whole sweep
+            if grant is None:
+                raise ValueError("more profiling adapters than the engine's adapter slots minus one")
+            if grant.load is not None:
+                plan.adapter_loads.append(grant.load)
+        self._run(plan)
+
+    def _bring_job_to(self, phase: JobPhase) -> None:
+        """Unmeasured iterations until the job's sequence in flight is in `phase`."""
+        for _ in range(10_000):
+            if self.job.phase is phase:
+                return
+            plan = self._plan()
+            # Only the other phase's work: a backward budget would finish a completed forward's
+            # backward in the same iteration and the job would never rest in its backward phase.
+            if phase is JobPhase.BACKWARD:
+                self.job.schedule(plan, SETUP_TOKENS, 0)
+            else:
+                self.job.schedule(plan, 0, SETUP_TOKENS * self.engine.model_config.num_layers)
+            self._run(plan)
+        raise RuntimeError(f"the profiling job never reached its {phase.name} phase")
+
+    def _setup_sequences(self, scenario: Scenario) -> list[ScheduledChunk]:
+        """Send the sequences and compute their earlier tokens; returns the measured chunks."""
+        specs = [(c, 1) for c in scenario.decode_contexts]
+        if scenario.prefill is not None:
+            specs.append(scenario.prefill)
+        measured, setup = [], []
+        for i, (start, count) in enumerate(specs):
+            rid = f"p{self.step_id}-{i}"
+            slot = self.slots.slot_of(self.adapters[i % scenario.adapters].adapter_id) \
+                if scenario.adapters else -1
+            self.slot_of[rid] = -1 if slot is None else slot
+            tokens = [self.rng.randrange(8, self.engine.model_config.vocab_size)
+                      for _ in range(start + count)]
+            if not self.kv.allocate_slots(rid, start + count):
+                raise ValueError("the KV cache is too small for the sweep: lower the contexts")
+            table = self.kv.block_table(rid)
+            setup.append((NewSequence(rid, tokens, GREEDY, adapter_slot=self.slot_of[rid]), start, table))
+            measured.append(ScheduledChunk(rid, start, count, table, sample=True))
+        self._run_setup(setup)
+        return measured
+
+    def _run_setup(self, setup: list[tuple[NewSequence, int, list[int]]]) -> None:
+        plan, size = self._plan(), 0
+        for new, start, table in setup:
+            plan.new_sequences.append(new)
+            for pos in range(0, start, SETUP_TOKENS):
+                count = min(SETUP_TOKENS, start - pos)
+                if size + count > SETUP_TOKENS and plan.chunks:
+                    self._run(plan)
+                    plan, size = self._plan(), 0
+                plan.chunks.append(ScheduledChunk(new.request_id, pos, count, table, sample=False))
+                size += count
+        self._run(plan)
+
+    def measure(self, scenario: Scenario) -> tuple[Sample, bool]:
+        """Run the scenario; returns (features, seconds) and whether an optimizer step ran in it."""
+        if scenario.forward_tokens:
+            self._bring_job_to(JobPhase.FORWARD)
+        elif scenario.backward_tokens:
+            self._bring_job_to(JobPhase.BACKWARD)
+        chunks = self._setup_sequences(scenario)
+        plan = self._plan()
+        plan.chunks = chunks
+        self.job.schedule(plan, scenario.forward_tokens,
+                          scenario.backward_tokens * scenario.backward_layers)
+        features = plan_features(plan, self.slot_of)
+        seconds = self._run(plan)
+        ids = [c.request_id for c in chunks]
+        teardown = self._plan()
+        teardown.freed = ids
+        self._run(teardown)
+        for rid in ids:
+            self.kv.free(rid)
+            del self.slot_of[rid]
+        return (features, seconds), bool(plan.training.optimizer_steps)
+
+
+def iterate_samples(engine: Engine, adapter_dirs: list[str],
+                    settings: SweepSettings) -> Iterator[tuple[Sample, bool]]:
+    """Measured (features, seconds) of every scenario after the warm-up, and the optimizer flag."""
+    harness = _Harness(engine, adapter_dirs, settings)
+    scenarios = design(settings, len(adapter_dirs), engine.layout.max_model_len)
+    for i, scenario in enumerate(scenarios):
+        sample = harness.measure(scenario)
+        if i >= settings.warmup:
+            yield sample
+
+
+def profile(engine: Engine, fingerprint: ModelFingerprint, adapter_dirs: list[str],
+            settings: SweepSettings) -> ProfileReport:
+    """Run the sweep, fit on a random part of it, evaluate on the rest."""
+    kept, skipped = [], 0
+    for sample, had_optimizer_step in iterate_samples(engine, adapter_dirs, settings):
+        if had_optimizer_step:
+            skipped += 1
+        else:
+            kept.append(sample)
+    random.Random(settings.seed + 2).shuffle(kept)
+    n_heldout = max(1, round(len(kept) * settings.heldout_fraction))
+    heldout, train = kept[:n_heldout], kept[n_heldout:]
+    if not train:
+        raise ValueError("too few measured iterations to fit: raise --iterations")
+    model = LatencyModel(fingerprint)
+    model.fit(train)
+    return ProfileReport(model, model.heldout_mape(heldout), model.heldout_mape(train), len(train),
+                         len(heldout), skipped, kept)

@@ -1,0 +1,268 @@
+"""The hybrid token policy (the default): inference first, then fine-tuning tokens up to the SLO.
+
+One iteration (FlexLLM §6.2, with Algorithm 4's fairness and a latency model instead of a fixed budget):
+
+1. Running requests get their tokens (decodes, then the next prefill chunks), as in `FCFSPolicy`.
+2. Waiting requests are admitted in VTC order across tenants (`TenantQueues`): the least-counter
+   tenant's earliest request first, charged `w_p` per prompt token once (a recompute after a
+   preemption is not charged again: the tenant did not ask for it).
+3. Fine-tuning work fills what the latency model leaves of the iteration: for the job picked by VTC,
+   ``s = max{s : f(plan + s tokens) <= tpot_slo * (1 - safety_margin)}`` forward-window tokens (also
+   within `max_batch_tokens`, which forward windows share with inference) or backward token-layers,
+   by the job's phase; then the next job, with the plan grown by what the previous one took.
+
+TTFT guard: a request that has waited `ttft_guard_fraction * ttft_slo_ms` is admitted before every
+other waiting request whatever the counters, and while one is waiting no fine-tuning work is added, so
+the running batch drains into it instead of into training windows.
+
+KV memory: when a running or admitted request needs blocks and none are free, fine-tuning gives back
+the blocks of its sequences in flight (most-served tenant first) before any inference request is
+preempted (Harli's principle: training borrows memory, inference owns it).
+
+Output tokens are charged `w_q` each when they are sampled (`update`), and every measured iteration
+refines the latency model online (`LatencyModel.observe`).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.fcfs import Budget, FCFSPolicy
+from coserve.policies.finetune_job import JobEvent, JobPhase
+from coserve.policies.hybrid_config import CoServingConfig
+from coserve.policies.job_roster import Allowance, JobRoster, TrainingJob
+from coserve.policies.kv_blocks import KVBlockManager
+from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
+from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.policies.request import Request, RequestStatus
+from coserve.policies.vtc import VirtualTokenCounter
+from coserve.policies.waiting import TenantQueues, WaitingQueue
+
+_FORWARD_TOKEN = PlanFeatures(ft_forward_tokens=1.0)
+_BACKWARD_TOKEN_LAYER = PlanFeatures(ft_backward_token_layers=1.0)
+
+
+class CoServingPolicy(FCFSPolicy, abc.ABC):
+    """What every co-serving policy shares: VTC admission, fine-tuning jobs, KV reclaim, accounting.
+
+    Subclasses decide how much fine-tuning work an iteration gets (`plan`). Not used directly.
+
+    Args:
+        config: budgets, SLOs and fairness weights.
+        kv: the engine's KV block manager (shared by inference requests and training sequences).
+        adapters: the engine's adapter bank slots.
+        latency: the iteration latency model (refined online from measured iterations).
+        clock: seconds on the scale of `Request.arrival_time` (for the TTFT guard).
+    """
+
+    def __init__(self, config: CoServingConfig, kv: KVBlockManager, adapters: AdapterSlots,
+                 latency: LatencyModel, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._co = config
+        self._latency = latency
+        self._clock = clock
+        self._vtc = VirtualTokenCounter(config.vtc, config.tenant_weights)
+        self._roster = JobRoster(self._vtc, self._sync_backlog)
+        self._slots: dict[str, int] = {}  # running request -> adapter slot (for plan_features)
+        self._input_charged: set[str] = set()
+        self._planned: dict[int, PlanFeatures] = {}  # step id -> features, until its result
+        self._now = clock()
+        super().__init__(config.scheduler, kv, adapters)
+        self._check_decode_batch_fits()
+
+    def _check_decode_batch_fits(self) -> None:
+        """Refuse an SLO that a full batch of single-token decodes already breaks (nothing would fit)."""
+        n = float(self._co.scheduler.max_num_seqs)
+        batch = PlanFeatures(decode_tokens=n, decode_context=n, num_sequences=n)
+        predicted = self._latency.predict(batch)
+        if predicted > self._co.iteration_budget_s:
+            raise ValueError(
+                f"CoServingConfig.tpot_slo_ms={self._co.tpot_slo_ms} (minus the safety margin "
+                f"{self._co.safety_margin}) is below the predicted {predicted * 1000:.1f} ms of one "
+                f"decode batch of max_num_seqs={self._co.scheduler.max_num_seqs}")
+
+    def _new_waiting_queue(self) -> WaitingQueue:
+        return TenantQueues(self._vtc, self._sync_backlog)
+
+    # ------------------------------------------------------------------------ tenants and jobs
+
+    @property
+    def vtc(self) -> VirtualTokenCounter:
+        """The virtual token counters (read them for fairness metrics)."""
+        return self._vtc
+
+    @property
+    def latency(self) -> LatencyModel:
+        return self._latency
+
+    def _ensure_tenant(self, tenant: str) -> None:
+        if tenant not in self._vtc.tenants:
+            self._vtc.add_tenant(tenant, self._co.default_tenant_weight)
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request in its tenant's sub-queue (an unknown tenant gets the default weight)."""
+        self._ensure_tenant(request.tenant)
+        super().add_request(request)
+
+    def add_job(self, job: TrainingJob) -> None:
+        """Schedule a fine-tuning job's work from the next plan on. Raises ValueError on a duplicate."""
+        self._ensure_tenant(job.tenant)
+        self._roster.add(job)
+
+    def remove_job(self, job_id: str) -> bool:
+        """Cancel a job: the next plan stops it in the engine and frees its memory; False if unknown."""
+        return self._roster.cancel(job_id)
+
+    def pause_job(self, job_id: str) -> bool:
+        """Pause a job in the next plan (its sequence in flight is redone on resume)."""
+        return self._roster.pause(job_id)
+
+    def resume_job(self, job_id: str) -> bool:
+        return self._roster.resume(job_id)
+
+    def get_job(self, job_id: str) -> TrainingJob | None:
+        return self._roster.get(job_id)
+
+    def pop_job_events(self) -> list[JobEvent]:
+        """Job events (steps, checkpoints, success, failure, cancellation) since the last call."""
+        return self._roster.pop_events()
+
+    def has_work(self) -> bool:
+        """Unfinished requests, engine state to free, or fine-tuning work."""
+        return super().has_work() or self._roster.has_work
+
+    def _sync_backlog(self, tenant: str) -> None:
+        """Report the tenant's backlog (queued requests or a runnable job) to the counters."""
+        if self._waiting_has(tenant) or self._roster.has_runnable(tenant):
+            self._vtc.on_backlogged(tenant)
+        else:
+            self._vtc.on_idle(tenant)
+
+    def _waiting_has(self, tenant: str) -> bool:
+        waiting = self._waiting
+        assert isinstance(waiting, TenantQueues)
+        return waiting.has_tenant(tenant)
+
+    # ----------------------------------------------------------------------------------- plan
+
+    def plan(self) -> IterationPlan:
+        """Decide the next iteration: inference, then the subclass's fine-tuning share."""
+        self._now = self._clock()
+        plan = self._new_plan()
+        self._roster.apply_control(plan)
+        if self._begin_iteration():
+            self._schedule_inference(plan, Budget(tokens=self._inference_token_budget()))
+        base = plan_features(plan, self._slots)
+        allowance = self._finetune_allowance(base)
+        if allowance is not None:
+            self._roster.fill(plan, allowance)
+        training = plan.training
+        features = base.with_finetune(training.forward_tokens, training.backward_token_layers)
+        self._check_budgets(plan, features)
+        self._planned[plan.step_id] = features
+        return plan
+
+    def _begin_iteration(self) -> bool:
+        """Start planning an iteration; returns whether it schedules inference (temporal sharing
+        gives some iterations to fine-tuning alone)."""
+        return True
+
+    def _inference_token_budget(self) -> int:
+        """Tokens inference may compute in one iteration (the static split keeps a share back)."""
+        return self._co.scheduler.max_batch_tokens
+
+    @property
+    def finetune_kv(self) -> KVBlockManager:
+        """The block manager fine-tuning jobs allocate from (build `FinetuneJob`s with it)."""
+        return self._kv
+
+    def _has_runnable_job(self) -> bool:
+        return any(job.runnable for job in self._roster)
+
+    @abc.abstractmethod
+    def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
+        """How much fine-tuning work each job may add to a plan whose inference has `base`; None: none."""
+
+    def _overdue_waiting(self) -> Request | None:
+        """The oldest waiting request when it has waited past the TTFT guard, else None."""
+        waiting = self._waiting
+        assert isinstance(waiting, TenantQueues)
+        oldest = waiting.oldest()
+        if oldest is not None and self._now - oldest.arrival_time >= self._co.ttft_guard_s:
+            return oldest
+        return None
+
+    def _next_waiting(self) -> Request | None:
+        overdue = self._overdue_waiting()
+        return overdue if overdue is not None else super()._next_waiting()
+
+    def _on_admitted(self, request: Request) -> None:
+        adapter = request.adapter
+        slot = self._adapters.slot_of(adapter.adapter_id) if adapter is not None else None
+        self._slots[request.request_id] = -1 if slot is None else slot
+        if request.request_id not in self._input_charged:
+            self._input_charged.add(request.request_id)
+            self._vtc.charge_input(request.tenant, len(request.prompt_token_ids))
+
+    def _reclaim_kv(self, plan: IterationPlan) -> bool:
+        return self._roster.reclaim_kv(plan)
+
+    def _check_budgets(self, plan: IterationPlan, features: PlanFeatures) -> None:
+        """FCFS's invariants, and forward windows inside the token budget they share with inference."""
+        self._check_invariants(plan)
+        total = features.prefill_tokens + features.decode_tokens + features.ft_forward_tokens
+        if total > self._co.scheduler.max_batch_tokens:
+            raise RuntimeError(f"plan {plan.step_id} has {total:.0f} inference + forward-window "
+                               f"tokens, over max_batch_tokens={self._co.scheduler.max_batch_tokens}")
+
+    # --------------------------------------------------------------------------------- update
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> list[Request]:
+        """Apply the engine's result: requests (as FCFS), output charges, jobs, the latency model."""
+        touched = super().update(plan, result)
+        for tenant, count in Counter(r.tenant for r in touched).items():
+            self._vtc.charge_output(tenant, count)
+        self._roster.update(plan, result)
+        features = self._planned.pop(plan.step_id, None)
+        if features is not None and result.timings.total_s > 0:
+            self._latency.observe(features, result.timings.total_s)
+        return touched
+
+    def _release_resources(self, request: Request) -> None:
+        super()._release_resources(request)
+        self._slots.pop(request.request_id, None)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        super()._finish(request, status)
+        self._input_charged.discard(request.request_id)
+
+
+class HybridTokenPolicy(CoServingPolicy):
+    """Token-level co-serving (the default): fine-tuning fills each iteration up to the TPOT SLO."""
+
+    def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
+        if self._overdue_waiting() is not None:
+            return None  # TTFT guard: the batch drains into the overdue request first
+        budget_s = self._co.iteration_budget_s
+        max_tokens = self._co.scheduler.max_batch_tokens
+        max_layers = self._co.max_backward_token_layers
+        latency = self._latency
+
+        inference_tokens = int(base.prefill_tokens + base.decode_tokens)
+
+        def allow(job: TrainingJob, plan: IterationPlan) -> tuple[int, int] | None:
+            training = plan.training
+            forward, backward = training.forward_tokens, training.backward_token_layers
+            features = base.with_finetune(forward, backward)
+            if latency.predict(features) >= budget_s:
+                return None  # the iteration is full: no later job can add anything
+            if job.phase is JobPhase.FORWARD:
+                cap = max(0, max_tokens - inference_tokens - forward)
+                return latency.max_extra_tokens(features, _FORWARD_TOKEN, budget_s, cap), 0
+            cap = max(0, max_layers - backward)
+            return 0, latency.max_extra_tokens(features, _BACKWARD_TOKEN_LAYER, budget_s, cap)
+
+        return allow

@@ -1,0 +1,83 @@
+"""Settings of the co-serving policies (hybrid token policy and baselines), validated once and frozen."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from coserve.policies.config import SchedulerConfig
+from coserve.policies.vtc import VTCWeights
+
+
+def _check_positive(name: str, value: float) -> None:
+    # `not value > 0` also rejects NaN.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or math.isinf(value):
+        raise ValueError(f"CoServingConfig.{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CoServingConfig:
+    """Budgets of one co-serving iteration: the inference limits, the SLOs and the fairness weights.
+
+    Raises:
+        ValueError: a setting is out of range (the message names it), including a token budget smaller
+            than one decode batch (`max_batch_tokens < max_num_seqs`).
+    """
+
+    scheduler: SchedulerConfig
+    """Inference limits: max_num_seqs, max_batch_tokens (shared with fine-tuning forward windows), ..."""
+
+    tpot_slo_ms: float = 100.0
+    """Time per output token target: an iteration with running decodes must not take longer."""
+
+    ttft_slo_ms: float = 5000.0
+    """Time to first token target; the TTFT guard acts on waiting requests well before it."""
+
+    safety_margin: float = 0.1
+    """Fraction of `tpot_slo_ms` kept free for the latency model's error (its held-out MAPE)."""
+
+    ttft_guard_fraction: float = 0.5
+    """A request that has waited `ttft_guard_fraction * ttft_slo_ms` is overdue: it is admitted first,
+    whatever the counters say, and fine-tuning takes no new work until it is admitted."""
+
+    max_backward_token_layers: int = 8192
+    """Backward tasklet work per iteration at most (tokens x layers), whatever the latency allows:
+    bounds the activations a tasklet batch recomputes, and the VTC quantum M of fine-tuning."""
+
+    vtc: VTCWeights = field(default_factory=VTCWeights)
+    """Token costs w_p, w_q, w_r of the virtual token counters."""
+
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    """Tenant -> share under contention; tenants met later get `default_tenant_weight`."""
+
+    default_tenant_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("tpot_slo_ms", "ttft_slo_ms", "ttft_guard_fraction", "default_tenant_weight"):
+            _check_positive(name, getattr(self, name))
+        if not 0.0 <= self.safety_margin < 1.0:
+            raise ValueError(f"CoServingConfig.safety_margin must be in [0, 1), got {self.safety_margin!r}")
+        if self.ttft_guard_fraction > 1.0:
+            raise ValueError("CoServingConfig.ttft_guard_fraction must be in (0, 1], got "
+                             f"{self.ttft_guard_fraction!r}")
+        if self.max_backward_token_layers < 1:
+            raise ValueError("CoServingConfig.max_backward_token_layers must be >= 1, got "
+                             f"{self.max_backward_token_layers}")
+        for tenant, weight in self.tenant_weights.items():
+            _check_positive(f"tenant_weights[{tenant!r}]", weight)
+        sched = self.scheduler
+        if sched.max_batch_tokens < sched.max_num_seqs:
+            raise ValueError(f"SchedulerConfig.max_batch_tokens={sched.max_batch_tokens} is smaller than "
+                             f"one decode batch of max_num_seqs={sched.max_num_seqs} tokens")
+
+    @property
+    def iteration_budget_s(self) -> float:
+        """The latency an iteration may be planned up to: the TPOT SLO minus the safety margin."""
+        return self.tpot_slo_ms * (1.0 - self.safety_margin) / 1000.0
+
+    @property
+    def ttft_guard_s(self) -> float:
+        """Waiting time after which a request is overdue."""
+        return self.ttft_slo_ms * self.ttft_guard_fraction / 1000.0

@@ -1,0 +1,244 @@
+"""`coserve serve`: assemble the gateway, the SchedulerActor and the EngineActor, locally or on Ray.
+
+- `--local`: one process. The scheduler's coroutines run on uvicorn's event loop, the engine loop on a
+  background thread (`coserve.actors.client.LocalScheduler`).
+- default: Ray (a local cluster unless `RAY_ADDRESS` is set). The SchedulerActor is a named async
+  actor, the EngineActor takes the GPU, and the gateway is a Ray Serve ingress deployment
+  (`serve.ingress()` building the same FastAPI app in the replica) that finds the scheduler by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coserve.actors.metrics import Slo
+
+logger = logging.getLogger(__name__)
+
+RAY_NAMESPACE = "coserve"
+SCHEDULER_ACTOR = "coserve-scheduler"
+ENGINE_ID = "engine-0"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """Settings of `coserve serve` (plain data: the Serve deployment receives them)."""
+
+    model: str
+    tenants: str
+    data_dir: str = ".coserve/data"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    local: bool = False
+    max_num_seqs: int = 64
+    max_batch_tokens: int = 2048
+    tpot_slo_ms: float | None = None
+    ttft_slo_ms: float | None = None
+    adapter_slots: int = 4
+    dtype: str = "auto"
+    device: str = "cpu"
+    latency_profile: str | None = None  # `coserve profile --json` output (None: learned online)
+
+    @property
+    def base_model_id(self) -> str:
+        """The public id of the base model: its folder's name."""
+        return Path(self.model).resolve().name
+
+    def validate(self) -> None:
+        """Check every setting before anything heavy starts.
+
+        Raises:
+            ValueError: the first bad setting, named as on the command line.
+        """
+        positive = {"--max-num-seqs": self.max_num_seqs, "--max-batch-tokens": self.max_batch_tokens,
+                    "--adapter-slots": self.adapter_slots}
+        for flag, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        for flag, value in {"--tpot-slo-ms": self.tpot_slo_ms, "--ttft-slo-ms": self.ttft_slo_ms}.items():
+            if value is not None and not value > 0:
+                raise ValueError(f"{flag} must be > 0, got {value}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        _check_device(self.device)
+        if not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"--model {self.model}: not a model folder (no config.json)")
+        from coserve.platform.config import ModelConfig
+
+        ModelConfig.from_pretrained(self.model)  # an unsupported architecture says so here
+        tenants = self.load_tenants()
+        if self.latency_profile is not None:  # another model's or machine's profile is refused here
+            self.policy_factory(tenants).latency_model()
+
+    def load_tenants(self) -> Any:
+        """The parsed tenants file. Raises ValueError (with the path) when it is missing or invalid."""
+        from coserve.policies.tenants import load_tenants
+
+        try:
+            return load_tenants(self.tenants)
+        except FileNotFoundError:
+            raise ValueError(f"--tenants {self.tenants}: no such file") from None
+
+    def engine_config(self) -> Any:
+        from coserve.platform.engine import EngineConfig
+
+        return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots)
+
+    def policy_factory(self, tenants: Any) -> Any:
+        """The hybrid token policy's factory: SLOs, tenant weights, the latency profile."""
+        import json
+
+        import torch  # noqa: F401  (resolve_dtype's torch dtypes)
+
+        from coserve.actors.policy_setup import CoServingPolicyFactory
+        from coserve.platform.config import ModelConfig, resolve_dtype
+        from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
+
+        config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
+        dtype = str(resolve_dtype(self.dtype, ModelConfig.from_pretrained(self.model)))
+        fingerprint = ModelFingerprint(model_id_from_config(config), machine_id(self.device),
+                                       dtype.removeprefix("torch."))
+        return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
+                                      tenants.weights())
+
+    def scheduler_settings(self, tenants: Any) -> Any:
+        from coserve.actors.scheduler import SchedulerSettings
+
+        slo = Slo(ttft_s=None if self.ttft_slo_ms is None else self.ttft_slo_ms / 1000,
+                  tpot_s=None if self.tpot_slo_ms is None else self.tpot_slo_ms / 1000)
+        return SchedulerSettings(model=self.model, max_num_seqs=self.max_num_seqs,
+                                 max_batch_tokens=self.max_batch_tokens,
+                                 tenant_limits={name: t.limits for name, t in tenants.tenants.items()}, slo=slo,
+                                 data_dir=str(Path(self.data_dir).resolve()), base_model_id=self.base_model_id)
+
+
+def _check_device(device: str) -> None:
+    if device == "cpu":
+        return
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+# ----------------------------------------------------------------------------------- local mode
+
+def build_local_app(opts: ServeOptions) -> Any:
+    """The FastAPI app with the scheduler and engine in this process (started by the app's lifespan)."""
+    from coserve.actors.client import LocalScheduler
+    from coserve.actors.engine_actor import EngineActor
+    from coserve.actors.scheduler import SchedulerActor
+    from coserve.actors.store import MetadataStore
+    from coserve.api.app import build_app
+
+    tenants = opts.load_tenants()
+    engine = EngineActor(opts.engine_config(), ENGINE_ID)
+    scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants))
+    store = MetadataStore(opts.data_dir)
+    return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine))
+
+
+def run_local(opts: ServeOptions) -> None:
+    """Serve with uvicorn until interrupted."""
+    import uvicorn
+
+    app = build_local_app(opts)
+    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (local mode)", flush=True)
+    uvicorn.run(app, host=opts.host, port=opts.port, log_level="warning")
+
+
+# ------------------------------------------------------------------------------------- Ray mode
+
+def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any]:
+    """Create the named SchedulerActor and the EngineActor, register the engine, start its loop.
+
+    Returns:
+        (scheduler handle, engine handle). Call inside `ray.init(namespace=RAY_NAMESPACE)`.
+    """
+    import ray
+
+    from coserve.actors.engine_actor import EngineActor, RayLink
+    from coserve.actors.scheduler import SchedulerActor
+
+    gpus = 1 if opts.device.startswith("cuda") else 0
+    engine = ray.remote(EngineActor).options(num_cpus=0, num_gpus=gpus).remote(opts.engine_config(), ENGINE_ID)
+    scheduler = ray.remote(SchedulerActor).options(name=SCHEDULER_ACTOR, num_cpus=0).remote(
+        opts.scheduler_settings(tenants), opts.policy_factory(tenants))
+    layout = ray.get(engine.layout.remote())
+    ray.get(scheduler.register_engine.remote(ENGINE_ID, layout))
+    ray.get(engine.start.remote(RayLink(scheduler)))
+    return scheduler, engine
+
+
+class GatewayIngress:
+    """The gateway as a Ray Serve replica: it opens the store and finds the scheduler by name.
+
+    Args:
+        opts: the serve options (tenants file, data dir, model).
+    """
+
+    def __init__(self, opts: ServeOptions) -> None:
+        import ray
+
+        from coserve.actors.client import RayScheduler
+        from coserve.actors.store import MetadataStore
+
+        self._opts = opts
+        self._tenants = opts.load_tenants()
+        self._store = MetadataStore(opts.data_dir)
+        self._scheduler = RayScheduler(ray.get_actor(SCHEDULER_ACTOR, namespace=RAY_NAMESPACE))
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from coserve.api.app import build_app
+
+        return build_app(self._store, self._tenants, [self._opts.base_model_id], scheduler=self._scheduler)
+
+
+def deploy_gateway(opts: ServeOptions) -> None:
+    """Start Ray Serve's HTTP proxy on `opts.host:opts.port` and deploy the gateway at `/`."""
+    from ray import serve
+
+    serve.start(http_options={"host": opts.host, "port": opts.port})
+    ingress = serve.deployment(name="coserve-gateway", num_replicas=1,
+                               ray_actor_options={"num_cpus": 0})(serve.ingress()(GatewayIngress))
+    serve.run(ingress.bind(opts), name="coserve", route_prefix="/")
+
+
+def run_ray(opts: ServeOptions) -> None:
+    """Serve on Ray until interrupted; then shut the application and the actors down."""
+    import ray
+    from ray import serve
+
+    ray.init(namespace=RAY_NAMESPACE, log_to_driver=True,
+             **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
+    scheduler, engine = start_ray_actors(opts, opts.load_tenants())
+    deploy_gateway(opts)
+    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (Ray Serve)", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` shuts down as cleanly as Ctrl-C
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.get(scheduler.shutdown.remote())
+        ray.shutdown()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,179 @@
+"""The scheduler's `JobManager` between a real SQLite metadata store and a real engine: jobs created
+through the gateway's service are validated, trained, checkpointed (servable at once), paused,
+resumed, cancelled, and resumed after a restart to the same adapter as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from coserve import LLM, LoRARequest, SamplingParams
+from coserve.actors.finetuning import FineTuningSettings, JobManager
+from coserve.actors.store import MetadataStore
+from coserve.actors.store.records import JobStatus
+from coserve.api.protocol.base import ProtocolError
+from coserve.api.protocol.fine_tuning import FineTuningJobCreate
+from coserve.api.serving.fine_tuning import FineTuningService
+from coserve.policies.tenants import parse_tenants
+
+BASE = "tiny-llama"
+LINES = [{"messages": [{"role": "user", "content": f"Say the number {i}"},
+                       {"role": "assistant", "content": f"The number is {i}."}]} for i in range(12)]
+TENANTS = parse_tenants({"tenants": {"acme": {"api_keys": ["sk-acme"],
+                                              "limits": {"max_concurrent_jobs": 2}},
+                                     "globex": {"api_keys": ["sk-globex"]}}})
+
+
+def _llm(model_dir: Path) -> LLM:
+    return LLM(str(model_dir), dtype="float32", max_batch_tokens=64, num_kv_blocks=96, block_size=8,
+               max_model_len=256, max_lora_rank=16)
+
+
+def _manager(store: MetadataStore, llm: LLM, data_dir: Path) -> JobManager:
+    settings = FineTuningSettings(base_model_id=BASE, base_model_path=llm.engine.config.model,
+                                  data_dir=data_dir, num_layers=llm.engine.model_config.num_layers,
+                                  max_model_len=256)
+    return JobManager(store, llm.jobs, llm.get_tokenizer(), settings,
+                      {name: t.limits for name, t in TENANTS.tenants.items()})
+
+
+def _run(manager: JobManager, llm: LLM, iterations: int = 10_000, until: set[JobStatus] | None = None,
+         store: MetadataStore | None = None, job_id: str = "") -> None:
+    for _ in range(iterations):
+        manager.reconcile()
+        llm.step()
+        manager.record_events()
+        if until and store is not None and store.get_job("acme", job_id).status in until:
+            return
+
+
+def _create(service: FineTuningService, store: MetadataStore, **body: object) -> str:
+    data = "\n".join(json.dumps(x) for x in LINES).encode()
+    file = store.create_file("acme", "train.jsonl", "fine-tune", data)
+    request = FineTuningJobCreate(model=BASE, training_file=file.id, seed=7, **body)
+    return service.create("acme", request).id
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> MetadataStore:
+    store = MetadataStore(tmp_path / "data")
+    store.ensure_base_model(BASE)
+    return store
+
+
+def test_a_job_trains_checkpoints_and_serves_its_models(llama_dir: Path, store: MetadataStore,
+                                                        tmp_path: Path) -> None:
+    llm = _llm(llama_dir)
+    manager = _manager(store, llm, tmp_path / "data")
+    service = FineTuningService(store, TENANTS, (BASE,))
+    job_id = _create(service, store, suffix="nums",
+                     hyperparameters={"n_epochs": 2, "batch_size": 4}, lora={"r": 8})
+    assert store.get_job("acme", job_id).status == JobStatus.VALIDATING_FILES
+    _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=job_id)
+
+    job = store.get_job("acme", job_id)
+    assert job.status == JobStatus.SUCCEEDED, job.error
+    assert job.fine_tuned_model == f"ft:{BASE}:acme:nums:{job_id[6:14]}"
+    assert job.trained_tokens > 0 and job.hyperparameters["n_epochs"] == 2
+    events, _ = store.list_events("acme", job_id, limit=100)
+    metrics = [e for e in events if e.type == "metrics"]
+    assert len(metrics) == 6 and {"step", "train_loss", "total_steps"} <= set(metrics[0].data)
+    checkpoints, _ = store.list_checkpoints("acme", job_id)
+    assert [c.step_number for c in checkpoints] == [6, 3]
+    assert checkpoints[0].fine_tuned_model_checkpoint == f"{job.fine_tuned_model}:ckpt-step-6"
+    models = {m.id: m for m in store.list_models("acme")}
+    assert job.fine_tuned_model in models and checkpoints[1].fine_tuned_model_checkpoint in models
+    assert not any(m.id.startswith("ft:") for m in store.list_models("globex"))
+    # Servable at once by the same engine.
+    out = llm.generate("Say the number 3", SamplingParams(temperature=0, max_tokens=6),
+                       lora_request=LoRARequest("ft", 5, models[job.fine_tuned_model].adapter_path))
+    assert len(out[0].outputs[0].token_ids) == 6
+
+
+def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataStore,
+                                              tmp_path: Path) -> None:
+    llm = _llm(llama_dir)
+    manager = _manager(store, llm, tmp_path / "data")
+    service = FineTuningService(store, TENANTS, (BASE,))
+    job_id = _create(service, store, hyperparameters={"n_epochs": 30, "batch_size": 2})
+    _run(manager, llm, until={JobStatus.RUNNING}, store=store, job_id=job_id)
+    _run(manager, llm, iterations=30)
+    service.pause("acme", job_id)
+    _run(manager, llm, iterations=3)
+    tokens = llm.jobs.job(job_id).position
+    _run(manager, llm, iterations=30)
+    assert llm.jobs.job(job_id).position == tokens  # no progress while paused
+    assert not llm.engine.training.sequences  # the sequence in flight was dropped
+    service.resume("acme", job_id)
+    _run(manager, llm, iterations=20)
+    assert llm.jobs.job(job_id).position != tokens
+    assert store.get_job("acme", job_id).status == JobStatus.RUNNING
+
+    # A second job fills acme's limit of two; a third is refused with 429.
+    second = _create(service, store)
+    with pytest.raises(ProtocolError) as err:
+        _create(service, store)
+    assert err.value.status == 429 and err.value.headers["retry-after"]
+    service.cancel("acme", second)
+    service.cancel("acme", job_id)
+    _run(manager, llm, iterations=3)
+    assert store.get_job("acme", job_id).status == JobStatus.CANCELLED
+    assert not llm.engine.training.jobs and llm.policy.kv.num_free_blocks == llm.policy.kv.num_blocks
+    with pytest.raises(ProtocolError, match="cancelled"):
+        service.resume("acme", job_id)
+    with pytest.raises(ProtocolError) as err:
+        service.retrieve("globex", job_id)
+    assert err.value.status == 404
+    with pytest.raises(ProtocolError, match="at least 10") as err:
+        file = store.create_file("acme", "t.jsonl", "fine-tune",
+                                 "\n".join(json.dumps(x) for x in LINES[:5]).encode())
+        service.create("acme", FineTuningJobCreate(model=BASE, training_file=file.id))
+    assert err.value.param == "training_file"
+    with pytest.raises(ProtocolError) as err:
+        service.create("acme", FineTuningJobCreate(model="ft:other", training_file=file.id))
+    assert err.value.param == "model"
+
+
+def test_a_restarted_scheduler_resumes_to_the_uninterrupted_adapter(llama_dir: Path, tmp_path: Path
+                                                                     ) -> None:
+    finals = []
+    for restart in (False, True):
+        store = MetadataStore(tmp_path / f"data{restart}")
+        store.ensure_base_model(BASE)
+        service = FineTuningService(store, TENANTS, (BASE,))
+        llm = _llm(llama_dir)
+        manager = _manager(store, llm, tmp_path / f"data{restart}")
+        job_id = _create(service, store, hyperparameters={"n_epochs": 2, "batch_size": 4})
+        if restart:  # run past the first epoch's checkpoint, then lose the scheduler and engine
+            while not store.list_checkpoints("acme", job_id)[0]:
+                _run(manager, llm, iterations=1)
+            _run(manager, llm, iterations=5)
+            assert store.get_job("acme", job_id).status == JobStatus.RUNNING
+            llm = _llm(llama_dir)
+            manager = _manager(store, llm, tmp_path / f"data{restart}")
+        _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=job_id)
+        job = store.get_job("acme", job_id)
+        assert job.status == JobStatus.SUCCEEDED, job.error
+        path = store.get_model("acme", job.fine_tuned_model).adapter_path
+        finals.append(load_file(str(Path(path) / "adapter_model.safetensors")))
+        events, _ = store.list_events("acme", job_id, limit=100)
+        assert restart == any("Resumed" in e.message for e in events)
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_lora_settings_the_trainer_cannot_honour_are_refused_at_creation(store: MetadataStore) -> None:
+    from coserve.api.protocol.fine_tuning import LORA_TARGET_MODULES
+    from coserve.platform.lora import TARGET_MODULES
+
+    assert LORA_TARGET_MODULES == TARGET_MODULES  # the gateway's copy (it does not import torch)
+    service = FineTuningService(store, TENANTS, (BASE,))
+    for lora, param in (({"lora_dropout": 0.1}, "lora.lora_dropout"),
+                        ({"target_modules": ["fc1"]}, "lora.target_modules")):
+        with pytest.raises(ProtocolError) as err:
+            _create(service, store, lora=lora)
+        assert err.value.status == 400 and err.value.param == param

@@ -1,0 +1,149 @@
+"""The serving path on real Ray: SchedulerActor and EngineActor as Ray actors, the gateway as a Ray Serve
+ingress deployment, driven over HTTP by the official `openai` client. One cluster for the module
+(starting Ray costs ~10 s here); the `--local` path has the detailed tests (tests/api/test_chat.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from coserve import LLM, SamplingParams
+from coserve.serve import RAY_NAMESPACE, ServeOptions, deploy_gateway, start_ray_actors
+
+KEY = "sk-ray-tenant-0123"
+OTHER_KEY = "sk-ray-other-0123"
+HELLO = [{"role": "user", "content": "Hello there"}]
+
+
+@dataclass
+class RayServer:
+    url: str
+    base: str
+    scheduler: Any
+    engine: Any
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServer]:
+    import ray
+    from ray import serve
+
+    root = tmp_path_factory.mktemp("ray-serving")
+    tenants = root / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {"ray-tenant": {"api_keys": [KEY]},
+                                               "other": {"api_keys": [OTHER_KEY]}}}))
+    opts = ServeOptions(model=str(llama_dir), tenants=str(tenants), data_dir=str(root / "data"),
+                        port=_free_port(), dtype="float32", max_num_seqs=8)
+    opts.validate()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE,
+             log_to_driver=False)
+    try:
+        scheduler, engine = start_ray_actors(opts, opts.load_tenants())
+        deploy_gateway(opts)
+        yield RayServer(url=f"http://127.0.0.1:{opts.port}", base=opts.base_model_id, scheduler=scheduler,
+                        engine=engine)
+        serve.shutdown()
+        ray.get(scheduler.shutdown.remote())
+    finally:
+        ray.shutdown()
+
+
+def client(srv: RayServer, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def metric(srv: RayServer, name: str, **labels: str) -> float:
+    for line in httpx.get(f"{srv.url}/metrics").text.splitlines():
+        match = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
+        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
+            return float(match.group(2))
+    return 0.0
+
+
+def test_chat_on_ray_matches_offline_and_streams(ray_server: RayServer, llama_dir: Path) -> None:
+    oa = client(ray_server)
+    out = oa.chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=16, temperature=0)
+    ref = LLM(model=str(llama_dir), dtype="float32").chat(HELLO, SamplingParams(temperature=0, max_tokens=16))[0]
+    assert out.choices[0].message.content == ref.outputs[0].text
+    assert out.usage.prompt_tokens == len(ref.prompt_token_ids)
+    chunks = list(oa.chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=16, temperature=0,
+                                             stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.outputs[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage == out.usage
+    two = oa.chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=4, n=2, seed=5)
+    assert [c.index for c in two.choices] == [0, 1]
+
+
+def test_concurrent_streams_on_ray(ray_server: RayServer) -> None:
+    """Many live streams share one poll per iteration; requests that arrive while the pump runs get
+    every batch (the gateway registers them before submitting)."""
+    oa = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key=KEY, max_retries=0, timeout=20)
+    prompts = [[{"role": "user", "content": f"Story number {i}"}] for i in range(6)]
+    expected = [oa.chat.completions.create(model=ray_server.base, messages=p, max_tokens=24, temperature=0)
+                .choices[0].message.content for p in prompts]
+
+    def streamed(messages: list[dict]) -> str:
+        chunks = oa.chat.completions.create(model=ray_server.base, messages=messages, max_tokens=24,
+                                            temperature=0, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        background = pool.submit(oa.chat.completions.create, model=ray_server.base, messages=HELLO,
+                                 max_tokens=300, extra_body={"ignore_eos": True})
+        texts = list(pool.map(streamed, prompts))
+        assert background.result().usage.completion_tokens == 300
+    assert texts == expected
+
+
+def test_errors_on_ray(ray_server: RayServer) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client(ray_server).chat.completions.create(model="ft:nope", messages=HELLO)
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as info:
+        client(ray_server).chat.completions.create(model=ray_server.base, messages=HELLO, temperature=-1)
+    assert info.value.param == "temperature"
+    with pytest.raises(openai.BadRequestError) as info:
+        client(ray_server).chat.completions.create(model=ray_server.base,
+                                                   messages=[{"role": "user", "content": "word " * 3000}])
+    assert info.value.code == "context_length_exceeded"
+    with pytest.raises(openai.AuthenticationError):
+        client(ray_server, "sk-nobody-000000").models.list()
+
+
+def test_disconnect_aborts_on_ray(ray_server: RayServer) -> None:
+    body = {"model": ray_server.base, "messages": HELLO, "max_tokens": 1900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{ray_server.url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {OTHER_KEY}"}) as response:
+        assert next(response.iter_lines()).startswith("data: ")
+    deadline = time.monotonic() + 20
+    while metric(ray_server, "coserve_requests_total", tenant="other", outcome="abort") < 1:
+        assert time.monotonic() < deadline, "the disconnected stream was not aborted"
+        time.sleep(0.1)
+    assert metric(ray_server, "coserve_tokens_total", kind="completion", tenant="other") < 1900
+
+
+def test_health_metrics_and_engine_loop_on_ray(ray_server: RayServer) -> None:
+    import ray
+
+    assert httpx.get(f"{ray_server.url}/health").json() == {"status": "ok"}
+    assert metric(ray_server, "coserve_tokens_total", kind="completion", tenant="ray-tenant") > 0
+    assert metric(ray_server, "coserve_time_to_first_token_seconds_count", tenant="ray-tenant") >= 1
+    stats = ray.get(ray_server.engine.stats.remote())
+    assert stats["iterations"] > 0 and stats["failures"] == 0

@@ -1,0 +1,161 @@
+"""`/v1/fine_tuning/jobs` and adapter export through the real server (`--local`: uvicorn, the
+SchedulerActor with the hybrid token policy, the engine loop), driven by the official `openai` client:
+a job trains while chat requests are served, its events, checkpoints and models appear, the fine-tuned
+model and a checkpoint answer chats, the adapter downloads as a PEFT `.tar.gz`; validation errors are
+400 naming the param, other tenants get 404, cancel cancels."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from coserve.serve import ServeOptions, build_local_app
+
+ACME, GLOBEX = "sk-acme-ft-0123456789", "sk-globex-ft-0123456789"
+LINES = [{"messages": [{"role": "system", "content": "You are terse."},
+                       {"role": "user", "content": f"Say the number {i}"},
+                       {"role": "assistant", "content": f"The number is {i}."}]} for i in range(12)]
+
+
+@dataclass
+class Server:
+    url: str
+    base: str
+
+
+@pytest.fixture(scope="module")
+def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("ft-http")
+    tenants = root / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {"acme": {"api_keys": [ACME]},
+                                               "globex": {"api_keys": [GLOBEX]}}}))
+    opts = ServeOptions(model=str(llama_dir), tenants=str(tenants), data_dir=str(root / "data"),
+                        local=True, dtype="float32", max_num_seqs=8, max_batch_tokens=256)
+    opts.validate()
+    app = build_local_app(opts)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    yield Server(url=f"http://127.0.0.1:{sock.getsockname()[1]}", base=opts.base_model_id)
+    server.should_exit = True
+    thread.join(timeout=30)
+    sock.close()
+
+
+def client(srv: Server, key: str = ACME) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def _upload(oa: openai.OpenAI, lines: list[dict]) -> str:
+    data = "\n".join(json.dumps(x) for x in lines).encode()
+    return oa.files.create(file=("train.jsonl", io.BytesIO(data)), purpose="fine-tune").id
+
+
+def _wait(oa: openai.OpenAI, job_id: str, base: str, timeout: float = 120) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = oa.fine_tuning.jobs.retrieve(job_id)
+        if job.status in ("succeeded", "failed", "cancelled"):
+            return job
+        # Inference is served while the job trains.
+        reply = oa.chat.completions.create(model=base, messages=[{"role": "user", "content": "ping"}],
+                                           max_tokens=3)
+        assert reply.choices[0].message.content is not None
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish in {timeout} s")
+
+
+def test_fine_tuning_journey(server: Server) -> None:
+    oa = client(server)
+    file_id = _upload(oa, LINES)
+    job = oa.fine_tuning.jobs.create(model=server.base, training_file=file_id, suffix="nums", seed=3,
+                                     hyperparameters={"n_epochs": 2, "batch_size": 4},
+                                     extra_body={"lora": {"r": 8, "lora_alpha": 16}})
+    assert job.object == "fine_tuning.job" and job.status == "validating_files"
+    with pytest.raises(openai.NotFoundError):
+        client(server, GLOBEX).fine_tuning.jobs.retrieve(job.id)
+
+    job = _wait(oa, job.id, server.base)
+    assert job.status == "succeeded", job.error
+    assert job.fine_tuned_model.startswith(f"ft:{server.base}:acme:nums:")
+    assert job.trained_tokens > 0 and job.hyperparameters.n_epochs == 2
+    events = oa.fine_tuning.jobs.list_events(job.id, limit=100).data
+    metrics = [e for e in events if e.type == "metrics"]
+    assert metrics and {"step", "train_loss", "total_steps"} <= set(metrics[0].data)
+    checkpoints = oa.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert [c.step_number for c in checkpoints] == [6, 3]
+    assert checkpoints[0].fine_tuned_model_checkpoint == f"{job.fine_tuned_model}:ckpt-step-6"
+
+    ids = [m.id for m in oa.models.list().data]
+    assert job.fine_tuned_model in ids and checkpoints[1].fine_tuned_model_checkpoint in ids
+    assert job.fine_tuned_model not in [m.id for m in client(server, GLOBEX).models.list().data]
+    for model in (job.fine_tuned_model, checkpoints[1].fine_tuned_model_checkpoint):
+        reply = oa.chat.completions.create(model=model, max_tokens=6, temperature=0,
+                                           messages=[{"role": "user", "content": "Say the number 3"}])
+        assert reply.choices[0].message.content is not None
+    with pytest.raises(openai.NotFoundError):
+        client(server, GLOBEX).chat.completions.create(
+            model=job.fine_tuned_model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+
+    # The adapter downloads as a PEFT folder.
+    response = httpx.get(f"{server.url}/v1/models/{job.fine_tuned_model}/adapter",
+                         headers={"Authorization": f"Bearer {ACME}"}, timeout=30)
+    assert response.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as tar:
+        assert sorted(tar.getnames()) == ["adapter_config.json", "adapter_model.safetensors"]
+        config = json.load(tar.extractfile("adapter_config.json"))  # type: ignore[arg-type]
+    assert config["r"] == 8 and config["peft_type"] == "LORA"
+    missing = httpx.get(f"{server.url}/v1/models/{job.fine_tuned_model}/adapter",
+                        headers={"Authorization": f"Bearer {GLOBEX}"}, timeout=30)
+    assert missing.status_code == 404
+
+    page = oa.fine_tuning.jobs.list(limit=1)
+    assert len(page.data) == 1
+
+
+def test_cancel_and_validation_errors(server: Server) -> None:
+    oa = client(server)
+    file_id = _upload(oa, LINES)
+    job = oa.fine_tuning.jobs.create(model=server.base, training_file=file_id,
+                                     hyperparameters={"n_epochs": 50})
+    job = oa.fine_tuning.jobs.cancel(job.id)
+    assert job.status == "cancelled"
+    assert _wait(oa, job.id, server.base).status == "cancelled"
+    with pytest.raises(openai.BadRequestError):
+        oa.fine_tuning.jobs.cancel(job.id)
+
+    few = _upload(oa, LINES[:5])
+    cases = [
+        (dict(model=server.base, training_file=few), "training_file"),
+        (dict(model="no-such-model", training_file=file_id), "model"),
+        (dict(model=server.base, training_file="file-nope"), "training_file"),
+        (dict(model=server.base, training_file=file_id, hyperparameters={"n_epochs": 0}),
+         "hyperparameters.n_epochs"),
+        (dict(model=server.base, training_file=file_id, suffix="x" * 65), "suffix"),
+        (dict(model=server.base, training_file=file_id, extra_body={"lora": {"lora_dropout": 0.1}}),
+         "lora.lora_dropout"),
+    ]
+    for kwargs, param in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            oa.fine_tuning.jobs.create(**kwargs)
+        assert err.value.status_code == 400 and err.value.body["param"] == param, err.value.body
+    with pytest.raises(openai.NotFoundError):
+        oa.fine_tuning.jobs.retrieve("ftjob-000000000000000000000000")

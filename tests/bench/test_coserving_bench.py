@@ -1,0 +1,48 @@
+"""`run_coserving_benchmark` end to end on the tiny model: the JSON of issue 6 and the plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from coserve.bench.coserving import add_arguments, run_coserving_benchmark
+
+RUN_KEYS = {"policy", "rate", "slo_attainment", "inference_tokens_per_s", "finetune_tokens_per_s",
+            "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"}
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_benchmark_writes_the_issue_json_and_plots(llama_dir: Path, tmp_path: Path) -> None:
+    out, plots = tmp_path / "co.json", tmp_path / "plots"
+    code = run_coserving_benchmark(_args(
+        "--json", str(out), "--plots", str(plots), "--model-dir", str(llama_dir), "--rates", "4,8",
+        "--policies", "coserve,temporal-n8", "--window-s", "1", "--threads", "1"))
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert {"machine", "model", "slo", "finetune_only_tokens_per_s", "runs"} <= set(result)
+    assert result["slo"]["tpot_ms"] > 0 and result["slo"]["ttft_ms"] > result["slo"]["tpot_ms"]
+    assert result["finetune_only_tokens_per_s"] > 0
+    assert [(r["policy"], r["rate"]) for r in result["runs"]] == [
+        ("coserve", 4.0), ("temporal-n8", 4.0), ("coserve", 8.0), ("temporal-n8", 8.0)]
+    for run in result["runs"]:
+        assert RUN_KEYS <= set(run)
+        assert 0.0 <= run["slo_attainment"] <= 1.0 and run["inference_tokens_per_s"] > 0
+    checks = result["simulator_check"]
+    assert [(c["policy"], c["rate"]) for c in checks] == [("coserve", 4.0), ("coserve", 8.0)]
+    assert all(c["inference_tokens_per_s"]["simulated"] > 0 for c in checks)
+    names = {p.name for p in plots.iterdir()}
+    assert names == {"slo_attainment.png", "inference_throughput.png", "finetune_throughput.png",
+                     "bursty_timeline.png"}
+    assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+
+
+def test_unknown_policy_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    code = run_coserving_benchmark(_args("--json", str(tmp_path / "x.json"), "--policies", "coserve,fifo"))
+    assert code == 2 and "fifo" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()

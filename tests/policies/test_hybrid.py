@@ -1,0 +1,261 @@
+"""HybridTokenPolicy against a fake engine: inference first, fine-tuning up to the SLO, VTC, guards."""
+
+from __future__ import annotations
+
+import pytest
+from coserving_sim import (COEFFICIENTS, FP, FakeClock, execute, make_job, make_policy, make_request,
+                           step)
+
+from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.config import SchedulerConfig
+from coserve.policies.finetune_job import JobEventKind, JobPhase
+from coserve.policies.hybrid import HybridTokenPolicy
+from coserve.policies.hybrid_config import CoServingConfig
+from coserve.policies.kv_blocks import KVBlockManager
+from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
+from coserve.policies.plan import IterationPlan
+from coserve.policies.request import RequestStatus
+
+
+def predicted(policy: HybridTokenPolicy, plan: IterationPlan, extra: PlanFeatures | None = None) -> float:
+    features = plan_features(plan, {c.request_id: -1 for c in plan.chunks})
+    return policy.latency.predict(features + (extra or PlanFeatures()))
+
+
+ONE_TOKEN = PlanFeatures(ft_forward_tokens=1)
+
+
+# ----------------------------------------------------------------------------- the SLO budget
+
+def test_forward_window_fills_the_iteration_up_to_the_slo() -> None:
+    policy = make_policy(tpot_slo_ms=20.0, scheduler={"max_batch_tokens": 256})
+    for i in range(4):
+        policy.add_request(make_request(f"r{i}", "bob", max_tokens=8))
+    step(policy)  # the four prefills
+    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    plan, _ = step(policy)
+    # 4 decodes (4 ms) leave 16 ms: 160 forward tokens at 0.1 ms; one more would break the SLO.
+    assert [c.num_tokens for c in plan.chunks] == [1, 1, 1, 1]
+    assert plan.training.forward_tokens == 160
+    assert predicted(policy, plan) <= 0.020 < predicted(policy, plan, ONE_TOKEN)
+
+
+def test_safety_margin_shrinks_the_fine_tuning_share() -> None:
+    policy = make_policy(tpot_slo_ms=20.0, safety_margin=0.25, scheduler={"max_batch_tokens": 256})
+    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    plan, _ = step(policy)
+    assert plan.training.forward_tokens in (149, 150)  # 15 ms of 0.1 ms tokens, up to rounding
+    assert predicted(policy, plan) <= 0.015 < predicted(policy, plan, ONE_TOKEN)
+
+
+def test_forward_windows_share_max_batch_tokens_with_inference() -> None:
+    policy = make_policy(tpot_slo_ms=1000.0, scheduler={"max_batch_tokens": 64})
+    policy.add_request(make_request("r", "bob", prompt_len=20))
+    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    plan, _ = step(policy)
+    assert plan.num_tokens == 20 and plan.training.forward_tokens == 44
+
+
+def test_backward_phase_gets_token_layers_within_the_slo() -> None:
+    # 0.01 ms per token-layer and 4 layers: a 24-token sequence's backward is 96 token-layers (~1 ms).
+    policy = make_policy(tpot_slo_ms=5.0, coefficients={**COEFFICIENTS, "ft_backward_token_layers": 1e-4},
+                         scheduler={"max_num_seqs": 2})
+    job = make_job(policy, "j", "acme", lengths=(24,), num_layers=4)
+    policy.add_job(job)
+    plan, _ = step(policy)
+    assert plan.training.forward_tokens == 24 and job.phase is JobPhase.BACKWARD
+    budgets = []
+    while job.phase is JobPhase.BACKWARD and len(budgets) < 10:
+        plan, _ = step(policy)
+        budgets.append(plan.training.backward_token_layers)
+    assert budgets[0] == 50  # 5 ms / 0.1 ms
+    assert sum(budgets) == 96 and all(b <= 50 for b in budgets)
+
+
+def test_no_fine_tuning_when_inference_alone_reaches_the_slo() -> None:
+    policy = make_policy(tpot_slo_ms=8.0, scheduler={"max_num_seqs": 8, "max_batch_tokens": 64})
+    for i in range(8):
+        policy.add_request(make_request(f"r{i}", "bob", max_tokens=8))
+    step(policy)
+    policy.add_job(make_job(policy, "j", "acme"))
+    plan, _ = step(policy)  # 8 decodes: 8 ms, the whole budget
+    assert len(plan.chunks) == 8 and plan.training.forward_tokens == 0
+
+
+# ------------------------------------------------------------------------------------ VTC
+
+def test_admission_follows_the_least_counter_tenant() -> None:
+    policy = make_policy(scheduler={"max_num_seqs": 1})
+    for i in range(3):
+        policy.add_request(make_request(f"a{i}", "a", max_tokens=1))
+    policy.add_request(make_request("b0", "b", max_tokens=1))
+    order = []
+    for _ in range(4):
+        plan, _ = step(policy)
+        order += [s.request_id for s in plan.new_sequences]
+    # Both start at 0 (ties by name: a); then a's counter is ahead, so b goes before a's backlog.
+    assert order == ["a0", "b0", "a1", "a2"]
+
+
+def test_input_is_charged_once_and_outputs_per_token() -> None:
+    policy = make_policy(num_blocks=4, scheduler={"max_num_seqs": 2, "max_model_len": 16})
+    policy.add_request(make_request("x", "a", prompt_len=7, max_tokens=6))
+    policy.add_request(make_request("y", "b", prompt_len=7, max_tokens=6))
+    preempted = False
+    for _ in range(30):
+        plan, _ = step(policy)
+        preempted |= bool(plan.freed and policy.has_unfinished())
+        if not policy.has_work():
+            break
+    assert preempted  # 4 blocks of 4 tokens cannot hold both 13-token sequences
+    w = policy.vtc.weights
+    assert policy.vtc.counter("a") == pytest.approx(w.w_p * 7 + w.w_q * 6)
+    assert policy.vtc.counter("b") == pytest.approx(w.w_p * 7 + w.w_q * 6)
+
+
+def test_jobs_are_picked_by_counter_and_tasklets_charged_by_layers() -> None:
+    # Room for one 16-token window per iteration: the job of the least-served tenant gets it.
+    policy = make_policy(tpot_slo_ms=1.6, scheduler={"max_batch_tokens": 64, "max_num_seqs": 1})
+    for tenant in ("a", "b"):
+        policy.add_job(make_job(policy, f"job-{tenant}", tenant, lengths=(48,), adapter_id=ord(tenant)))
+    takers = []
+    for _ in range(6):
+        plan, _ = step(policy)
+        takers.append(plan.training.forward_windows[0].sequence_id.split("/")[0])
+    assert takers == ["job-a", "job-b"] * 3
+    assert policy.vtc.counter("a") == policy.vtc.counter("b") == 48
+
+
+# ------------------------------------------------------------------------------ TTFT guard
+
+def test_overdue_request_goes_first_and_stops_fine_tuning() -> None:
+    clock = FakeClock()
+    policy = make_policy(clock=clock, ttft_slo_ms=1000.0, ttft_guard_fraction=0.5,
+                         scheduler={"max_num_seqs": 1})
+    policy.add_request(make_request("first", "a", max_tokens=5))
+    policy.add_job(make_job(policy, "j", "t", lengths=(400,)))
+    step(policy)
+    policy.add_request(make_request("old", "b", arrival=0.0))  # b's counter will be the highest
+    policy.vtc.charge_input("b", 1000)
+    policy.add_request(make_request("new", "c", arrival=0.4))
+    clock.now = 0.3
+    plan, _ = step(policy)
+    assert plan.training.forward_tokens > 0  # nobody overdue yet: fine-tuning runs
+    clock.now = 0.6  # "old" has waited 0.6 s >= 0.5 s
+    admitted: list[str] = []
+    guarded = 0
+    for _ in range(8):
+        plan, _ = step(policy)
+        admitted += [s.request_id for s in plan.new_sequences]
+        if not admitted:  # "old" waits for "first" to finish: the batch must not grow training work
+            assert plan.training.forward_tokens == 0
+            guarded += 1
+    assert guarded == 3 and admitted[:2] == ["old", "new"]  # despite c's lower counter
+
+
+# ------------------------------------------------------------------------- KV yield
+
+def test_fine_tuning_yields_kv_blocks_to_inference() -> None:
+    policy = make_policy(num_blocks=16, tpot_slo_ms=1000.0,
+                         scheduler={"max_batch_tokens": 40, "max_model_len": 40})
+    job = make_job(policy, "j", "t", lengths=(60,), max_window_tokens=40)
+    policy.add_job(job)
+    step(policy)  # a 40-token window: 10 of the 16 blocks
+    assert policy.kv.num_free_blocks == 6
+    policy.add_request(make_request("r", "u", prompt_len=36, max_tokens=2))  # needs 10 blocks
+    plan, _ = step(policy)
+    assert [s.request_id for s in plan.new_sequences] == ["r"]
+    assert plan.training.sequence_drops == [job.spec.job_id + "/s1.0"]
+    assert not plan.freed  # nothing of inference was preempted
+    for _ in range(30):
+        if not policy.has_work():
+            break
+        step(policy)
+    assert [e.kind for e in policy.pop_job_events()][-1] is JobEventKind.SUCCEEDED
+
+
+# -------------------------------------------------------------------- jobs and the model
+
+def test_remove_job_stops_it_in_the_next_plan() -> None:
+    policy = make_policy()
+    policy.add_job(make_job(policy, "j", "t", lengths=(200,)))
+    step(policy)
+    assert policy.remove_job("j") and not policy.remove_job("nope")
+    plan, _ = step(policy)
+    assert plan.training.job_stops == ["j"] and plan.training.forward_tokens == 0
+    assert [e.kind for e in policy.pop_job_events()] == [JobEventKind.CANCELLED]
+    assert policy.get_job("j") is None and not policy.has_work()
+    assert policy.kv.num_free_blocks == policy.kv.num_blocks
+
+
+def test_measured_iterations_refine_the_latency_model() -> None:
+    policy = make_policy()
+    for i in range(3):
+        policy.add_request(make_request(f"r{i}", "a", max_tokens=20))
+    before = policy.latency.coefficients
+    for _ in range(10):
+        step(policy, total_s=0.050)  # far slower than the 1 ms/decode model predicts
+    assert policy.latency.coefficients != before
+    plan = policy.plan()
+    assert predicted(policy, plan) > 0.010
+    policy.update(plan, execute(plan))
+
+
+# ------------------------------------------------------------------------------ settings
+
+@pytest.mark.parametrize(("settings", "name"), [
+    ({"tpot_slo_ms": 0.0}, "tpot_slo_ms"),
+    ({"tpot_slo_ms": -5.0}, "tpot_slo_ms"),
+    ({"ttft_slo_ms": 0.0}, "ttft_slo_ms"),
+    ({"safety_margin": 1.0}, "safety_margin"),
+    ({"ttft_guard_fraction": 0.0}, "ttft_guard_fraction"),
+    ({"tenant_weights": {"acme": 0.0}}, "tenant_weights\\['acme'\\]"),
+    ({"max_backward_token_layers": 0}, "max_backward_token_layers"),
+])
+def test_invalid_settings_name_the_setting(settings: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        CoServingConfig(scheduler=SchedulerConfig(max_model_len=64), **settings)
+
+
+def test_token_budget_smaller_than_a_decode_batch_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_batch_tokens=8 .* max_num_seqs=16"):
+        CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, max_num_seqs=16, max_batch_tokens=8))
+
+
+def test_slo_below_one_decode_batch_is_refused() -> None:
+    config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, max_num_seqs=32,
+                                                       block_size=4), tpot_slo_ms=20.0)
+    with pytest.raises(ValueError, match="tpot_slo_ms=20.0"):  # 32 decodes at 1 ms each
+        HybridTokenPolicy(config, KVBlockManager(64, 4), AdapterSlots(2), LatencyModel(FP, COEFFICIENTS))
+
+
+def test_aborted_waiting_request_leaves_its_tenant_idle() -> None:
+    policy = make_policy()
+    policy.add_request(make_request("r", "a"))
+    assert "a" in policy.vtc.backlogged
+    assert policy.abort("r")
+    assert "a" not in policy.vtc.backlogged and not policy.has_work()
+    assert policy.get_request("r") is None
+    assert RequestStatus.FINISHED_ABORTED.is_finished
+
+
+def test_jobs_of_one_tenant_take_turns() -> None:
+    policy = make_policy(tpot_slo_ms=1.6, scheduler={"max_batch_tokens": 64, "max_num_seqs": 1})
+    for k in range(2):
+        policy.add_job(make_job(policy, f"j{k}", "same", lengths=(48,), adapter_id=10 + k))
+    takers = [step(policy)[0].training.forward_windows[0].sequence_id.split("/")[0] for _ in range(4)]
+    assert takers == ["j0", "j1", "j0", "j1"]
+
+
+def test_pause_drops_the_sequence_in_flight_and_resume_restarts_it() -> None:
+    policy = make_policy(tpot_slo_ms=2.0, scheduler={"max_num_seqs": 1})
+    policy.add_job(make_job(policy, "j", "t", lengths=(100,)))
+    step(policy)
+    assert policy.pause_job("j") and not policy.pause_job("nope")
+    plan, _ = step(policy)
+    assert plan.training.sequence_drops == ["j/s1.0"] and plan.training.forward_tokens == 0
+    assert policy.kv.num_free_blocks == policy.kv.num_blocks and not policy.has_work()
+    assert "t" not in policy.vtc.backlogged
+    assert policy.resume_job("j")
+    plan, _ = step(policy)
+    assert plan.training.sequence_starts and plan.training.forward_windows[0].start == 0

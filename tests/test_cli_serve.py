@@ -1,0 +1,84 @@
+"""`coserve serve`: bad settings fail fast with a clear message; `--local` serves the openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from coserve.cli import main
+
+KEY = "sk-cli-tenant-0123"
+
+
+@pytest.fixture
+def tenants_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(json.dumps({"tenants": {"cli": {"api_keys": [KEY]}}}))
+    return path
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
+    (["--max-batch-tokens", "-3"], "--max-batch-tokens must be >= 1"),
+    (["--adapter-slots", "0"], "--adapter-slots must be >= 1"),
+    (["--tpot-slo-ms", "0"], "--tpot-slo-ms must be > 0"),
+    (["--port", "70000"], "--port must be in 0..65535"),
+    (["--dtype", "float8"], "--dtype must be one of"),
+    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+])
+def test_bad_settings_exit_nonzero_with_message(llama_dir: Path, tenants_file: Path, extra: list[str],
+                                                 message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local", *extra])
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_model_or_tenants(llama_dir: Path, tenants_file: Path, tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--model", str(tmp_path), "--tenants", str(tenants_file)]) == 2
+    assert "not a model folder" in capsys.readouterr().err
+    assert main(["serve", "--model", str(llama_dir), "--tenants", str(tmp_path / "none.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tenants: {x: {api_keys: []}}")
+    assert main(["serve", "--model", str(llama_dir), "--tenants", str(bad)]) == 2
+    assert "api_keys" in capsys.readouterr().err
+
+
+def test_serve_local_subprocess(llama_dir: Path, tenants_file: Path, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "coserve.cli", "serve", "--local", "--model", str(llama_dir), "--tenants",
+           str(tenants_file), "--data-dir", str(tmp_path / "data"), "--port", str(port), "--dtype", "float32"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        oa = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=10)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                models = oa.models.list()
+                break
+            except openai.APIConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+                time.sleep(0.2)
+        assert [m.id for m in models.data] == [llama_dir.name]
+        out = oa.chat.completions.create(model=llama_dir.name, messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=4)
+        assert out.choices[0].finish_reason in ("stop", "length") and out.usage.completion_tokens >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
