@@ -48,7 +48,8 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
                 output_dir: str | Path, hyperparameters: Mapping[str, Any] | None = None,
                 lora: Mapping[str, Any] | None = None, seed: int = 0,
                 base_model_name_or_path: str | None = None,
-                init_adapter: str | None = None) -> PreparedJob:
+                init_adapter: str | None = None,
+                validation: Sequence[Mapping[str, Any] | Sequence[Mapping[str, Any]]] = ()) -> PreparedJob:
     """Tokenize the examples with the chat template and resolve every "auto" setting.
 
     Raises:
@@ -59,6 +60,7 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
     resolved = resolve_hyperparameters(dict(hyperparameters or {}), len(dataset.sequences),
                                        dataset.trained_tokens)
     lora_config = LoRATrainConfig(**_lora_arguments(lora or {}))
+    held_out = prepare_dataset(tokenizer, validation, max_len).sequences if validation else []
     spec = FinetuneJobSpec(
         job_id=job_id, tenant=tenant, adapter_id=adapter_id,
         examples=[TrainingExample(seq.token_ids.tolist(), seq.trained.tolist())
@@ -69,7 +71,9 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
               "lora_dropout": lora_config.lora_dropout,
               "target_modules": list(lora_config.target_modules)},
         optimizer=resolved.optimizer_config().to_dict(),
-        base_model_name_or_path=base_model_name_or_path, init_adapter=init_adapter)
+        base_model_name_or_path=base_model_name_or_path, init_adapter=init_adapter,
+        validation_examples=[TrainingExample(seq.token_ids.tolist(), seq.trained.tolist())
+                             for seq in held_out])
     return PreparedJob(spec, dataset, resolved)
 
 
@@ -103,6 +107,11 @@ class FineTuneResult:
     def losses(self) -> list[float]:
         """The mean training loss of every optimizer step, in order."""
         return [e.loss for e in self.events if e.kind == JobEventKind.STEP and e.loss is not None]
+
+    @property
+    def validation_losses(self) -> list[float]:
+        """The validation set's mean token loss at the end of each epoch (empty without one)."""
+        return [e.loss for e in self.events if e.kind == JobEventKind.VALIDATION and e.loss is not None]
 
 
 class JobControl(enum.Enum):

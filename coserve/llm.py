@@ -167,7 +167,8 @@ class LLM:
 
     def start_fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
                         hyperparameters: dict | None = None, lora: dict | None = None,
-                        seed: int = 0, job_id: str | None = None) -> str:
+                        seed: int = 0, job_id: str | None = None,
+                        validation: Sequence[dict | list[dict]] = ()) -> str:
         """Start a LoRA fine-tuning job on chat examples; returns its id at once.
 
         The job trains in the same iterations as every later `generate`/`chat` call; `wait`
@@ -176,7 +177,8 @@ class LLM:
         `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
         `resolve_hyperparameters`); LoRA settings with PEFT's names (`r`, `lora_alpha`,
         `target_modules`; default r=16, alpha=32, all seven projections). Checkpoints are written
-        to `output_dir/ckpt-step-N` at each epoch's end, the adapter to `output_dir/final`.
+        to `output_dir/ckpt-step-N` at each epoch's end, the adapter to `output_dir/final`; the
+        `validation` examples' mean loss is measured at each epoch's end (`validation_losses`).
 
         Raises:
             ValueError: fewer than 10 usable examples, or a bad setting (named in the message).
@@ -187,7 +189,7 @@ class LLM:
             tenant="offline", adapter_id=adapter_id, num_layers=self.engine.model_config.num_layers,
             max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
             hyperparameters=hyperparameters, lora=lora, seed=seed,
-            base_model_name_or_path=self.engine.config.model)
+            base_model_name_or_path=self.engine.config.model, validation=validation)
         return self.jobs.submit(prepared).job_id
 
     def wait(self, job_id: str) -> FineTuneResult:
@@ -199,9 +201,10 @@ class LLM:
 
     def fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
                   hyperparameters: dict | None = None, lora: dict | None = None,
-                  seed: int = 0) -> FineTuneResult:
+                  seed: int = 0, validation: Sequence[dict | list[dict]] = ()) -> FineTuneResult:
         """`start_fine_tune` then `wait`: train a LoRA adapter and return where it is."""
-        return self.wait(self.start_fine_tune(examples, output_dir, hyperparameters, lora, seed))
+        return self.wait(self.start_fine_tune(examples, output_dir, hyperparameters, lora, seed,
+                                              validation=validation))
 
     def _run_to_completion(self, tracked: list[OutputTracker]) -> None:
         by_id = {t.request.request_id: t for t in tracked}

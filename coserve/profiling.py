@@ -1,6 +1,6 @@
 """`coserve profile`: fit the iteration latency model on this machine (registered by `coserve.cli`).
 
-    coserve profile --model DIR [--device D] [--dtype T] [--iterations N] --json OUT
+    coserve profile --model DIR [--device D] [--dtype T] [--iterations N] [--repeats R] --json OUT
 
 Writes `{"heldout_mape", "heldout_samples", "coefficients", ...}`: the fitted `LatencyModel` (its
 `to_dict`, which `serve` loads) plus how well it predicted the held-out iterations. Heavy imports
@@ -32,6 +32,8 @@ def register_profile(subparsers: Any) -> None:
     parser.add_argument("--adapters", type=int, default=2, help="LoRA adapters in the sweep (default: 2)")
     parser.add_argument("--max-context", type=int, default=512,
                         help="longest decode context in the sweep (default: 512)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs per scenario, the fastest kept (default: 3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(handler=_cmd_profile)
 
@@ -42,11 +44,13 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from coserve.platform.tiny_model import create_random_adapter
     from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
 
-    if args.adapters < 0 or args.iterations < 4 or args.max_context < 16:
-        print("error: --adapters must be >= 0, --iterations >= 4, --max-context >= 16", file=sys.stderr)
+    if args.adapters < 0 or args.iterations < 4 or args.max_context < 16 or args.repeats < 1:
+        print("error: --adapters must be >= 0, --iterations >= 4, --max-context >= 16, --repeats >= 1",
+              file=sys.stderr)
         return 2
     contexts = tuple(c for c in (16, 128, 512, 2048) if c <= args.max_context)
-    settings = SweepSettings(iterations=args.iterations, seed=args.seed, contexts=contexts)
+    settings = SweepSettings(iterations=args.iterations, seed=args.seed, contexts=contexts,
+                             repeats=args.repeats)
     # Room for every decode at the longest context, the longest prefill and the training sequence.
     tokens = max(settings.decodes) * (max(contexts) + 1) + 512 + settings.finetune_length + 1024
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,

@@ -128,7 +128,13 @@ class JobManager:
         content = self._store.read_file_content(record.tenant, record.training_file)
         if content is None:
             raise ValueError(f"the training file {record.training_file} no longer exists")
-        examples = [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]
+        examples = _jsonl(content)
+        validation = []
+        if record.validation_file is not None:
+            raw = self._store.read_file_content(record.tenant, record.validation_file)
+            if raw is None:
+                raise ValueError(f"the validation file {record.validation_file} no longer exists")
+            validation = _jsonl(raw)
         init_adapter = None
         if record.model != self._settings.base_model_id:
             model = self._store.get_model(record.tenant, record.model)
@@ -143,7 +149,8 @@ class JobManager:
             output_dir=self._settings.data_dir.resolve() / "adapters" / record.id,
             hyperparameters={k: v for k, v in record.hyperparameters.items() if v is not None},
             lora=record.extensions.get("lora"), seed=record.seed,
-            base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter)
+            base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
+            validation=validation)
         limit = self._limits.get(record.tenant, TenantLimits()).max_training_tokens_per_job
         total = prepared.hyperparameters.total_trained_tokens
         if limit is not None and total > limit:
@@ -232,6 +239,13 @@ class JobManager:
                                    adapter_path=event.path)
         self._store.add_event(record.id, f"Checkpoint created at step {event.step}")
 
+    def _on_validation(self, running: _Running, event: JobEvent) -> None:
+        data = {"step": event.step, "valid_loss": event.loss, "total_steps": running.total_steps}
+        if running.last_loss is not None:
+            data["train_loss"] = running.last_loss
+        self._store.add_event(event.job_id, f"Step {event.step}/{running.total_steps}: validation "
+                              f"loss={event.loss:.4g}", type="metrics", data=data)
+
     def _on_succeeded(self, running: _Running, event: JobEvent) -> None:
         record = running.record
         name = model_id(self._settings, record)
@@ -258,4 +272,10 @@ _HANDLERS = {
     JobEventKind.SUCCEEDED: JobManager._on_succeeded,
     JobEventKind.FAILED: JobManager._on_failed,
     JobEventKind.CANCELLED: JobManager._on_cancelled,
+    JobEventKind.VALIDATION: JobManager._on_validation,
 }
+
+
+def _jsonl(content: bytes) -> list[Any]:
+    """The examples of a fine-tuning JSONL file (checked at upload)."""
+    return [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]

@@ -4,11 +4,11 @@
 
 On one in-process engine (the `small` preset by default, float32, CPU):
 
-1. Fit the latency model from a short sweep of real iterations (`calibration.profile_engine`) and
-   derive the SLOs from it (`calibration.calibrate_slo`: TPOT = 3 x the decode step at batch 8,
-   TTFT = 40 x TPOT); both are printed and written to the JSON. The model is then refitted with 6 s of
-   real co-serving iterations added (`_calibrate`), and the policies' safety margin is its held-out
-   MAPE (within [0.1, 0.3]).
+1. Fit the latency model on a short sweep of real iterations (`calibration.profile_engine`), refit it
+   with a few seconds of real co-serving iterations added (`_calibrate`), and derive from the final
+   model the SLOs (`calibration.calibrate_slo`: TPOT = 3 x the decode step at batch 8, TTFT = 40 x
+   TPOT), the policies' safety margin (the model's held-out MAPE, within [0.1, 0.3]) and
+   `max_num_seqs`; all are printed and written to the JSON.
 2. Measure fine-tuning alone (`finetune_only_tokens_per_s`): the coserve policy with no inference.
 3. For every rate and policy: a Poisson trace of `window_s` seconds (ShareGPT-like lengths divided by
    4, see `traces`) replayed against the wall clock with the fine-tuning job running, then a drain of
@@ -44,15 +44,21 @@ from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead
                                      truth_model_from_run)
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
 
-QUICK_RATES = (0.5, 1.0, 2.0)
-FULL_RATES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
-QUICK_POLICIES = ("coserve", "temporal-n16", "temporal-n128", "dynamic-temporal", "static-split-0.1")
+# Rates: the small preset on 2 CPU cores serves about 3.5 requests/s of this trace before queues grow
+# (measured 2026-11-21); below ~1 request/s the engine idles and every work-conserving baseline trains
+# as fast as coserve, so the quick set spans the range where sharing matters.
+QUICK_RATES = (1.0, 2.0, 3.0)
+FULL_RATES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5)
+# static-split-0.02: a share small enough for its fixed fine-tuning work to fit the TPOT SLO here
+# (0.1 does not: TPOT p50 114-152 ms against a 90 ms SLO in a smoke run).
+QUICK_POLICIES = ("coserve", "temporal-n16", "temporal-n128", "dynamic-temporal", "static-split-0.02")
 FULL_POLICIES = ("coserve", "temporal-n16", "temporal-n64", "temporal-n256", "dynamic-temporal",
-                 "static-split-0.1", "static-split-0.3")
+                 "static-split-0.02", "static-split-0.1")
 NUM_KV_BLOCKS = 1024
 MAX_BATCH_TOKENS = 512
 TRAINING_ADAPTER_ID = 2**41  # far from user adapter ids, like the offline API's
 WARMUP_S = 6.0  # co-serving seconds of the calibration's second pass
+DECODE_SHARE = 0.6  # of the TPOT SLO a full decode batch may take (sets max_num_seqs)
 QUICK_SWEEP = SweepSettings(decode_batches=(1, 8, 16), decode_steps=4, forward_windows=(32, 128, 256),
                             backward_budgets=(512, 2048))
 
@@ -105,42 +111,52 @@ def _engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, 
     return engine, prepared.spec, model
 
 
-def _max_num_seqs(setup_latency: Any, slo: SLO) -> int:
-    """The largest decode batch (of 32, 16, 8, 4) whose step at a 256-token context takes at most half
-    the TPOT SLO: the rest of the iteration is for prefill chunks and fine-tuning."""
-    for n in (32, 16, 8, 4):
-        if decode_step_s(setup_latency, batch=n) <= 0.5 * slo.tpot_s:
+def _max_num_seqs(latency: Any, slo: SLO, margin: float) -> int:
+    """The largest decode batch (of 32, 16, 8, 4, 2, 1) whose step at a 256-token context takes at most
+    `DECODE_SHARE` of the TPOT SLO (the rest of the iteration is for prefill chunks and fine-tuning) and
+    whose first step fits the policies' iteration budget (`CoServingPolicy` refuses it otherwise).
+    A smaller batch caps concurrency: requests queue for a slot, and TTFT suffers first."""
+    budget = slo.tpot_s * (1.0 - margin)
+    for n in (32, 16, 8, 4, 2):
+        if decode_step_s(latency, batch=n) <= DECODE_SHARE * slo.tpot_s and \
+                decode_step_s(latency, batch=n, context=1) <= budget:
             return n
-    return 4
+    return 1
+
+
+def _setup(engine: Any, latency: Any, mape: float) -> PolicySetup:
+    """SLOs, safety margin and batch limit, all from one fitted model (see `_calibrate`)."""
+    from coserve.policies.config import SchedulerConfig
+
+    slo, margin = calibrate_slo(latency), _margin(mape)
+    scheduler = SchedulerConfig(max_model_len=engine.layout.max_model_len,
+                                max_num_seqs=_max_num_seqs(latency, slo, margin),
+                                max_batch_tokens=MAX_BATCH_TOKENS, block_size=engine.layout.block_size)
+    return PolicySetup(scheduler=scheduler, slo=slo, latency=latency, safety_margin=margin)
 
 
 def _calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSettings,
                warmup_s: float) -> tuple[PolicySetup, float]:
-    """Fit the latency model in two passes and derive the SLOs and limits from it.
+    """Fit the latency model in two passes and derive the SLOs and limits from the final one.
 
-    Pass 1: the sweep (`profile_engine`), which sets the SLO. Pass 2: `warmup_s` seconds of real
-    co-serving (coserve at `rate`, planned with the pass-1 model), whose iterations mix decodes,
-    prefill chunks and fine-tuning work in the proportions the benchmark runs; the final model is fitted
-    on both passes. The safety margin is the final model's held-out MAPE (the meaning
-    `CoServingConfig.safety_margin` documents), kept within [0.1, 0.3].
+    Pass 1: the sweep (`profile_engine`). Pass 2: `warmup_s` seconds of real co-serving (coserve at
+    `rate`, planned with the pass-1 model), whose iterations mix decodes, prefill chunks and
+    fine-tuning work in the proportions the benchmark runs; the final model is fitted on both passes.
+    The safety margin is the final model's held-out MAPE (the meaning `CoServingConfig.safety_margin`
+    documents), kept within [0.1, 0.3].
     """
-    from coserve.policies.config import SchedulerConfig
     from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
 
     samples = profile_engine(engine, dataclasses.replace(job_spec, job_id="calibration"), sweep)
     fingerprint = ModelFingerprint(model_id_from_config(dataclasses.asdict(engine.model_config)),
                                    machine_id(str(engine.device)), "float32")
     latency, mape = fit_latency_model(samples, fingerprint)
-    slo = calibrate_slo(latency)
-    scheduler = SchedulerConfig(max_model_len=engine.layout.max_model_len,
-                                max_num_seqs=_max_num_seqs(latency, slo),
-                                max_batch_tokens=MAX_BATCH_TOKENS, block_size=engine.layout.block_size)
-    setup = PolicySetup(scheduler=scheduler, slo=slo, latency=latency, safety_margin=_margin(mape))
     trace = make_trace(poisson_arrivals(rate, warmup_s, seed + 7), seed + 7, prefix="w")
-    warm = _run(engine, setup, job_spec, "coserve", rate, trace, RunLimits(warmup_s, 0.0), "warmup")
+    warm = _run(engine, _setup(engine, latency, mape), job_spec, "coserve", rate, trace,
+                RunLimits(warmup_s, 0.0), "warmup")
     samples += [(it.features, it.engine_s) for it in warm.iterations if it.engine_s > 0]
     latency, mape = fit_latency_model(samples, fingerprint)
-    return dataclasses.replace(setup, latency=latency, safety_margin=_margin(mape)), mape
+    return _setup(engine, latency, mape), mape
 
 
 def _margin(mape_percent: float) -> float:

@@ -33,6 +33,9 @@ from coserve.policies.plan import IterationPlan, IterationResult, SampledToken, 
 from coserve.policies.training_plan import SavedAdapter, StepReport, TrainingReport
 
 SIMULATED_TOKEN = 17  # the token every simulated sample returns (requests ignore EOS)
+# A run noisier than this (a machine under heavy contention) is not described by a latency model;
+# the simulator caps the spread it imitates.
+MAX_NOISE_SIGMA = 0.5
 
 
 class VirtualClock:
@@ -78,8 +81,10 @@ class LatencyExecutor:
         engine_s = max(self._model.predict(features), 1e-6)
         if self._sigma > 0:
             # Mean-preserving lognormal noise: a real engine's iterations scatter around the model
-            # (its held-out MAPE), and the policy must plan through that error.
-            engine_s *= math.exp(self._rng.gauss(-self._sigma ** 2 / 2, self._sigma))
+            # (its held-out MAPE), and the policy must plan through that error. Clamped to [1/3, 3]x:
+            # a near-zero time would make the policy's relative-error RLS row explode.
+            factor = math.exp(self._rng.gauss(-self._sigma ** 2 / 2, self._sigma))
+            engine_s *= min(3.0, max(1.0 / 3.0, factor))
         self._clock.advance(engine_s + self._overhead_s)
         training = plan.training
         report = TrainingReport(
@@ -187,7 +192,8 @@ def truth_model_from_run(run: RunRecord, fingerprint: ModelFingerprint) -> tuple
     when a few iterations run long (a busy machine): its total over a run falls short of the measured
     total. The simulator needs the total right, so the fitted coefficients are scaled by
     ``sum(measured) / sum(predicted)``. The returned sigma is the standard deviation of
-    ``log(measured / predicted)`` after scaling, for `SimSettings.noise_sigma`.
+    ``log(measured / predicted)`` after scaling (at most `MAX_NOISE_SIGMA`), for
+    `SimSettings.noise_sigma`.
     """
     samples = [(it.features, it.engine_s) for it in run.iterations if it.engine_s > 0]
     model = LatencyModel(fingerprint)
@@ -198,7 +204,7 @@ def truth_model_from_run(run: RunRecord, fingerprint: ModelFingerprint) -> tuple
     logs = [math.log(s / max(p * scale, 1e-12)) for (_, s), p in zip(samples, predicted)]
     mean = sum(logs) / len(logs)
     sigma = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
-    return scaled, sigma
+    return scaled, min(sigma, MAX_NOISE_SIGMA)
 
 
 def measured_overhead_s(run: RunRecord, idle_gap_s: float = 0.05) -> float:

@@ -6,7 +6,9 @@ job's forward window or backward tasklets of chosen sizes. Unmeasured set-up ite
 sequences' earlier tokens into the KV cache and bring the job to the wanted phase, so the measured
 iteration does exactly the work its features count (`plan_features`). Iterations in which the job's
 optimizer step runs are measured but left out: no feature counts an optimizer step (it happens once
-per batch, not per token, and the policy does not plan it against the SLO).
+per batch, not per token, and the policy does not plan it against the SLO). The sweep runs
+`repeats` times and each scenario keeps its fastest run, so that a burst of load from another process
+on the machine does not make a sample.
 
 The samples are split at random (seeded) into a fit set and a held-out set; `LatencyModel.fit` runs
 on the first and `heldout_mape` on the second.
@@ -38,7 +40,8 @@ class SweepSettings:
     iterations: int = 160
     heldout_fraction: float = 0.25
     seed: int = 0
-    warmup: int = 4
+    warmup: int = 8
+    repeats: int = 3  # passes over the sweep; each scenario keeps its fastest run (others were disturbed)
     decodes: tuple[int, ...] = (0, 1, 4, 16, 32)
     contexts: tuple[int, ...] = (16, 128, 512)
     prefill_tokens: tuple[int, ...] = (0, 0, 16, 64, 256)
@@ -48,8 +51,9 @@ class SweepSettings:
     finetune_length: int = 512  # tokens of each training example
 
     def __post_init__(self) -> None:
-        if self.iterations < 4:
-            raise ValueError(f"iterations must be >= 4, got {self.iterations}")
+        if self.iterations < 4 or self.repeats < 1:
+            raise ValueError(f"iterations must be >= 4 and repeats >= 1, got {self.iterations} and "
+                             f"{self.repeats}")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
 
@@ -67,10 +71,18 @@ class Scenario:
 
 
 def design(settings: SweepSettings, num_adapters: int, max_len: int) -> list[Scenario]:
-    """The sweep's scenarios, deterministic for a seed; contexts and prefills fit `max_len`."""
+    """The sweep's scenarios, deterministic for a seed; contexts and prefills fit `max_len`.
+
+    The first `warmup` ones exercise every kind of work once (first calls pay for kernel builds and
+    allocator growth) and are not measured. An iteration with no work is never drawn: it costs
+    microseconds, and relative-error fitting would let those pull the per-iteration constant to 0.
+    """
     rng = random.Random(settings.seed)
-    out = []
-    for _ in range(settings.iterations + settings.warmup):
+    short = min(settings.contexts)
+    kinds = [Scenario((short,) * 4, (0, 64), num_adapters, 32, 0, 0),
+             Scenario((short,), None, 0, 0, 1, 32)]
+    out = [kinds[i % len(kinds)] for i in range(settings.warmup)]
+    while len(out) < settings.iterations + settings.warmup:
         contexts = [c for c in settings.contexts if c < max_len]
         decodes = tuple(rng.choice(contexts) for _ in range(rng.choice(settings.decodes)))
         tokens = rng.choice(settings.prefill_tokens)
@@ -78,8 +90,9 @@ def design(settings: SweepSettings, num_adapters: int, max_len: int) -> list[Sce
         prefill = (start, tokens) if tokens and start + tokens <= max_len else None
         backward = rng.choice(settings.backward_tokens)
         forward = rng.choice(settings.forward_tokens) if not backward else 0
-        out.append(Scenario(decodes, prefill, rng.randint(0, num_adapters), forward,
-                            rng.randint(1, 4) if backward else 0, backward))
+        if decodes or prefill or forward or backward:
+            out.append(Scenario(decodes, prefill, rng.randint(0, num_adapters), forward,
+                                rng.randint(1, 4) if backward else 0, backward))
     return out
 
 
@@ -226,10 +239,21 @@ def iterate_samples(engine: Engine, adapter_dirs: list[str],
     """Measured (features, seconds) of every scenario after the warm-up, and the optimizer flag."""
     harness = _Harness(engine, adapter_dirs, settings)
     scenarios = design(settings, len(adapter_dirs), engine.layout.max_model_len)
-    for i, scenario in enumerate(scenarios):
-        sample = harness.measure(scenario)
-        if i >= settings.warmup:
-            yield sample
+    for scenario in scenarios[:settings.warmup]:
+        harness.measure(scenario)
+    measured = scenarios[settings.warmup:]
+    best: list[tuple[Sample, bool] | None] = [None] * len(measured)
+    # Whole passes over the sweep rather than back-to-back repeats: a burst of load from another
+    # process lasts seconds, so it rarely hits the same scenario in every pass.
+    for _ in range(settings.repeats):
+        for i, scenario in enumerate(measured):
+            run = harness.measure(scenario)
+            current = best[i]
+            if current is None or run[0][1] < current[0][1]:
+                best[i] = run
+    for run in best:
+        assert run is not None
+        yield run
 
 
 def profile(engine: Engine, fingerprint: ModelFingerprint, adapter_dirs: list[str],

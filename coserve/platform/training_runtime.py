@@ -28,8 +28,8 @@ from coserve.platform.trainer.optimizer import (LoRAOptimizer, NonFiniteGradient
 from coserve.platform.trainer.windowed import SequenceState, WindowedTrainer
 from coserve.policies.data_position import DataPosition
 from coserve.policies.training_plan import (ForwardWindow, JobFailure, JobStart, SavedAdapter,
-                                            StepReport, TrainingReport, TrainingWork,
-                                            WindowReport)
+                                            StepReport, TrainingExample, TrainingReport,
+                                            TrainingWork, WindowReport)
 
 
 class JobError(Exception):
@@ -47,6 +47,7 @@ class _Job:
     trainer: WindowedTrainer
     slot: int
     examples: list[tuple[torch.Tensor, torch.Tensor]]  # (token ids, trained mask) per example
+    validation: list[tuple[torch.Tensor, torch.Tensor]]
     base_model_name_or_path: str | None
     batch_loss_sum: float = 0.0  # token losses of the batch's completed sequences
 
@@ -55,7 +56,7 @@ class _Job:
 class _Sequence:
     job_id: str
     state: SequenceState
-    grad_before: list[torch.Tensor | None]  # the job's .grad when the sequence started (for drops)
+    grad_before: list[torch.Tensor | None] | None  # the job's .grad when it started (None: evaluation)
 
 
 @dataclass(slots=True)
@@ -96,9 +97,11 @@ class TrainingRuntime:
             job = self.jobs.get(seq.job_id)
             if job is None:
                 continue  # the job failed in this plan; its work is skipped
-            ids, trained = job.examples[seq.example_index]
-            state = job.trainer.start_sequence(ids, trained, seq.loss_normalizer, paged=True)
-            grads = [None if p.grad is None else p.grad.clone() for p in job.lora.parameters()]
+            ids, trained = (job.validation if seq.evaluate else job.examples)[seq.example_index]
+            state = job.trainer.start_sequence(ids, trained, seq.loss_normalizer, paged=True,
+                                               keep_inputs=not seq.evaluate)
+            grads = None if seq.evaluate else [None if p.grad is None else p.grad.clone()
+                                               for p in job.lora.parameters()]
             self.sequences[seq.sequence_id] = _Sequence(seq.job_id, state, grads)
 
     def _build_job(self, start: JobStart) -> _Job:
@@ -119,12 +122,13 @@ class TrainingRuntime:
             raise JobError("invalid_job", f"LoRA rank {lora.config.r} is above the engine's "
                            f"max_lora_rank {self.bank.max_rank}")
         device = self.model.device
-        examples = [(torch.tensor(e.token_ids, dtype=torch.int64, device=device),
-                     torch.tensor(e.trained, dtype=torch.bool, device=device))
-                    for e in start.examples]
+        def tensors(examples: list[TrainingExample]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            return [(torch.tensor(e.token_ids, dtype=torch.int64, device=device),
+                     torch.tensor(e.trained, dtype=torch.bool, device=device)) for e in examples]
+
         trainer = WindowedTrainer(self.model, lora, cache=self.cache)
-        return _Job(lora, optimizer, trainer, start.adapter_slot, examples,
-                    start.base_model_name_or_path)
+        return _Job(lora, optimizer, trainer, start.adapter_slot, tensors(start.examples),
+                    tensors(start.validation_examples), start.base_model_name_or_path)
 
     def _install(self, job_id: str) -> None:
         """Put the job's current weights into its bank slot (forward windows run through them)."""
@@ -135,7 +139,7 @@ class TrainingRuntime:
         """Forget a sequence and undo its gradient contribution; the scheduler redoes it later."""
         seq = self.sequences.pop(sequence_id, None)
         job = self.jobs.get(seq.job_id) if seq is not None else None
-        if seq is None or job is None:
+        if seq is None or job is None or seq.grad_before is None:
             return
         for param, before in zip(job.lora.parameters(), seq.grad_before):
             param.grad = before
@@ -180,9 +184,9 @@ class TrainingRuntime:
         """Copy each window's rows of layer `layer`'s input into its sequence (the recompute input)."""
         for row, item in placed:
             w = item.window
-            state = self.sequences[w.sequence_id].state
-            state.layer_inputs[layer][w.start:w.start + w.num_tokens].copy_(  # type: ignore[index]
-                hidden[row:row + w.num_tokens])
+            kept = self.sequences[w.sequence_id].state.layer_inputs[layer]
+            if kept is not None:  # None: an evaluation sequence keeps nothing
+                kept[w.start:w.start + w.num_tokens].copy_(hidden[row:row + w.num_tokens])
 
     def record_windows(self, placed: list[tuple[int, WindowRows]], hidden: torch.Tensor,
                        report: TrainingReport) -> None:
@@ -200,6 +204,8 @@ class TrainingRuntime:
                            f"{result.loss_sum} on sequence {w.sequence_id}; the job stopped", report)
                 continue
             report.windows.append(WindowReport(w.sequence_id, result.loss_sum, result.num_tokens))
+            if seq.grad_before is None and seq.state.forward_done:  # evaluated: nothing more to do
+                del self.sequences[w.sequence_id]
 
     # ------------------------------------------------------------------------ after the forward
 

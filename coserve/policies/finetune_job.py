@@ -17,112 +17,26 @@ token counter:
 
 When inference needs KV blocks, `release_kv` drops the sequence in flight (the engine restores the
 gradient it had before the sequence and frees the kept activations; the sequence is redone later).
-Pure Python: no torch, no Ray.
+Pure Python: no torch, no Ray. The job's spec, states and events are in `finetune_types`.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.data_position import DataPosition
+from coserve.policies.finetune_types import (FinetuneJobSpec, JobEvent, JobEventKind, JobPhase,
+                                             JobState, trained_tokens)
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.request import AdapterRef
 from coserve.policies.training_plan import (BackwardTasklet, ForwardWindow, JobStart,
-                                            OptimizerStep, SaveAdapter, SequenceStart,
-                                            TrainingExample)
+                                            OptimizerStep, SaveAdapter, SequenceStart)
 from coserve.policies.vtc import backward_tasklet_tokens
 
-
-class JobPhase(enum.Enum):
-    FORWARD = "forward"
-    BACKWARD = "backward"
-
-
-class JobState(enum.Enum):
-    RUNNING = "running"
-    PAUSED = "paused"
-    FINISHING = "finishing"  # the final save is planned; waiting for its result
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def is_finished(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-
-
-class JobEventKind(enum.Enum):
-    STEP = "step"
-    CHECKPOINT = "checkpoint"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-@dataclass(slots=True)
-class JobEvent:
-    """Something a job did, for the job's event log and metrics."""
-
-    job_id: str
-    kind: JobEventKind
-    step: int
-    loss: float | None = None
-    grad_norm: float | None = None
-    learning_rate: float | None = None
-    num_tokens: int = 0
-    path: str | None = None
-    epoch: int | None = None
-    code: str | None = None
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FinetuneJobSpec:
-    """What a job trains and how. Examples are tokenized, with at least one trained token each."""
-
-    job_id: str
-    tenant: str
-    adapter_id: int  # unique among adapters: the bank slot's owner and the prefix-cache salt
-    examples: list[TrainingExample]
-    n_epochs: int
-    batch_size: int
-    seed: int
-    num_layers: int
-    output_dir: str  # checkpoints go to {output_dir}/ckpt-step-{N}, the final adapter to /final
-    lora: dict[str, object] = field(default_factory=dict)
-    optimizer: dict[str, object] = field(default_factory=dict)
-    max_window_tokens: int = 256  # longest forward window (the policy's budget may cut it shorter)
-    min_tasklet_tokens: int = 16  # smaller backward tasklets only for a layer's last tokens
-    resume_from: str | None = None  # checkpoint folder to resume from, with `start_position`
-    init_adapter: str | None = None  # PEFT folder to start from instead of PEFT's init
-    start_position: DataPosition | None = None
-    base_model_name_or_path: str | None = None
-
-    def __post_init__(self) -> None:
-        checks = {"n_epochs": self.n_epochs, "batch_size": self.batch_size,
-                  "num_layers": self.num_layers, "max_window_tokens": self.max_window_tokens,
-                  "min_tasklet_tokens": self.min_tasklet_tokens}
-        for name, value in checks.items():
-            if value < 1:
-                raise ValueError(f"FinetuneJobSpec.{name} must be >= 1, got {value}")
-        if not self.examples:
-            raise ValueError(f"job {self.job_id}: no training examples")
-        for i, example in enumerate(self.examples):
-            if len(example.token_ids) < 2 or len(example.trained) != len(example.token_ids):
-                raise ValueError(f"job {self.job_id}: example {i} needs >= 2 tokens and one "
-                                 f"trained flag per token")
-            if not any(example.trained[1:]):
-                raise ValueError(f"job {self.job_id}: example {i} has no trained token")
-        if (self.resume_from is None) != (self.start_position is None):
-            raise ValueError("resume_from and start_position go together")
-
-
-def trained_tokens(example: TrainingExample) -> int:
-    """Positions with a target: token p is the target of p - 1, so token 0 never counts."""
-    return sum(example.trained[1:])
+__all__ = ["FinetuneJob", "FinetuneJobSpec", "JobEvent", "JobEventKind", "JobPhase", "JobState",
+           "trained_tokens"]
 
 
 @dataclass(slots=True)
@@ -150,6 +64,7 @@ class _Batch:
     normalizer: int
     sequences: list[_Sequence]
     current: int = 0  # index of the sequence in flight (sequences run one after the other)
+    evaluation: bool = False  # the validation set: forward windows only, no optimizer step
 
 
 class FinetuneJob:
@@ -173,6 +88,9 @@ class FinetuneJob:
         self._stop_sent = False
         self._last_planned = -1  # step id of the last plan this job put work into
         self.trained_tokens = 0  # trained tokens of completed optimizer steps
+        self._eval_pending = False  # an epoch ended: evaluate the validation set next
+        self._eval_losses: dict[str, tuple[float, int]] = {}  # validation sequence -> (sum, tokens)
+        self._eval_report_step = -1  # plan whose result completes the validation pass
 
     # ------------------------------------------------------------------------------ properties
 
@@ -264,6 +182,7 @@ class FinetuneJob:
         freed = len(self._kv.block_table(seq.sequence_id))
         self._kv.free(seq.sequence_id)
         plan.training.sequence_drops.append(seq.sequence_id)
+        self._eval_losses.pop(seq.sequence_id, None)  # its windows are redone
         seq.reset()
         return freed
 
@@ -287,7 +206,10 @@ class FinetuneJob:
         charged = 0.0
         if seq.forward_end < seq.length:
             charged += self._schedule_forward(plan, seq, forward_tokens)
-        if seq.forward_end == seq.length:
+        assert self._batch is not None
+        if seq.forward_end == seq.length and self._batch.evaluation:
+            self._complete_evaluation_sequence(plan)
+        elif seq.forward_end == seq.length:
             charged += self._schedule_backward(plan, seq, backward_token_layers)
         if charged:
             self._last_planned = plan.step_id
@@ -309,6 +231,7 @@ class FinetuneJob:
                 job_id=spec.job_id, adapter_slot=self._slot, lora=dict(spec.lora),
                 optimizer=dict(spec.optimizer), seed=spec.seed, examples=spec.examples,
                 resume_from=spec.resume_from, init_adapter=spec.init_adapter,
+                validation_examples=spec.validation_examples,
                 base_model_name_or_path=spec.base_model_name_or_path))
             self._started = True
         return True
@@ -316,6 +239,10 @@ class FinetuneJob:
     def _next_batch(self, plan: IterationPlan) -> bool:
         """Set up the next batch, or plan the final save when the last epoch is done."""
         spec = self.spec
+        if self._eval_pending:
+            self._eval_pending = False
+            self._batch = self._evaluation_batch()
+            return True
         if self.position.epoch >= spec.n_epochs:
             self._finish(plan)
             return False
@@ -330,6 +257,17 @@ class FinetuneJob:
         self._batch = _Batch(after=after, normalizer=normalizer, sequences=sequences)
         return True
 
+    def _evaluation_batch(self) -> _Batch:
+        examples = self.spec.validation_examples
+        sequences = []
+        for k, example in enumerate(examples):
+            seq = _Sequence(f"{self.job_id}/v{self.position.step}.{k}", k, len(example.token_ids),
+                            self.spec.num_layers)
+            seq.reset()
+            sequences.append(seq)
+        normalizer = max(1, sum(trained_tokens(e) for e in examples))
+        return _Batch(after=self.position, normalizer=normalizer, sequences=sequences, evaluation=True)
+
     def _finish(self, plan: IterationPlan) -> None:
         path = f"{self.spec.output_dir}/final"
         plan.training.saves.append(SaveAdapter(self.job_id, path, self.position.step, final=True))
@@ -342,7 +280,8 @@ class FinetuneJob:
         if not seq.started:
             assert self._batch is not None
             plan.training.sequence_starts.append(SequenceStart(
-                seq.sequence_id, self.job_id, seq.example_index, self._batch.normalizer))
+                seq.sequence_id, self.job_id, seq.example_index, self._batch.normalizer,
+                evaluate=self._batch.evaluation))
             seq.started = True
         plan.training.forward_windows.append(ForwardWindow(
             seq.sequence_id, seq.forward_end, count, list(self._kv.block_table(seq.sequence_id))))
@@ -367,6 +306,16 @@ class FinetuneJob:
             self._complete_sequence(plan)
         return charged
 
+    def _complete_evaluation_sequence(self, plan: IterationPlan) -> None:
+        """A validation sequence's last window is planned (the engine drops it after the forward)."""
+        batch = self._batch
+        assert batch is not None
+        self._to_free.append(batch.sequences[batch.current].sequence_id)
+        batch.current += 1
+        if batch.current == len(batch.sequences):
+            self._eval_report_step = plan.step_id
+            self._batch = None
+
     def _complete_sequence(self, plan: IterationPlan) -> None:
         """The sequence's last tasklet is planned: free its blocks after the step, go to the next."""
         batch = self._batch
@@ -378,10 +327,11 @@ class FinetuneJob:
         spec, before = self.spec, self.position
         plan.training.optimizer_steps.append(OptimizerStep(
             self.job_id, batch.after.step, len(batch.sequences), batch.normalizer))
-        if batch.after.epoch > before.epoch:  # an epoch ends with this step: checkpoint it
+        if batch.after.epoch > before.epoch:  # an epoch ends with this step: checkpoint, evaluate
             path = f"{spec.output_dir}/ckpt-step-{batch.after.step}"
             plan.training.saves.append(SaveAdapter(self.job_id, path, batch.after.step,
                                                    batch.after.to_dict()))
+            self._eval_pending = bool(spec.validation_examples)
         self.position = batch.after
         self._batch = None
 
@@ -409,7 +359,24 @@ class FinetuneJob:
         for saved in report.saved:
             if saved.job_id == self.job_id:
                 events.append(self._on_saved(plan, saved.path, saved.step))
+        events.extend(self._collect_validation(plan, result))
         return events
+
+    def _collect_validation(self, plan: IterationPlan, result: IterationResult) -> list[JobEvent]:
+        prefix = f"{self.job_id}/v"
+        for window in result.training.windows:
+            if window.sequence_id.startswith(prefix):
+                total, count = self._eval_losses.get(window.sequence_id, (0.0, 0))
+                self._eval_losses[window.sequence_id] = (total + window.loss_sum,
+                                                         count + window.num_tokens)
+        if plan.step_id != self._eval_report_step or self.state.is_finished:
+            return []
+        total = sum(loss for loss, _ in self._eval_losses.values())
+        count = sum(n for _, n in self._eval_losses.values())
+        self._eval_losses.clear()
+        return [JobEvent(self.job_id, JobEventKind.VALIDATION, self.position.step,
+                         loss=total / max(1, count), num_tokens=count,
+                         message=f"validation loss after step {self.position.step}")]
 
     def _on_saved(self, plan: IterationPlan, path: str, step: int) -> JobEvent:
         if self.state == JobState.FINISHING:

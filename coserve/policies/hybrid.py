@@ -42,6 +42,7 @@ from coserve.policies.request import Request, RequestStatus
 from coserve.policies.vtc import VirtualTokenCounter
 from coserve.policies.waiting import TenantQueues, WaitingQueue
 
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _FORWARD_TOKEN = PlanFeatures(ft_forward_tokens=1.0)
 _BACKWARD_TOKEN_LAYER = PlanFeatures(ft_backward_token_layers=1.0)
 
@@ -70,6 +71,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._input_charged: set[str] = set()
         self._planned: dict[int, PlanFeatures] = {}  # step id -> features, until its result
         self._now = clock()
+        self._overdue: list[Request] = []  # this plan's overdue waiting requests, oldest last
         super().__init__(config.scheduler, kv, adapters)
         self._check_decode_batch_fits()
 
@@ -151,6 +153,10 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
     def plan(self) -> IterationPlan:
         """Decide the next iteration: inference, then the subclass's fine-tuning share."""
         self._now = self._clock()
+        waiting = self._waiting
+        assert isinstance(waiting, TenantQueues)
+        # Oldest last: _overdue_waiting pops admitted (or aborted) ones off the end.
+        self._overdue = waiting.arrived_by(self._now - self._co.ttft_guard_s)[::-1]
         plan = self._new_plan()
         self._roster.apply_control(plan)
         if self._begin_iteration():
@@ -187,13 +193,12 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         """How much fine-tuning work each job may add to a plan whose inference has `base`; None: none."""
 
     def _overdue_waiting(self) -> Request | None:
-        """The oldest waiting request when it has waited past the TTFT guard, else None."""
-        waiting = self._waiting
-        assert isinstance(waiting, TenantQueues)
-        oldest = waiting.oldest()
-        if oldest is not None and self._now - oldest.arrival_time >= self._co.ttft_guard_s:
-            return oldest
-        return None
+        """The oldest request still waiting that had waited past the TTFT guard when this plan
+        started, else None (the overdue list is read once per plan; admitted ones are skipped)."""
+        overdue = self._overdue
+        while overdue and overdue[-1].status not in _WAITING:
+            overdue.pop()
+        return overdue[-1] if overdue else None
 
     def _next_waiting(self) -> Request | None:
         overdue = self._overdue_waiting()

@@ -48,6 +48,7 @@ class JobStart:
     examples: list[TrainingExample]
     resume_from: str | None = None  # a checkpoint folder (adapter + optimizer + position)
     init_adapter: str | None = None  # a PEFT folder to start from (fine-tuning a fine-tuned model)
+    validation_examples: list[TrainingExample] = field(default_factory=list)
     base_model_name_or_path: str | None = None  # written into adapter_config.json
 
 
@@ -57,6 +58,7 @@ class SequenceStart:
     job_id: str
     example_index: int
     loss_normalizer: int  # trained tokens of the whole batch: gradients are of the batch mean
+    evaluate: bool = False  # a validation example: forward windows only (loss, no gradient, no backward)
 
 
 @dataclass(slots=True)

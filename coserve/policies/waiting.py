@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
+from operator import attrgetter
 from typing import Protocol
 
 from coserve.policies.request import Request
 from coserve.policies.vtc import VirtualTokenCounter
+
+
+_ARRIVAL = attrgetter("arrival_time")
 
 
 class WaitingQueue(Protocol):
@@ -71,11 +75,21 @@ class TenantQueues:
         assert tenant is not None  # candidates are non-empty
         return self._queues[tenant][0]
 
-    def oldest(self) -> Request | None:
-        """The queued request with the earliest arrival time (every sub-queue is in arrival order,
-        except for preempted requests at the front, which arrived earlier still)."""
-        heads = [queue[0] for queue in self._queues.values()]
-        return min(heads, key=lambda r: r.arrival_time) if heads else None
+    def arrived_by(self, cutoff: float) -> list[Request]:
+        """Queued requests that arrived at or before `cutoff`, oldest first.
+
+        Each sub-queue is in arrival order (a tenant's requests are admitted in order, so one
+        preempted back to the front arrived before the rest), so only the overdue prefix of each
+        sub-queue is read.
+        """
+        found = []
+        for queue in self._queues.values():
+            for request in queue:
+                if request.arrival_time > cutoff:
+                    break
+                found.append(request)
+        found.sort(key=_ARRIVAL)
+        return found
 
     def has_tenant(self, tenant: str) -> bool:
         """Whether the tenant has a queued request."""

@@ -85,8 +85,9 @@ def _wait(oa: openai.OpenAI, job_id: str, base: str, timeout: float = 120) -> ob
 
 def test_fine_tuning_journey(server: Server) -> None:
     oa = client(server)
-    file_id = _upload(oa, LINES)
+    file_id, valid_id = _upload(oa, LINES), _upload(oa, LINES[:3])
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=file_id, suffix="nums", seed=3,
+                                     validation_file=valid_id,
                                      hyperparameters={"n_epochs": 2, "batch_size": 4},
                                      extra_body={"lora": {"r": 8, "lora_alpha": 16}})
     assert job.object == "fine_tuning.job" and job.status == "validating_files"
@@ -99,7 +100,9 @@ def test_fine_tuning_journey(server: Server) -> None:
     assert job.trained_tokens > 0 and job.hyperparameters.n_epochs == 2
     events = oa.fine_tuning.jobs.list_events(job.id, limit=100).data
     metrics = [e for e in events if e.type == "metrics"]
-    assert metrics and {"step", "train_loss", "total_steps"} <= set(metrics[0].data)
+    assert {"step", "train_loss", "total_steps"} <= set(metrics[-1].data)  # oldest last
+    valid = [e.data for e in metrics if "valid_loss" in e.data]
+    assert sorted(d["step"] for d in valid) == [3, 6] and all(d["valid_loss"] > 0 for d in valid)
     checkpoints = oa.fine_tuning.jobs.checkpoints.list(job.id).data
     assert [c.step_number for c in checkpoints] == [6, 3]
     assert checkpoints[0].fine_tuned_model_checkpoint == f"{job.fine_tuned_model}:ckpt-step-6"

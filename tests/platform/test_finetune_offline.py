@@ -114,3 +114,30 @@ def test_bad_fine_tuning_input_is_refused_with_the_setting_named(llama_dir: Path
     result = llm.wait(job_id)
     assert result.state == JobState.SUCCEEDED
     assert any("skipped" in w for w in result.warnings) and any("truncated" in w for w in result.warnings)
+
+
+def test_validation_loss_each_epoch_equals_peft_on_the_checkpoint(llama_dir: Path, tmp_path: Path) -> None:
+    from coserve.platform.trainer import prepare_dataset
+
+    llm = _llm(llama_dir)
+    held_out = [{"messages": [{"role": "user", "content": f"What is {i} times two?"},
+                              {"role": "assistant", "content": f"Twice {i} is {2 * i}, of course."}]}
+                for i in range(3)]
+    result = llm.fine_tune(EXAMPLES, str(tmp_path / "job"), {"n_epochs": 2, "batch_size": 6,
+                                                            "learning_rate_multiplier": 10},
+                           {"r": 4}, validation=held_out)
+    assert result.state == JobState.SUCCEEDED and len(result.validation_losses) == 2
+    assert result.validation_losses[0] != result.validation_losses[1]  # the adapter changed between
+
+    sequences = prepare_dataset(llm.get_tokenizer(), held_out, 512).sequences
+    for checkpoint, measured in zip(result.checkpoints, result.validation_losses):
+        hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
+        model = PeftModel.from_pretrained(hf, checkpoint)
+        total = count = 0.0
+        with torch.no_grad():
+            for seq in sequences:
+                labels = torch.where(seq.trained, seq.token_ids, torch.full_like(seq.token_ids, -100))
+                loss = model(input_ids=seq.token_ids[None], labels=labels[None]).loss
+                total += float(loss) * seq.num_trained
+                count += seq.num_trained
+        assert measured == pytest.approx(total / count, rel=1e-4)

@@ -23,6 +23,7 @@ def test_design_is_seeded_and_fits_the_context() -> None:
         assert all(c < 300 for c in s.decode_contexts)
         assert s.prefill is None or sum(s.prefill) <= 300
         assert 0 <= s.adapters <= 2 and not (s.forward_tokens and s.backward_tokens)
+        assert s.decode_contexts or s.prefill or s.forward_tokens or s.backward_tokens  # has work
 
 
 def test_measured_iteration_does_the_designed_work(model_dirs: dict[str, Path]) -> None:
@@ -43,7 +44,7 @@ def test_measured_iteration_does_the_designed_work(model_dirs: dict[str, Path]) 
 def test_profile_cli_writes_a_loadable_profile(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     code = main(["profile", "--model", str(model_dirs["llama"]), "--json", str(out), "--iterations", "6",
-                 "--adapters", "1", "--max-context", "16"])
+                 "--adapters", "1", "--max-context", "16", "--repeats", "1"])
     assert code == 0
     data = json.loads(out.read_text())
     assert data["heldout_samples"] >= 1 and data["train_samples"] >= 1

@@ -34,10 +34,11 @@ def test_head_is_the_earliest_request_of_the_least_counter_tenant() -> None:
     assert queues.head().request_id == "a1"  # tie: smallest name
     vtc.charge_input("a", 5)
     assert queues.head().request_id == "b1"
-    assert queues.oldest().request_id == "a1"
+    assert [r.request_id for r in queues.arrived_by(2.0)] == ["a1", "a2"]
     preempted = req("b0", "b", 0.5)
     queues.appendleft(preempted)
-    assert queues.head() is preempted and queues.oldest() is preempted
+    assert queues.head() is preempted
+    assert [r.request_id for r in queues.arrived_by(1.0)] == ["b0", "a1"]
     assert len(queues) == 4 and [r.request_id for r in queues] == ["a1", "a2", "b0", "b1"]
 
 

@@ -172,11 +172,13 @@ class WindowedTrainer:
         self._forward_adapter = self.lora.adapter_weights(adapter_id=-1, dtype=self.model.dtype)
 
     def start_sequence(self, token_ids: torch.Tensor | list[int], trained: torch.Tensor | list[bool],
-                       loss_normalizer: int | None = None, paged: bool = False) -> SequenceState:
+                       loss_normalizer: int | None = None, paged: bool = False,
+                       keep_inputs: bool = True) -> SequenceState:
         """Set up the state of one sequence. `trained[p]`: token p is a learned (assistant) token.
 
         `loss_normalizer`: trained tokens of the whole batch (default: of this sequence).
         `paged`: the K/V live in the trainer's `cache` (co-served windows), not in the state.
+        `keep_inputs=False`: an evaluation-only sequence (loss, no backward): no layer inputs kept.
         """
         if paged and self.cache is None:
             raise ValueError("a paged sequence needs the trainer to have the engine's KV cache")
@@ -203,7 +205,8 @@ class WindowedTrainer:
 
         return SequenceState(
             token_ids=ids, targets=targets, loss_scale=1.0 / normalizer,
-            layer_inputs=[empty(length, cfg.hidden_size) for _ in range(n)], keys=kv(), values=kv(),
+            layer_inputs=[empty(length, cfg.hidden_size) if keep_inputs else None for _ in range(n)],
+            keys=kv(), values=kv(),
             grad_hidden=torch.zeros(length, cfg.hidden_size, device=device),
             key_grads=[None] * n, value_grads=[None] * n, backward_end=[length] * n,
             kv_slots=torch.full((length,), -1, dtype=torch.int64, device=device) if paged else None)
