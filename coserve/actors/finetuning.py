@@ -61,6 +61,20 @@ class FineTuningSettings:
 
 
 @dataclass(slots=True)
+class Intent:
+    """What the store asks of one job: start it (`prepared`), cancel it (`cancel_id`), or move it to
+    `record.status` (paused, or queued again: resumed)."""
+
+    record: JobRecord | None
+    prepared: PreparedJob | None
+    cancel_id: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.cancel_id if self.cancel_id is not None else self.record.id  # type: ignore[union-attr]
+
+
+@dataclass(slots=True)
 class _Running:
     record: JobRecord
     job: FinetuneJob
@@ -84,7 +98,8 @@ class JobManager:
         self._store, self._host, self._tokenizer = store, host, tokenizer
         self._settings, self._limits, self._clock = settings, dict(limits or {}), clock
         self._on_trained = on_trained  # (tenant, trained tokens of a completed step), for metrics
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, _Running] = {}  # touched on the event loop only
+        self._prepared: dict[str, PreparedJob] = {}  # validated, not yet started (collect's thread)
         self._next_adapter_id = FIRST_TRAINING_ADAPTER_ID
 
     @property
@@ -93,30 +108,59 @@ class JobManager:
 
     # -------------------------------------------------------------------------- store -> policy
 
+    @property
+    def running(self) -> dict[str, str]:
+        """Job id -> tenant of the jobs the policy runs (a copy, for `collect`)."""
+        return {job_id: r.record.tenant for job_id, r in self._running.items()}
+
     def reconcile(self) -> None:
-        """Apply the store's intents: new, queued, paused, resumed and cancelled jobs."""
+        """Apply the store's intents now (`collect` then `apply` on the calling thread)."""
+        self.apply(self.collect(self.running))
+
+    def collect(self, running: Mapping[str, str]) -> list[Intent]:
+        """Read the store's intents; validate and tokenize new jobs. Any thread.
+
+        The slow part (tokenizing a training file) runs here, off the scheduler's event loop, with
+        this manager's own tokenizer; it writes only to the store (which locks). `running`: the jobs
+        the policy runs, as `running` returned them on the loop.
+        """
+        intents: list[Intent] = []
         for record in self._store.list_active_jobs():
-            running = self._running.get(record.id)
             if record.status == JobStatus.VALIDATING_FILES:
                 self._validate(record)
-            elif running is None and record.status in (JobStatus.QUEUED, JobStatus.RUNNING):
-                self._start(record)
-            elif running is not None and record.status == JobStatus.PAUSED:
-                if running.record.status != JobStatus.PAUSED:
-                    self._host.pause_job(record.id)
-                    running.record = record
-            elif running is not None and record.status == JobStatus.QUEUED:  # resumed
-                self._host.resume_job(record.id)
-                running.record = self._store.update_job(record.id, status=JobStatus.RUNNING)
-        for job_id, running in list(self._running.items()):
-            current = self._store.get_job(running.record.tenant, job_id)
+            elif record.id not in running and record.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+                intents.extend(self._start_intent(record))
+            elif record.id in running and record.status in (JobStatus.PAUSED, JobStatus.QUEUED):
+                intents.append(Intent(record, None))
+        for job_id, tenant in running.items():
+            current = self._store.get_job(tenant, job_id)
             if current is None or current.status == JobStatus.CANCELLED:
-                self._host.remove_job(job_id)  # the policy reports the cancellation as an event
+                intents.append(Intent(current, None, cancel_id=job_id))
+        return intents
+
+    def apply(self, intents: list[Intent]) -> None:
+        """Hand the collected intents to the policy. On the scheduler's event loop only."""
+        for intent in intents:
+            running = self._running.get(intent.job_id)
+            if intent.cancel_id is not None:
+                if running is not None:
+                    self._host.remove_job(intent.job_id)  # the policy reports the cancellation
+            elif intent.prepared is not None:
+                if running is None:
+                    self._start(intent.record, intent.prepared)
+            elif running is None:
+                continue  # it ended meanwhile
+            elif intent.record.status == JobStatus.PAUSED and running.record.status != JobStatus.PAUSED:
+                self._host.pause_job(intent.job_id)
+                running.record = intent.record
+            elif intent.record.status == JobStatus.QUEUED:  # resumed
+                self._host.resume_job(intent.job_id)
+                running.record = self._store.update_job(intent.job_id, status=JobStatus.RUNNING)
 
     def _validate(self, record: JobRecord) -> None:
         """Tokenize the training file and resolve "auto": queued, or failed with the reason."""
         try:
-            self._prepare(record)
+            self._prepared[record.id] = self._prepare(record)
         except ValueError as err:
             code = "invalid_n_examples" if "at least" in str(err) else "invalid_training_file"
             self._fail(record, code, str(err), param="training_file")
@@ -169,33 +213,38 @@ class JobManager:
         self._next_adapter_id += 1
         return self._next_adapter_id
 
-    def _start(self, record: JobRecord) -> None:
-        """Hand a queued job to the policy; a job that was running before a restart resumes from
-        its last checkpoint (the start of the job when it had none)."""
+    def _start_intent(self, record: JobRecord) -> list[Intent]:
+        """A queued job's spec (tokenized again after a restart), resuming from its last checkpoint
+        when it has one."""
+        prepared = self._prepared.pop(record.id, None)
         try:
-            prepared = self._prepare(record, resume=True)
+            prepared = prepared or self._prepare(record, resume=True)
         except ValueError as err:
             self._fail(record, "invalid_training_file", str(err), param="training_file")
-            return
-        spec = prepared.spec
+            return []
         checkpoints, _ = self._store.list_checkpoints(record.tenant, record.id, limit=1)
         if checkpoints and checkpoints[0].adapter_path:
             path = Path(checkpoints[0].adapter_path)
             state = json.loads((path / STATE_FILE).read_text())
-            spec = replace(spec, resume_from=str(path),
-                                 start_position=DataPosition.from_dict(state["position"]))
-        job = FinetuneJob(spec, self._host.kv, self._host.adapters)
+            prepared.spec = replace(prepared.spec, resume_from=str(path),
+                                    start_position=DataPosition.from_dict(state["position"]))
+        return [Intent(record, prepared)]
+
+    def _start(self, record: JobRecord, prepared: PreparedJob) -> None:
+        """Hand a job to the policy (on the event loop)."""
+        job = FinetuneJob(prepared.spec, self._host.kv, self._host.adapters)
         self._host.add_job(job)
         record = self._store.update_job(record.id, status=JobStatus.RUNNING)
         self._running[record.id] = _Running(record, job, job.total_steps, self._clock())
-        message = "Resumed from the last checkpoint" if checkpoints else "Fine-tuning job started"
-        self._store.add_event(record.id, message)
+        resumed = prepared.spec.resume_from is not None
+        self._store.add_event(record.id, "Resumed from the last checkpoint" if resumed
+                              else "Fine-tuning job started")
 
     def _fail(self, record: JobRecord, code: str, message: str, param: str | None = None) -> None:
+        """Record a failure (from either thread: `_running` entries are removed by the caller)."""
         self._store.add_event(record.id, f"Job failed: {message}", level="error")
         self._update_terminal(record.id, status=JobStatus.FAILED,
                               error={"code": code, "message": message, "param": param})
-        self._running.pop(record.id, None)
 
     def _update_terminal(self, job_id: str, **fields: Any) -> None:
         """A final status, unless the job is already final (e.g. cancelled by its tenant meanwhile)."""
@@ -259,6 +308,7 @@ class JobManager:
 
     def _on_failed(self, running: _Running, event: JobEvent) -> None:
         self._fail(running.record, event.code or "training_failed", event.message)
+        del self._running[running.record.id]
 
     def _on_cancelled(self, running: _Running, event: JobEvent) -> None:
         self._store.add_event(event.job_id, "Fine-tuning job cancelled")

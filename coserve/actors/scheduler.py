@@ -36,7 +36,7 @@ from coserve.policies.request import AdapterRef, RequestStatus
 
 logger = logging.getLogger(__name__)
 
-# How often the scheduler looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
+# How often the job loop looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
 RECONCILE_INTERVAL_S = 0.25
 
 # A finished submission whose stream nobody read is dropped after this long.
@@ -97,7 +97,7 @@ class SchedulerActor:
         self._work = asyncio.Event()
         self._closed = False
         self._jobs: JobManager | None = None
-        self._last_reconcile = 0.0
+        self._job_task: asyncio.Task[None] | None = None
 
     # --------------------------------------------------------------------------- engines
 
@@ -128,19 +128,37 @@ class SchedulerActor:
             base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
             data_dir=Path(self._settings.data_dir or "."), num_layers=self._model_config.num_layers,
             max_model_len=layout.max_model_len)
+        from transformers import AutoTokenizer
+
         store = MetadataStore(settings.data_dir)
-        return JobManager(store, self._policy, self._tokenizer, settings,  # type: ignore[arg-type]
+        # Its own tokenizer: training files are tokenized on a worker thread (`_job_loop`), while
+        # chat requests use the scheduler's on the event loop.
+        tokenizer = AutoTokenizer.from_pretrained(self._settings.model)
+        return JobManager(store, self._policy, tokenizer, settings,  # type: ignore[arg-type]
                           self._settings.tenant_limits, on_trained=self._count_finetune)
 
     def _count_finetune(self, tenant: str, tokens: int) -> None:
         self.metrics.count_tokens("finetune", tenant, tokens)
 
-    def _reconcile_jobs(self) -> None:
-        """Apply the store's job intents, at most every `RECONCILE_INTERVAL_S` (a few SQLite reads)."""
-        now = time.monotonic()
-        if self._jobs is not None and now - self._last_reconcile >= RECONCILE_INTERVAL_S:
-            self._last_reconcile = now
-            self._jobs.reconcile()
+    async def _job_loop(self) -> None:
+        """Every `RECONCILE_INTERVAL_S`: read the store's job intents and tokenize new jobs on a
+        worker thread (never stalling the iterations), then hand them to the policy on the loop."""
+        jobs = self._jobs
+        assert jobs is not None
+        while not self._closed:
+            try:
+                intents = await asyncio.to_thread(jobs.collect, jobs.running)
+                jobs.apply(intents)
+            except Exception:  # noqa: BLE001 - a bad job must not stop the others' reconciling
+                logger.exception("fine-tuning job reconcile failed")
+                intents = []
+            if intents:
+                self._work.set()
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+
+    def _start_job_loop(self) -> None:
+        if self._jobs is not None and self._job_task is None:
+            self._job_task = asyncio.get_running_loop().create_task(self._job_loop())
 
     def engines(self) -> list[str]:
         return list(self._engines)
@@ -162,8 +180,8 @@ class SchedulerActor:
                 logger.exception("applying the result of step %d failed", result.step_id)
                 if plan is not None:
                     self._fail_plan(plan, f"internal error: {type(error).__name__}: {error}")
+        self._start_job_loop()
         while not self._closed:
-            self._reconcile_jobs()
             if self._policy.has_work():
                 plan = self._policy.plan()
                 if not plan.is_empty:
@@ -172,10 +190,7 @@ class SchedulerActor:
                 await asyncio.sleep(0.001)  # work that cannot run yet (no free blocks): do not spin
             else:
                 self._work.clear()
-                try:  # wake for new requests, or to look for new fine-tuning jobs in the store
-                    await asyncio.wait_for(self._work.wait(), RECONCILE_INTERVAL_S)
-                except TimeoutError:
-                    pass
+                await self._work.wait()  # new requests, or jobs the job loop started
         return None
 
     # ---------------------------------------------------------------------------- requests
@@ -293,6 +308,8 @@ class SchedulerActor:
     async def shutdown(self) -> None:
         """Fail what is in flight, then end the engines' loops (their next exchange returns None)."""
         self._closed = True
+        if self._job_task is not None:
+            self._job_task.cancel()
         for state in list(self._subs.values()):
             if not state.done:
                 self._finish_all(state, RequestStatus.FINISHED_ABORTED)
