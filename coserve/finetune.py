@@ -209,9 +209,8 @@ class OfflineJobs:
             budget -= int(round(charged))
 
     def update(self, plan: IterationPlan, result: IterationResult) -> None:
-        for job_id, tracked in self._jobs.items():
-            if not tracked.job.state.is_finished:
-                self._record(job_id, tracked.job.update(plan, result))
+        for job_id, tracked in self._jobs.items():  # finished ones too: a failure found while
+            self._record(job_id, tracked.job.update(plan, result))  # planning is reported here
 
     def _record(self, job_id: str, events: list[JobEvent | None]) -> None:
         real = [e for e in events if e is not None]

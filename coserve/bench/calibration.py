@@ -4,7 +4,7 @@
 with: prefill chunks and decode batches of 1-32 requests at two context lengths (FCFS inference),
 fine-tuning forward windows of 32-256 tokens and backward tasklet runs of 256-4096 token-layers, alone
 and next to decode batches. `fit_latency_model` fits `LatencyModel` on 4/5 of the samples and reports
-the MAPE on the held-out fifth.
+the MAPE and the mean measured/predicted ratio on the held-out fifth.
 
 SLO rule (`calibrate_slo`), printed by the benchmark:
 
@@ -14,6 +14,12 @@ SLO rule (`calibrate_slo`), printed by the benchmark:
 * TTFT SLO = `TTFT_MULTIPLE` (40) x the TPOT SLO. FlexLLM caps TTFT at 5 s = 100 x its 50 ms TPOT; our
   prompts are 4x shorter (see `traces.sharegpt_lengths`) and the runs are seconds long, so a looser
   multiple would let queues of several seconds pass unnoticed.
+
+Safety margin rule (`LatencyFit.safety_margin`, MARGIN_RULE): ``1 - 1 / (1.05 * r)``, r the mean of
+measured / predicted on held-out iterations, within [0.1, 0.4]. The fit minimises relative error, which
+on a machine with occasional slow iterations sits below the mean (r ~ 1.1 here); a request's TPOT is a
+mean over its iterations, so the planner's budget must absorb that mean under-prediction. A margin equal
+to the MAPE (13% in one run) left coserve's TPOT p50 at the SLO itself and its attainment at 0.6.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ TPOT_MULTIPLE = 3.0
 TTFT_MULTIPLE = 40.0
 SLO_DECODE_BATCH = 8
 SLO_DECODE_CONTEXT = 256
+MIN_MARGIN, MAX_MARGIN = 0.1, 0.4
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +140,22 @@ def profile_engine(engine: Engine, job_spec: FinetuneJobSpec,
     return [(f, s) for f, s in samples if s > 0]
 
 
-def fit_latency_model(samples: Sequence[Sample], fingerprint: ModelFingerprint) -> tuple[LatencyModel, float]:
-    """Fit on 4/5 of the samples; returns the model refitted on all of them and the held-out MAPE (%).
+@dataclass(frozen=True, slots=True)
+class LatencyFit:
+    """A fitted model and how it did on held-out iterations."""
+
+    model: LatencyModel
+    heldout_mape: float  # percent
+    heldout_mean_ratio: float  # mean of measured / predicted: > 1 when the model under-predicts
+
+    @property
+    def safety_margin(self) -> float:
+        """The policies' margin (`MARGIN_RULE`): absorb the mean under-prediction plus 5%."""
+        return min(MAX_MARGIN, max(MIN_MARGIN, 1.0 - 1.0 / (1.05 * self.heldout_mean_ratio)))
+
+
+def fit_latency_model(samples: Sequence[Sample], fingerprint: ModelFingerprint) -> LatencyFit:
+    """Fit on 4/5 of the samples and measure the held-out fifth; return the model refitted on all.
 
     The held-out fifth is every fifth sample, so each kind of iteration of the sweep is represented.
     """
@@ -143,9 +164,11 @@ def fit_latency_model(samples: Sequence[Sample], fingerprint: ModelFingerprint) 
     model = LatencyModel(fingerprint)
     model.fit(train)
     mape = model.heldout_mape(held) if held else float("nan")
+    ratios = [measured / max(model.predict(f), 1e-9) for f, measured in held]
+    mean_ratio = sum(ratios) / len(ratios) if ratios else 1.0
     final = LatencyModel(fingerprint)
     final.fit(list(samples))
-    return final, mape
+    return LatencyFit(final, mape, mean_ratio)
 
 
 def decode_step_s(model: LatencyModel, batch: int = SLO_DECODE_BATCH,

@@ -103,6 +103,12 @@ class IterationRecord:
     def inference_tokens(self) -> int:
         return int(self.features.prefill_tokens + self.features.decode_tokens)
 
+    @property
+    def has_work(self) -> bool:
+        """Whether the plan computed anything (a plan of frees or job control alone does not)."""
+        f = self.features
+        return bool(f.num_sequences or f.ft_forward_tokens or f.ft_backward_token_layers)
+
 
 @dataclass(slots=True)
 class RunRecord:
@@ -222,7 +228,10 @@ def drive(policy: CoServingPolicy, executor: Executor, clock: Clock, trace: Sequ
         if _should_stop(now, limits, bool(pending), lane.unfinished, next_arrival == len(pending)):
             break
         if policy.has_work():
-            lane.iterate()
+            if not lane.iterate().has_work:
+                # The policy has work it cannot place now (a job whose next piece does not fit the
+                # budget, a request waiting for blocks): wait a slice instead of spinning on empty plans.
+                clock.wait_until(clock.now() + IDLE_SLEEP_S)
             continue
         wake = pending[next_arrival].arrival_s if next_arrival < len(pending) else limits.window_s
         clock.wait_until(lane.t0 + min(wake, limits.window_s + limits.drain_s))

@@ -23,8 +23,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coserve.bench.replay import (AdapterSlotTracker, EngineLane, PolicyFactory, RequestRecord,
-                                  RunLimits, RunRecord, drive, job_kv)
+from coserve.bench.replay import (IDLE_SLEEP_S, AdapterSlotTracker, EngineLane, PolicyFactory,
+                                  RequestRecord, RunLimits, RunRecord, drive, job_kv)
 from coserve.bench.traces import RequestSpec
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
@@ -170,7 +170,8 @@ def simulate_cluster(make_policy: PolicyFactory, trace: Sequence[RequestSpec], l
         if t >= stop or (t >= limits.window_s and (done or not pending)):
             continue  # this lane is finished; the others run on
         if lane.policy.has_work():
-            lane.iterate()
+            if not lane.iterate().has_work:  # as `replay.drive`: no spinning on empty plans
+                lane.clock.wait_until(lane.clock.now() + IDLE_SLEEP_S)
         else:  # idle: sleep until the next arrival, or the window's end
             wake = pending[next_arrival].arrival_s if next_arrival < len(pending) else limits.window_s
             lane.clock.wait_until(max(min(wake, stop), t + 1e-6))
@@ -195,7 +196,7 @@ def truth_model_from_run(run: RunRecord, fingerprint: ModelFingerprint) -> tuple
     ``log(measured / predicted)`` after scaling (at most `MAX_NOISE_SIGMA`), for
     `SimSettings.noise_sigma`.
     """
-    samples = [(it.features, it.engine_s) for it in run.iterations if it.engine_s > 0]
+    samples = [(it.features, it.engine_s) for it in run.iterations if it.engine_s > 0 and it.has_work]
     model = LatencyModel(fingerprint)
     model.fit(samples)
     predicted = [model.predict(f) for f, _ in samples]

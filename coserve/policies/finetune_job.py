@@ -48,10 +48,12 @@ class _Sequence:
     started: bool = False
     forward_end: int = 0
     layer_end: list[int] = field(default_factory=list)  # per layer: tokens [0, end) still to do
+    layer: int = 0  # the layer whose tasklets come next (layer-major: the highest unfinished)
 
     def reset(self) -> None:
         self.started, self.forward_end = False, 0
         self.layer_end = [self.length] * self.num_layers
+        self.layer = self.num_layers - 1
 
     @property
     def backward_done(self) -> bool:
@@ -91,6 +93,7 @@ class FinetuneJob:
         self._eval_pending = False  # an epoch ended: evaluate the validation set next
         self._eval_losses: dict[str, tuple[float, int]] = {}  # validation sequence -> (sum, tokens)
         self._eval_report_step = -1  # plan whose result completes the validation pass
+        self._pending: list[JobEvent] = []  # events found while planning, reported by `update`
 
     # ------------------------------------------------------------------------------ properties
 
@@ -275,7 +278,15 @@ class FinetuneJob:
 
     def _schedule_forward(self, plan: IterationPlan, seq: _Sequence, budget: int) -> float:
         count = min(budget, self.spec.max_window_tokens, seq.length - seq.forward_end)
-        if count < 1 or not self._kv.allocate_slots(seq.sequence_id, seq.forward_end + count):
+        if count < 1:
+            return 0.0
+        if not self._kv.allocate_slots(seq.sequence_id, seq.forward_end + count):
+            if -(-seq.length // self._kv.block_size) > self._kv.num_blocks:  # it can never fit
+                self._end(plan, JobState.FAILED)
+                self._pending.append(JobEvent(
+                    self.job_id, JobEventKind.FAILED, self.position.step, code="sequence_too_long",
+                    message=f"a training sequence of {seq.length} tokens needs more KV blocks than the "
+                            f"{self._kv.num_blocks} of {self._kv.block_size} tokens the job may use"))
             return 0.0
         if not seq.started:
             assert self._batch is not None
@@ -292,7 +303,7 @@ class FinetuneJob:
         """Layer-major tasklets (last layer first, last tokens first) within `budget` token-layers."""
         charged = 0.0
         while not seq.backward_done:
-            layer = max(n for n in range(seq.num_layers) if seq.layer_end[n] > 0)
+            layer = seq.layer
             end = seq.layer_end[layer]
             count = min(budget, end)
             if count < 1 or (count < end and count < self.spec.min_tasklet_tokens):
@@ -300,6 +311,8 @@ class FinetuneJob:
             plan.training.backward_tasklets.append(
                 BackwardTasklet(seq.sequence_id, layer, layer + 1, end - count, end))
             seq.layer_end[layer] -= count
+            if seq.layer_end[layer] == 0 and layer > 0:
+                seq.layer -= 1
             budget -= count
             charged += backward_tasklet_tokens(count, 1, seq.num_layers)
         if seq.backward_done:
@@ -339,7 +352,7 @@ class FinetuneJob:
 
     def update(self, plan: IterationPlan, result: IterationResult) -> list[JobEvent]:
         """Consume what the engine did for this job in `plan`; returns the job's new events."""
-        events: list[JobEvent] = []
+        events, self._pending = self._pending, []
         for sequence_id in self._to_free:
             if self._kv.has_table(sequence_id):
                 self._kv.free(sequence_id)

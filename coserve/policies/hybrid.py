@@ -9,7 +9,10 @@ One iteration (FlexLLM §6.2, with Algorithm 4's fairness and a latency model in
 3. Fine-tuning work fills what the latency model leaves of the iteration: for the job picked by VTC,
    ``s = max{s : f(plan + s tokens) <= tpot_slo * (1 - safety_margin)}`` forward-window tokens (also
    within `max_batch_tokens`, which forward windows share with inference) or backward token-layers,
-   by the job's phase; then the next job, with the plan grown by what the previous one took.
+   by the job's phase; then the next job, with the plan grown by what the previous one took. Each
+   job's call is counted as one more `ft_pieces` (a window, or a tasklet): a backward run over several
+   layers makes one tasklet per layer, which the planner cannot see beforehand (the job does not say
+   its sequence length), so such an iteration can run over by a piece's fixed cost per extra layer.
 
 TTFT guard: a request that has waited `ttft_guard_fraction * ttft_slo_ms` is admitted before every
 other waiting request whatever the counters, and while one is waiting no fine-tuning work is added, so
@@ -166,7 +169,8 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         if allowance is not None:
             self._roster.fill(plan, allowance)
         training = plan.training
-        features = base.with_finetune(training.forward_tokens, training.backward_token_layers)
+        features = base.with_finetune(training.forward_tokens, training.backward_token_layers,
+                                      len(training.forward_windows) + len(training.backward_tasklets))
         self._check_budgets(plan, features)
         self._planned[plan.step_id] = features
         return plan
@@ -261,7 +265,9 @@ class HybridTokenPolicy(CoServingPolicy):
         def allow(job: TrainingJob, plan: IterationPlan) -> tuple[int, int] | None:
             training = plan.training
             forward, backward = training.forward_tokens, training.backward_token_layers
-            features = base.with_finetune(forward, backward)
+            # One more piece for the work this job adds (a window, or at least one tasklet).
+            pieces = len(training.forward_windows) + len(training.backward_tasklets) + 1
+            features = base.with_finetune(forward, backward, pieces)
             if latency.predict(features) >= budget_s:
                 return None  # the iteration is full: no later job can add anything
             if job.phase is JobPhase.FORWARD:

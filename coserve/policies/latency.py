@@ -42,21 +42,20 @@ from coserve.policies.latency_features import (
     CONSTANT,
     FEATURE_NAMES,
     PlanFeatures,
-    finetune_increment,
     plan_features,
 )
 
 __all__ = [
-    "FEATURE_NAMES", "LatencyModel", "ModelFingerprint", "PlanFeatures", "finetune_increment",
+    "FEATURE_NAMES", "LatencyModel", "ModelFingerprint", "PlanFeatures",
     "machine_id", "model_id_from_config", "plan_features",
 ]
 
-FORMAT = "coserve.latency/1"
+FORMAT = "coserve.latency/2"  # /2: prefill_chunks and ft_pieces
 COEFFICIENT_NAMES: tuple[str, ...] = (CONSTANT, *FEATURE_NAMES)
 # Column scales of a model never fitted: typical magnitudes of each feature in a busy iteration, so RLS
 # from scratch is conditioned like a fitted one (attention pairs ~1e5..1e6, adapters ~1..8).
 DEFAULT_SCALES: tuple[float, ...] = (
-    1.0, 512.0, 256.0, 512.0 * 1024, 256.0 * 1024, 512.0, 512.0 * 32, 8.0, 256.0, 1.0,
+    1.0, 512.0, 256.0, 512.0 * 1024, 256.0 * 1024, 512.0, 512.0 * 32, 8.0, 256.0, 1.0, 8.0, 32.0,
 )
 Sample = tuple[PlanFeatures, float]  # (features of an iteration, its measured wall time in seconds)
 
@@ -277,7 +276,7 @@ class LatencyModel:
 
         Args:
             base: the plan's features before the extra tokens (inference work).
-            increment: what one more token adds (see `finetune_increment`); all entries >= 0.
+            increment: what one more token adds (e.g. `PlanFeatures(ft_forward_tokens=1)`); all entries >= 0.
             budget_s: the iteration's latency budget (the SLO minus any safety margin), seconds.
             cap: upper bound on the answer (e.g. the tokens the job has ready). Required when the model
                 says the increment costs nothing (a coefficient still 0 before any fine-tuning was seen).

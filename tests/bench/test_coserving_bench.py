@@ -22,11 +22,15 @@ def test_benchmark_writes_the_issue_json_and_plots(llama_dir: Path, tmp_path: Pa
     out, plots = tmp_path / "co.json", tmp_path / "plots"
     code = run_coserving_benchmark(_args(
         "--json", str(out), "--plots", str(plots), "--model-dir", str(llama_dir), "--rates", "4,8",
-        "--policies", "coserve,temporal-n8", "--window-s", "1", "--threads", "1"))
+        "--policies", "coserve,temporal-n8", "--window-s", "1", "--threads", "1",
+        # The tiny model's calibrated SLO is a few ms and swings with the machine's load; a fixed one
+        # keeps this test about the harness (the calibration has its own check below).
+        "--tpot-slo-ms", "40", "--ttft-slo-ms", "1000"))
     assert code == 0
     result = json.loads(out.read_text())
     assert {"machine", "model", "slo", "finetune_only_tokens_per_s", "runs"} <= set(result)
-    assert result["slo"]["tpot_ms"] > 0 and result["slo"]["ttft_ms"] > result["slo"]["tpot_ms"]
+    assert result["slo"] == {"tpot_ms": 40.0, "ttft_ms": 1000.0}
+    assert result["latency_model"]["coefficients"]["constant"] >= 0
     assert result["finetune_only_tokens_per_s"] > 0
     assert [(r["policy"], r["rate"]) for r in result["runs"]] == [
         ("coserve", 4.0), ("temporal-n8", 4.0), ("coserve", 8.0), ("temporal-n8", 8.0)]

@@ -235,3 +235,13 @@ def test_nan_loss_fails_the_job_and_cancel_frees_everything(llama_dir: Path, tmp
     assert event is not None and job.state == JobState.CANCELLED
     assert not engine.training.jobs and not engine.training.sequences
     assert kv.num_free_blocks == kv.num_blocks and slots.pin_count(100) == 0
+
+
+def test_a_sequence_that_can_never_fit_the_kv_pool_fails_the_job(llama_dir: Path, tmp_path: Path) -> None:
+    engine = _engine(llama_dir)
+    kv, slots = KVBlockManager(4, 8, enable_prefix_caching=False), AdapterSlots(2)  # 32 tokens
+    _start_checkpoint(engine, tmp_path / "start")
+    job = _job(engine, kv, slots, tmp_path / "out", tmp_path / "start", DataPosition(seed=11))
+    events = _drive(engine, job, kv, SCHEDULES["uniform16"], steps=ALL)
+    assert job.state == JobState.FAILED and events[-1].code == "sequence_too_long"
+    assert not engine.training.jobs and kv.num_free_blocks == kv.num_blocks

@@ -259,3 +259,13 @@ def test_pause_drops_the_sequence_in_flight_and_resume_restarts_it() -> None:
     assert policy.resume_job("j")
     plan, _ = step(policy)
     assert plan.training.sequence_starts and plan.training.forward_windows[0].start == 0
+
+
+def test_a_windows_fixed_cost_is_planned_for() -> None:
+    policy = make_policy(tpot_slo_ms=20.0, coefficients={**COEFFICIENTS, "ft_pieces": 5e-3},
+                         scheduler={"max_batch_tokens": 256, "max_num_seqs": 4})
+    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    plan, _ = step(policy)
+    # 20 ms - 5 ms for the window itself leaves 15 ms: 150 tokens at 0.1 ms (up to rounding).
+    assert plan.training.forward_tokens in (149, 150)
+    assert predicted(policy, plan) <= 0.020

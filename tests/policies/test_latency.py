@@ -18,7 +18,6 @@ from coserve.policies.latency import (
     ModelFingerprint,
     PlanFeatures,
     _nnls,
-    finetune_increment,
     machine_id,
     model_id_from_config,
     plan_features,
@@ -87,7 +86,7 @@ def test_plan_features_counts_each_kind_of_work() -> None:
     assert features == PlanFeatures(
         prefill_tokens=7, decode_tokens=2, prefill_attention=pairs, decode_context=10 + 20,
         ft_forward_tokens=3, ft_backward_token_layers=5 * 2 + 3 * 1, distinct_adapters=2,
-        num_sequences=4, adapter_loads=1,
+        num_sequences=4, adapter_loads=1, prefill_chunks=2, ft_pieces=3,
     )
     assert pairs == 28
 
@@ -100,18 +99,6 @@ def test_plan_features_refuses_unknown_adapter_slots_and_bad_chunks() -> None:
         plan_features(IterationPlan(step_id=1, chunks=[_chunk("x", 0, 0)]), {"x": -1})
     assert plan_features(IterationPlan(step_id=2)) == PlanFeatures()
 
-
-def test_finetune_increment_per_phase() -> None:
-    assert finetune_increment("forward", 32) == PlanFeatures(ft_forward_tokens=1)
-    assert finetune_increment("backward", 32) == PlanFeatures(ft_backward_token_layers=32)
-    assert finetune_increment("backward", 32, layers=4) == PlanFeatures(ft_backward_token_layers=4)
-    for args, word in ((("sideways", 32), "phase"), (("forward", 0), "num_layers"),
-                       (("backward", 32, 33), "layers")):
-        with pytest.raises(ValueError, match=word):
-            finetune_increment(*args)
-
-
-# --- fitting ----------------------------------------------------------------------------------------
 
 def test_fit_recovers_known_coefficients_and_heldout_mape_is_small() -> None:
     model = LatencyModel(FP)
@@ -245,7 +232,7 @@ def test_fingerprint_helpers_are_stable_and_discriminating() -> None:
 def test_max_extra_tokens_exact_on_a_constructed_case() -> None:
     # Binary fractions: f(base) = 0.25 + 2 * 0.125 = 0.5; each token 0.0625; (1.0 - 0.5) / 0.0625 = 8.
     model = LatencyModel(FP, {"constant": 0.25, "decode_tokens": 0.125, "ft_forward_tokens": 0.0625})
-    base, one = PlanFeatures(decode_tokens=2), finetune_increment("forward", 4)
+    base, one = PlanFeatures(decode_tokens=2), PlanFeatures(ft_forward_tokens=1)
     assert model.max_extra_tokens(base, one, 1.0) == 8
     assert model.max_extra_tokens(base, one, 1.0, cap=5) == 5
     assert model.max_extra_tokens(PlanFeatures(decode_tokens=7), one, 1.0) == 0  # 1.125 > budget
@@ -260,7 +247,7 @@ def test_max_extra_tokens_matches_a_linear_scan() -> None:
     rng = random.Random(10)
     for _ in range(20):
         base = _random_features(rng)
-        increment = finetune_increment(rng.choice(["forward", "backward"]), 24)
+        increment = rng.choice([PlanFeatures(ft_forward_tokens=1), PlanFeatures(ft_backward_token_layers=24)])
         budget = rng.uniform(0.005, 0.08)
         s = model.max_extra_tokens(base, increment, budget)
         expected = 0
