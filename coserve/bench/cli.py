@@ -17,8 +17,14 @@ def _trainer(parser: argparse.ArgumentParser) -> Any:
     return handler
 
 
+def _coserving(args: argparse.Namespace) -> int:
+    from coserve.bench.coserving import run_coserving_benchmark
+
+    return run_coserving_benchmark(args)
+
+
 def register_bench(subparsers: Any) -> None:
-    """Add `coserve bench trainer` (and later benchmarks) to the `coserve` parser."""
+    """Add `coserve bench trainer` and `coserve bench co-serving` to the `coserve` parser."""
     bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     bench_sub.required = True
@@ -30,3 +36,13 @@ def register_bench(subparsers: Any) -> None:
 
     add_arguments(trainer)
     trainer.set_defaults(handler=_trainer(trainer))
+
+    coserving = bench_sub.add_parser(
+        "co-serving", help="inference arrivals + one fine-tuning job, per policy and rate (JSON, plots)",
+        description="Replay Poisson and bursty inference arrivals at several rates while a fine-tuning "
+                    "job runs, once per policy (coserve's hybrid token policy, temporal sharing, "
+                    "dynamic temporal sharing, static split), on the small preset.")
+    from coserve.bench.coserving import add_arguments as add_coserving_arguments  # no torch at import
+
+    add_coserving_arguments(coserving)
+    coserving.set_defaults(handler=_coserving)

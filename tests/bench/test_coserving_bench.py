@@ -1,31 +1,24 @@
-"""`run_coserving_benchmark` end to end on the tiny model: the JSON of issue 6 and the plots."""
+"""`coserve bench co-serving` end to end on the tiny model: the JSON of issue 6 and the plots."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from coserve.bench.coserving import add_arguments, run_coserving_benchmark
+from coserve.cli import main
 
 RUN_KEYS = {"policy", "rate", "slo_attainment", "inference_tokens_per_s", "finetune_tokens_per_s",
             "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"}
 
 
-def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
 def test_benchmark_writes_the_issue_json_and_plots(llama_dir: Path, tmp_path: Path) -> None:
     out, plots = tmp_path / "co.json", tmp_path / "plots"
-    code = run_coserving_benchmark(_args(
-        "--json", str(out), "--plots", str(plots), "--model-dir", str(llama_dir), "--rates", "4,8",
+    code = main([
+        "bench", "co-serving", "--json", str(out), "--plots", str(plots), "--model-dir", str(llama_dir), "--rates", "4,8",
         "--policies", "coserve,temporal-n8", "--window-s", "1", "--threads", "1",
         # The tiny model's calibrated SLO is a few ms and swings with the machine's load; a fixed one
         # keeps this test about the harness (the calibration has its own check below).
-        "--tpot-slo-ms", "40", "--ttft-slo-ms", "1000"))
+        "--tpot-slo-ms", "40", "--ttft-slo-ms", "1000"])
     assert code == 0
     result = json.loads(out.read_text())
     assert {"machine", "model", "slo", "finetune_only_tokens_per_s", "runs"} <= set(result)
@@ -47,6 +40,6 @@ def test_benchmark_writes_the_issue_json_and_plots(llama_dir: Path, tmp_path: Pa
 
 
 def test_unknown_policy_is_a_usage_error(tmp_path: Path, capsys) -> None:
-    code = run_coserving_benchmark(_args("--json", str(tmp_path / "x.json"), "--policies", "coserve,fifo"))
+    code = main(["bench", "co-serving", "--json", str(tmp_path / "x.json"), "--policies", "coserve,fifo"])
     assert code == 2 and "fifo" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
