@@ -46,6 +46,11 @@ from coserve.policies.vtc import VirtualTokenCounter
 from coserve.policies.waiting import TenantQueues, WaitingQueue
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# The measured/predicted ratio's moving average: weight of a new iteration, and bounds on one sample
+# (a hiccup of the machine must not stop fine-tuning for long, nor a lucky run overfill iterations).
+OVERRUN_SMOOTHING = 0.1
+MIN_OVERRUN, MAX_OVERRUN = 0.5, 3.0
+
 _FORWARD_TOKEN = PlanFeatures(ft_forward_tokens=1.0)
 _BACKWARD_TOKEN_LAYER = PlanFeatures(ft_backward_token_layers=1.0)
 
@@ -73,6 +78,11 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._slots: dict[str, int] = {}  # running request -> adapter slot (for plan_features)
         self._input_charged: set[str] = set()
         self._planned: dict[int, PlanFeatures] = {}  # step id -> features, until its result
+        # Measured / predicted time of iterations with fine-tuning work (moving average): what the
+        # latency model's fit leaves as bias at the operating point (missing nonlinear terms, a slow
+        # online fit). Iterations filled to the budget must take the SLO on average, so the budget
+        # the model is asked about is divided by it.
+        self._overrun = 1.0
         self._now = clock()
         self._overdue: list[Request] = []  # this plan's overdue waiting requests, oldest last
         super().__init__(config.scheduler, kv, adapters)
@@ -237,6 +247,11 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._roster.update(plan, result)
         features = self._planned.pop(plan.step_id, None)
         if features is not None and result.timings.total_s > 0:
+            if plan.training.forward_windows or plan.training.backward_tasklets:
+                predicted = self._latency.predict(features)
+                if predicted > 0:
+                    ratio = min(max(result.timings.total_s / predicted, MIN_OVERRUN), MAX_OVERRUN)
+                    self._overrun += OVERRUN_SMOOTHING * (ratio - self._overrun)
             self._latency.observe(features, result.timings.total_s)
         return touched
 
@@ -255,7 +270,11 @@ class HybridTokenPolicy(CoServingPolicy):
     def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
         if self._overdue_waiting() is not None:
             return None  # TTFT guard: the batch drains into the overdue request first
-        budget_s = self._co.iteration_budget_s
+        if self.num_waiting:
+            # Inference first: requests that could not be admitted (max_num_seqs, blocks) wait for
+            # running ones to finish, which fine-tuning would slow down; the queue drains first.
+            return None
+        budget_s = self._co.iteration_budget_s / self._overrun
         max_tokens = self._co.scheduler.max_batch_tokens
         max_layers = self._co.max_backward_token_layers
         latency = self._latency
