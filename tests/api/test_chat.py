@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +13,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import uvicorn
+
+from uvicorn_thread import serve_in_thread
 
 from coserve import LLM, SamplingParams
 from coserve.serve import ServeOptions, build_local_app
@@ -55,19 +54,8 @@ def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     # A relative adapter path resolves inside the data dir.
     app.state.gateway.store.register_model(ft, tenant="acme", base_model=opts.base_model_id,
                                            adapter_path=str(adapter.relative_to(root / "data")))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    yield Server(url=f"http://127.0.0.1:{sock.getsockname()[1]}", app=app, base=opts.base_model_id, ft=ft)
-    server.should_exit = True
-    thread.join(timeout=30)
-    sock.close()
+    with serve_in_thread(app) as url:
+        yield Server(url=url, app=app, base=opts.base_model_id, ft=ft)
 
 
 @pytest.fixture(scope="module")

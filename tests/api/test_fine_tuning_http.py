@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import tarfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +17,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import uvicorn
+
+from uvicorn_thread import serve_in_thread
 
 from coserve.serve import ServeOptions, build_local_app
 
@@ -45,19 +44,8 @@ def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                         local=True, dtype="float32", max_num_seqs=8, max_batch_tokens=256)
     opts.validate()
     app = build_local_app(opts)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    yield Server(url=f"http://127.0.0.1:{sock.getsockname()[1]}", base=opts.base_model_id)
-    server.should_exit = True
-    thread.join(timeout=30)
-    sock.close()
+    with serve_in_thread(app) as url:
+        yield Server(url=url, base=opts.base_model_id)
 
 
 def client(srv: Server, key: str = ACME) -> openai.OpenAI:

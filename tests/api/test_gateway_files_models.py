@@ -4,9 +4,6 @@ client: upload/list/retrieve/content/delete, pagination, tenant isolation, and O
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +11,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import uvicorn
+
+from uvicorn_thread import serve_in_thread
 
 from coserve.actors.store import MetadataStore
 from coserve.api.app import build_app
@@ -46,20 +44,8 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
     store.register_model(ACME_FT, tenant="acme", base_model=BASE)
     store.register_model(GLOBEX_FT, tenant="globex", base_model=BASE)
     app = build_app(store, tenants, [BASE, HF_BASE], max_upload_bytes=MAX_UPLOAD)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # bound here and handed over: no race for the port
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    yield Gateway(url=f"http://127.0.0.1:{port}", store=store)
-    server.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    with serve_in_thread(app, lifespan="off", timeout_s=10) as url:
+        yield Gateway(url=url, store=store)
     store.close()
 
 
