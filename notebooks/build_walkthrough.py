@@ -22,9 +22,10 @@ CELLS = [
         "The model is a tiny random one (`coserve model create-tiny`), so the text is noise: the point is "
         "the machinery. Run it from the repository root with the project's virtualenv."),
     new_code_cell(
-        "import io, json, os, tempfile, time\n"
+        "import io, json, os, tempfile, time, warnings\n"
         "from pathlib import Path\n\n"
         "os.environ['TQDM_DISABLE'] = '1'  # no progress bars in the stored outputs\n"
+        "warnings.filterwarnings('ignore', message='IProgress not found')\n"
         "from coserve.platform.tiny_model import create_tiny_model\n\n"
         "work = Path(tempfile.mkdtemp(prefix='coserve-walkthrough-'))\n"
         "model_dir = create_tiny_model(work / 'tiny-llama', arch='llama', preset='tiny', seed=0)\n"
