@@ -91,28 +91,10 @@ def median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
+def _timed_rounds(args: argparse.Namespace, co: Any, hf: Any, data: list[Any], n_steps: int
+                  ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Alternate coserve and HF steps (wall times and losses of the rounds after the warm-up)."""
     from coserve.bench import trainer_arms as arms
-
-    torch.set_num_threads(args.threads)
-    model_dir, origin = ensure_model(args.model_dir)
-    co = arms.CoserveArm(model_dir, seed=args.seed)
-    hf = arms.HFArm(model_dir, co.initial_adapter())
-    vocab = co.model.cfg.vocab_size
-    n_steps = args.warmup + args.pairs
-    data = arms.make_batch_data(vocab, n_steps + 1, seed=args.seed)
-    tokens = arms.SEQ_LEN
-    answer_tokens = int(data[0][1][1:].sum())  # positions with a target (token 0 is never one)
-
-    # Memory: one instrumented, untimed step per arm on the first sequence.
-    ids, trained = data[0]
-    memory = {f"coserve_{name}": co.measure(ids, trained, *SCHEDULES[name])
-              for name in args.schedules}
-    memory["hf_peft"] = hf.measure(ids, trained)
-    print(f"[bench] memory measured; timing {args.warmup} warm-up + {args.pairs} timed rounds",
-          file=sys.stderr, flush=True)
 
     walls: dict[str, list[float]] = {f"coserve_{n}": [] for n in args.schedules}
     walls["hf_peft"] = []
@@ -132,7 +114,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[bench] round {step + 1}/{n_steps}: " + ", ".join(
             f"{k} {w[-1]:.2f}s" for k, w in walls.items() if w and step >= args.warmup),
             file=sys.stderr, flush=True)
+    return walls, losses
 
+
+def _arm_results(args: argparse.Namespace, walls: dict[str, list[float]], losses: dict[str, list[float]],
+                 memory: dict[str, dict[str, Any]], tokens: int, answer_tokens: int) -> dict[str, Any]:
+    """Per arm: bytes and tokens/s; per coserve schedule: the ratios to HF and the targets."""
     results: dict[str, Any] = {}
     for key, ws in walls.items():
         mem = memory[key]
@@ -157,6 +144,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         r["memory_ratio_vs_hf"] = r["activation_bytes_per_token"] / hf_res["activation_bytes_per_token"]
         r["meets_targets"] = {"memory": r["memory_ratio_vs_hf"] <= TARGET_MEMORY,
                               "speed": r["speed_ratio_vs_hf"] >= TARGET_SPEED}
+    return results
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from coserve.bench import trainer_arms as arms
+
+    torch.set_num_threads(args.threads)
+    model_dir, origin = ensure_model(args.model_dir)
+    co = arms.CoserveArm(model_dir, seed=args.seed)
+    hf = arms.HFArm(model_dir, co.initial_adapter())
+    vocab = co.model.cfg.vocab_size
+    n_steps = args.warmup + args.pairs
+    data = arms.make_batch_data(vocab, n_steps + 1, seed=args.seed)
+    tokens = arms.SEQ_LEN
+    answer_tokens = int(data[0][1][1:].sum())  # positions with a target (token 0 is never one)
+
+    # Memory: one instrumented, untimed step per arm on the first sequence.
+    ids, trained = data[0]
+    memory = {f"coserve_{name}": co.measure(ids, trained, *SCHEDULES[name])
+              for name in args.schedules}
+    memory["hf_peft"] = hf.measure(ids, trained)
+    print(f"[bench] memory measured; timing {args.warmup} warm-up + {args.pairs} timed rounds",
+          file=sys.stderr, flush=True)
+
+    walls, losses = _timed_rounds(args, co, hf, data, n_steps)
+
+    results = _arm_results(args, walls, losses, memory, tokens, answer_tokens)
+    hf_res = results["hf_peft"]
     # The issue's shape: "coserve" is the default schedule (the first one run).
     out = {"coserve": results[f"coserve_{args.schedules[0]}"], "hf_peft": hf_res,
            **{k: v for k, v in results.items() if k.startswith("coserve_")}}
