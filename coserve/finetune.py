@@ -13,7 +13,6 @@ SLO: each iteration gives fine-tuning what the inference tokens leave of `max_ba
 
 from __future__ import annotations
 
-import enum
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,9 +25,11 @@ from coserve.platform.trainer.lora_params import LoRATrainConfig
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.finetune_job import (FinetuneJob, FinetuneJobSpec, JobEvent, JobEventKind,
                                            JobState)
+from coserve.policies.job_roster import JobRoster, TrainingJob
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.training_plan import TrainingExample
+from coserve.policies.vtc import VirtualTokenCounter, VTCWeights
 
 # Offline fine-tuning adapters take ids from here down, far from users' LoRARequest ids.
 FIRST_TRAINING_ADAPTER_ID = 2**40
@@ -114,12 +115,6 @@ class FineTuneResult:
         return [e.loss for e in self.events if e.kind == JobEventKind.VALIDATION and e.loss is not None]
 
 
-class JobControl(enum.Enum):
-    CANCEL = "cancel"
-    PAUSE = "pause"
-    RESUME = "resume"
-
-
 @dataclass(slots=True)
 class _Tracked:
     job: FinetuneJob
@@ -132,17 +127,19 @@ class OfflineJobs:
     policy plans an iteration and `update` after the engine ran it. It is also a `JobHost` for the
     server's `JobManager` (add, cancel, pause, resume jobs; pop their events).
 
-    Job control is deferred to the next plan, because the engine learns of it there.
+    The jobs live in a `JobRoster`, as in the co-serving policies (deferred control, jobs taken in
+    virtual-token-counter order); offline there is no SLO, so the allowance is what the inference
+    tokens leave of `max_batch_tokens`. Finished jobs stay here for their results.
     """
 
     def __init__(self, kv: KVBlockManager, adapters: AdapterSlots, max_batch_tokens: int,
                  num_layers: int) -> None:
         self._kv, self._adapters = kv, adapters
         self._max_batch_tokens, self._num_layers = max_batch_tokens, num_layers
+        self._vtc = VirtualTokenCounter(VTCWeights())
+        self._roster = JobRoster(self._vtc, self._sync_backlog)
         self._jobs: dict[str, _Tracked] = {}
         self._adapter_ids = itertools.count(FIRST_TRAINING_ADAPTER_ID)
-        self._control: list[tuple[str, JobControl]] = []
-        self._new_events: list[JobEvent] = []
 
     @property
     def kv(self) -> KVBlockManager:
@@ -155,6 +152,12 @@ class OfflineJobs:
     def next_adapter_id(self) -> int:
         return next(self._adapter_ids)
 
+    def _sync_backlog(self, tenant: str) -> None:
+        if self._roster.has_runnable(tenant):
+            self._vtc.on_backlogged(tenant)
+        else:
+            self._vtc.on_idle(tenant)
+
     def submit(self, prepared: PreparedJob) -> FinetuneJob:
         job = FinetuneJob(prepared.spec, self._kv, self._adapters)
         self.add_job(job, prepared.dataset.warnings)
@@ -164,60 +167,48 @@ class OfflineJobs:
         """Schedule a job from the next iteration on. Raises ValueError on a duplicate id."""
         if job.job_id in self._jobs:
             raise ValueError(f"job id {job.job_id!r} is already used")
+        if job.tenant not in self._vtc.tenants:
+            self._vtc.add_tenant(job.tenant)
+        self._roster.add(job)
         self._jobs[job.job_id] = _Tracked(job, list(warnings or []))
 
     def remove_job(self, job_id: str) -> bool:
-        return self._defer(job_id, JobControl.CANCEL)
+        return self._roster.cancel(job_id)
 
     def pause_job(self, job_id: str) -> bool:
-        return self._defer(job_id, JobControl.PAUSE)
+        return self._roster.pause(job_id)
 
     def resume_job(self, job_id: str) -> bool:
-        return self._defer(job_id, JobControl.RESUME)
-
-    def _defer(self, job_id: str, control: JobControl) -> bool:
-        if job_id not in self._jobs or self._jobs[job_id].job.state.is_finished:
-            return False
-        self._control.append((job_id, control))
-        return True
+        return self._roster.resume(job_id)
 
     def pop_job_events(self) -> list[JobEvent]:
-        events, self._new_events = self._new_events, []
+        events = self._roster.pop_events()
+        for event in events:
+            self._jobs[event.job_id].events.append(event)
         return events
-
-    def has_work(self) -> bool:
-        return bool(self._control) or any(
-            t.job.runnable or t.job.state == JobState.FINISHING for t in self._jobs.values())
 
     def schedule(self, plan: IterationPlan) -> None:
         """Apply deferred control, then give the running jobs what the inference tokens leave of
         the iteration's token budget."""
-        for job_id, control in self._control:
-            job = self._jobs[job_id].job
-            if control == JobControl.CANCEL:
-                self._record(job_id, [job.cancel(plan)])
-            elif control == JobControl.PAUSE:
-                job.pause(plan)
-            else:
-                job.resume()
-        self._control.clear()
+        self._roster.apply_control(plan)
         budget = max(0, self._max_batch_tokens - plan.num_tokens)
-        for tracked in self._jobs.values():
-            if budget <= 0:
-                break
-            charged = tracked.job.schedule(plan, budget, budget * self._num_layers)
-            budget -= int(round(charged))
+        if budget == 0:
+            return
+        backward = budget * self._num_layers
+
+        def allow(job: TrainingJob, plan: IterationPlan) -> tuple[int, int]:
+            # Both amounts: a sequence whose forward completes may start its backward at once.
+            training = plan.training
+            return (max(0, budget - training.forward_tokens),
+                    max(0, backward - training.backward_token_layers))
+
+        self._roster.fill(plan, allow)
 
     def update(self, plan: IterationPlan, result: IterationResult) -> None:
-        for job_id, tracked in self._jobs.items():  # finished ones too: a failure found while
-            self._record(job_id, tracked.job.update(plan, result))  # planning is reported here
-
-    def _record(self, job_id: str, events: list[JobEvent | None]) -> None:
-        real = [e for e in events if e is not None]
-        self._jobs[job_id].events.extend(real)
-        self._new_events.extend(real)
+        self._roster.update(plan, result)
 
     def result(self, job_id: str) -> FineTuneResult:
+        self.pop_job_events()  # events nobody popped yet belong to the result too
         tracked = self._jobs[job_id]
         job, events = tracked.job, tracked.events
         final = next((e.path for e in events if e.kind == JobEventKind.SUCCEEDED), None)
