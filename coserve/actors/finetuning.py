@@ -12,7 +12,9 @@ model, failures with their reason.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -28,7 +30,12 @@ from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
 from coserve.policies.job_roster import TrainingJob
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.quotas import TenantLimits
+from coserve.policies.quotas import TenantLimits, TenantQuota
+
+logger = logging.getLogger(__name__)
+
+# How often the job loop looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
+RECONCILE_INTERVAL_S = 0.25
 
 
 class JobHost(Protocol):
@@ -78,9 +85,21 @@ class Intent:
 class _Running:
     record: JobRecord
     job: FinetuneJob
-    total_steps: int
     started_at: float
     last_loss: float | None = None
+
+
+def open_job_manager(settings: FineTuningSettings, host: JobHost,
+                     limits: Mapping[str, TenantLimits] | None,
+                     on_trained: Callable[[str, int], None] | None = None) -> JobManager:
+    """A job manager over the metadata store in `settings.data_dir`, with its own tokenizer:
+    training files are tokenized on a worker thread (`JobManager.run`), while chat requests use the
+    scheduler's tokenizer on the event loop."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(settings.base_model_path)
+    return JobManager(MetadataStore(settings.data_dir), host, tokenizer, settings, limits,
+                      on_trained=on_trained)
 
 
 def model_id(settings: FineTuningSettings, record: JobRecord) -> str:
@@ -195,11 +214,11 @@ class JobManager:
             lora=record.extensions.get("lora"), seed=record.seed,
             base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
             validation=validation)
-        limit = self._limits.get(record.tenant, TenantLimits()).max_training_tokens_per_job
-        total = prepared.hyperparameters.total_trained_tokens
-        if limit is not None and total > limit:
-            raise ValueError(f"the job would train {total} tokens, over your limit of {limit} "
-                             f"training tokens per job")
+        quota = TenantQuota(self._limits.get(record.tenant, TenantLimits()))
+        # The concurrency part of the quota was checked when the job was created.
+        refusal = quota.admit_job(0, prepared.hyperparameters.total_trained_tokens)
+        if refusal is not None and refusal.limit == "max_training_tokens_per_job":
+            raise ValueError(refusal.reason)
         if not resume:
             hp = prepared.hyperparameters
             self._store.update_job(record.id, hyperparameters={
@@ -235,7 +254,7 @@ class JobManager:
         job = FinetuneJob(prepared.spec, self._host.kv, self._host.adapters)
         self._host.add_job(job)
         record = self._store.update_job(record.id, status=JobStatus.RUNNING)
-        self._running[record.id] = _Running(record, job, job.total_steps, self._clock())
+        self._running[record.id] = _Running(record, job, self._clock())
         resumed = prepared.spec.resume_from is not None
         self._store.add_event(record.id, "Resumed from the last checkpoint" if resumed
                               else "Fine-tuning job started")
@@ -253,6 +272,21 @@ class JobManager:
         except ValueError:
             pass  # an illegal transition out of a terminal status: the first final word stands
 
+    async def run(self, wake: Callable[[], None], stopped: Callable[[], bool]) -> None:
+        """The scheduler's job loop: every `RECONCILE_INTERVAL_S`, `collect` on a worker thread (so
+        tokenizing a training file never stalls the iterations), then `apply` on the event loop;
+        `wake()` the scheduler when something changed."""
+        while not stopped():
+            try:
+                intents = await asyncio.to_thread(self.collect, self.running)
+                self.apply(intents)
+            except Exception:  # noqa: BLE001 - a bad job must not stop the others' reconciling
+                logger.exception("fine-tuning job reconcile failed")
+                intents = []
+            if intents:
+                wake()
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+
     # -------------------------------------------------------------------------- policy -> store
 
     def record_events(self) -> None:
@@ -268,13 +302,13 @@ class JobManager:
         running.last_loss = event.loss
         if self._on_trained is not None:
             self._on_trained(running.record.tenant, event.num_tokens)
-        data = {"step": event.step, "train_loss": event.loss, "total_steps": running.total_steps}
-        total = f"/{running.total_steps}"
+        data = {"step": event.step, "train_loss": event.loss, "total_steps": running.job.total_steps}
+        total = f"/{running.job.total_steps}"
         self._store.add_event(event.job_id, f"Step {event.step}{total}: training loss={event.loss:.4g}",
                               type="metrics", data=data)
         elapsed = self._clock() - running.started_at
         steps_done = max(1, event.step - (running.job.spec.start_position or DataPosition(0)).step)
-        remaining = (running.total_steps - event.step) * elapsed / steps_done
+        remaining = (running.job.total_steps - event.step) * elapsed / steps_done
         self._store.update_job(event.job_id, trained_tokens=running.job.trained_tokens,
                                estimated_finish=int(self._clock() + remaining))
 
@@ -289,10 +323,10 @@ class JobManager:
         self._store.add_event(record.id, f"Checkpoint created at step {event.step}")
 
     def _on_validation(self, running: _Running, event: JobEvent) -> None:
-        data = {"step": event.step, "valid_loss": event.loss, "total_steps": running.total_steps}
+        data = {"step": event.step, "valid_loss": event.loss, "total_steps": running.job.total_steps}
         if running.last_loss is not None:
             data["train_loss"] = running.last_loss
-        self._store.add_event(event.job_id, f"Step {event.step}/{running.total_steps}: validation "
+        self._store.add_event(event.job_id, f"Step {event.step}/{running.job.total_steps}: validation "
                               f"loss={event.loss:.4g}", type="metrics", data=data)
 
     def _on_succeeded(self, running: _Running, event: JobEvent) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from coserve.actors.admission import QuotaBook, context_rejection
-from coserve.actors.finetuning import FineTuningSettings, JobManager
+from coserve.actors.finetuning import FineTuningSettings, JobManager, open_job_manager
 from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, EngineFailure, Rejection, StreamBatch
 from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
 from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
@@ -35,9 +35,6 @@ from coserve.policies.quotas import TenantLimits
 from coserve.policies.request import AdapterRef, RequestStatus
 
 logger = logging.getLogger(__name__)
-
-# How often the job loop looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
-RECONCILE_INTERVAL_S = 0.25
 
 # A finished submission whose stream nobody read is dropped after this long.
 UNREAD_TTL_S = 60.0
@@ -118,47 +115,20 @@ class SchedulerActor:
         self._max_model_len = layout.max_model_len
         self._adapters = AdapterChecker(self._model_config, layout.max_lora_rank)
         if self._settings.data_dir is not None and hasattr(self._policy, "add_job"):
-            self._jobs = self._job_manager(layout)
-
-    def _job_manager(self, layout: EngineLayout) -> JobManager:
-        """Fine-tuning jobs from the metadata store, run by the policy (see `JobManager`)."""
-        from coserve.actors.store import MetadataStore
-
-        settings = FineTuningSettings(
-            base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
-            data_dir=Path(self._settings.data_dir or "."), num_layers=self._model_config.num_layers,
-            max_model_len=layout.max_model_len)
-        from transformers import AutoTokenizer
-
-        store = MetadataStore(settings.data_dir)
-        # Its own tokenizer: training files are tokenized on a worker thread (`_job_loop`), while
-        # chat requests use the scheduler's on the event loop.
-        tokenizer = AutoTokenizer.from_pretrained(self._settings.model)
-        return JobManager(store, self._policy, tokenizer, settings,  # type: ignore[arg-type]
-                          self._settings.tenant_limits, on_trained=self._count_finetune)
+            settings = FineTuningSettings(
+                base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
+                data_dir=Path(self._settings.data_dir), num_layers=self._model_config.num_layers,
+                max_model_len=layout.max_model_len)
+            self._jobs = open_job_manager(settings, self._policy,  # type: ignore[arg-type]
+                                          self._settings.tenant_limits, self._count_finetune)
 
     def _count_finetune(self, tenant: str, tokens: int) -> None:
         self.metrics.count_tokens("finetune", tenant, tokens)
 
-    async def _job_loop(self) -> None:
-        """Every `RECONCILE_INTERVAL_S`: read the store's job intents and tokenize new jobs on a
-        worker thread (never stalling the iterations), then hand them to the policy on the loop."""
-        jobs = self._jobs
-        assert jobs is not None
-        while not self._closed:
-            try:
-                intents = await asyncio.to_thread(jobs.collect, jobs.running)
-                jobs.apply(intents)
-            except Exception:  # noqa: BLE001 - a bad job must not stop the others' reconciling
-                logger.exception("fine-tuning job reconcile failed")
-                intents = []
-            if intents:
-                self._work.set()
-            await asyncio.sleep(RECONCILE_INTERVAL_S)
-
     def _start_job_loop(self) -> None:
         if self._jobs is not None and self._job_task is None:
-            self._job_task = asyncio.get_running_loop().create_task(self._job_loop())
+            loop = asyncio.get_running_loop()
+            self._job_task = loop.create_task(self._jobs.run(self._work.set, lambda: self._closed))
 
     def engines(self) -> list[str]:
         return list(self._engines)

@@ -122,13 +122,6 @@ class FinetuneJob:
             return JobPhase.BACKWARD
         return JobPhase.FORWARD
 
-    @property
-    def held_blocks(self) -> int:
-        seq = self._current()
-        if seq is None or not self._kv.has_table(seq.sequence_id):
-            return 0
-        return len(self._kv.block_table(seq.sequence_id))
-
     def _current(self) -> _Sequence | None:
         if self._batch is None or self._batch.current >= len(self._batch.sequences):
             return None

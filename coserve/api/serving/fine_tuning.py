@@ -19,10 +19,8 @@ from coserve.api.protocol.fine_tuning import (CheckpointMetrics, FineTuningJob, 
                                               Method, SupervisedMethod)
 from coserve.api.protocol.files import validate_finetune_jsonl
 from coserve.platform.trainer.data import MIN_EXAMPLES
+from coserve.policies.quotas import TenantQuota
 from coserve.policies.tenants import TenantsConfig
-
-# A tenant over its concurrent-jobs limit may retry when a job ends; jobs take minutes.
-JOBS_RETRY_AFTER_S = 60
 
 
 def to_job(record: JobRecord) -> FineTuningJob:
@@ -136,16 +134,18 @@ class FineTuningService:
                                 code="invalid_file_format") from None
 
     def _check_job_limit(self, tenant: str) -> None:
+        """The tenant's concurrent-jobs quota (training tokens are checked once the file is tokenized)."""
         config = self.tenants.tenants.get(tenant)
-        limit = config.limits.max_concurrent_jobs if config is not None else None
-        if limit is None:
+        if config is None:
             return
         active = sum(1 for job in self.store.list_active_jobs() if job.tenant == tenant)
-        if active >= limit:
-            raise ProtocolError(f"You have {active} fine-tuning job(s) queued or running; your limit "
-                                f"is {limit}. Retry when one ends.", status=429,
+        refusal = TenantQuota(config.limits).admit_job(active, 0)
+        if refusal is not None:
+            retry = refusal.retry_after_s
+            raise ProtocolError(f"{refusal.reason}. Retry when one of your jobs ends."
+                                if retry else f"{refusal.reason}.", status=429,
                                 type="rate_limit_error", code="rate_limit_exceeded",
-                                headers={"retry-after": str(JOBS_RETRY_AFTER_S)})
+                                headers={"retry-after": str(int(retry))} if retry else None)
 
     def list_page(self, tenant: str, after: str | None, limit: int) -> FineTuningJobList:
         try:
