@@ -11,6 +11,7 @@ Metadata is built once per iteration and shared by every layer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,7 @@ class ChunkSpan:
     row: int  # first row
     start: int  # position of the first row
     num_tokens: int
-    block_table: list[int]
+    block_table: Sequence[int]
 
 
 @dataclass(slots=True)
@@ -64,7 +65,7 @@ def build_metadata(spans: list[ChunkSpan], block_size: int, device: torch.device
     first_row = torch.cumsum(lens, 0) - lens
     positions = starts[seq_of_row] + torch.arange(total) - first_row[seq_of_row]
     width = max(len(s.block_table) for s in spans)
-    tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in spans],
+    tables = torch.tensor([[*s.block_table, *[0] * (width - len(s.block_table))] for s in spans],
                           dtype=torch.int64)
     slots = tables[seq_of_row, positions // block_size] * block_size + positions % block_size
 

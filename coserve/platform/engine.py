@@ -9,6 +9,7 @@ decode's input), its sampling settings and its adapter slot.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +65,7 @@ class _Rows:
 
     start: int
     num_tokens: int
-    block_table: list[int]
+    block_table: Sequence[int]
     slot: int  # adapter bank slot, -1: the base model
     token_ids: list[int]
     chunk: ScheduledChunk | None = None

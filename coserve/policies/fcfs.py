@@ -198,35 +198,55 @@ class FCFSPolicy:
             Whether any request was preempted.
         """
         preempted = False
-        index = 0
-        running, kv, chunks = self._running, self._kv, plan.chunks
+        running, chunks = self._running, plan.chunks
+        append_chunk, new_tuple = chunks.append, tuple.__new__  # see ScheduledChunk
+        snapshots, block_size = self._kv.table_snapshots, self._kv.block_size
         threshold = self._config.long_prefill_threshold
         tokens = budget.tokens
-        while index < len(running) and tokens > 0:
-            request = running[index]
+        # Preemption removes requests at or after the current one; a list iterator then just ends
+        # earlier, so iterating `running` while it shrinks from the back is safe.
+        for request in running:
+            if tokens <= 0:
+                break
             start, total = request.num_computed_tokens, request.num_tokens
             count = total - start
             if count != 1:  # a decode (1 token) always fits: tokens > 0 and any threshold is >= 1
                 count = clamp_new_tokens(count, tokens, threshold)
-            if count == 0:
-                index += 1
-                continue
-            request_id = request.request_id
-            while (table := kv.allocate_table(request_id, start + count)) is None:
-                if self._reclaim_kv(plan):
+                if count == 0:
                     continue
-                # The victim is always at or after `index`, so no scheduled chunk loses its blocks.
-                victim = running[-1]
-                self._preempt(victim, plan)
-                preempted = True
-                if victim is request:
-                    budget.tokens = tokens
-                    return preempted  # it was the last one; nothing after it to schedule
-            chunks.append(ScheduledChunk(request_id, start, count, table, start + count == total))
+            request_id = request.request_id
+            table = snapshots.get(request_id)  # the blocks it has usually cover a decode
+            if table is None or start + count > len(table) * block_size:
+                table, preempted_now = self._allocate_or_preempt(request, start + count, plan)
+                preempted |= preempted_now
+                if table is None:  # it was the last one; nothing after it to schedule
+                    break
+            chunk = (request_id, start, count, table, start + count == total)
+            append_chunk(new_tuple(ScheduledChunk, chunk))
             tokens -= count
-            index += 1
         budget.tokens = tokens
         return preempted
+
+    def _allocate_or_preempt(self, request: Request, end: int,
+                             plan: IterationPlan) -> tuple[tuple[int, ...] | None, bool]:
+        """Grow a running request's blocks to `end` positions: fine-tuning gives blocks back first,
+        then running requests are preempted from the back (always this one or one after it, so no
+        chunk already scheduled loses its blocks).
+
+        Returns:
+            The block table (None when the request itself was preempted), and whether any request
+            was preempted.
+        """
+        preempted = False
+        while (table := self._kv.allocate_table(request.request_id, end)) is None:
+            if self._reclaim_kv(plan):
+                continue
+            victim = self._running[-1]
+            self._preempt(victim, plan)
+            preempted = True
+            if victim is request:
+                return None, preempted
+        return table, preempted
 
     def _schedule_waiting(self, plan: IterationPlan, budget: Budget) -> None:
         while budget.tokens > 0 and len(self._running) < self._config.max_num_seqs:
@@ -319,12 +339,19 @@ class FCFSPolicy:
         if sum(counts) > self._config.max_batch_tokens:
             raise RuntimeError(f"plan {plan.step_id} has {sum(counts)} tokens, over "
                                f"max_batch_tokens={self._config.max_batch_tokens}")
+        if counts and min(counts) < 1:
+            raise RuntimeError(f"plan {plan.step_id} has an empty chunk: {counts}")
+        self._check_sequences(plan)
+
+    def _check_sequences(self, plan: IterationPlan) -> None:
+        """At most `max_num_seqs` running, and no request scheduled twice."""
         if len(self._running) > self._config.max_num_seqs:
             raise RuntimeError(f"{len(self._running)} running requests, over "
                                f"max_num_seqs={self._config.max_num_seqs}")
-        scheduled = list(map(_REQUEST_ID, plan.chunks))
-        if len(set(scheduled)) != len(scheduled) or (counts and min(counts) < 1):
-            raise RuntimeError(f"plan {plan.step_id} has duplicate or empty chunks: {scheduled}")
+        scheduled = set(map(_REQUEST_ID, plan.chunks))
+        if len(scheduled) != len(plan.chunks):
+            raise RuntimeError(f"plan {plan.step_id} schedules a request twice: "
+                               f"{[c.request_id for c in plan.chunks]}")
 
     # -------------------------------------------------------------------------------- update
 

@@ -76,6 +76,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._vtc = VirtualTokenCounter(config.vtc, config.tenant_weights)
         self._roster = JobRoster(self._vtc, self._sync_backlog)
         self._slots: dict[str, int] = {}  # running request -> adapter slot (for plan_features)
+        self._slot_users: Counter[int] = Counter()  # adapter slot -> running requests using it
         self._input_charged: set[str] = set()
         self._planned: dict[int, PlanFeatures] = {}  # step id -> features, until its result
         # Measured / predicted time of iterations with fine-tuning work (moving average): what the
@@ -174,7 +175,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._roster.apply_control(plan)
         if self._begin_iteration():
             self._schedule_inference(plan, Budget(tokens=self._inference_token_budget()))
-        base = plan_features(plan, self._slots)
+        base = plan_features(plan, self._slots, distinct_adapters=self._scheduled_adapters(plan))
         allowance = self._finetune_allowance(base)
         if allowance is not None:
             self._roster.fill(plan, allowance)
@@ -184,6 +185,14 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._check_budgets(plan, features)
         self._planned[plan.step_id] = features
         return plan
+
+    def _scheduled_adapters(self, plan: IterationPlan) -> int | None:
+        """Distinct adapters of the plan's requests from the running tally when every running
+        request is scheduled (most iterations: saves a lookup per request); None otherwise."""
+        if len(plan.chunks) != len(self._running):
+            return None
+        users = self._slot_users
+        return len(users) - (-1 in users)
 
     def _begin_iteration(self) -> bool:
         """Start planning an iteration; returns whether it schedules inference (temporal sharing
@@ -221,7 +230,9 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
     def _on_admitted(self, request: Request) -> None:
         adapter = request.adapter
         slot = self._adapters.slot_of(adapter.adapter_id) if adapter is not None else None
-        self._slots[request.request_id] = -1 if slot is None else slot
+        slot = -1 if slot is None else slot
+        self._slots[request.request_id] = slot
+        self._slot_users[slot] += 1
         if request.request_id not in self._input_charged:
             self._input_charged.add(request.request_id)
             self._vtc.charge_input(request.tenant, len(request.prompt_token_ids))
@@ -230,8 +241,9 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         return self._roster.reclaim_kv(plan)
 
     def _check_budgets(self, plan: IterationPlan, features: PlanFeatures) -> None:
-        """FCFS's invariants, and forward windows inside the token budget they share with inference."""
-        self._check_invariants(plan)
+        """FCFS's invariants, with inference and forward-window tokens inside the token budget they
+        share (`plan_features` already refused empty chunks)."""
+        self._check_sequences(plan)
         total = features.prefill_tokens + features.decode_tokens + features.ft_forward_tokens
         if total > self._co.scheduler.max_batch_tokens:
             raise RuntimeError(f"plan {plan.step_id} has {total:.0f} inference + forward-window "
@@ -257,7 +269,11 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
 
     def _release_resources(self, request: Request) -> None:
         super()._release_resources(request)
-        self._slots.pop(request.request_id, None)
+        slot = self._slots.pop(request.request_id, None)
+        if slot is not None:
+            self._slot_users[slot] -= 1
+            if not self._slot_users[slot]:
+                del self._slot_users[slot]
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         super()._finish(request, status)

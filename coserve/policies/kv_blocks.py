@@ -6,6 +6,7 @@ The engine owns the K/V tensors; this module only decides block ids. It never im
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # Parent hash of a sequence's first block (any fixed int works; it only seeds the chain).
@@ -98,6 +99,8 @@ class KVBlockManager:
         self._block_hash: dict[int, int] = {}
         self._block_key: dict[int, _BlockKey] = {}
         self._tables: dict[str, list[int]] = {}
+        # Immutable copies of tables handed to plans (`allocate_table`), dropped when a table changes.
+        self._snapshots: dict[str, tuple[int, ...]] = {}
         # Chain hashes of each request's full blocks computed so far (registered or not).
         self._req_hashes: dict[str, list[int]] = {}
         self.stats = PrefixCacheStats()
@@ -126,6 +129,15 @@ class KVBlockManager:
     def usage(self) -> float:
         """Fraction of blocks held by requests (cached free blocks count as free)."""
         return 1.0 - self.num_free_blocks / self._num_blocks
+
+    @property
+    def table_snapshots(self) -> Mapping[str, tuple[int, ...]]:
+        """Request id -> the tuple `allocate_table` last returned, kept until the table changes.
+
+        Read-only. A snapshot covering the positions a request needs is its current table, so the
+        planner's loop reads this to skip a call for the decodes that stay inside their last block.
+        """
+        return self._snapshots
 
     def has_table(self, request_id: str) -> bool:
         return request_id in self._tables
@@ -172,23 +184,26 @@ class KVBlockManager:
             return False
         table = self._tables.setdefault(request_id, [])
         self._req_hashes.setdefault(request_id, [])
+        self._snapshots.pop(request_id, None)
         for _ in range(needed):
             block = self._take_free_block()
             self._ref_counts[block] = 1
             table.append(block)
         return True
 
-    def allocate_table(self, request_id: str, num_total_tokens: int) -> list[int] | None:
-        """`allocate_slots`, then a copy of the block table on success (None: nothing changed).
+    def allocate_table(self, request_id: str, num_total_tokens: int) -> tuple[int, ...] | None:
+        """`allocate_slots`, then the block table as an immutable tuple (None: nothing changed).
 
-        One call per scheduled request in the planner's loop instead of two.
+        One call per scheduled request in the planner's loop instead of two. The tuple is kept until
+        the table changes, so a decode inside its last block (most calls) neither copies nor allocates.
         """
-        table = self._tables.get(request_id)
-        if table is not None and 0 <= num_total_tokens <= len(table) * self._block_size:
-            return table[:]  # the common decode inside the last block: nothing to take
+        snapshot = self._snapshots.get(request_id)
+        if snapshot is not None and 0 <= num_total_tokens <= len(snapshot) * self._block_size:
+            return snapshot
         if not self.allocate_slots(request_id, num_total_tokens):
             return None
-        return self._tables[request_id][:]
+        snapshot = self._snapshots[request_id] = tuple(self._tables[request_id])
+        return snapshot
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks; unknown ids are ignored (freeing twice is harmless).
@@ -198,6 +213,7 @@ class KVBlockManager:
         """
         table = self._tables.pop(request_id, [])
         self._req_hashes.pop(request_id, None)
+        self._snapshots.pop(request_id, None)
         for block in reversed(table):
             self._ref_counts[block] -= 1
             if self._ref_counts[block] > 0:

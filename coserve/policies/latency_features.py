@@ -39,8 +39,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 
 from coserve.policies.plan import IterationPlan
+
+_START, _NUM_TOKENS = attrgetter("start"), attrgetter("num_tokens")
+_REQUEST_ID = attrgetter("request_id")
+_BASE_MODEL = frozenset({-1})
 
 # The order of the model's coefficients after the constant term (and of `PlanFeatures.vector`).
 FEATURE_NAMES: tuple[str, ...] = (
@@ -117,7 +122,8 @@ class PlanFeatures:
                 raise ValueError(f"{name}.{field_name} must be a finite number >= 0, got {value!r}")
 
 
-def plan_features(plan: IterationPlan, adapter_slots: Mapping[str, int] | None = None) -> PlanFeatures:
+def plan_features(plan: IterationPlan, adapter_slots: Mapping[str, int] | None = None, *,
+                  distinct_adapters: int | None = None) -> PlanFeatures:
     """Count the work of `plan` (pure; see the module docstring for each feature).
 
     Args:
@@ -125,40 +131,36 @@ def plan_features(plan: IterationPlan, adapter_slots: Mapping[str, int] | None =
         adapter_slots: request_id -> adapter slot (-1: base model) for requests scheduled in `plan` whose
             `NewSequence` was sent in an earlier iteration; the scheduler knows them. Slots sent in
             `plan.new_sequences` take precedence.
+        distinct_adapters: the number of adapters of the scheduled requests when the caller already
+            knows it (a scheduler that keeps a tally of its running requests' slots); then
+            `adapter_slots` is not read.
 
     Raises:
         ValueError: a chunk with num_tokens < 1 or start < 0, or a request whose adapter slot is unknown.
     """
-    sent = {seq.request_id: seq.adapter_slot for seq in plan.new_sequences}
-    known = adapter_slots if adapter_slots is not None else {}
-    prefill = decode = prefill_attention = decode_context = prefill_chunks = 0
-    slots: set[int] = set()
-    # One pass over every scheduled sequence per planning call: kept to plain locals (hot path).
-    for chunk in plan.chunks:
-        n, start = chunk.num_tokens, chunk.start
-        if n == 1 and start >= 0:
-            decode += 1
-            decode_context += start + 1
-        elif n > 1 and start >= 0:
-            prefill += n
-            prefill_chunks += 1
-            prefill_attention += n * start + n * (n + 1) // 2
-        else:
-            raise ValueError(f"chunk of {chunk.request_id!r}: need num_tokens >= 1 and start >= 0, "
-                             f"got num_tokens={n}, start={start}")
-        request_id = chunk.request_id
-        # This plan's NewSequence first, then the caller's map (most chunks: no new sequence).
-        slot = sent.get(request_id) if sent else None
-        if slot is None:
-            slot = known.get(request_id)
-        if slot is None:
-            # A wrong adapter count silently skews every prediction, so a missing slot is a bug.
-            raise ValueError(
-                f"adapter slot of request {request_id!r} is unknown: it is not sent in this plan's "
-                "new_sequences and not in adapter_slots (pass request_id -> slot for every running "
-                "request)")
-        if slot >= 0:
-            slots.add(slot)
+    chunks = plan.chunks
+    # Planned every iteration for every running request: C-level passes (map, sum, set) instead of
+    # a Python loop over chunks, with a loop only over the few chunks that are not decodes.
+    starts = list(map(_START, chunks))
+    counts = list(map(_NUM_TOKENS, chunks))
+    decode = counts.count(1)
+    decode_context = prefill = prefill_attention = prefill_chunks = 0
+    if chunks and (min(starts) < 0 or min(counts) < 1):
+        bad = next(c for c in chunks if c.start < 0 or c.num_tokens < 1)
+        raise ValueError(f"chunk of {bad.request_id!r}: need num_tokens >= 1 and start >= 0, "
+                         f"got num_tokens={bad.num_tokens}, start={bad.start}")
+    if decode == len(chunks):
+        decode_context = sum(starts) + decode
+    else:
+        for n, start in zip(counts, starts):
+            if n == 1:
+                decode_context += start + 1
+            else:
+                prefill += n
+                prefill_chunks += 1
+                prefill_attention += n * start + n * (n + 1) // 2
+    if distinct_adapters is None:
+        distinct_adapters = len(_adapter_slots(plan, adapter_slots) - _BASE_MODEL)
     return PlanFeatures(
         prefill_tokens=float(prefill),
         decode_tokens=float(decode),
@@ -166,9 +168,24 @@ def plan_features(plan: IterationPlan, adapter_slots: Mapping[str, int] | None =
         decode_context=float(decode_context),
         ft_forward_tokens=float(plan.training.forward_tokens),
         ft_backward_token_layers=float(plan.training.backward_token_layers),
-        distinct_adapters=float(len(slots)),
+        distinct_adapters=float(distinct_adapters),
         num_sequences=float(len(plan.chunks)),
         adapter_loads=float(len(plan.adapter_loads)),
         prefill_chunks=float(prefill_chunks),
         ft_pieces=float(len(plan.training.forward_windows) + len(plan.training.backward_tasklets)),
     )
+
+
+def _adapter_slots(plan: IterationPlan, adapter_slots: Mapping[str, int] | None) -> set[int]:
+    """The adapter slots of the plan's chunks (-1 included when a base-model row is scheduled)."""
+    slot_of: Mapping[str, int] = adapter_slots if adapter_slots is not None else {}
+    if plan.new_sequences:  # this plan's NewSequence first, then the caller's map
+        slot_of = {**slot_of, **{seq.request_id: seq.adapter_slot for seq in plan.new_sequences}}
+    try:
+        return set(map(slot_of.__getitem__, map(_REQUEST_ID, plan.chunks)))
+    except KeyError as missing:
+        # A wrong adapter count silently skews every prediction, so a missing slot is a bug.
+        raise ValueError(
+            f"adapter slot of request {missing.args[0]!r} is unknown: it is not sent in this plan's "
+            "new_sequences and not in adapter_slots (pass request_id -> slot for every running "
+            "request)") from None

@@ -16,7 +16,9 @@ token. When `end == len(tokens)` the logits of its last position are sampled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from coserve.policies.request import SamplingParams
 from coserve.policies.training_plan import TrainingReport, TrainingWork
@@ -33,14 +35,18 @@ class NewSequence:
     adapter_slot: int = -1  # -1: the base model
 
 
-@dataclass(slots=True)
-class ScheduledChunk:
-    """Positions [start, start + num_tokens) of one sequence, computed in this iteration."""
+class ScheduledChunk(NamedTuple):
+    """Positions [start, start + num_tokens) of one sequence, computed in this iteration.
+
+    An immutable named tuple rather than a dataclass: the planner builds one per running request per
+    iteration, and `tuple.__new__(ScheduledChunk, fields)` does that at C speed (a dataclass's
+    `__init__` costs twice as much).
+    """
 
     request_id: str
     start: int
     num_tokens: int
-    block_table: list[int]  # every block of the sequence, position p lives in block_table[p // block_size]
+    block_table: Sequence[int]  # every block of the sequence: position p is in block_table[p // block_size]
     sample: bool  # sample a token from the last position's logits
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from coserving_sim import (COEFFICIENTS, FP, FakeClock, execute, make_job, make_policy, make_request,
+from coserving_sim import (BS, COEFFICIENTS, FP, FakeClock, execute, make_job, make_policy, make_request,
                            step)
 
 from coserve.policies.adapter_slots import AdapterSlots
@@ -14,7 +14,7 @@ from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
 from coserve.policies.plan import IterationPlan
-from coserve.policies.request import RequestStatus
+from coserve.policies.request import AdapterRef, RequestStatus
 
 
 def predicted(policy: HybridTokenPolicy, plan: IterationPlan, extra: PlanFeatures | None = None) -> float:
@@ -315,3 +315,45 @@ def test_a_windows_fixed_cost_is_planned_for() -> None:
     # 20 ms - 5 ms for the window itself leaves 15 ms: 150 tokens at 0.1 ms (up to rounding).
     assert plan.training.forward_tokens in (149, 150)
     assert predicted(policy, plan) <= 0.020
+
+
+class _RecordingModel(LatencyModel):
+    """Records the features of every measured iteration the policy reports."""
+
+    def __init__(self) -> None:
+        super().__init__(FP, COEFFICIENTS)
+        self.seen: list[PlanFeatures] = []
+
+    def observe(self, features: PlanFeatures, measured_s: float) -> None:
+        self.seen.append(features)
+        super().observe(features, measured_s)
+
+
+def test_distinct_adapters_from_the_running_tally_match_a_count_of_the_plan() -> None:
+    # Admissions, finishes and preemptions (8 blocks of 4 tokens are too few for everyone) move
+    # requests in and out of the tally; every plan's count must equal one made from its chunks.
+    model = _RecordingModel()
+    config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=32, block_size=BS, max_num_seqs=8,
+                                                       max_batch_tokens=16), tpot_slo_ms=20.0)
+    policy = HybridTokenPolicy(config, KVBlockManager(num_blocks=8, block_size=BS), AdapterSlots(3),
+                               model, clock=FakeClock())
+    for i in range(12):
+        request = make_request(f"r{i}", prompt_len=3 + i % 5, max_tokens=2 + i % 7)
+        request.adapter = AdapterRef(i % 4, f"a{i % 4}", f"/a{i % 4}") if i % 3 else None
+        policy.add_request(request)
+    expected: list[float] = []
+    preempted = 0
+    while policy.has_work():
+        plan = policy.plan()
+        preempted += sum(policy.get_request(rid) is not None for rid in plan.freed)
+        slot_of = {seq.request_id: seq.adapter_slot for seq in plan.new_sequences}
+        for chunk in plan.chunks:
+            request = policy.get_request(chunk.request_id)
+            if chunk.request_id not in slot_of:
+                adapter = request.adapter
+                slot_of[chunk.request_id] = -1 if adapter is None else policy.adapters.slot_of(
+                    adapter.adapter_id)
+        expected.append(plan_features(plan, slot_of).distinct_adapters)
+        policy.update(plan, execute(plan, total_s=1e-3))
+    assert [f.distinct_adapters for f in model.seen] == expected
+    assert max(expected) >= 2 and len(expected) > 12 and preempted > 0

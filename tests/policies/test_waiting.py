@@ -62,13 +62,18 @@ def test_fifo_head() -> None:
     assert fifo.head().request_id == "y"
 
 
-def test_allocate_table_returns_a_copy_or_none() -> None:
-    kv = KVBlockManager(num_blocks=3, block_size=4)
+def test_allocate_table_returns_an_immutable_snapshot_or_none() -> None:
+    kv = KVBlockManager(num_blocks=4, block_size=4)
     table = kv.allocate_table("r", 5)
-    assert table == kv.block_table("r") and len(table) == 2
-    table.append(99)
-    assert kv.block_table("r") != table  # a copy: the plan cannot corrupt the manager
-    assert kv.allocate_table("r", 8) == kv.block_table("r")  # inside the blocks it has
+    assert isinstance(table, tuple)  # the plan cannot corrupt the manager, nor the manager the plan
+    assert list(table) == kv.block_table("r") and len(table) == 2
+    assert kv.allocate_table("r", 8) is table  # inside the blocks it has: the same snapshot
+    grown = kv.allocate_table("r", 9)
+    assert len(grown) == 3 and grown[:2] == table and list(grown) == kv.block_table("r")
+    assert table == (0, 1)  # the earlier plan's table did not change
     assert kv.allocate_table("s", 9) is None and not kv.has_table("s")
+    kv.free("r")
+    again = kv.allocate_table("r", 4)
+    assert list(again) == kv.block_table("r") and len(again) == 1  # no stale snapshot after free
     with pytest.raises(ValueError, match="num_total_tokens"):
         kv.allocate_table("r", -1)
