@@ -104,7 +104,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,
                         max_batch_tokens=args.max_batch_tokens, tpot_slo_ms=args.tpot_slo_ms,
                         ttft_slo_ms=args.ttft_slo_ms, adapter_slots=args.adapter_slots, dtype=args.dtype,
-                        device=args.device, latency_profile=args.latency_profile)
+                        device=args.device, latency_profile=args.latency_profile,
+                        max_stall_ms=args.max_stall_ms)
     try:
         opts.validate()
     except ValueError as error:
@@ -132,6 +133,9 @@ def _register_serve(subparsers: Subparsers) -> None:
                        help="tokens per engine iteration (default: 2048)")
     serve.add_argument("--tpot-slo-ms", type=float, default=None, help="time-per-output-token objective (ms)")
     serve.add_argument("--ttft-slo-ms", type=float, default=None, help="time-to-first-token objective (ms)")
+    serve.add_argument("--max-stall-ms", type=float, default=None,
+                       help="let fine-tuning spend the requests' TPOT slack in bursts, no token gap longer "
+                            "than this (ms, >= the TPOT SLO; default: every iteration within the SLO)")
     serve.add_argument("--adapter-slots", type=int, default=4, help="LoRA adapters resident at once (default: 4)")
     serve.add_argument("--latency-profile", default=None,
                        help="latency model fitted by `coserve profile --json` (default: learned online)")

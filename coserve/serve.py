@@ -45,6 +45,7 @@ class ServeOptions:
     dtype: str = "auto"
     device: str = "cpu"
     latency_profile: str | None = None  # `coserve profile --json` output (None: learned online)
+    max_stall_ms: float | None = None  # fine-tuning bursts spending TPOT slack (CoServingConfig)
 
     @property
     def base_model_id(self) -> str:
@@ -65,6 +66,13 @@ class ServeOptions:
         for flag, value in {"--tpot-slo-ms": self.tpot_slo_ms, "--ttft-slo-ms": self.ttft_slo_ms}.items():
             if value is not None and not value > 0:
                 raise ValueError(f"{flag} must be > 0, got {value}")
+        if self.max_stall_ms is not None:
+            from coserve.policies.hybrid_config import DEFAULT_TPOT_SLO_MS
+
+            tpot = self.tpot_slo_ms if self.tpot_slo_ms is not None else DEFAULT_TPOT_SLO_MS
+            if not tpot <= self.max_stall_ms < float("inf"):
+                raise ValueError(f"--max-stall-ms must be a number >= the TPOT SLO ({tpot:g} ms), "
+                                 f"got {self.max_stall_ms}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.dtype not in DTYPES:
@@ -108,7 +116,7 @@ class ServeOptions:
         fingerprint = ModelFingerprint(model_id_from_config(config), machine_id(self.device),
                                        dtype.removeprefix("torch."))
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
-                                      tenants.weights())
+                                      self.max_stall_ms, tenants.weights())
 
     def scheduler_settings(self, tenants: Any) -> Any:
         from coserve.actors.scheduler import SchedulerSettings

@@ -31,6 +31,8 @@ def tenants_file(tmp_path: Path) -> Path:
     (["--max-batch-tokens", "-3"], "--max-batch-tokens must be >= 1"),
     (["--adapter-slots", "0"], "--adapter-slots must be >= 1"),
     (["--tpot-slo-ms", "0"], "--tpot-slo-ms must be > 0"),
+    (["--max-stall-ms", "30", "--tpot-slo-ms", "50"], "--max-stall-ms must be a number >= the TPOT SLO (50 ms)"),
+    (["--max-stall-ms", "80"], "--max-stall-ms must be a number >= the TPOT SLO (100 ms)"),
     (["--port", "70000"], "--port must be in 0..65535"),
     (["--dtype", "float8"], "--dtype must be one of"),
     (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),

@@ -70,6 +70,8 @@ class CoServingPolicyFactory:
     Args:
         fingerprint: the served model, this machine and the dtype (a profile must match it).
         tpot_slo_ms / ttft_slo_ms: the SLOs (None: `CoServingConfig`'s defaults).
+        max_stall_ms: fine-tuning bursts that spend the requests' TPOT slack, no token gap longer
+            (`CoServingConfig.max_stall_ms`); None: every iteration within the TPOT SLO.
         latency_profile: a `coserve profile --json` file; None starts unfitted (learned online).
         tenant_weights: tenant -> share under contention (the tenants file's `weight`).
     """
@@ -78,6 +80,7 @@ class CoServingPolicyFactory:
     tpot_slo_ms: float | None = None
     ttft_slo_ms: float | None = None
     latency_profile: str | None = None
+    max_stall_ms: float | None = None
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
 
     def latency_model(self) -> LatencyModel:
@@ -98,6 +101,7 @@ class CoServingPolicyFactory:
     def __call__(self, config: SchedulerConfig, layout: EngineLayout) -> InferencePolicy:
         slos = {k: v for k, v in (("tpot_slo_ms", self.tpot_slo_ms), ("ttft_slo_ms", self.ttft_slo_ms))
                 if v is not None}
-        co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights), **slos)
+        co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights),
+                             max_stall_ms=self.max_stall_ms, **slos)
         kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
         return HybridTokenPolicy(co, kv, AdapterSlots(layout.num_adapter_slots), self.latency_model())

@@ -56,7 +56,7 @@ FULL_RATES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5)
 # static-split-0.02: a share small enough for its fixed fine-tuning work to fit the TPOT SLO here
 # (0.1 does not: TPOT p50 114-152 ms against a 90 ms SLO in a smoke run).
 QUICK_POLICIES = ("coserve", "temporal-n16", "temporal-n128", "dynamic-temporal", "static-split-0.02")
-FULL_POLICIES = ("coserve", "temporal-n16", "temporal-n64", "temporal-n256", "dynamic-temporal",
+FULL_POLICIES = ("coserve", "coserve-strict", "temporal-n16", "temporal-n64", "temporal-n256", "dynamic-temporal",
                  "static-split-0.02", "static-split-0.1")
 # 1 GiB of KV on the small preset: static-split-0.02's fine-tuning range (81 blocks) still holds one
 # 1024-token training sequence (with 1024 blocks it held 320 tokens and the job never started).
@@ -65,6 +65,11 @@ MAX_BATCH_TOKENS = 512
 TRAINING_ADAPTER_ID = 2**41  # far from user adapter ids, like the offline API's
 WARMUP_S = 6.0  # co-serving seconds of the calibration's second pass
 REALIZED_TARGET = 0.9  # of the TPOT SLO: where the margin aims co-served iterations to land
+# coserve's fine-tuning bursts: at most this many TPOT SLOs between two tokens of a request. On this
+# CPU an iteration's fixed cost (weights read, per-layer launches, the window's loss) is a large part
+# of a TPOT-sized iteration; 3 x pays it once per ~3 SLOs (measured: FT-only 328 -> 368 tok/s, rate 1
+# 192 -> 236, rate 2 126 -> 192; 2026-11-21, /tmp runs noted in RESULTS.md).
+STALL_MULTIPLE = 3.0
 DECODE_SHARE = 0.6  # of the TPOT SLO a full decode batch may take (sets max_num_seqs)
 QUICK_SWEEP = SweepSettings(decode_batches=(1, 8, 16), decode_steps=4, forward_windows=(32, 128, 256),
                             backward_budgets=(512, 2048))
@@ -88,6 +93,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="use this TPOT SLO instead of the calibrated one (e.g. 50 for an 8B model on a GPU)")
     ap.add_argument("--ttft-slo-ms", type=float, default=None,
                     help="TTFT SLO with --tpot-slo-ms (default: 40 x the TPOT SLO)")
+    ap.add_argument("--stall-multiple", type=float, default=STALL_MULTIPLE,
+                    help=f"coserve's max_stall_ms as a multiple of the TPOT SLO, >= 1 (default "
+                         f"{STALL_MULTIPLE:g}; the policy coserve-strict has none)")
     ap.add_argument("--seed", type=int, default=0, help="seed of traces and the fine-tuning data")
 
 
@@ -138,8 +146,10 @@ def _max_num_seqs(latency: Any, slo: SLO, margin: float) -> int:
     return 1
 
 
-def _setup(engine: Any, fit: LatencyFit, slo: SLO | None, margin: float | None = None) -> PolicySetup:
-    """SLOs (unless given), safety margin (unless given) and batch limit from one fitted model."""
+def _setup(engine: Any, fit: LatencyFit, slo: SLO | None, stall_multiple: float,
+           margin: float | None = None) -> PolicySetup:
+    """SLOs (unless given), safety margin (unless given), batch limit and coserve's longest stall
+    (`stall_multiple` x the TPOT SLO) from one fitted model."""
     from coserve.policies.config import SchedulerConfig
 
     latency = fit.model
@@ -147,11 +157,13 @@ def _setup(engine: Any, fit: LatencyFit, slo: SLO | None, margin: float | None =
     scheduler = SchedulerConfig(max_model_len=engine.layout.max_model_len,
                                 max_num_seqs=_max_num_seqs(latency, slo, margin),
                                 max_batch_tokens=MAX_BATCH_TOKENS, block_size=engine.layout.block_size)
-    return PolicySetup(scheduler=scheduler, slo=slo, latency=latency, safety_margin=margin)
+    return PolicySetup(scheduler=scheduler, slo=slo, latency=latency, safety_margin=margin,
+                       max_stall_ms=stall_multiple * slo.tpot_s * 1000.0)
 
 
 def _calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSettings,
-               warmup_s: float, slo: SLO | None = None) -> tuple[PolicySetup, LatencyFit, float]:
+               warmup_s: float, stall_multiple: float,
+               slo: SLO | None = None) -> tuple[PolicySetup, LatencyFit, float]:
     """Fit the latency model in two passes and derive the SLOs and limits from the final one.
 
     Pass 1: the sweep (`profile_engine`). Pass 2: `warmup_s` seconds of real co-serving (coserve at
@@ -178,7 +190,7 @@ def _calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepS
         raise RuntimeError("the latency model fitted on the sweep predicts 0 s for a decode step; the "
                            "machine is too noisy to calibrate an SLO (pass --tpot-slo-ms)")
     trace = make_trace(poisson_arrivals(rate, warmup_s, seed + 7), seed + 7, prefix="w")
-    warm = _run(engine, _setup(engine, fit, slo), job_spec, "coserve", rate, trace,
+    warm = _run(engine, _setup(engine, fit, slo, stall_multiple), job_spec, "coserve", rate, trace,
                 RunLimits(warmup_s, 0.0), "warmup")
     samples += [(it.features, it.engine_s) for it in warm.iterations if it.engine_s > 0 and it.has_work]
     refit = fit_latency_model(samples, fingerprint)
@@ -189,7 +201,7 @@ def _calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepS
               file=sys.stderr)
     overrun = _overrun(warm, fit.model)
     margin = max(fit.safety_margin, min(MAX_MARGIN, 1.0 - REALIZED_TARGET / overrun))
-    return _setup(engine, fit, slo, margin), fit, overrun
+    return _setup(engine, fit, slo, stall_multiple, margin), fit, overrun
 
 
 def _overrun(run: RunRecord, model: LatencyModel) -> float:
@@ -273,12 +285,13 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.monotonic()
         sweep = QUICK_SWEEP if args.quick else SweepSettings()
         setup, fit, overrun = _calibrate(engine, job_spec, rates[len(rates) // 2], args.seed, sweep,
-                                 min(WARMUP_S, window), _given_slo(args))
+                                         min(WARMUP_S, window), args.stall_multiple, _given_slo(args))
         slo = setup.slo
         print(f"latency model: held-out MAPE {fit.heldout_mape:.1f}%, mean measured/predicted "
               f"{fit.heldout_mean_ratio:.2f} ({time.monotonic() - t0:.0f} s calibration); "
               f"SLO: TPOT {slo.tpot_s * 1000:.1f} ms, TTFT {slo.ttft_s * 1000:.0f} ms; "
-              f"max_num_seqs {setup.scheduler.max_num_seqs}, safety margin {setup.safety_margin:.2f}",
+              f"max_num_seqs {setup.scheduler.max_num_seqs}, safety margin {setup.safety_margin:.2f}, "
+              f"coserve's longest stall {setup.max_stall_ms:.0f} ms",
               flush=True)
         limits = RunLimits(window, drain_s=max(slo.ttft_s, 2.0))
         solo = _run(engine, setup, job_spec, "coserve", 0.0, [], RunLimits(window, 0.0), "solo")
@@ -299,7 +312,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "simulator_check": checks,
         "settings": {"window_s": window, "drain_s": limits.drain_s, "rates": rates, "policies": policies,
                      "max_num_seqs": setup.scheduler.max_num_seqs, "max_batch_tokens": MAX_BATCH_TOKENS,
-                     "safety_margin": setup.safety_margin, "threads": torch.get_num_threads(),
+                     "safety_margin": setup.safety_margin, "max_stall_ms": setup.max_stall_ms,
+                     "threads": torch.get_num_threads(),
                      "seed": args.seed, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "latency_model": {"heldout_mape_percent": fit.heldout_mape, "warmup_overrun": overrun,
                           "heldout_mean_ratio": fit.heldout_mean_ratio,
@@ -333,6 +347,8 @@ def run_coserving_benchmark(args: argparse.Namespace) -> int:
     """Handler of `coserve bench co-serving`: run, write the JSON (and plots), return an exit code."""
     try:
         check_policy_names(_settings(args)[1])
+        if not 1.0 <= args.stall_multiple < math.inf:
+            raise ValueError(f"--stall-multiple must be a number >= 1, got {args.stall_multiple}")
     except ValueError as error:  # a usage error, reported before minutes of work
         print(f"error: {error}", file=sys.stderr)
         return 2

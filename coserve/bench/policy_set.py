@@ -2,7 +2,10 @@
 
 Names (the `policy` field of the benchmark's JSON):
 
-* ``coserve``: `HybridTokenPolicy`, token-level co-serving (ours).
+* ``coserve``: `HybridTokenPolicy`, token-level co-serving (ours), with the setup's `max_stall_ms`
+  (fine-tuning bursts that spend the requests' TPOT slack).
+* ``coserve-strict``: the same policy with every iteration within the TPOT SLO (no bursts; FlexLLM's
+  rule).
 * ``temporal-n{n}``: `TemporalSharingPolicy`, n inference iterations per fine-tuning iteration.
 * ``dynamic-temporal``: `DynamicTemporalSharingPolicy` (FlexLLM Appendix A).
 * ``static-split-{f}``: `StaticSplitPolicy`, a fraction f of every iteration and of the KV cache for
@@ -38,10 +41,12 @@ class PolicySetup:
     slo: SLO
     latency: LatencyModel
     safety_margin: float = 0.1
+    max_stall_ms: float | None = None  # coserve's bursts (`CoServingConfig.max_stall_ms`)
 
-    def config(self) -> CoServingConfig:
+    def config(self, max_stall_ms: float | None = None) -> CoServingConfig:
         return CoServingConfig(scheduler=self.scheduler, tpot_slo_ms=self.slo.tpot_s * 1000.0,
-                               ttft_slo_ms=self.slo.ttft_s * 1000.0, safety_margin=self.safety_margin)
+                               ttft_slo_ms=self.slo.ttft_s * 1000.0, safety_margin=self.safety_margin,
+                               max_stall_ms=max_stall_ms)
 
     def latency_copy(self) -> LatencyModel:
         return LatencyModel.from_dict(self.latency.to_dict())
@@ -55,9 +60,10 @@ def make_factory(name: str, setup: PolicySetup) -> PolicyFactory:
     """The factory of the policy called `name` (module docstring). Raises ValueError when unknown."""
     config = setup.config()
 
-    if name == "coserve":
+    if name in ("coserve", "coserve-strict"):
+        hybrid = setup.config(setup.max_stall_ms) if name == "coserve" else config
         return (lambda n, bs, ad, clock: HybridTokenPolicy(
-            config, _kv(n, bs), ad, setup.latency_copy(), clock=clock))
+            hybrid, _kv(n, bs), ad, setup.latency_copy(), clock=clock))
     if name == "dynamic-temporal":
         return (lambda n, bs, ad, clock: DynamicTemporalSharingPolicy(
             config, _kv(n, bs), ad, setup.latency_copy(), clock=clock))
@@ -73,8 +79,8 @@ def make_factory(name: str, setup: PolicySetup) -> PolicyFactory:
             return StaticSplitPolicy(config, inference, finetune, ad, setup.latency_copy(),
                                      finetune_fraction=fraction, clock=clock)
         return static
-    raise ValueError(f"unknown policy {name!r}: use coserve, temporal-n<N>, dynamic-temporal or "
-                     "static-split-<fraction>")
+    raise ValueError(f"unknown policy {name!r}: use coserve, coserve-strict, temporal-n<N>, "
+                     "dynamic-temporal or static-split-<fraction>")
 
 
 def _parse(name: str, prefix: str, kind: type) -> int | float:

@@ -29,6 +29,7 @@ refines the latency model online (`LatencyModel.observe`).
 from __future__ import annotations
 
 import abc
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -78,6 +79,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._slots: dict[str, int] = {}  # running request -> adapter slot (for plan_features)
         self._slot_users: Counter[int] = Counter()  # adapter slot -> running requests using it
         self._input_charged: set[str] = set()
+        self._first_token_s: dict[str, float] = {}  # running request -> when its first token came
         self._planned: dict[int, PlanFeatures] = {}  # step id -> features, until its result
         # Measured / predicted time of iterations with fine-tuning work (moving average): what the
         # latency model's fit leaves as bias at the operating point (missing nonlinear terms, a slow
@@ -256,6 +258,11 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         touched = super().update(plan, result)
         for tenant, count in Counter(r.tenant for r in touched).items():
             self._vtc.charge_output(tenant, count)
+        if self._co.max_stall_ms is not None:
+            now = self._clock()
+            for request in touched:
+                if request.num_output_tokens == 1 and not request.is_finished:
+                    self._first_token_s[request.request_id] = now
         self._roster.update(plan, result)
         features = self._planned.pop(plan.step_id, None)
         if features is not None and result.timings.total_s > 0:
@@ -278,6 +285,22 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
     def _finish(self, request: Request, status: RequestStatus) -> None:
         super()._finish(request, status)
         self._input_charged.discard(request.request_id)
+        self._first_token_s.pop(request.request_id, None)
+
+    def _decode_slack_s(self, target_s: float) -> float:
+        """How long the next iteration may take with every running request's mean time per output
+        token still within `target_s` (inf when no running request has a token yet).
+
+        A request with n tokens, the first at t0, has n gaps after this iteration: its mean stays
+        within the target while the iteration takes at most ``target_s * n - (now - t0)``.
+        """
+        first, now = self._first_token_s, self._now
+        slack = math.inf
+        for request in self._running:
+            t0 = first.get(request.request_id)
+            if t0 is not None:
+                slack = min(slack, target_s * request.num_output_tokens - (now - t0))
+        return slack
 
 
 class HybridTokenPolicy(CoServingPolicy):
@@ -290,7 +313,10 @@ class HybridTokenPolicy(CoServingPolicy):
             # Inference first: requests that could not be admitted (max_num_seqs, blocks) wait for
             # running ones to finish, which fine-tuning would slow down; the queue drains first.
             return None
-        budget_s = self._co.iteration_budget_s / self._overrun
+        budget_s = self._finetune_budget_s()
+        if budget_s is None:
+            return None
+        budget_s /= self._overrun
         max_tokens = self._co.scheduler.max_batch_tokens
         max_layers = self._co.max_backward_token_layers
         latency = self._latency
@@ -312,3 +338,11 @@ class HybridTokenPolicy(CoServingPolicy):
             return 0, latency.max_extra_tokens(features, _BACKWARD_TOKEN_LAYER, budget_s, cap)
 
         return allow
+
+    def _finetune_budget_s(self) -> float | None:
+        """The latency this iteration may be filled up to: the TPOT SLO's (minus the margin), or with
+        `max_stall_ms` a burst once every running request has banked the time for it (None before)."""
+        stall_s = self._co.stall_budget_s
+        if stall_s is None:
+            return self._co.iteration_budget_s
+        return stall_s if self._decode_slack_s(self._co.iteration_budget_s) >= stall_s else None

@@ -10,6 +10,9 @@ from coserve.policies.config import SchedulerConfig
 from coserve.policies.vtc import VTCWeights
 
 
+DEFAULT_TPOT_SLO_MS = 100.0
+
+
 def _check_positive(name: str, value: float) -> None:
     # `not value > 0` also rejects NaN.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
@@ -29,7 +32,7 @@ class CoServingConfig:
     scheduler: SchedulerConfig
     """Inference limits: max_num_seqs, max_batch_tokens (shared with fine-tuning forward windows), ..."""
 
-    tpot_slo_ms: float = 100.0
+    tpot_slo_ms: float = DEFAULT_TPOT_SLO_MS
     """Time per output token target: an iteration with running decodes must not take longer."""
 
     ttft_slo_ms: float = 5000.0
@@ -41,6 +44,15 @@ class CoServingConfig:
     ttft_guard_fraction: float = 0.5
     """A request that has waited `ttft_guard_fraction * ttft_slo_ms` is overdue: it is admitted first,
     whatever the counters say, and fine-tuning takes no new work until it is admitted."""
+
+    max_stall_ms: float | None = None
+    """None (FlexLLM): every iteration with running decodes stays within the TPOT SLO. Set (at least
+    `tpot_slo_ms`): the SLO holds for each request's *mean* time per output token (how TPOT is measured,
+    e.g. by vLLM's benchmarks) and fine-tuning spends the slack: iterations run without fine-tuning,
+    faster than the SLO, until every running request has banked enough time for an iteration of
+    `max_stall_ms`, which is then filled with fine-tuning. No gap between two tokens of a request
+    exceeds it (minus the safety margin). Worth it where an iteration's fixed cost is large against the
+    SLO (a CPU): one long iteration pays it once instead of every time."""
 
     max_backward_token_layers: int = 8192
     """Backward tasklet work per iteration at most (tokens x layers), whatever the latency allows:
@@ -62,6 +74,11 @@ class CoServingConfig:
         if self.ttft_guard_fraction > 1.0:
             raise ValueError("CoServingConfig.ttft_guard_fraction must be in (0, 1], got "
                              f"{self.ttft_guard_fraction!r}")
+        if self.max_stall_ms is not None:
+            _check_positive("max_stall_ms", self.max_stall_ms)
+            if self.max_stall_ms < self.tpot_slo_ms:
+                raise ValueError(f"CoServingConfig.max_stall_ms={self.max_stall_ms!r} is below "
+                                 f"tpot_slo_ms={self.tpot_slo_ms!r}")
         if self.max_backward_token_layers < 1:
             raise ValueError("CoServingConfig.max_backward_token_layers must be >= 1, got "
                              f"{self.max_backward_token_layers}")
@@ -76,6 +93,13 @@ class CoServingConfig:
     def iteration_budget_s(self) -> float:
         """The latency an iteration may be planned up to: the TPOT SLO minus the safety margin."""
         return self.tpot_slo_ms * (1.0 - self.safety_margin) / 1000.0
+
+    @property
+    def stall_budget_s(self) -> float | None:
+        """The latency of a fine-tuning burst (`max_stall_ms` minus the safety margin); None: no bursts."""
+        if self.max_stall_ms is None:
+            return None
+        return self.max_stall_ms * (1.0 - self.safety_margin) / 1000.0
 
     @property
     def ttft_guard_s(self) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from coserve.bench.metrics import SLO, summarize
@@ -57,6 +59,30 @@ def test_job_fills_the_budget_and_only_completed_steps_count() -> None:
     steps = [it.trained_tokens for it in run.iterations if it.trained_tokens]
     per_example = {sum(e.trained[1:]) for e in job.examples}
     assert steps and set(steps) <= per_example and metrics.finetune_tokens_per_s > 0
+
+
+def test_bursts_keep_every_requests_mean_tpot_and_bound_its_gaps() -> None:
+    # A large fixed cost per fine-tuning piece (as on a CPU) against the SLO: bursts pay it less often.
+    latency = LatencyModel(FP, {"constant": 0.004, "decode_tokens": 0.0005, "prefill_tokens": 0.0002,
+                                "ft_forward_tokens": 0.0002, "ft_backward_token_layers": 0.00005,
+                                "ft_pieces": 0.012})
+    setup = dataclasses.replace(_setup(latency, tpot_s=0.04), max_stall_ms=120.0)
+    config = setup.config(setup.max_stall_ms)
+    trace = make_trace(poisson_arrivals(3.0, 5.0, seed=4), seed=4,
+                       lengths=sharegpt_lengths(scale=8.0, prompt_range=(4, 64), output_range=(8, 48)))
+    runs = {name: simulate(make_factory(name, setup), trace, RunLimits(5.0, 3.0), latency, SHAPE,
+                           job_spec=_job(name), policy_name=name)
+            for name in ("coserve", "coserve-strict")}
+    burst = runs["coserve"]
+    for record in burst.requests:  # the model is exact: the mean holds for every request
+        assert record.tpot_s is not None and record.tpot_s <= config.iteration_budget_s + 1e-9
+        gaps = [b - a for a, b in zip(record.token_times, record.token_times[1:])]
+        assert max(gaps) <= config.stall_budget_s + 1e-9
+    longest = max(it.end_s - it.start_s for it in burst.iterations)
+    assert config.iteration_budget_s < longest <= config.stall_budget_s + 1e-9  # bursts happened
+    burst_ft, strict_ft = (summarize(runs[n], setup.slo).finetune_tokens_per_s
+                           for n in ("coserve", "coserve-strict"))
+    assert burst_ft > strict_ft  # the fixed costs are paid less often
 
 
 def test_every_policy_runs_in_the_simulator() -> None:

@@ -257,6 +257,8 @@ def test_measured_iterations_refine_the_latency_model() -> None:
     ({"ttft_guard_fraction": 0.0}, "ttft_guard_fraction"),
     ({"tenant_weights": {"acme": 0.0}}, "tenant_weights\\['acme'\\]"),
     ({"max_backward_token_layers": 0}, "max_backward_token_layers"),
+    ({"max_stall_ms": 50.0}, "max_stall_ms=50.0 is below tpot_slo_ms=100"),
+    ({"max_stall_ms": float("inf")}, "max_stall_ms"),
 ])
 def test_invalid_settings_name_the_setting(settings: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -357,3 +359,29 @@ def test_distinct_adapters_from_the_running_tally_match_a_count_of_the_plan() ->
         policy.update(plan, execute(plan, total_s=1e-3))
     assert [f.distinct_adapters for f in model.seen] == expected
     assert max(expected) >= 2 and len(expected) > 12 and preempted > 0
+
+
+def test_bursts_wait_until_every_running_request_banked_the_stall() -> None:
+    # TPOT target 20 ms, bursts up to 60 ms; a decode alone takes 1 ms, and the job has more work
+    # than any iteration holds (a forward token 1 ms, a backward token-layer 0.2 ms).
+    clock = FakeClock()
+    costs = {**COEFFICIENTS, "ft_forward_tokens": 1e-3, "ft_backward_token_layers": 2e-4}
+    policy = make_policy(clock=clock, max_stall_ms=60.0, coefficients=costs)
+    policy.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
+    policy.add_request(make_request("a", max_tokens=40))
+    token_times, bursts = [], []
+    while policy.get_request("a") is not None:
+        plan = policy.plan()
+        seconds = policy.latency.predict(plan_features(plan, {"a": -1}))
+        clock.now += seconds
+        policy.update(plan, execute(plan, total_s=seconds))
+        if token_times and (plan.training.forward_windows or plan.training.backward_tasklets):
+            bursts.append(seconds)
+        token_times.append(clock.now)
+    gaps = [b - a for a, b in zip(token_times, token_times[1:])]
+    for n in range(1, len(gaps) + 1):  # after every token, the mean so far is within the target
+        assert sum(gaps[:n]) / n <= 0.020 + 1e-9
+    assert max(gaps) <= 0.060 + 1e-9
+    # Bursts came (longer than the per-iteration target), each after decodes that banked the time.
+    assert len(bursts) >= 3 and max(bursts) > 0.040
+    assert sum(1 for g in gaps if g > 0.020) == len(bursts)
