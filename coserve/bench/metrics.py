@@ -63,6 +63,7 @@ class RunMetrics:
     finetune_steady_tokens_per_s: float | None
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
+    ttft_mean_ms: float | None  # steadier than the p50 on a short run where bursts make TTFT bimodal
     tpot_p50_ms: float | None
     tpot_p99_ms: float | None
     tpot_mean_ms: float | None  # mean over requests of their TPOT (the simulator check uses it)
@@ -127,6 +128,7 @@ def summarize(run: RunRecord, slo: SLO) -> RunMetrics:
         finetune_tokens_per_s=finetune_tokens_per_s(run),
         finetune_steady_tokens_per_s=finetune_steady_tokens_per_s(run),
         ttft_p50_ms=_percentile_ms(ttfts, 50), ttft_p99_ms=_percentile_ms(ttfts, 99),
+        ttft_mean_ms=float(np.mean(ttfts)) * 1000.0 if ttfts else None,
         tpot_p50_ms=_percentile_ms(tpots, 50), tpot_p99_ms=_percentile_ms(tpots, 99),
         tpot_mean_ms=float(np.mean(tpots)) * 1000.0 if tpots else None,
         gap_p99_ms=_percentile_ms(gaps, 99),

@@ -14,6 +14,14 @@ One iteration (FlexLLM §6.2, with Algorithm 4's fairness and a latency model in
    layers makes one tasklet per layer, which the planner cannot see beforehand (the job does not say
    its sequence length), so such an iteration can run over by a piece's fixed cost per extra layer.
 
+Bursts (`CoServingConfig.max_stall_ms`, off by default): the TPOT SLO is a per-request mean, so an
+iteration may run longer than it when every running request has banked the time: one with n tokens,
+the first at t0, keeps its mean within the target while the iteration takes at most
+``target * n - (now - t0)``. Fine-tuning then waits (iterations run inference alone, faster than the
+target) until that slack reaches the stall budget for every running request, and fills one iteration
+up to it. Where an iteration's fixed cost is large against the SLO (a CPU), this pays it once per
+burst instead of once per SLO-sized iteration.
+
 TTFT guard: a request that has waited `ttft_guard_fraction * ttft_slo_ms` is admitted before every
 other waiting request whatever the counters, and while one is waiting no fine-tuning work is added, so
 the running batch drains into it instead of into training windows.
