@@ -42,10 +42,13 @@ class PolicySetup:
     latency: LatencyModel
     safety_margin: float = 0.1
     max_stall_ms: float | None = None  # coserve's bursts (`CoServingConfig.max_stall_ms`)
+    strict_safety_margin: float | None = None  # coserve-strict's (None: `safety_margin`)
 
-    def config(self, max_stall_ms: float | None = None) -> CoServingConfig:
+    def config(self, max_stall_ms: float | None = None,
+               safety_margin: float | None = None) -> CoServingConfig:
+        margin = self.safety_margin if safety_margin is None else safety_margin
         return CoServingConfig(scheduler=self.scheduler, tpot_slo_ms=self.slo.tpot_s * 1000.0,
-                               ttft_slo_ms=self.slo.ttft_s * 1000.0, safety_margin=self.safety_margin,
+                               ttft_slo_ms=self.slo.ttft_s * 1000.0, safety_margin=margin,
                                max_stall_ms=max_stall_ms)
 
     def latency_copy(self) -> LatencyModel:
@@ -61,7 +64,8 @@ def make_factory(name: str, setup: PolicySetup) -> PolicyFactory:
     config = setup.config()
 
     if name in ("coserve", "coserve-strict"):
-        hybrid = setup.config(setup.max_stall_ms) if name == "coserve" else config
+        hybrid = setup.config(setup.max_stall_ms) if name == "coserve" else \
+            setup.config(safety_margin=setup.strict_safety_margin)
         return (lambda n, bs, ad, clock: HybridTokenPolicy(
             hybrid, _kv(n, bs), ad, setup.latency_copy(), clock=clock))
     if name == "dynamic-temporal":
