@@ -312,7 +312,8 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
 
 
 class HybridTokenPolicy(CoServingPolicy):
-    """Token-level co-serving (the default): fine-tuning fills each iteration up to the TPOT SLO."""
+    """Token-level co-serving (the default): fine-tuning fills each iteration up to the TPOT SLO, or
+    with `max_stall_ms` fills bursts paid for by the running requests' banked slack."""
 
     def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
         if self._overdue_waiting() is not None:
