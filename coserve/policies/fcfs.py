@@ -19,8 +19,8 @@ from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.policies.request import Request, RequestStatus
 # The order-independent rules live in request_rules; re-exported here, where callers found them.
-from coserve.policies.request_rules import (BASE_MODEL_SALT, check_stop, clamp_new_tokens,
-                                            num_new_tokens, prefix_salt)
+from coserve.policies.request_rules import (BASE_MODEL_SALT, check_new_request, check_stop,
+                                            clamp_new_tokens, num_new_tokens, prefix_salt)
 from coserve.policies.waiting import FifoQueue, WaitingQueue
 
 __all__ = ["BASE_MODEL_SALT", "Budget", "FCFSPolicy", "check_stop", "clamp_new_tokens",
@@ -97,18 +97,9 @@ class FCFSPolicy:
             ValueError: empty prompt, prompt longer than max_model_len, duplicate id, a negative
                 adapter id, or a request that is not WAITING.
         """
-        prompt_len = len(request.prompt_token_ids)
-        if prompt_len == 0:
-            raise ValueError(f"request {request.request_id!r} has an empty prompt")
-        if prompt_len > self._config.max_model_len:
-            raise ValueError(f"request {request.request_id!r}: prompt has {prompt_len} tokens, more "
-                             f"than max_model_len={self._config.max_model_len}")
+        check_new_request(request, self._config.max_model_len)
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already scheduled")
-        if request.adapter is not None and request.adapter.adapter_id < 0:
-            raise ValueError(f"adapter ids must be >= 0, got {request.adapter.adapter_id}")
-        if request.status != RequestStatus.WAITING:
-            raise ValueError(f"request {request.request_id!r} is {request.status.name}, not WAITING")
         self._requests[request.request_id] = request
         self._waiting.append(request)
 

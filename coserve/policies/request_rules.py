@@ -13,6 +13,21 @@ def prefix_salt(request: Request) -> int:
     return request.adapter.adapter_id if request.adapter is not None else BASE_MODEL_SALT
 
 
+def check_new_request(request: Request, max_model_len: int) -> None:
+    """Raise ValueError for a request no policy may queue: an empty prompt, a prompt longer than
+    `max_model_len`, a negative adapter id, or a status other than WAITING."""
+    prompt_len = len(request.prompt_token_ids)
+    if prompt_len == 0:
+        raise ValueError(f"request {request.request_id!r} has an empty prompt")
+    if prompt_len > max_model_len:
+        raise ValueError(f"request {request.request_id!r}: prompt has {prompt_len} tokens, more "
+                         f"than max_model_len={max_model_len}")
+    if request.adapter is not None and request.adapter.adapter_id < 0:
+        raise ValueError(f"adapter ids must be >= 0, got {request.adapter.adapter_id}")
+    if request.status != RequestStatus.WAITING:
+        raise ValueError(f"request {request.request_id!r} is {request.status.name}, not WAITING")
+
+
 def num_new_tokens(request: Request, token_budget: int, long_prefill_threshold: int = 0) -> int:
     """Tokens the request computes this iteration: what remains, capped by the budget and threshold."""
     return clamp_new_tokens(request.num_tokens - request.num_computed_tokens, token_budget,
