@@ -49,9 +49,10 @@ class CoServingConfig:
     """None (FlexLLM): every iteration with running decodes stays within the TPOT SLO. Set (at least
     `tpot_slo_ms`): the SLO holds for each request's *mean* time per output token (how TPOT is measured,
     e.g. by vLLM's benchmarks) and fine-tuning spends the slack: iterations run without fine-tuning,
-    faster than the SLO, until every running request has banked enough time for an iteration of
-    `max_stall_ms`, which is then filled with fine-tuning. No gap between two tokens of a request
-    exceeds it (minus the safety margin). Worth it where an iteration's fixed cost is large against the
+    faster than the SLO, until every running request has banked time (at least two SLO-sized
+    iterations), and then one iteration is filled with fine-tuning for what is banked, up to
+    `max_stall_ms`. No gap between two tokens of a request is planned longer (minus the safety
+    margin). Worth it where an iteration's fixed cost is large against the
     SLO (a CPU): one long iteration pays it once instead of every time."""
 
     max_backward_token_layers: int = 8192

@@ -361,7 +361,7 @@ def test_distinct_adapters_from_the_running_tally_match_a_count_of_the_plan() ->
     assert max(expected) >= 2 and len(expected) > 12 and preempted > 0
 
 
-def test_bursts_wait_until_every_running_request_banked_the_stall() -> None:
+def test_bursts_wait_until_every_running_request_banked_time() -> None:
     # TPOT target 20 ms, bursts up to 60 ms; a decode alone takes 1 ms, and the job has more work
     # than any iteration holds (a forward token 1 ms, a backward token-layer 0.2 ms).
     clock = FakeClock()
@@ -382,6 +382,7 @@ def test_bursts_wait_until_every_running_request_banked_the_stall() -> None:
     for n in range(1, len(gaps) + 1):  # after every token, the mean so far is within the target
         assert sum(gaps[:n]) / n <= 0.020 + 1e-9
     assert max(gaps) <= 0.060 + 1e-9
-    # Bursts came (longer than the per-iteration target), each after decodes that banked the time.
+    # Bursts came (longer than the per-iteration target), each after decodes that banked the time:
+    # every gap over the target is a burst's.
     assert len(bursts) >= 3 and max(bursts) > 0.040
-    assert sum(1 for g in gaps if g > 0.020) == len(bursts)
+    assert 0 < sum(1 for g in gaps if g > 0.020) <= len(bursts)
