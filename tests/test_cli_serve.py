@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import openai
 import pytest
@@ -41,6 +42,18 @@ def test_bad_settings_exit_nonzero_with_message(llama_dir: Path, tenants_file: P
                                                  message: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local", *extra])
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_serve_settings_reach_the_hybrid_policy(llama_dir: Path, tenants_file: Path) -> None:
+    from coserve.policies.config import SchedulerConfig
+    from coserve.serve import ServeOptions
+
+    opts = ServeOptions(model=str(llama_dir), tenants=str(tenants_file), tpot_slo_ms=80.0, max_stall_ms=240.0)
+    opts.validate()
+    layout = SimpleNamespace(num_kv_blocks=64, block_size=16, max_model_len=256, num_adapter_slots=2,
+                             max_lora_rank=8)
+    policy = opts.policy_factory(opts.load_tenants())(SchedulerConfig(max_model_len=256), layout)
+    assert policy.config.tpot_slo_ms == 80.0 and policy.config.max_stall_ms == 240.0
 
 
 def test_bad_model_or_tenants(llama_dir: Path, tenants_file: Path, tmp_path: Path,

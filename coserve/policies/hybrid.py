@@ -122,6 +122,11 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
     # ------------------------------------------------------------------------ tenants and jobs
 
     @property
+    def config(self) -> CoServingConfig:
+        """The settings this policy plans with."""
+        return self._co
+
+    @property
     def vtc(self) -> VirtualTokenCounter:
         """The virtual token counters (read them for fairness metrics)."""
         return self._vtc
