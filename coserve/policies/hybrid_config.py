@@ -52,8 +52,8 @@ class CoServingConfig:
     faster than the SLO, until every running request has banked time (at least two SLO-sized
     iterations), and then one iteration is filled with fine-tuning for what is banked, up to
     `max_stall_ms`. No gap between two tokens of a request is planned longer (minus the safety
-    margin). Worth it where an iteration's fixed cost is large against the
-    SLO (a CPU): one long iteration pays it once instead of every time."""
+    margin). Worth it where an iteration's fixed cost is large against the SLO (a CPU): one long
+    iteration pays it once instead of every time."""
 
     max_backward_token_layers: int = 8192
     """Backward tasklet work per iteration at most (tokens x layers), whatever the latency allows:
@@ -97,7 +97,8 @@ class CoServingConfig:
 
     @property
     def stall_budget_s(self) -> float | None:
-        """The latency of a fine-tuning burst (`max_stall_ms` minus the safety margin); None: no bursts."""
+        """The longest a fine-tuning burst is planned (`max_stall_ms` minus the safety margin); None:
+        no bursts."""
         if self.max_stall_ms is None:
             return None
         return self.max_stall_ms * (1.0 - self.safety_margin) / 1000.0
