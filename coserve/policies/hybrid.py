@@ -93,7 +93,6 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._slots: dict[str, int] = {}  # running request -> adapter slot (for plan_features)
         self._slot_users: Counter[int] = Counter()  # adapter slot -> running requests using it
         self._input_charged: set[str] = set()
-        self._first_token_s: dict[str, float] = {}  # running request -> when its first token came
         self._planned: dict[int, PlanFeatures] = {}  # step id -> features, until its result
         # Measured / predicted time of iterations with fine-tuning work (moving average): what the
         # latency model's fit leaves as bias at the operating point (missing nonlinear terms, a slow
@@ -277,11 +276,6 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         touched = super().update(plan, result)
         for tenant, count in Counter(r.tenant for r in touched).items():
             self._vtc.charge_output(tenant, count)
-        if self._co.max_stall_ms is not None:
-            now = self._clock()
-            for request in touched:
-                if request.num_output_tokens == 1 and not request.is_finished:
-                    self._first_token_s[request.request_id] = now
         self._roster.update(plan, result)
         features = self._planned.pop(plan.step_id, None)
         if features is not None and result.timings.total_s > 0:
@@ -304,6 +298,29 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
     def _finish(self, request: Request, status: RequestStatus) -> None:
         super()._finish(request, status)
         self._input_charged.discard(request.request_id)
+
+
+class HybridTokenPolicy(CoServingPolicy):
+    """Token-level co-serving (the default): fine-tuning fills each iteration up to the TPOT SLO, or
+    with `max_stall_ms` fills bursts paid for by the running requests' banked slack."""
+
+    def __init__(self, config: CoServingConfig, kv: KVBlockManager, adapters: AdapterSlots,
+                 latency: LatencyModel, *, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(config, kv, adapters, latency, clock=clock)
+        self._first_token_s: dict[str, float] = {}  # request -> when its first token came (bursts)
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> list[Request]:
+        """As `CoServingPolicy.update`; with bursts, also when each request got its first token."""
+        touched = super().update(plan, result)
+        if self._co.max_stall_ms is not None:
+            now = self._clock()
+            for request in touched:
+                if request.num_output_tokens == 1 and not request.is_finished:
+                    self._first_token_s[request.request_id] = now
+        return touched
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        super()._finish(request, status)
         self._first_token_s.pop(request.request_id, None)
 
     def _decode_slack_s(self, target_s: float) -> float:
@@ -320,11 +337,6 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
             if t0 is not None:
                 slack = min(slack, target_s * request.num_output_tokens - (now - t0))
         return slack
-
-
-class HybridTokenPolicy(CoServingPolicy):
-    """Token-level co-serving (the default): fine-tuning fills each iteration up to the TPOT SLO, or
-    with `max_stall_ms` fills bursts paid for by the running requests' banked slack."""
 
     def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
         if self._overdue_waiting() is not None:
