@@ -11,12 +11,12 @@ The rules that do not depend on the order requests are picked in (`prefix_salt`,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
+from coserve.policies.plan_checks import check_sequences, check_token_budget
 from coserve.policies.request import Request, RequestStatus
 # The order-independent rules live in request_rules; re-exported here, where callers found them.
 from coserve.policies.request_rules import (BASE_MODEL_SALT, check_new_request, check_stop,
@@ -25,9 +25,6 @@ from coserve.policies.waiting import FifoQueue, WaitingQueue
 
 __all__ = ["BASE_MODEL_SALT", "Budget", "FCFSPolicy", "check_stop", "clamp_new_tokens",
            "num_new_tokens", "prefix_salt"]
-
-_NUM_TOKENS = attrgetter("num_tokens")
-_REQUEST_ID = attrgetter("request_id")
 
 
 @dataclass(slots=True)
@@ -326,23 +323,8 @@ class FCFSPolicy:
         self._in_engine.discard(request.request_id)
 
     def _check_invariants(self, plan: IterationPlan) -> None:
-        counts = list(map(_NUM_TOKENS, plan.chunks))  # map/attrgetter: this runs every iteration
-        if sum(counts) > self._config.max_batch_tokens:
-            raise RuntimeError(f"plan {plan.step_id} has {sum(counts)} tokens, over "
-                               f"max_batch_tokens={self._config.max_batch_tokens}")
-        if counts and min(counts) < 1:
-            raise RuntimeError(f"plan {plan.step_id} has an empty chunk: {counts}")
-        self._check_sequences(plan)
-
-    def _check_sequences(self, plan: IterationPlan) -> None:
-        """At most `max_num_seqs` running, and no request scheduled twice."""
-        if len(self._running) > self._config.max_num_seqs:
-            raise RuntimeError(f"{len(self._running)} running requests, over "
-                               f"max_num_seqs={self._config.max_num_seqs}")
-        scheduled = set(map(_REQUEST_ID, plan.chunks))
-        if len(scheduled) != len(plan.chunks):
-            raise RuntimeError(f"plan {plan.step_id} schedules a request twice: "
-                               f"{[c.request_id for c in plan.chunks]}")
+        check_token_budget(plan, self._config.max_batch_tokens)
+        check_sequences(plan, len(self._running), self._config.max_num_seqs)
 
     # -------------------------------------------------------------------------------- update
 

@@ -50,6 +50,7 @@ from coserve.policies.job_roster import Allowance, JobRoster, TrainingJob
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
 from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.policies.plan_checks import check_sequences
 from coserve.policies.request import Request, RequestStatus
 from coserve.policies.vtc import VirtualTokenCounter
 from coserve.policies.waiting import TenantQueues, WaitingQueue
@@ -263,7 +264,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
     def _check_budgets(self, plan: IterationPlan, features: PlanFeatures) -> None:
         """FCFS's invariants, with inference and forward-window tokens inside the token budget they
         share (`plan_features` already refused empty chunks)."""
-        self._check_sequences(plan)
+        check_sequences(plan, len(self._running), self._co.scheduler.max_num_seqs)
         total = features.prefill_tokens + features.decode_tokens + features.ft_forward_tokens
         if total > self._co.scheduler.max_batch_tokens:
             raise RuntimeError(f"plan {plan.step_id} has {total:.0f} inference + forward-window "
