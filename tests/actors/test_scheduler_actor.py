@@ -12,7 +12,7 @@ import pytest
 from coserve.actors.client import LocalScheduler
 from coserve.actors.engine_actor import EngineActor
 from coserve.actors.messages import ChatSubmission, StreamBatch
-from coserve.actors.policy_setup import fcfs_policy
+from coserve.actors.policy_setup import PolicyFactory, fcfs_policy
 from coserve.actors.scheduler import SchedulerActor, SchedulerSettings
 from coserve.platform.engine import EngineConfig
 from coserve.policies.quotas import TenantLimits
@@ -43,10 +43,11 @@ def engine_config(llama_dir: Path) -> EngineConfig:
 
 
 def run(llama_dir: Path, engine_config: EngineConfig, body: Callable[[LocalScheduler], Awaitable[object]],
-        **settings: object) -> object:
+        policy_factory: PolicyFactory = fcfs_policy, **settings: object) -> object:
     """Run `body(local)` on a fresh in-process scheduler + engine, on a new event loop."""
     async def main() -> object:
-        local = LocalScheduler(SchedulerActor(SchedulerSettings(model=str(llama_dir), **settings)),
+        local = LocalScheduler(SchedulerActor(SchedulerSettings(model=str(llama_dir), **settings),
+                                              policy_factory),
                                EngineActor(engine_config))
         await local.start()
         try:
@@ -76,16 +77,7 @@ def test_policy_seam_gets_the_engine_layout(llama_dir: Path, engine_config: Engi
         assert (await local.submit(submission("a", max_tokens=5))).rejection is None
         return await collect(local.stream("a"))
 
-    async def main() -> tuple[dict[int, str], StreamBatch]:
-        local = LocalScheduler(SchedulerActor(SchedulerSettings(model=str(llama_dir), max_num_seqs=3), factory),
-                               EngineActor(engine_config))
-        await local.start()
-        try:
-            return await body(local)
-        finally:
-            await local.close()
-
-    texts, last = asyncio.run(main())
+    texts, last = run(llama_dir, engine_config, body, factory, max_num_seqs=3)
     config, layout = built[0]
     assert (config.max_num_seqs, config.max_model_len, layout.num_kv_blocks) == (3, layout.max_model_len, 160)
     assert last.done and last.error is None and last.completion_tokens == 5 and len(plans) >= 5
