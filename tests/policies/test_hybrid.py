@@ -386,3 +386,40 @@ def test_bursts_wait_until_every_running_request_banked_time() -> None:
     # every gap over the target is a burst's.
     assert len(bursts) >= 3 and max(bursts) > 0.040
     assert 0 < sum(1 for g in gaps if g > 0.020) <= len(bursts)
+
+
+def test_no_burst_rides_along_a_prefill() -> None:
+    # "a" banks time until a burst is due; then "b" arrives with a prompt of three chunks. None of
+    # the iterations before b's first token may carry fine-tuning (a burst would add up to the 60 ms
+    # cap to b's TTFT); the first burst after b's first token waits for b to bank time too.
+    clock = FakeClock()
+    costs = {**COEFFICIENTS, "ft_forward_tokens": 1e-3, "ft_backward_token_layers": 2e-4}
+    policy = make_policy(clock=clock, max_stall_ms=60.0, coefficients=costs,
+                         scheduler={"max_batch_tokens": 16, "max_model_len": 128})
+    policy.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
+    policy.add_request(make_request("a", max_tokens=60))
+
+    def run_one() -> IterationPlan:
+        plan = policy.plan()
+        seconds = policy.latency.predict(plan_features(plan, {c.request_id: -1 for c in plan.chunks}))
+        clock.now += seconds
+        policy.update(plan, execute(plan, total_s=seconds))
+        return plan
+
+    def has_finetune(plan: IterationPlan) -> bool:
+        return bool(plan.training.forward_windows or plan.training.backward_tasklets)
+
+    while not has_finetune(run_one()):  # a's first burst: it has banked time
+        pass
+    for _ in range(8):  # a banks again: the next plan would be a burst
+        plan = run_one()
+    policy.add_request(make_request("b", prompt_len=40, max_tokens=20, arrival=clock.now))
+    b = policy.get_request("b")
+    prefills = []
+    while b.num_output_tokens == 0:
+        plan = run_one()
+        prefills.append(plan)
+        assert not has_finetune(plan)
+    assert sum(1 for p in prefills for c in p.chunks if c.request_id == "b") == 3
+    plan = run_one()  # b has one token and no banked time: still no burst
+    assert not has_finetune(plan)
