@@ -15,7 +15,9 @@ On one in-process engine (the `small` preset by default, float32, CPU):
    4, see `traces`) replayed against the wall clock with the fine-tuning job running, then a drain of
    at least the TTFT SLO; metrics as defined in `metrics`.
 4. One bursty on/off trace (BurstGPT-shaped) at the middle rate with coserve, for the timeline plot.
-5. `simulator_check`: each coserve run replayed in the simulator with a latency model fitted on that
+5. `headroom`: at each rate, an upper bound on any policy's fine-tuning throughput from the coserve
+   run's inference work (`headroom`), next to 1.3x the best baseline that keeps the SLO.
+6. `simulator_check`: each coserve run replayed in the simulator with a latency model fitted on that
    run's own iterations (`simulator.truth_model_from_run`), its measured loop overhead and noise;
    measured and simulated metrics side by side with their relative error.
 
@@ -41,6 +43,7 @@ from typing import Any
 
 from coserve.bench.calibration import (MAX_MARGIN, TTFT_MULTIPLE, LatencyFit, SweepSettings,
                                        calibrate_slo, decode_step_s, fit_latency_model, profile_engine)
+from coserve.bench.headroom import Headroom, best_baseline, headroom
 from coserve.bench.metrics import SLO, relative_error, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord, replay
@@ -264,21 +267,36 @@ def _finite(value: float) -> float | None:
 
 
 def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float], policies: list[str],
-             limits: RunLimits, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every (rate, policy) run; the metrics rows and the simulator checks of the coserve runs."""
+             limits: RunLimits, seed: int, finetune_only: float) -> dict[str, list[dict[str, Any]]]:
+    """Every (rate, policy) run: the metrics rows ("runs"), and for the coserve runs the simulator
+    checks ("simulator_check") and the fine-tuning bounds of `headroom` ("headroom")."""
     layout = engine.layout
     shape = EngineShape(layout.num_kv_blocks, layout.block_size, layout.num_adapter_slots,
                         layout.vocab_size, engine.model_config.num_layers)
-    runs, checks = [], []
+    out: dict[str, list[dict[str, Any]]] = {"runs": [], "simulator_check": [], "headroom": []}
+    runs = out["runs"]
     for rate in rates:
         trace = make_trace(poisson_arrivals(rate, limits.window_s, seed), seed)
+        ours = None
         for policy in policies:
             record = _run(engine, setup, job_spec, policy, rate, trace, limits, f"{policy}-{rate}")
             runs.append(summarize(record, setup.slo).to_dict())
             print(_row(runs[-1]), flush=True)
             if policy == "coserve":
-                checks.append(simulator_check(record, setup, trace, limits, job_spec, shape))
-    return runs, checks
+                ours = record
+                out["simulator_check"].append(simulator_check(record, setup, trace, limits, job_spec, shape))
+        if ours is not None:
+            bound = headroom(ours, setup.latency, finetune_only, best_baseline(runs, rate))
+            out["headroom"].append(bound.to_dict())
+            print(_headroom_row(bound), flush=True)
+    return out
+
+
+def _headroom_row(bound: Headroom) -> str:
+    target = "-" if bound.target_tokens_per_s is None else f"{bound.target_tokens_per_s:.1f}"
+    return (f"{'bound':>18} rate {bound.rate:<5} inference marginal share "
+            f"{bound.inference_marginal_s / bound.window_s:.2f}: any policy <= "
+            f"{bound.finetune_bound_tokens_per_s:.1f} fine-tuning tok/s; 1.3x best baseline {target}")
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -311,7 +329,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         finetune_only = solo_metrics.finetune_tokens_per_s
         print(f"fine-tuning only: {finetune_only:.1f} trained tokens/s (steady "
               f"{solo_metrics.finetune_steady_tokens_per_s or 0.0:.1f})", flush=True)
-        runs, checks = _measure(engine, setup, job_spec, rates, policies, limits, args.seed)
+        measured = _measure(engine, setup, job_spec, rates, policies, limits, args.seed, finetune_only)
         mid = rates[len(rates) // 2]
         bursty_trace = make_trace(bursty_arrivals(mid, window, args.seed), args.seed, prefix="b")
         bursty = _run(engine, setup, job_spec, "coserve", mid, bursty_trace, limits, "bursty")
@@ -319,9 +337,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine_id(str(engine.device)), "model": model,
         "slo": {"tpot_ms": slo.tpot_s * 1000.0, "ttft_ms": slo.ttft_s * 1000.0},
         "finetune_only_tokens_per_s": finetune_only,
-        "finetune_only_steady_tokens_per_s": solo_metrics.finetune_steady_tokens_per_s, "runs": runs,
+        "finetune_only_steady_tokens_per_s": solo_metrics.finetune_steady_tokens_per_s,
+        "runs": measured["runs"], "headroom": measured["headroom"],
         "bursty": {"rate": mid, **summarize(bursty, slo).to_dict()},
-        "simulator_check": checks,
+        "simulator_check": measured["simulator_check"],
         "settings": {"window_s": window, "drain_s": limits.drain_s, "rates": rates, "policies": policies,
                      "max_num_seqs": setup.scheduler.max_num_seqs, "max_batch_tokens": MAX_BATCH_TOKENS,
                      "safety_margin": setup.safety_margin,

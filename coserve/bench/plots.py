@@ -2,7 +2,7 @@
 
 * ``slo_attainment.png``, ``inference_throughput.png``, ``finetune_throughput.png``: one line per
   policy against the arrival rate (FlexLLM Figures 10-11's shape); the fine-tuning plot also draws the
-  fine-tuning-only throughput as a dashed line.
+  fine-tuning-only throughput as a dashed line and `headroom`'s bound for any policy as a dotted one.
 * ``bursty_timeline.png``: under the bursty trace, inference and fine-tuning tokens per iteration
   (one point per iteration, smoothed over 1 s) with the arrival rate on a second axis (FlexLLM
   Figure 12's shape). Fine-tuning tokens are forward-window tokens plus backward token-layers / layers
@@ -44,6 +44,10 @@ def _rate_plot(result: dict[str, Any], key: str, ylabel: str, path: Path,
         ax.plot(xs, ys, marker="o", label=policy, linewidth=2.5 if policy == "coserve" else 1.2)
     if reference is not None:
         ax.axhline(reference, linestyle="--", color="gray", label="fine-tuning only")
+        bounds = sorted(result.get("headroom", []), key=lambda b: b["rate"])
+        if bounds:
+            ax.plot([b["rate"] for b in bounds], [b["finetune_bound_tokens_per_s"] for b in bounds],
+                    linestyle=":", color="black", label="bound for any policy (headroom)")
     ax.set_xlabel("arrival rate (requests/s)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

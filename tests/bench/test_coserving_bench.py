@@ -33,6 +33,11 @@ def test_benchmark_writes_the_issue_json_and_plots(llama_dir: Path, tmp_path: Pa
     checks = result["simulator_check"]
     assert [(c["policy"], c["rate"]) for c in checks] == [("coserve", 4.0), ("coserve", 8.0)]
     assert all(c["inference_tokens_per_s"]["simulated"] > 0 for c in checks)
+    bounds = result["headroom"]
+    assert [b["rate"] for b in bounds] == [4.0, 8.0]
+    for bound in bounds:  # inference work is served at both rates: the bound is below training alone
+        assert 0.0 < bound["inference_marginal_share"] < 1.0
+        assert bound["finetune_bound_tokens_per_s"] < result["finetune_only_tokens_per_s"]
     names = {p.name for p in plots.iterdir()}
     assert names == {"slo_attainment.png", "inference_throughput.png", "finetune_throughput.png",
                      "bursty_timeline.png"}
