@@ -17,9 +17,8 @@ On one in-process engine (the `small` preset by default, float32, CPU):
 4. One bursty on/off trace (BurstGPT-shaped) at the middle rate with coserve, for the timeline plot.
 5. `headroom`: at each rate, an upper bound on any policy's fine-tuning throughput from the coserve
    run's inference work (`headroom`), next to 1.3x the best baseline that keeps the SLO.
-6. `simulator_check`: each coserve run replayed in the simulator with a latency model fitted on that
-   run's own iterations (`simulator.truth_model_from_run`), its measured loop overhead and noise;
-   measured and simulated metrics side by side with their relative error.
+6. `simulator_check`: each coserve run replayed in the simulator (`sim_check`): measured and
+   simulated metrics side by side with their relative error.
 
 `--tpot-slo-ms` (and `--ttft-slo-ms`) replace the calibrated SLOs, e.g. with the papers' 50 ms TPOT for
 an 8B model on a GPU (`--device cuda --dtype bfloat16 --model-dir <real-size shape>`).
@@ -44,11 +43,11 @@ from typing import Any
 from coserve.bench.calibration import (MAX_MARGIN, TTFT_MULTIPLE, LatencyFit, SweepSettings,
                                        calibrate_slo, decode_step_s, fit_latency_model, profile_engine)
 from coserve.bench.headroom import Headroom, best_baseline, headroom
-from coserve.bench.metrics import SLO, relative_error, summarize
+from coserve.bench.metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord, replay
-from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead_s, simulate,
-                                     truth_model_from_run)
+from coserve.bench.sim_check import simulator_check
+from coserve.bench.simulator import EngineShape
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
 from coserve.policies.latency import LatencyModel
 
@@ -241,29 +240,6 @@ def _run(engine: Any, setup: PolicySetup, job_spec: Any, policy: str, rate: floa
                                output_dir=f"{job_spec.output_dir}/{tag}")
     return replay(engine, make_factory(policy, setup), trace, limits, job_spec=spec,
                   policy_name=policy, rate=rate)
-
-
-SIM_CHECK_KEYS = ("inference_tokens_per_s", "finetune_tokens_per_s", "finetune_steady_tokens_per_s",
-                  "tpot_mean_ms", "ttft_p50_ms", "ttft_mean_ms")
-
-
-def simulator_check(record: RunRecord, setup: PolicySetup, trace: list, limits: RunLimits,
-                    job_spec: Any, shape: EngineShape) -> dict[str, Any]:
-    """Replay `record`'s run in the simulator (truth model, overhead and noise from the record itself)
-    and compare its metrics; errors are relative to the measured values."""
-    model, sigma = truth_model_from_run(record, setup.latency.fingerprint)
-    sim = simulate(make_factory(record.policy, setup), trace, limits, model, shape,
-                   job_spec=dataclasses.replace(job_spec, job_id="sim"), policy_name=record.policy,
-                   rate=record.rate,
-                   sim=SimSettings(overhead_s=measured_overhead_s(record), noise_sigma=sigma))
-    measured, simulated = summarize(record, setup.slo).to_dict(), summarize(sim, setup.slo).to_dict()
-    return {"policy": record.policy, "rate": record.rate, "noise_sigma": sigma,
-            **{k: {"measured": measured[k], "simulated": simulated[k],
-                   "error": _finite(relative_error(simulated[k], measured[k]))} for k in SIM_CHECK_KEYS}}
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None  # JSON has no inf
 
 
 def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float], policies: list[str],
