@@ -116,7 +116,6 @@ def _engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, 
     from transformers import AutoTokenizer
 
     from coserve.bench.trainer import ensure_model
-    from coserve.finetune import prepare_job
     from coserve.platform.engine import Engine, EngineConfig
 
     model_dir, origin = ensure_model(args.model_dir)
@@ -124,16 +123,23 @@ def _engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, 
                                  num_kv_blocks=NUM_KV_BLOCKS, block_size=16, max_loras=2,
                                  max_lora_rank=16, seed=args.seed))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    examples = synthetic_chat_dataset(tokenizer, 64, seed=args.seed)
-    prepared = prepare_job(tokenizer, examples, job_id="bench", tenant="finetune",
-                           adapter_id=TRAINING_ADAPTER_ID, num_layers=engine.model_config.num_layers,
-                           max_len=engine.layout.max_model_len, output_dir=workdir / "job",
-                           hyperparameters={"n_epochs": 50, "batch_size": 1},
-                           lora={"r": 16, "lora_alpha": 32}, seed=args.seed)
+    spec = bench_job_spec(tokenizer, engine.model_config.num_layers, engine.layout.max_model_len,
+                          workdir / "job", args.seed)
     cfg = engine.model_config
     model = (f"{model_dir.name} ({origin}): {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
              f"vocab {cfg.vocab_size}, {args.dtype} on {args.device}")
-    return engine, prepared.spec, model
+    return engine, spec, model
+
+
+def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Path, seed: int) -> Any:
+    """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`."""
+    from coserve.finetune import prepare_job
+
+    examples = synthetic_chat_dataset(tokenizer, 64, seed=seed)
+    return prepare_job(tokenizer, examples, job_id="bench", tenant="finetune", adapter_id=TRAINING_ADAPTER_ID,
+                       num_layers=num_layers, max_len=max_len, output_dir=output_dir,
+                       hyperparameters={"n_epochs": 50, "batch_size": 1}, lora={"r": 16, "lora_alpha": 32},
+                       seed=seed).spec
 
 
 def _max_num_seqs(latency: Any, slo: SLO, margin: float) -> int:

@@ -324,21 +324,23 @@ class HybridTokenPolicy(CoServingPolicy):
         super()._finish(request, status)
         self._first_token_s.pop(request.request_id, None)
 
-    def _decode_slack_s(self, target_s: float) -> float | None:
-        """How long the next iteration may take with every running request's mean time per output
-        token still within `target_s` (inf when nothing runs); None while a running request has
-        not had its first token (its prefill is in this plan or a later one: its TTFT is running).
+    def _slack_s(self, target_s: float) -> float:
+        """How long the next iteration may take with every running request still on time (inf when
+        nothing runs).
 
-        A request with n tokens, the first at t0, has n gaps after this iteration: its mean stays
-        within the target while the iteration takes at most ``target_s * n - (now - t0)``.
+        A request with n tokens, the first at t0, has n gaps after this iteration: its mean time per
+        output token stays within the target while the iteration takes at most
+        ``target_s * n - (now - t0)``. A request still in its prefill (no token yet) may wait until the
+        TTFT guard, the delay after which a waiting request is overdue: ``guard - (now - arrival)``.
         """
-        first, now = self._first_token_s, self._now
+        first, now, guard_s = self._first_token_s, self._now, self._co.ttft_guard_s
         slack = math.inf
         for request in self._running:
             t0 = first.get(request.request_id)
             if t0 is None:
-                return None
-            slack = min(slack, target_s * request.num_output_tokens - (now - t0))
+                slack = min(slack, guard_s - (now - request.arrival_time))
+            else:
+                slack = min(slack, target_s * request.num_output_tokens - (now - t0))
         return slack
 
     def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
@@ -377,13 +379,11 @@ class HybridTokenPolicy(CoServingPolicy):
     def _finetune_budget_s(self) -> float | None:
         """The latency this iteration may be filled up to: the TPOT SLO's (minus the margin), or with
         `max_stall_ms` a burst of what every running request has banked, once that is at least
-        `MIN_BURST` iteration budgets (or the stall cap, if smaller); None before, and while a
-        running request waits for its first token (a burst would add up to the cap to its TTFT)."""
+        `MIN_BURST` iteration budgets (or the stall cap, if smaller); None before. A request in its
+        prefill limits a burst to what keeps its TTFT within the TTFT guard (`_slack_s`)."""
         stall_s = self._co.stall_budget_s
         target_s = self._co.iteration_budget_s
         if stall_s is None:
             return target_s
-        slack_s = self._decode_slack_s(target_s)
-        if slack_s is None:
-            return None
+        slack_s = self._slack_s(target_s)
         return min(slack_s, stall_s) if slack_s >= min(stall_s, MIN_BURST * target_s) else None

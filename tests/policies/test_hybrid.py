@@ -388,38 +388,43 @@ def test_bursts_wait_until_every_running_request_banked_time() -> None:
     assert 0 < sum(1 for g in gaps if g > 0.020) <= len(bursts)
 
 
-def test_no_burst_rides_along_a_prefill() -> None:
-    # "a" banks time until a burst is due; then "b" arrives with a prompt of three chunks. None of
-    # the iterations before b's first token may carry fine-tuning (a burst would add up to the 60 ms
-    # cap to b's TTFT); the first burst after b's first token waits for b to bank time too.
+def _prefill_after_banking(ttft_slo_ms: float) -> tuple[IterationPlan, float]:
+    """'a' decodes alone and banks ~150 ms (20 ms target, 1 ms decodes, bursts up to 60 ms); then a
+    job comes and 'b' arrives. Returns the iteration of b's prefill and how long after b's arrival it
+    ended (b's TTFT)."""
     clock = FakeClock()
     costs = {**COEFFICIENTS, "ft_forward_tokens": 1e-3, "ft_backward_token_layers": 2e-4}
-    policy = make_policy(clock=clock, max_stall_ms=60.0, coefficients=costs,
-                         scheduler={"max_batch_tokens": 16, "max_model_len": 128})
-    policy.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
-    policy.add_request(make_request("a", max_tokens=60))
+    policy = make_policy(clock=clock, max_stall_ms=60.0, ttft_slo_ms=ttft_slo_ms, coefficients=costs)
 
     def run_one() -> IterationPlan:
         plan = policy.plan()
-        seconds = policy.latency.predict(plan_features(plan, {c.request_id: -1 for c in plan.chunks}))
-        clock.now += seconds
-        policy.update(plan, execute(plan, total_s=seconds))
+        clock.now += policy.latency.predict(plan_features(plan, {c.request_id: -1 for c in plan.chunks}))
+        policy.update(plan, execute(plan))
         return plan
 
-    def has_finetune(plan: IterationPlan) -> bool:
-        return bool(plan.training.forward_windows or plan.training.backward_tasklets)
+    policy.add_request(make_request("a", max_tokens=60))
+    for _ in range(9):  # a's prefill and 8 decodes
+        assert not _has_finetune(run_one())
+    policy.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
+    arrival = clock.now
+    policy.add_request(make_request("b", prompt_len=10, max_tokens=20, arrival=arrival))
+    plan = run_one()
+    assert [c.request_id for c in plan.chunks] == ["a", "b"]
+    assert policy.get_request("b").num_output_tokens == 1
+    return plan, clock.now - arrival
 
-    while not has_finetune(run_one()):  # a's first burst: it has banked time
-        pass
-    for _ in range(8):  # a banks again: the next plan would be a burst
-        plan = run_one()
-    policy.add_request(make_request("b", prompt_len=40, max_tokens=20, arrival=clock.now))
-    b = policy.get_request("b")
-    prefills = []
-    while b.num_output_tokens == 0:
-        plan = run_one()
-        prefills.append(plan)
-        assert not has_finetune(plan)
-    assert sum(1 for p in prefills for c in p.chunks if c.request_id == "b") == 3
-    plan = run_one()  # b has one token and no banked time: still no burst
-    assert not has_finetune(plan)
+
+def _has_finetune(plan: IterationPlan) -> bool:
+    return bool(plan.training.forward_windows or plan.training.backward_tasklets)
+
+
+def test_a_burst_rides_along_a_prefill_only_within_the_ttft_guard() -> None:
+    # The guard is half the TTFT SLO. With 1 s, the burst is the stall cap's (a banked enough).
+    plan, ttft = _prefill_after_banking(ttft_slo_ms=2000.0)
+    assert _has_finetune(plan) and 0.055 < ttft <= 0.060 + 1e-9
+    # With 50 ms the burst ends by the guard.
+    plan, ttft = _prefill_after_banking(ttft_slo_ms=100.0)
+    assert _has_finetune(plan) and 0.040 < ttft <= 0.050 + 1e-9
+    # With 30 ms, less than a burst's minimum (two 20 ms budgets): b's prefill runs alone.
+    plan, ttft = _prefill_after_banking(ttft_slo_ms=60.0)
+    assert not _has_finetune(plan) and ttft < 0.010

@@ -1,0 +1,97 @@
+"""Where a co-serving run's time goes: a benchmark JSON's setup replayed in the simulator, per policy.
+
+    .venv/bin/python benchmarks/coserving_breakdown.py benchmarks/out/coserving_quick.json \
+        [--window-s 40] [--policies coserve,coserve-strict,temporal-n16]
+
+Takes the SLOs, scheduler limits, margins, stall cap and fitted latency model that `coserve bench
+co-serving` wrote, rebuilds its fine-tuning job, and simulates fine-tuning alone and each policy at each
+of the JSON's rates (Poisson, the benchmark's seed). For every run it prints the fine-tuning throughput
+and how the window splits between inference-only, fine-tuning-only and mixed iterations (their count,
+share of the window and mean length), and the share the model's per-iteration constant takes. The
+simulator reproduces measured throughputs within ~8% (`simulator_check` in the JSON), so the split is
+that of the measured runs up to that error; it is cheap (seconds) where a measured run takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from coserve.bench.coserving import MAX_BATCH_TOKENS, NUM_KV_BLOCKS, bench_job_spec
+from coserve.bench.metrics import SLO, summarize
+from coserve.bench.policy_set import PolicySetup, make_factory
+from coserve.bench.replay import RunLimits, RunRecord
+from coserve.bench.simulator import EngineShape, simulate
+from coserve.bench.trainer import ensure_model
+from coserve.bench.traces import make_trace, poisson_arrivals
+from coserve.policies.config import SchedulerConfig
+from coserve.policies.latency import LatencyModel, ModelFingerprint
+
+BLOCK_SIZE = 16
+MAX_MODEL_LEN = 4096  # the small preset's max_position_embeddings, the engine's limit
+
+
+def setup_from(result: dict) -> PolicySetup:
+    """The policies' setup a benchmark JSON describes."""
+    settings = result["settings"]
+    latency = LatencyModel(ModelFingerprint("bench", "json", "float32"), result["latency_model"]["coefficients"])
+    slo = SLO(ttft_s=result["slo"]["ttft_ms"] / 1000.0, tpot_s=result["slo"]["tpot_ms"] / 1000.0)
+    scheduler = SchedulerConfig(max_model_len=MAX_MODEL_LEN, max_num_seqs=settings["max_num_seqs"],
+                                max_batch_tokens=MAX_BATCH_TOKENS, block_size=BLOCK_SIZE)
+    return PolicySetup(scheduler=scheduler, slo=slo, latency=latency, safety_margin=settings["safety_margin"],
+                       max_stall_ms=settings["max_stall_ms"],
+                       strict_safety_margin=settings["strict_safety_margin"])
+
+
+def split(run: RunRecord, constant_s: float) -> str:
+    """One line: the window's inference-only / fine-tuning-only / mixed iterations and the constant."""
+    kinds = {"inference": [0, 0.0], "fine-tuning": [0, 0.0], "mixed": [0, 0.0]}
+    for iteration in run.iterations:
+        if iteration.start_s >= run.window_s:
+            continue
+        f = iteration.features
+        finetune, inference = f.ft_forward_tokens or f.ft_backward_token_layers, f.num_sequences
+        kind = "mixed" if finetune and inference else "fine-tuning" if finetune else "inference"
+        kinds[kind][0] += 1
+        kinds[kind][1] += iteration.end_s - iteration.start_s
+    count = sum(n for n, _ in kinds.values())
+    parts = [f"{kind} {n} its {100 * s / run.window_s:4.1f}% (mean {1000 * s / max(n, 1):5.1f} ms)"
+             for kind, (n, s) in kinds.items()]
+    return " | ".join(parts) + f" | constant {100 * count * constant_s / run.window_s:4.1f}%"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("json", type=Path)
+    ap.add_argument("--window-s", type=float, default=None, help="default: the JSON's window")
+    ap.add_argument("--policies", default="coserve,coserve-strict,temporal-n16")
+    args = ap.parse_args()
+    result = json.loads(args.json.read_text())
+    setup, settings = setup_from(result), result["settings"]
+    window = args.window_s or settings["window_s"]
+    model_dir, _ = ensure_model(None)  # the small preset, as the benchmark's default
+    config = json.loads((model_dir / "config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    spec = bench_job_spec(tokenizer, config["num_hidden_layers"], MAX_MODEL_LEN, Path(tempfile.mkdtemp()),
+                          settings["seed"])
+    shape = EngineShape(NUM_KV_BLOCKS, BLOCK_SIZE, 2, config["vocab_size"], spec.num_layers)
+    constant = setup.latency.coefficients.get("constant", 0.0)
+    runs = [(0.0, "coserve")] + [(rate, p) for rate in settings["rates"] for p in args.policies.split(",")]
+    for rate, policy in runs:
+        trace = make_trace(poisson_arrivals(rate, window, settings["seed"]), settings["seed"]) if rate else []
+        run = simulate(make_factory(policy, setup), trace, RunLimits(window, 3.0 if rate else 0.0),
+                       setup.latency, shape, job_spec=dataclasses.replace(spec, job_id=f"{policy}-{rate}"),
+                       policy_name=policy, rate=rate)
+        m = summarize(run, setup.slo)
+        name = policy if rate else "fine-tuning only"
+        print(f"rate {rate:<4} {name:>16}: fine-tuning {m.finetune_tokens_per_s:6.1f} tok/s (steady "
+              f"{m.finetune_steady_tokens_per_s or 0.0:6.1f}) | {split(run, constant)}")
+
+
+if __name__ == "__main__":
+    main()
