@@ -49,6 +49,7 @@ from coserve.bench.replay import RunLimits, RunRecord, replay
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
+from coserve.policies.finetune_job import FinetuneJobSpec
 from coserve.policies.latency import LatencyModel
 
 # Rates: the small preset on 2 CPU cores serves about 3.5 requests/s of this trace before queues grow
@@ -131,7 +132,8 @@ def _engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, 
     return engine, spec, model
 
 
-def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Path, seed: int) -> Any:
+def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Path,
+                   seed: int) -> FinetuneJobSpec:
     """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`."""
     from coserve.finetune import prepare_job
 
