@@ -4,9 +4,9 @@
 
 On one in-process engine (the `small` preset by default, float32, CPU):
 
-1. Fit the latency model on a short sweep of real iterations (`calibration.profile_engine`) and
-   derive from it the SLOs (`calibration.calibrate_slo`: TPOT = 3 x the decode step at batch 8, TTFT =
-   40 x TPOT); refit it with a few seconds of real co-serving iterations added (`_calibrate`), and
+1. Fit the latency model on a short sweep of real iterations (`calibration.profile_engine`), measure
+   the solo decode step at batch 8 and derive the SLOs from it (`calibration.calibrate_slo`: TPOT = 3 x
+   that step, TTFT = 40 x TPOT); refit it with a few seconds of real co-serving iterations added (`_calibrate`), and
    derive from the final model the policies' safety margins (held-out bias; for coserve-strict also
    the warm-up's overrun, see `_calibrate`) and `max_num_seqs`; coserve's longest stall is `--stall-multiple` (3) x the TPOT
    SLO. All are printed and written to the JSON.
@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from coserve.bench.calibration import (MAX_MARGIN, TTFT_MULTIPLE, LatencyFit, SweepSettings,
-                                       calibrate_slo, decode_step_s, fit_latency_model, profile_engine)
+                                       calibrate_slo, decode_step_s, fit_latency_model,
+                                       measure_decode_step_s, profile_engine)
 from coserve.bench.headroom import Headroom, best_baseline, headroom
 from coserve.bench.metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
@@ -157,14 +158,14 @@ def _max_num_seqs(latency: Any, slo: SLO, margin: float) -> int:
     return 1
 
 
-def _setup(engine: Any, fit: LatencyFit, slo: SLO | None, stall_multiple: float,
+def _setup(engine: Any, fit: LatencyFit, slo: SLO, stall_multiple: float,
            margin: float | None = None) -> PolicySetup:
-    """SLOs (unless given), safety margin (unless given), batch limit and coserve's longest stall
-    (`stall_multiple` x the TPOT SLO) from one fitted model."""
+    """Safety margin (unless given), batch limit and coserve's longest stall (`stall_multiple` x the
+    TPOT SLO) from one fitted model and the SLOs."""
     from coserve.policies.config import SchedulerConfig
 
     latency = fit.model
-    slo, margin = slo or calibrate_slo(latency), fit.safety_margin if margin is None else margin
+    margin = fit.safety_margin if margin is None else margin
     scheduler = SchedulerConfig(max_model_len=engine.layout.max_model_len,
                                 max_num_seqs=_max_num_seqs(latency, slo, margin),
                                 max_batch_tokens=MAX_BATCH_TOKENS, block_size=engine.layout.block_size)
@@ -192,9 +193,9 @@ def _calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepS
     E: held-out mean ratio 0.99, margin 0.10, realized iterations 1.09-1.13x the budget). Applied to
     the bursts as well, that margin (0.29 after a warm-up overrun of 1.26, 2026-11-21) left coserve's
     mean TPOT at 0.68 x the SLO.
-    The SLOs are calibrated on the pass-1 model. Returns the setup, the fit and k. A given `slo` (the
-    command's --tpot-slo-ms/--ttft-slo-ms, e.g. the papers' 50 ms for an 8B model on a GPU) replaces
-    the calibrated one.
+    The SLOs come from the decode step measured after the sweep (`measure_decode_step_s`). Returns the
+    setup, the fit and k. A given `slo` (the command's --tpot-slo-ms/--ttft-slo-ms, e.g. the papers' 50
+    ms for an 8B model on a GPU) replaces the calibrated one.
     """
     from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
 
@@ -202,13 +203,11 @@ def _calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepS
     fingerprint = ModelFingerprint(model_id_from_config(dataclasses.asdict(engine.model_config)),
                                    machine_id(str(engine.device)), str(engine.dtype))
     fit = fit_latency_model(samples, fingerprint)
-    if decode_step_s(fit.model) <= 0 and slo is None:
+    if decode_step_s(fit.model) <= 0:
         raise RuntimeError("the latency model fitted on the sweep predicts 0 s for a decode step; the "
-                           "machine is too noisy to calibrate an SLO (pass --tpot-slo-ms)")
-    # The SLO comes from the sweep's model: its decode batches are the "solo decode step" the rule
-    # names, while the refit below also follows the warm-up's co-served iterations, which moved the
-    # constant term and the SLO with it by up to 35% between runs.
-    slo = slo or calibrate_slo(fit.model)
+                           "machine is too noisy to plan with it")
+    # Measured, not predicted: the sweep's model moved the step (and the SLO) by up to 47% between runs.
+    slo = slo or calibrate_slo(measure_decode_step_s(engine))
     trace = make_trace(poisson_arrivals(rate, warmup_s, seed + 7), seed + 7, prefix="w")
     warm = _run(engine, _setup(engine, fit, slo, stall_multiple), job_spec, "coserve", rate, trace,
                 RunLimits(warmup_s, 0.0), "warmup")

@@ -1,10 +1,13 @@
-"""The SLO rule and the latency fit's split, on hand-made models and samples (no engine)."""
+"""The SLO rule, the measured decode step and the latency fit's split."""
 
 from __future__ import annotations
 
+import statistics
+from pathlib import Path
+
 import pytest
 
-from coserve.bench.calibration import calibrate_slo, decode_step_s, fit_latency_model
+from coserve.bench.calibration import calibrate_slo, decode_step_s, fit_latency_model, measure_decode_step_s
 from coserve.policies.latency import LatencyModel, ModelFingerprint
 from coserve.policies.latency_features import PlanFeatures
 
@@ -12,12 +15,39 @@ FP = ModelFingerprint("m", "here", "float32")
 
 
 def test_slo_is_three_decode_steps_at_batch_8_and_ttft_forty_tpots() -> None:
+    slo = calibrate_slo(0.015)
+    assert slo.tpot_s == pytest.approx(0.045) and slo.ttft_s == pytest.approx(40 * 0.045)
+    with pytest.raises(ValueError, match="decode step must be positive"):
+        calibrate_slo(0.0)
+
+
+def test_model_decode_step_counts_only_decode_work() -> None:
     model = LatencyModel(FP, {"constant": 0.01, "decode_tokens": 0.001, "decode_context": 1e-6,
                               "num_sequences": 0.0005, "prefill_tokens": 1.0})
     step = 0.01 + 8 * 0.001 + 8 * 256 * 1e-6 + 8 * 0.0005  # prefill costs nothing in a decode step
     assert decode_step_s(model) == pytest.approx(step)
-    slo = calibrate_slo(model)
-    assert slo.tpot_s == pytest.approx(3 * step) and slo.ttft_s == pytest.approx(40 * 3 * step)
+
+
+def test_measured_decode_step_times_batch_8_decodes_on_the_engine(llama_dir: Path) -> None:
+    from coserve.platform.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model=str(llama_dir), dtype="float32", device="cpu", num_kv_blocks=256,
+                                 block_size=16, max_loras=1, max_lora_rank=8, seed=0))
+    timed: list[tuple[int, float]] = []
+    step = engine.step
+
+    def recording_step(plan):  # type: ignore[no-untyped-def]
+        result = step(plan)
+        if len(plan.chunks) == 8 and all(c.num_tokens == 1 for c in plan.chunks):
+            timed.append((min(c.start for c in plan.chunks), result.timings.total_s))
+        return result
+
+    engine.step = recording_step  # type: ignore[method-assign]
+    median = measure_decode_step_s(engine, context=200, steps=6, warmup=2)
+    # 8 x 200 prompt tokens take 4 prefill iterations (512 tokens each); then 8 full decode batches.
+    assert len(timed) == 8 and all(start >= 200 for start, _ in timed)
+    assert median == pytest.approx(statistics.median([s for _, s in timed[2:]]))
+    assert engine.num_sequences == 0  # every request ran to its end
 
 
 def test_fit_recovers_a_linear_truth_and_reports_held_out_error() -> None:
