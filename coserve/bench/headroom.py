@@ -8,7 +8,10 @@ fine-tuning). The rest of the window at best trains as fast as fine-tuning alone
 
     bound = finetune_only_tokens_per_s * (1 - inference_marginal_s / window_s)
 
-is above what coserve or any baseline can reach while serving the same requests, within the model's
+(the benchmark passes the higher of its two estimates of fine-tuning alone: the trained tokens of the
+steps completed in the window, and the rate between the first and the last completed step; the first
+moves by a whole step, 15-45 tok/s in a 16 s window, and one unlucky run put it under what coserve then
+trained at rate 3) is above what coserve or any baseline can reach while serving the same requests, within the model's
 error (held-out MAPE ~6-7% here) and one more term: fine-tuning alone runs the benchmark's coserve
 policy, whose iterations last the stall cap (3 TPOT SLOs), so a policy with longer fine-tuning
 iterations could save part of their constant (at most its share of such an iteration, ~5% here).
