@@ -11,13 +11,16 @@ fine-tuning). The rest of the window at best trains as fast as fine-tuning alone
 (the benchmark passes the higher of its two estimates of fine-tuning alone: the trained tokens of the
 steps completed in the window, and the rate between the first and the last completed step; the first
 moves by a whole step, 15-45 tok/s in a 16 s window, and one unlucky run put it under what coserve then
-trained at rate 3) is above what coserve or any baseline can reach while serving the same requests, within the model's
-error (held-out MAPE ~6-7% here) and one more term: fine-tuning alone runs the benchmark's coserve
-policy, whose iterations last the stall cap (3 TPOT SLOs), so a policy with longer fine-tuning
-iterations could save part of their constant (at most its share of such an iteration, ~5% here).
-Otherwise the bound is generous: it charges inference no iteration constant, though a request decoding
-at the TPOT SLO needs an iteration at least once per SLO. When 1.3x the best baseline is above it, that
-target cannot be met at that rate on this machine by any schedule.
+trained at rate 3) is above what coserve or any baseline can reach while serving the same requests,
+within the model's error (the benchmark prints its held-out MAPE per iteration, 12-20% on the
+development machine; the error of a sum over a window's iterations is smaller) and one more term, on a
+machine whose speed holds during the run: fine-tuning alone runs the benchmark's coserve policy,
+whose iterations last the stall cap (3 TPOT SLOs), so a policy with longer fine-tuning iterations
+could save part of their constant (at most its share of such an iteration, ~5-11% here).
+Otherwise the bound is generous: it charges inference no iteration constant, though while a request
+decodes some iteration has to run at least once per TPOT SLO, and on the development machine that
+constant is 20-30% of an SLO, more than it takes of fine-tuning alone. When 1.3x the best baseline is
+above the bound, that target cannot be met at that rate on this machine by any schedule.
 """
 
 from __future__ import annotations
