@@ -44,6 +44,7 @@ from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample
 from coserve.policies.latency_features import PlanFeatures
+from coserve.policies.plan import IterationPlan
 from coserve.policies.request import Request, SamplingParams
 
 if TYPE_CHECKING:
@@ -79,12 +80,28 @@ def _fcfs(engine: Engine, max_batch_tokens: int, max_num_seqs: int) -> FCFSPolic
 
 
 def _add_requests(policy: FCFSPolicy, engine: Engine, tag: str, count: int, prompt_len: int,
-                  output_len: int) -> None:
+                  output_len: int) -> list[str]:
+    """Add `count` greedy requests of random prompts; returns their ids."""
+    ids = []
     for i in range(count):
         spec = RequestSpec(f"{tag}-{i}", 0.0, prompt_len, output_len)
         policy.add_request(Request(spec.request_id, prompt_token_ids(spec, engine.layout.vocab_size),
                                    SamplingParams(temperature=0.0, max_tokens=output_len,
                                                   ignore_eos=True)))
+        ids.append(spec.request_id)
+    return ids
+
+
+def _abort_and_drain(policy: FCFSPolicy, engine: Engine, request_ids: list[str],
+                     plan: IterationPlan | None = None) -> None:
+    """Abort `request_ids` and run the policy's plans (from `plan`, else a new one) until it has
+    nothing left, so the engine drops every sequence."""
+    for request_id in request_ids:
+        policy.abort(request_id)
+    plan = policy.plan() if plan is None else plan
+    while policy.has_work() or not plan.is_empty:
+        policy.update(plan, engine.step(plan))
+        plan = policy.plan()
 
 
 def _run_inference(engine: Engine, settings: SweepSettings, samples: list[Sample]) -> None:
@@ -113,9 +130,10 @@ def _run_finetune(engine: Engine, job_spec: FinetuneJobSpec, settings: SweepSett
     tracker = AdapterSlotTracker()
     layers = job_spec.num_layers
     budgets = [(w, 0) for w in settings.forward_windows] + [(0, b) for b in settings.backward_budgets]
+    mix: list[str] = []
     for mixed in (False, True):
         if mixed:
-            _add_requests(policy, engine, "mix", settings.mixed_decode_batch, 64, 10_000)
+            mix = _add_requests(policy, engine, "mix", settings.mixed_decode_batch, 64, 10_000)
         for k in range(3 * len(budgets)):
             forward, backward = budgets[k % len(budgets)]
             # The job takes whatever its phase allows: a full-depth budget for the other phase keeps
@@ -129,11 +147,7 @@ def _run_finetune(engine: Engine, job_spec: FinetuneJobSpec, settings: SweepSett
             samples.append((features, result.timings.total_s))
     plan = policy.plan()
     job.cancel(plan)
-    for request_id in [f"mix-{i}" for i in range(settings.mixed_decode_batch)]:
-        policy.abort(request_id)
-    while policy.has_work() or not plan.is_empty:
-        policy.update(plan, engine.step(plan))
-        plan = policy.plan()
+    _abort_and_drain(policy, engine, mix, plan)
 
 
 def profile_engine(engine: Engine, job_spec: FinetuneJobSpec,
@@ -190,7 +204,7 @@ def measure_decode_step_s(engine: Engine, batch: int = SLO_DECODE_BATCH, context
     prompts are `context` tokens long (FCFS; the first `warmup` such iterations are not counted). The
     requests are aborted and drained from the engine afterwards."""
     policy = _fcfs(engine, SweepSettings().max_batch_tokens, batch)
-    _add_requests(policy, engine, "slo-step", batch, context, 10_000)
+    ids = _add_requests(policy, engine, "slo-step", batch, context, 10_000)
     times: list[float] = []
     while len(times) < warmup + steps:
         plan = policy.plan()
@@ -198,12 +212,7 @@ def measure_decode_step_s(engine: Engine, batch: int = SLO_DECODE_BATCH, context
         policy.update(plan, result)
         if len(plan.chunks) == batch and all(c.num_tokens == 1 for c in plan.chunks):
             times.append(result.timings.total_s)
-    for i in range(batch):
-        policy.abort(f"slo-step-{i}")
-    plan = policy.plan()
-    while policy.has_work() or not plan.is_empty:
-        policy.update(plan, engine.step(plan))
-        plan = policy.plan()
+    _abort_and_drain(policy, engine, ids)
     return statistics.median(times[warmup:])
 
 

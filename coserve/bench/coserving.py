@@ -6,10 +6,10 @@ On one in-process engine (the `small` preset by default, float32, CPU):
 
 1. Fit the latency model on a short sweep of real iterations (`calibration.profile_engine`), measure
    the solo decode step at batch 8 and derive the SLOs from it (`calibration.calibrate_slo`: TPOT = 3 x
-   that step, TTFT = 40 x TPOT); refit it with a few seconds of real co-serving iterations added (`_calibrate`), and
-   derive from the final model the policies' safety margins (held-out bias; for coserve-strict also
-   the warm-up's overrun, see `_calibrate`) and `max_num_seqs`; coserve's longest stall is `--stall-multiple` (3) x the TPOT
-   SLO. All are printed and written to the JSON.
+   that step, TTFT = 40 x TPOT); refit it with a few seconds of real co-serving iterations added
+   (`_calibrate`), and derive from the final model the policies' safety margins (held-out bias; for
+   coserve-strict also the warm-up's overrun, see `_calibrate`) and `max_num_seqs`; coserve's longest
+   stall is `--stall-multiple` (3) x the TPOT SLO. All are printed and written to the JSON.
 2. Measure fine-tuning alone (`finetune_only_tokens_per_s`): the coserve policy with no inference.
 3. For every rate and policy: a Poisson trace of `window_s` seconds (ShareGPT-like lengths divided by
    4, see `traces`) replayed against the wall clock with the fine-tuning job running, then a drain of
@@ -278,7 +278,7 @@ def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float],
 def _headroom_row(bound: Headroom) -> str:
     target = "-" if bound.target_tokens_per_s is None else f"{bound.target_tokens_per_s:.1f}"
     return (f"{'bound':>18} rate {bound.rate:<5} inference marginal share "
-            f"{bound.inference_marginal_s / bound.window_s:.2f}: any policy <= "
+            f"{bound.inference_marginal_share:.2f}: any policy <= "
             f"{bound.finetune_bound_tokens_per_s:.1f} fine-tuning tok/s; 1.3x best baseline {target}")
 
 

@@ -47,6 +47,11 @@ class Headroom:
     target_tokens_per_s: float | None  # 1.3x the best baseline keeping the SLO (None: no such baseline)
 
     @property
+    def inference_marginal_share(self) -> float:
+        """The inference work's modelled share of the window."""
+        return self.inference_marginal_s / self.window_s
+
+    @property
     def target_feasible(self) -> bool | None:
         """Whether the target is at or under the bound (None without a baseline to compare with)."""
         if self.target_tokens_per_s is None:
@@ -54,7 +59,7 @@ class Headroom:
         return self.target_tokens_per_s <= self.finetune_bound_tokens_per_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rate": self.rate, "inference_marginal_share": self.inference_marginal_s / self.window_s,
+        return {"rate": self.rate, "inference_marginal_share": self.inference_marginal_share,
                 "finetune_bound_tokens_per_s": self.finetune_bound_tokens_per_s,
                 "target_tokens_per_s": self.target_tokens_per_s, "target_feasible": self.target_feasible}
 

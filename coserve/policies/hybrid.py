@@ -19,8 +19,8 @@ iteration may run longer than it when every running request has banked the time:
 the first at t0, keeps its mean within the target while the iteration takes at most
 ``target * n - (now - t0)``. Fine-tuning then waits (iterations run inference alone, faster than the
 target) until every running request has banked at least twice the per-iteration budget, and then
-fills one iteration with what is banked, up to the stall budget. Where an iteration's fixed cost is large against the SLO (a CPU), this pays it once per
-burst instead of once per SLO-sized iteration.
+fills one iteration with what is banked, up to the stall budget. Where an iteration's fixed cost is
+large against the SLO (a CPU), this pays it once per burst instead of once per SLO-sized iteration.
 
 TTFT guard: a request that has waited `ttft_guard_fraction * ttft_slo_ms` is admitted before every
 other waiting request whatever the counters, and while one is waiting no fine-tuning work is added, so

@@ -53,8 +53,8 @@ class CoServingConfig:
     iterations), and then one iteration is filled with fine-tuning for what is banked, up to
     `max_stall_ms`. No gap between two tokens of a request is planned longer (minus the safety
     margin), and a request in its prefill limits a burst to what keeps its TTFT within the TTFT
-    guard (`ttft_guard_fraction`). Worth it where an iteration's fixed cost is large against the SLO (a CPU): one long
-    iteration pays it once instead of every time."""
+    guard (`ttft_guard_fraction`). Worth it where an iteration's fixed cost is large against the SLO
+    (a CPU): one long iteration pays it once instead of every time."""
 
     max_backward_token_layers: int = 8192
     """Backward tasklet work per iteration at most (tokens x layers), whatever the latency allows:
