@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from coserve.platform.attention import ChunkSpan, build_metadata
+from coserve.platform.attention import ChunkSpan, build_metadata, row_wise_limit
 from coserve.platform.config import ModelConfig, resolve_dtype
 from coserve.platform.kv_cache import KVCache
 from coserve.platform.lora import LoRABank, LoRASegment
@@ -149,9 +149,9 @@ class Engine:
         return result
 
     def _rows(self, chunks: list[ScheduledChunk], windows: list[WindowRows]) -> list[_Rows]:
-        """Every piece of the fused batch: single-token chunks first (one batched decode attention),
-        then grouped by adapter so each adapter's rows are contiguous. Row order is an execution
-        detail; results are keyed by id."""
+        """Every piece of the fused batch: decodes (and chunks short enough to attend row by row,
+        `row_wise_limit`) first, in one batched decode attention, then grouped by adapter so each
+        adapter's rows are contiguous. Row order is an execution detail; results are keyed by id."""
         pieces = []
         for chunk in chunks:
             seq = self._seqs[chunk.request_id]
@@ -164,7 +164,8 @@ class Engine:
             w = item.window
             pieces.append(_Rows(w.start, w.num_tokens, w.block_table, item.slot, item.token_ids,
                                 window=item))
-        return sorted(pieces, key=lambda p: (p.num_tokens > 1, p.slot))
+        limit = row_wise_limit(self._decode_kernel)
+        return sorted(pieces, key=lambda p: (p.num_tokens > limit, p.slot))
 
     def _run(self, chunks: list[ScheduledChunk], windows: list[WindowRows], result: IterationResult,
              t0: float) -> None:

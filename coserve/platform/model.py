@@ -53,6 +53,7 @@ class Transformer:
         use_onednn = (device.type == "cpu" and dtype == torch.float32 and head_bytes <= 2**28
                       and torch.backends.mkldnn.is_available())
         self._lm_head_onednn = weights.lm_head.to_mkldnn() if use_onednn else None
+        self._lm_head_t_onednn: torch.Tensor | None = None  # see `head_input_grad`
 
     def make_batch(self, token_ids: torch.Tensor, attn: AttentionMetadata,
                    lora: list[LoRASegment]) -> ForwardBatch:
@@ -114,7 +115,24 @@ class Transformer:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the given rows only, [N, vocab] in float32."""
-        normed = rms_norm(hidden, self.weights.final_norm, self.cfg.rms_norm_eps)
+        return self.head_logits(rms_norm(hidden, self.weights.final_norm, self.cfg.rms_norm_eps))
+
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """`normed @ lm_head.T` (final-normed rows in the model dtype), cast to float32: [N, vocab]."""
         if self._lm_head_onednn is not None:
             return torch._C._nn.mkldnn_linear(normed.to_mkldnn(), self._lm_head_onednn, None).to_dense()
         return F.linear(normed, self.weights.lm_head).float()
+
+    def head_input_grad(self, grad_logits: torch.Tensor) -> torch.Tensor:
+        """`grad_logits @ lm_head` in float32, [N, hidden]: the gradient w.r.t. the LM head's input.
+
+        On CPU in float32 a training loss runs it on every forward window; oneDNN's blocked layout of
+        the head's transpose (built on first use, a second copy of the matrix, so only when the head
+        is small) takes it from 1.5 to 0.5 ms for 4 rows of the small preset, 13 to 10 ms for 256.
+        """
+        if self._lm_head_onednn is None:
+            return grad_logits @ self.weights.lm_head.float()
+        if self._lm_head_t_onednn is None:
+            self._lm_head_t_onednn = self.weights.lm_head.t().contiguous().to_mkldnn()
+        return torch._C._nn.mkldnn_linear(grad_logits.contiguous().to_mkldnn(), self._lm_head_t_onednn,
+                                          None).to_dense()

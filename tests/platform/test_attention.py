@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coserve.platform.attention import ChunkSpan, build_metadata, paged_attention
+from coserve.platform.attention import (ROW_WISE_MAX_TOKENS, ChunkSpan, build_metadata, paged_attention,
+                                        row_wise_limit)
 from coserve.platform.kv_cache import KVCache
 from coserve.platform.native import load_paged_decode
 
@@ -32,8 +33,9 @@ def test_mixed_batch_matches_dense_attention(heads: int, kv_heads: int, native: 
         pytest.skip("no C compiler: the native kernel is unavailable")
     g = torch.Generator().manual_seed(heads * 10 + kv_heads)
     dim, num_blocks = 32, 64
-    # (start, num_tokens, full length): two decodes, a fresh prefill, a prefill chunk after a prefix.
-    layout = [(9, 1, 10), (2, 1, 3), (0, 7, 7), (6, 5, 11)]
+    # (start, num_tokens, full length): two decodes, a fresh prefill, a prefill chunk after a prefix
+    # (both short: with the kernel they attend row by row), and a chunk too long for that.
+    layout = [(9, 1, 10), (2, 1, 3), (0, 7, 7), (6, 5, 11), (3, 12, 15)]
     perm = torch.randperm(num_blocks, generator=g).tolist()
     cache = KVCache(1, num_blocks, BLOCK, kv_heads, dim, torch.float32, torch.device("cpu"))
     full_k = [torch.randn(n, kv_heads, dim, generator=g) for _, _, n in layout]
@@ -67,6 +69,22 @@ def test_metadata_orders_decodes_first_and_maps_slots() -> None:
     assert meta.positions.tolist() == [5, 0, 1, 2]
     assert meta.slots.tolist() == [7 * BLOCK + 1, 2 * BLOCK, 2 * BLOCK + 1, 2 * BLOCK + 2]
     assert meta.decode_lens.tolist() == [6]
+
+
+def test_with_the_kernel_short_chunks_become_decode_rows() -> None:
+    kernel = load_paged_decode()
+    if kernel is None:
+        pytest.skip("no C compiler: the native kernel is unavailable")
+    assert row_wise_limit(None) == 1 and row_wise_limit(kernel) == ROW_WISE_MAX_TOKENS
+    long = ROW_WISE_MAX_TOKENS + 1
+    spans = [ChunkSpan(0, 5, 1, [3, 7]), ChunkSpan(1, 2, 3, [9, 4]), ChunkSpan(4, 0, long, [2, 5, 6])]
+    meta = build_metadata(spans, BLOCK, torch.device("cpu"), kernel)
+    assert meta.num_decodes == 4  # the decode and the 3 rows of the short chunk
+    assert meta.decode_lens.tolist() == [6, 3, 4, 5]
+    assert meta.decode_blocks.tolist() == [[3, 7], [9, 4], [9, 4], [9, 4]]
+    assert [(p.row, p.num_tokens) for p in meta.prefills] == [(4, long)]
+    torch_path = build_metadata(spans, BLOCK, torch.device("cpu"))
+    assert torch_path.num_decodes == 1 and len(torch_path.prefills) == 2
 
 
 def test_native_kernel_is_identical_on_any_thread_count() -> None:

@@ -22,7 +22,8 @@ from coserve.platform.config import ModelConfig
 from coserve.platform.lora import load_peft_adapter
 from coserve.platform.model import Transformer
 from coserve.platform.trainer import (IGNORE_INDEX, LoRATrainConfig, TrainableLoRA, WindowedTrainer,
-                                      chunked_cross_entropy, run_schedule, train_sequence)
+                                      chunked_cross_entropy, full_cross_entropy, run_schedule,
+                                      train_sequence)
 from coserve.platform.weights import load_weights
 
 # prompt 0..19, answer 20..39, user turn 40..47, answer 48..63 (trained = the token is learned)
@@ -197,6 +198,26 @@ def test_chunked_cross_entropy_matches_full_softmax() -> None:
     ref.sum().backward()
     torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad, normed.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("logit_scale", [1.0, 40.0])
+def test_one_pass_loss_matches_the_chunked_loss_and_torch(cases: dict[str, Case], logit_scale: float) -> None:
+    """The one-pass loss (the model's own head kernels, oneDNN here) against chunks and F.cross_entropy;
+    at scale 40 most probabilities underflow float32, where the exp floor applies."""
+    model = cases["llama"].model
+    g = torch.Generator().manual_seed(1)
+    normed = (torch.randn(5, model.cfg.hidden_size, generator=g) * logit_scale).requires_grad_()
+    targets = torch.tensor([0, 7, model.cfg.vocab_size - 1, 100, 8])
+    loss, grad = full_cross_entropy(model, normed.detach(), targets)
+    chunked_loss, chunked_grad = chunked_cross_entropy(normed.detach(), model.weights.lm_head, targets,
+                                                       chunk=300)
+    ref = F.cross_entropy(normed @ model.weights.lm_head.T, targets, reduction="none")
+    ref.sum().backward()
+    tolerance = dict(rtol=1e-4, atol=1e-4 * logit_scale)
+    torch.testing.assert_close(loss, ref.detach(), **tolerance)
+    torch.testing.assert_close(chunked_loss, ref.detach(), **tolerance)
+    torch.testing.assert_close(grad, normed.grad, **tolerance)
+    torch.testing.assert_close(chunked_grad, normed.grad, **tolerance)
 
 
 def test_peft_init_and_round_trip(model_dirs: dict[str, Path], tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from coserve.platform.trainer.data import (EncodedExample, PreparedDataset, Reso
                                            resolve_hyperparameters)
 from coserve.platform.trainer.lora_params import LoRATrainConfig, TrainableLoRA, peft_key
 from coserve.platform.trainer.loss import (IGNORE_INDEX, WindowLoss, chunked_cross_entropy,
-                                           window_loss)
+                                           full_cross_entropy, window_loss)
 from coserve.platform.trainer.optimizer import (LoRAOptimizer, NonFiniteGradientError,
                                                 OptimizerConfig, StepStats, TrainingSequence,
                                                 train_batch)
@@ -18,6 +18,6 @@ __all__ = ["IGNORE_INDEX", "DataPosition", "EncodedExample", "LoRAOptimizer", "L
            "NonFiniteGradientError", "OptimizerConfig", "PreparedDataset",
            "ResolvedHyperparameters", "SequenceState", "StepStats", "TemplateError",
            "TrainableLoRA", "TrainingSequence", "WindowLoss", "WindowedTrainer",
-           "chunked_cross_entropy", "encode_example", "load_checkpoint", "next_token_targets",
+           "chunked_cross_entropy", "encode_example", "full_cross_entropy", "load_checkpoint", "next_token_targets",
            "peft_key", "prepare_dataset", "resolve_hyperparameters", "run_schedule",
            "save_checkpoint", "train_batch", "train_sequence", "window_loss"]
