@@ -2,14 +2,15 @@
 
 For large windows or vocabularies the full [tokens, vocab] logits are never materialised. The
 vocabulary is walked in chunks with an online log-sum-exp (as flash attention does over keys): for
-each chunk the running maximum, the running sum of exponentials and the running `softmax @ W` product are rescaled and extended, so the
-loss and d(loss)/d(normed hidden) = softmax @ W - W[target] come out of one pass over the LM head,
-with [tokens, chunk] as the largest temporary.
+each chunk the running maximum, the running sum of exponentials and the running `softmax @ W`
+product are rescaled and extended, so the loss and d(loss)/d(normed hidden) = softmax @ W - W[target]
+come out of one pass over the LM head, with [tokens, chunk] as the largest temporary.
 
 When the whole [tokens, vocab] logits are small (`FULL_LOGITS_MAX_ELEMENTS`) and the head is float32,
 `full_cross_entropy` computes them in one matmul through the model's own head kernels instead: a
 window riding along a decode batch has a few tokens, and on CPU the chunked path's generic matmuls
-made its loss cost 4.3 ms for 4 tokens of the small preset (1.3 ms in one pass with oneDNN).
+made its loss cost 4.3 ms for 4 tokens of the small preset (about 2 ms in one pass with oneDNN,
+and 45 -> 25 ms for 256 tokens with the exp floor below).
 """
 
 from __future__ import annotations
