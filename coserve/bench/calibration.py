@@ -70,7 +70,8 @@ class SweepSettings:
     max_batch_tokens: int = 512
 
 
-def _fcfs(engine: Engine, max_batch_tokens: int, max_num_seqs: int) -> FCFSPolicy:
+def fcfs_policy(engine: Engine, max_batch_tokens: int, max_num_seqs: int) -> FCFSPolicy:
+    """A first-come-first-served policy over `engine`'s blocks and slots (no prefix caching)."""
     layout = engine.layout
     config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
                              max_batch_tokens=max_batch_tokens, block_size=layout.block_size,
@@ -79,7 +80,7 @@ def _fcfs(engine: Engine, max_batch_tokens: int, max_num_seqs: int) -> FCFSPolic
     return FCFSPolicy(config, kv, AdapterSlots(layout.num_adapter_slots))
 
 
-def _add_requests(policy: FCFSPolicy, engine: Engine, tag: str, count: int, prompt_len: int,
+def add_requests(policy: FCFSPolicy, engine: Engine, tag: str, count: int, prompt_len: int,
                   output_len: int) -> list[str]:
     """Add `count` greedy requests of random prompts; returns their ids."""
     ids = []
@@ -108,9 +109,9 @@ def _run_inference(engine: Engine, settings: SweepSettings, samples: list[Sample
     """Prefill chunks and decode batches, FCFS, every (batch, prompt length) pair."""
     for prompt_len in settings.prompt_lens:
         for batch in settings.decode_batches:
-            policy = _fcfs(engine, settings.max_batch_tokens, max(settings.decode_batches))
+            policy = fcfs_policy(engine, settings.max_batch_tokens, max(settings.decode_batches))
             tracker = AdapterSlotTracker()
-            _add_requests(policy, engine, f"p{prompt_len}b{batch}", batch, prompt_len,
+            add_requests(policy, engine, f"p{prompt_len}b{batch}", batch, prompt_len,
                           settings.decode_steps)
             while policy.has_work():
                 plan = policy.plan()
@@ -124,7 +125,7 @@ def _run_inference(engine: Engine, settings: SweepSettings, samples: list[Sample
 def _run_finetune(engine: Engine, job_spec: FinetuneJobSpec, settings: SweepSettings,
                   samples: list[Sample]) -> None:
     """Forward windows and backward runs of several sizes, alone and next to a decode batch."""
-    policy = _fcfs(engine, settings.max_batch_tokens + max(settings.forward_windows),
+    policy = fcfs_policy(engine, settings.max_batch_tokens + max(settings.forward_windows),
                    settings.mixed_decode_batch)
     job = FinetuneJob(job_spec, policy.kv, policy.adapters)
     tracker = AdapterSlotTracker()
@@ -133,7 +134,7 @@ def _run_finetune(engine: Engine, job_spec: FinetuneJobSpec, settings: SweepSett
     mix: list[str] = []
     for mixed in (False, True):
         if mixed:
-            mix = _add_requests(policy, engine, "mix", settings.mixed_decode_batch, 64, 10_000)
+            mix = add_requests(policy, engine, "mix", settings.mixed_decode_batch, 64, 10_000)
         for k in range(3 * len(budgets)):
             forward, backward = budgets[k % len(budgets)]
             # The job takes whatever its phase allows: a full-depth budget for the other phase keeps
@@ -203,8 +204,8 @@ def measure_decode_step_s(engine: Engine, batch: int = SLO_DECODE_BATCH, context
     """Median wall time of `steps` iterations that decode all of `batch` base-model requests whose
     prompts are `context` tokens long (FCFS; the first `warmup` such iterations are not counted). The
     requests are aborted and drained from the engine afterwards."""
-    policy = _fcfs(engine, SweepSettings().max_batch_tokens, batch)
-    ids = _add_requests(policy, engine, "slo-step", batch, context, 10_000)
+    policy = fcfs_policy(engine, SweepSettings().max_batch_tokens, batch)
+    ids = add_requests(policy, engine, "slo-step", batch, context, 10_000)
     times: list[float] = []
     while len(times) < warmup + steps:
         plan = policy.plan()
