@@ -36,8 +36,9 @@ DECODE_BATCH, PROMPT_LEN = 8, 256
 
 
 def _step(engine: Engine, policy: FCFSPolicy, tracker: AdapterSlotTracker, job: FinetuneJob | None = None,
-          budget: tuple[int, int] = (0, 0)) -> tuple[float, str | None]:
-    """One iteration (with the job's piece when given); returns its time and the piece's key."""
+          budget: tuple[int, int] = (0, 0)) -> tuple[float, tuple[str, int] | None]:
+    """One iteration (with the job's piece when given); returns its time and the piece, as (kind,
+    units), when the iteration decoded the whole batch next to exactly one kind of piece."""
     plan = policy.plan()
     if job is not None:
         job.schedule(plan, *budget)
@@ -47,13 +48,13 @@ def _step(engine: Engine, policy: FCFSPolicy, tracker: AdapterSlotTracker, job: 
     if job is not None:
         job.update(plan, result)
     work = plan.training
-    key = None
+    piece = None
     if len(plan.chunks) == DECODE_BATCH and not work.optimizer_steps:
         if work.forward_windows and not work.backward_tasklets:
-            key = f"forward window {int(features.ft_forward_tokens)} tokens"
+            piece = ("forward window, tokens", int(features.ft_forward_tokens))
         elif work.backward_tasklets and not work.forward_windows and len(work.backward_tasklets) == 1:
-            key = f"backward tasklet {int(features.ft_backward_token_layers)} token-layers"
-    return result.timings.total_s, key
+            piece = ("backward tasklet, token-layers", int(features.ft_backward_token_layers))
+    return result.timings.total_s, piece
 
 
 def main() -> None:
@@ -77,19 +78,18 @@ def main() -> None:
     layers = engine.model_config.num_layers
     budgets = ([(int(w), 64 * layers) for w in args.windows.split(",")]
                + [(64, int(n)) for n in args.tasklets.split(",")])
-    costs: dict[str, list[tuple[float, float]]] = {}
+    costs: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         for budget in budgets:
             alone, _ = _step(engine, policy, tracker)
-            mixed, key = _step(engine, policy, tracker, job, budget)
-            if key is not None:
-                costs.setdefault(key, []).append((alone, mixed - alone))
+            mixed, piece = _step(engine, policy, tracker, job, budget)
+            if piece is not None:
+                costs.setdefault(piece, []).append((alone, mixed - alone))
     print(f"{DECODE_BATCH} decodes at ~{PROMPT_LEN} tokens, small preset, float32, {args.threads} threads")
-    for key in sorted(costs, key=lambda k: (k.split()[0], int(k.split()[-2]))):
-        alone = statistics.median(a for a, _ in costs[key])
-        extra = statistics.median(e for _, e in costs[key])
-        units = int(key.split()[-2])
-        print(f"{key:>38}: n={len(costs[key]):3d}  decode alone {1000 * alone:5.1f} ms  "
+    for (kind, units), pairs in sorted(costs.items()):
+        alone = statistics.median(a for a, _ in pairs)
+        extra = statistics.median(e for _, e in pairs)
+        print(f"{kind:>30} {units:5d}: n={len(pairs):3d}  decode alone {1000 * alone:5.1f} ms  "
               f"+{1000 * extra:5.1f} ms ({1000 * extra / units:.3f} ms per unit)")
 
 
