@@ -144,7 +144,7 @@ class JobManager:
         the policy runs, as `running` returned them on the loop.
         """
         intents: list[Intent] = []
-        for record in self._store.list_active_jobs():
+        for record in self._store.jobs.active():
             if record.status == JobStatus.VALIDATING_FILES:
                 self._validate(record)
             elif record.id not in running and record.status in (JobStatus.QUEUED, JobStatus.RUNNING):
@@ -152,7 +152,7 @@ class JobManager:
             elif record.id in running and record.status in (JobStatus.PAUSED, JobStatus.QUEUED):
                 intents.append(Intent(record, None))
         for job_id, tenant in running.items():
-            current = self._store.get_job(tenant, job_id)
+            current = self._store.jobs.get(tenant, job_id)
             if current is None or current.status == JobStatus.CANCELLED:
                 intents.append(Intent(current, None, cancel_id=job_id))
         return intents
@@ -174,7 +174,7 @@ class JobManager:
                 running.record = intent.record
             elif intent.record.status == JobStatus.QUEUED:  # resumed
                 self._host.resume_job(intent.job_id)
-                running.record = self._store.update_job(intent.job_id, status=JobStatus.RUNNING)
+                running.record = self._store.jobs.update(intent.job_id, status=JobStatus.RUNNING)
 
     def _validate(self, record: JobRecord) -> None:
         """Tokenize the training file and resolve "auto": queued, or failed with the reason."""
@@ -184,23 +184,23 @@ class JobManager:
             code = "invalid_n_examples" if "at least" in str(err) else "invalid_training_file"
             self._fail(record, code, str(err), param="training_file")
             return
-        self._store.add_event(record.id, "Validated the training file")
-        self._store.update_job(record.id, status=JobStatus.QUEUED)
+        self._store.events.add(record.id, "Validated the training file")
+        self._store.jobs.update(record.id, status=JobStatus.QUEUED)
 
     def _prepare(self, record: JobRecord, *, resume: bool = False) -> PreparedJob:
-        content = self._store.read_file_content(record.tenant, record.training_file)
+        content = self._store.files.content(record.tenant, record.training_file)
         if content is None:
             raise ValueError(f"the training file {record.training_file} no longer exists")
         examples = _jsonl(content)
         validation = []
         if record.validation_file is not None:
-            raw = self._store.read_file_content(record.tenant, record.validation_file)
+            raw = self._store.files.content(record.tenant, record.validation_file)
             if raw is None:
                 raise ValueError(f"the validation file {record.validation_file} no longer exists")
             validation = _jsonl(raw)
         init_adapter = None
         if record.model != self._settings.base_model_id:
-            model = self._store.get_model(record.tenant, record.model)
+            model = self._store.models.get(record.tenant, record.model)
             if model is None or model.adapter_path is None:
                 raise ValueError(f"model {record.model} is not this server's base model or one of "
                                  f"your fine-tuned models")
@@ -221,11 +221,11 @@ class JobManager:
             raise ValueError(refusal.reason)
         if not resume:
             hp = prepared.hyperparameters
-            self._store.update_job(record.id, hyperparameters={
+            self._store.jobs.update(record.id, hyperparameters={
                 "n_epochs": hp.n_epochs, "batch_size": hp.batch_size,
                 "learning_rate_multiplier": hp.learning_rate_multiplier})
             for warning in prepared.dataset.warnings:
-                self._store.add_event(record.id, warning, level="warn")
+                self._store.events.add(record.id, warning, level="warn")
         return prepared
 
     def _allocate_adapter_id(self) -> int:
@@ -241,7 +241,7 @@ class JobManager:
         except ValueError as err:
             self._fail(record, "invalid_training_file", str(err), param="training_file")
             return []
-        checkpoints, _ = self._store.list_checkpoints(record.tenant, record.id, limit=1)
+        checkpoints, _ = self._store.checkpoints.page(record.tenant, record.id, limit=1)
         if checkpoints and checkpoints[0].adapter_path:
             path = Path(checkpoints[0].adapter_path)
             state = json.loads((path / STATE_FILE).read_text())
@@ -253,22 +253,22 @@ class JobManager:
         """Hand a job to the policy (on the event loop)."""
         job = FinetuneJob(prepared.spec, self._host.kv, self._host.adapters)
         self._host.add_job(job)
-        record = self._store.update_job(record.id, status=JobStatus.RUNNING)
+        record = self._store.jobs.update(record.id, status=JobStatus.RUNNING)
         self._running[record.id] = _Running(record, job, self._clock())
         resumed = prepared.spec.resume_from is not None
-        self._store.add_event(record.id, "Resumed from the last checkpoint" if resumed
+        self._store.events.add(record.id, "Resumed from the last checkpoint" if resumed
                               else "Fine-tuning job started")
 
     def _fail(self, record: JobRecord, code: str, message: str, param: str | None = None) -> None:
         """Record a failure (from either thread: `_running` entries are removed by the caller)."""
-        self._store.add_event(record.id, f"Job failed: {message}", level="error")
+        self._store.events.add(record.id, f"Job failed: {message}", level="error")
         self._update_terminal(record.id, status=JobStatus.FAILED,
                               error={"code": code, "message": message, "param": param})
 
     def _update_terminal(self, job_id: str, **fields: Any) -> None:
         """A final status, unless the job is already final (e.g. cancelled by its tenant meanwhile)."""
         try:
-            self._store.update_job(job_id, **fields)
+            self._store.jobs.update(job_id, **fields)
         except ValueError:
             pass  # an illegal transition out of a terminal status: the first final word stands
 
@@ -304,38 +304,38 @@ class JobManager:
             self._on_trained(running.record.tenant, event.num_tokens)
         data = {"step": event.step, "train_loss": event.loss, "total_steps": running.job.total_steps}
         total = f"/{running.job.total_steps}"
-        self._store.add_event(event.job_id, f"Step {event.step}{total}: training loss={event.loss:.4g}",
+        self._store.events.add(event.job_id, f"Step {event.step}{total}: training loss={event.loss:.4g}",
                               type="metrics", data=data)
         elapsed = self._clock() - running.started_at
         steps_done = max(1, event.step - (running.job.spec.start_position or DataPosition(0)).step)
         remaining = (running.job.total_steps - event.step) * elapsed / steps_done
-        self._store.update_job(event.job_id, trained_tokens=running.job.trained_tokens,
+        self._store.jobs.update(event.job_id, trained_tokens=running.job.trained_tokens,
                                estimated_finish=int(self._clock() + remaining))
 
     def _on_checkpoint(self, running: _Running, event: JobEvent) -> None:
         record = running.record
         name = f"{model_id(self._settings, record)}:ckpt-step-{event.step}"
         metrics = {"step": event.step, "train_loss": running.last_loss}
-        self._store.register_model(name, tenant=record.tenant, base_model=self._settings.base_model_id,
+        self._store.models.register(name, tenant=record.tenant, base_model=self._settings.base_model_id,
                                    adapter_path=event.path, job_id=record.id)
-        self._store.add_checkpoint(record.id, event.step, name, metrics=metrics,
+        self._store.checkpoints.add(record.id, event.step, name, metrics=metrics,
                                    adapter_path=event.path)
-        self._store.add_event(record.id, f"Checkpoint created at step {event.step}")
+        self._store.events.add(record.id, f"Checkpoint created at step {event.step}")
 
     def _on_validation(self, running: _Running, event: JobEvent) -> None:
         data = {"step": event.step, "valid_loss": event.loss, "total_steps": running.job.total_steps}
         if running.last_loss is not None:
             data["train_loss"] = running.last_loss
-        self._store.add_event(event.job_id, f"Step {event.step}/{running.job.total_steps}: validation "
+        self._store.events.add(event.job_id, f"Step {event.step}/{running.job.total_steps}: validation "
                               f"loss={event.loss:.4g}", type="metrics", data=data)
 
     def _on_succeeded(self, running: _Running, event: JobEvent) -> None:
         record = running.record
         name = model_id(self._settings, record)
-        self._store.register_model(name, tenant=record.tenant, base_model=self._settings.base_model_id,
+        self._store.models.register(name, tenant=record.tenant, base_model=self._settings.base_model_id,
                                    adapter_path=event.path, job_id=record.id)
-        self._store.add_event(record.id, f"New fine-tuned model created: {name}")
-        self._store.add_event(record.id, "The job has successfully completed")
+        self._store.events.add(record.id, f"New fine-tuned model created: {name}")
+        self._store.events.add(record.id, "The job has successfully completed")
         self._update_terminal(record.id, status=JobStatus.SUCCEEDED, fine_tuned_model=name,
                               trained_tokens=running.job.trained_tokens)
         del self._running[record.id]
@@ -345,7 +345,7 @@ class JobManager:
         del self._running[running.record.id]
 
     def _on_cancelled(self, running: _Running, event: JobEvent) -> None:
-        self._store.add_event(event.job_id, "Fine-tuning job cancelled")
+        self._store.events.add(event.job_id, "Fine-tuning job cancelled")
         self._update_terminal(event.job_id, status=JobStatus.CANCELLED)
         del self._running[event.job_id]
 

@@ -43,7 +43,7 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
     if isinstance(max_upload_bytes, bool) or not isinstance(max_upload_bytes, int) or max_upload_bytes < 1:
         raise ValueError(f"max_upload_bytes must be a positive integer, got {max_upload_bytes!r}")
     for model_id in base_models:
-        store.ensure_base_model(model_id)
+        store.models.ensure_base(model_id)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -47,13 +47,13 @@ def _run(manager: JobManager, llm: LLM, iterations: int = 10_000, until: set[Job
         manager.reconcile()
         llm.step()
         manager.record_events()
-        if until and store is not None and store.get_job("acme", job_id).status in until:
+        if until and store is not None and store.jobs.get("acme", job_id).status in until:
             return
 
 
 def _create(service: FineTuningService, store: MetadataStore, **body: object) -> str:
     data = "\n".join(json.dumps(x) for x in LINES).encode()
-    file = store.create_file("acme", "train.jsonl", "fine-tune", data)
+    file = store.files.create("acme", "train.jsonl", "fine-tune", data)
     request = FineTuningJobCreate(model=BASE, training_file=file.id, seed=7, **body)
     return service.create("acme", request).id
 
@@ -61,7 +61,7 @@ def _create(service: FineTuningService, store: MetadataStore, **body: object) ->
 @pytest.fixture
 def store(tmp_path: Path) -> MetadataStore:
     store = MetadataStore(tmp_path / "data")
-    store.ensure_base_model(BASE)
+    store.models.ensure_base(BASE)
     return store
 
 
@@ -72,22 +72,22 @@ def test_a_job_trains_checkpoints_and_serves_its_models(llama_dir: Path, store: 
     service = FineTuningService(store, TENANTS, (BASE,))
     job_id = _create(service, store, suffix="nums",
                      hyperparameters={"n_epochs": 2, "batch_size": 4}, lora={"r": 8})
-    assert store.get_job("acme", job_id).status == JobStatus.VALIDATING_FILES
+    assert store.jobs.get("acme", job_id).status == JobStatus.VALIDATING_FILES
     _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=job_id)
 
-    job = store.get_job("acme", job_id)
+    job = store.jobs.get("acme", job_id)
     assert job.status == JobStatus.SUCCEEDED, job.error
     assert job.fine_tuned_model == f"ft:{BASE}:acme:nums:{job_id[6:14]}"
     assert job.trained_tokens > 0 and job.hyperparameters["n_epochs"] == 2
-    events, _ = store.list_events("acme", job_id, limit=100)
+    events, _ = store.events.page("acme", job_id, limit=100)
     metrics = [e for e in events if e.type == "metrics"]
     assert len(metrics) == 6 and {"step", "train_loss", "total_steps"} <= set(metrics[0].data)
-    checkpoints, _ = store.list_checkpoints("acme", job_id)
+    checkpoints, _ = store.checkpoints.page("acme", job_id)
     assert [c.step_number for c in checkpoints] == [6, 3]
     assert checkpoints[0].fine_tuned_model_checkpoint == f"{job.fine_tuned_model}:ckpt-step-6"
-    models = {m.id: m for m in store.list_models("acme")}
+    models = {m.id: m for m in store.models.usable("acme")}
     assert job.fine_tuned_model in models and checkpoints[1].fine_tuned_model_checkpoint in models
-    assert not any(m.id.startswith("ft:") for m in store.list_models("globex"))
+    assert not any(m.id.startswith("ft:") for m in store.models.usable("globex"))
     # Servable at once by the same engine.
     out = llm.generate("Say the number 3", SamplingParams(temperature=0, max_tokens=6),
                        lora_request=LoRARequest("ft", 5, models[job.fine_tuned_model].adapter_path))
@@ -111,7 +111,7 @@ def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataSt
     service.resume("acme", job_id)
     _run(manager, llm, iterations=20)
     assert llm.jobs.job(job_id).position != tokens
-    assert store.get_job("acme", job_id).status == JobStatus.RUNNING
+    assert store.jobs.get("acme", job_id).status == JobStatus.RUNNING
 
     # A second job fills acme's limit of two; a third is refused with 429.
     second = _create(service, store)
@@ -121,7 +121,7 @@ def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataSt
     service.cancel("acme", second)
     service.cancel("acme", job_id)
     _run(manager, llm, iterations=3)
-    assert store.get_job("acme", job_id).status == JobStatus.CANCELLED
+    assert store.jobs.get("acme", job_id).status == JobStatus.CANCELLED
     assert not llm.engine.training.jobs and llm.policy.kv.num_free_blocks == llm.policy.kv.num_blocks
     with pytest.raises(ProtocolError, match="cancelled"):
         service.resume("acme", job_id)
@@ -129,7 +129,7 @@ def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataSt
         service.retrieve("globex", job_id)
     assert err.value.status == 404
     with pytest.raises(ProtocolError, match="at least 10") as err:
-        file = store.create_file("acme", "t.jsonl", "fine-tune",
+        file = store.files.create("acme", "t.jsonl", "fine-tune",
                                  "\n".join(json.dumps(x) for x in LINES[:5]).encode())
         service.create("acme", FineTuningJobCreate(model=BASE, training_file=file.id))
     assert err.value.param == "training_file"
@@ -143,24 +143,24 @@ def test_a_restarted_scheduler_resumes_to_the_uninterrupted_adapter(llama_dir: P
     finals = []
     for restart in (False, True):
         store = MetadataStore(tmp_path / f"data{restart}")
-        store.ensure_base_model(BASE)
+        store.models.ensure_base(BASE)
         service = FineTuningService(store, TENANTS, (BASE,))
         llm = _llm(llama_dir)
         manager = _manager(store, llm, tmp_path / f"data{restart}")
         job_id = _create(service, store, hyperparameters={"n_epochs": 2, "batch_size": 4})
         if restart:  # run past the first epoch's checkpoint, then lose the scheduler and engine
-            while not store.list_checkpoints("acme", job_id)[0]:
+            while not store.checkpoints.page("acme", job_id)[0]:
                 _run(manager, llm, iterations=1)
             _run(manager, llm, iterations=5)
-            assert store.get_job("acme", job_id).status == JobStatus.RUNNING
+            assert store.jobs.get("acme", job_id).status == JobStatus.RUNNING
             llm = _llm(llama_dir)
             manager = _manager(store, llm, tmp_path / f"data{restart}")
         _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=job_id)
-        job = store.get_job("acme", job_id)
+        job = store.jobs.get("acme", job_id)
         assert job.status == JobStatus.SUCCEEDED, job.error
-        path = store.get_model("acme", job.fine_tuned_model).adapter_path
+        path = store.models.get("acme", job.fine_tuned_model).adapter_path
         finals.append(load_file(str(Path(path) / "adapter_model.safetensors")))
-        events, _ = store.list_events("acme", job_id, limit=100)
+        events, _ = store.events.page("acme", job_id, limit=100)
         assert restart == any("Resumed" in e.message for e in events)
     assert finals[0].keys() == finals[1].keys()
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])

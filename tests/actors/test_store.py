@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import pickle
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ from typing import Any
 import pytest
 
 from coserve.actors.store import JobStatus, MetadataStore, NotFoundError
-from coserve.actors.store.blobs import BlobDir
+from coserve.actors.store.blobs import ORPHAN_GRACE_S, BlobDir
 from coserve.actors.store.schema import SCHEMA_VERSION
 
 TRAIN = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
@@ -36,8 +39,8 @@ def store(tmp_path: Path) -> Iterator[MetadataStore]:
 
 
 def _job(store: MetadataStore, tenant: str = "acme", **kwargs: object) -> str:
-    file = store.create_file(tenant, "train.jsonl", "fine-tune", TRAIN)
-    return store.create_job(tenant, "tiny-llama", file.id, **kwargs).id
+    file = store.files.create(tenant, "train.jsonl", "fine-tune", TRAIN)
+    return store.jobs.create(tenant, "tiny-llama", file.id, **kwargs).id
 
 
 def _all_pages(fetch: Callable[..., tuple[list[Any], bool]], limit: int) -> list[str]:
@@ -53,24 +56,24 @@ def _all_pages(fetch: Callable[..., tuple[list[Any], bool]], limit: int) -> list
 # ---------------------------------------------------------------------------------------------- files
 
 def test_file_round_trip(store: MetadataStore, tmp_path: Path) -> None:
-    f = store.create_file("acme", "train.jsonl", "fine-tune", TRAIN)
+    f = store.files.create("acme", "train.jsonl", "fine-tune", TRAIN)
     assert f.id.startswith("file-") and len(f.id) == 5 + 24
     assert (f.bytes, f.created_at, f.status) == (len(TRAIN), 1001, "processed")
-    assert store.get_file("acme", f.id) == f
-    assert store.read_file_content("acme", f.id) == TRAIN
+    assert store.files.get("acme", f.id) == f
+    assert store.files.content("acme", f.id) == TRAIN
     assert (tmp_path / "files" / f.id).read_bytes() == TRAIN
-    assert store.list_files("acme") == ([f], False)
+    assert store.files.page("acme") == ([f], False)
 
 
 def test_files_are_invisible_to_other_tenants(store: MetadataStore) -> None:
-    f = store.create_file("acme", "train.jsonl", "fine-tune", TRAIN)
-    assert store.get_file("globex", f.id) is None
-    assert store.read_file_content("globex", f.id) is None
-    assert store.list_files("globex") == ([], False)
-    assert store.delete_file("globex", f.id) is False
+    f = store.files.create("acme", "train.jsonl", "fine-tune", TRAIN)
+    assert store.files.get("globex", f.id) is None
+    assert store.files.content("globex", f.id) is None
+    assert store.files.page("globex") == ([], False)
+    assert store.files.delete("globex", f.id) is False
     with pytest.raises(ValueError, match="after"):
-        store.list_files("globex", after=f.id)
-    assert store.read_file_content("acme", f.id) == TRAIN
+        store.files.page("globex", after=f.id)
+    assert store.files.content("acme", f.id) == TRAIN
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -83,55 +86,60 @@ def test_files_are_invisible_to_other_tenants(store: MetadataStore) -> None:
 def test_create_file_rejects_bad_input(store: MetadataStore, kwargs: dict, match: str) -> None:
     args = {"tenant": "acme", "filename": "a.jsonl", "purpose": "fine-tune", "content": TRAIN} | kwargs
     with pytest.raises(ValueError, match=match):
-        store.create_file(**args)
+        store.files.create(**args)
     assert list((store.data_dir / "files").iterdir()) == []
 
 
 def test_delete_file_removes_bytes_and_keeps_the_cursor_valid(store: MetadataStore, tmp_path: Path) -> None:
-    a, b, c = (store.create_file("acme", f"{n}.jsonl", "fine-tune", TRAIN) for n in "abc")
-    assert store.delete_file("acme", b.id) is True
-    assert store.delete_file("acme", b.id) is False
-    assert store.get_file("acme", b.id) is None and store.read_file_content("acme", b.id) is None
+    a, b, c = (store.files.create("acme", f"{n}.jsonl", "fine-tune", TRAIN) for n in "abc")
+    assert store.files.delete("acme", b.id) is True
+    assert store.files.delete("acme", b.id) is False
+    assert store.files.get("acme", b.id) is None and store.files.content("acme", b.id) is None
     assert not (tmp_path / "files" / b.id).exists()
     # A client that got `b` as the last item of a page before it was deleted can still page on.
-    assert store.list_files("acme", after=b.id) == ([a], False)
-    assert store.list_files("acme") == ([c, a], False)
+    assert store.files.page("acme", after=b.id) == ([a], False)
+    assert store.files.page("acme") == ([c, a], False)
 
 
 def test_file_pagination_orders_and_filters(store: MetadataStore) -> None:
-    files = [store.create_file("acme", f"{i}.jsonl", "fine-tune" if i % 2 else "batch", TRAIN) for i in range(7)]
+    files = [store.files.create("acme", f"{i}.jsonl", "fine-tune" if i % 2 else "batch", TRAIN) for i in range(7)]
     ids = [f.id for f in files]
-    assert _all_pages(lambda **kw: store.list_files("acme", **kw), limit=2) == ids[::-1]
-    assert _all_pages(lambda **kw: store.list_files("acme", newest_first=False, **kw), limit=3) == ids
-    tuned, has_more = store.list_files("acme", purpose="fine-tune", limit=2)
+    assert _all_pages(lambda **kw: store.files.page("acme", **kw), limit=2) == ids[::-1]
+    assert _all_pages(lambda **kw: store.files.page("acme", newest_first=False, **kw), limit=3) == ids
+    tuned, has_more = store.files.page("acme", purpose="fine-tune", limit=2)
     assert [f.id for f in tuned] == [ids[5], ids[3]] and has_more
     for limit in (0, 10_001, True):
         with pytest.raises(ValueError, match="limit"):
-            store.list_files("acme", limit=limit)
+            store.files.page("acme", limit=limit)
 
 
 def test_failed_row_insert_leaves_neither_row_nor_bytes(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken_insert(record: object) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(store, "_insert_file_row", broken_insert)
+    monkeypatch.setattr(store.files, "_insert_file_row", broken_insert)
     with pytest.raises(sqlite3.OperationalError):
-        store.create_file("acme", "train.jsonl", "fine-tune", TRAIN)
+        store.files.create("acme", "train.jsonl", "fine-tune", TRAIN)
     assert list((store.data_dir / "files").iterdir()) == []
-    assert store.list_files("acme") == ([], False)
+    assert store.files.page("acme") == ([], False)
 
 
 def test_crash_after_bytes_before_row_is_swept_on_reopen(tmp_path: Path) -> None:
     with MetadataStore(tmp_path) as store:
-        kept = store.create_file("acme", "train.jsonl", "fine-tune", TRAIN)
+        kept = store.files.create("acme", "train.jsonl", "fine-tune", TRAIN)
     # What a process killed between the two writes leaves: bytes (maybe a temp file) and no row.
     blobs = BlobDir(tmp_path / "files")
     blobs.write("file-" + "a" * 24, b"orphan")
     (tmp_path / "files" / ("file-" + "b" * 24 + ".tmp")).write_bytes(b"half")
+    # Bytes written just now may be an upload in flight in another process (its row not yet committed).
+    blobs.write("file-" + "c" * 24, b"in flight")
+    old = time.time() - ORPHAN_GRACE_S - 1
+    for name in ("file-" + "a" * 24, "file-" + "b" * 24 + ".tmp"):
+        os.utime(tmp_path / "files" / name, (old, old))
     with MetadataStore(tmp_path) as store:
         assert store.orphans_removed == ["file-" + "a" * 24, "file-" + "b" * 24 + ".tmp"]
-        assert sorted(p.name for p in (tmp_path / "files").iterdir()) == [kept.id]
-        assert store.list_files("acme") == ([kept], False)
+        assert sorted(p.name for p in (tmp_path / "files").iterdir()) == sorted([kept.id, "file-" + "c" * 24])
+        assert store.files.page("acme") == ([kept], False)
 
 
 def test_blob_names_must_be_generated_file_ids(tmp_path: Path) -> None:
@@ -144,14 +152,14 @@ def test_blob_names_must_be_generated_file_ids(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------- jobs
 
 def test_create_job_records_everything(store: MetadataStore) -> None:
-    f = store.create_file("acme", "train.jsonl", "fine-tune", TRAIN)
-    job = store.create_job("acme", "tiny-llama", f.id, validation_file=f.id, suffix="my-model_1",
+    f = store.files.create("acme", "train.jsonl", "fine-tune", TRAIN)
+    job = store.jobs.create("acme", "tiny-llama", f.id, validation_file=f.id, suffix="my-model_1",
                            hyperparameters={"n_epochs": 3}, method={"type": "supervised"}, seed=7,
                            metadata={"team": "nlp"}, extensions={"lora": {"r": 8, "target_modules": ["q_proj"]}})
     assert job.id.startswith("ftjob-") and job.status is JobStatus.VALIDATING_FILES
-    assert store.get_job("acme", job.id) == job
-    assert store.get_job("globex", job.id) is None
-    assert 0 <= store.create_job("acme", "tiny-llama", f.id).seed <= 2_147_483_647
+    assert store.jobs.get("acme", job.id) == job
+    assert store.jobs.get("globex", job.id) is None
+    assert 0 <= store.jobs.create("acme", "tiny-llama", f.id).seed <= 2_147_483_647
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -164,40 +172,40 @@ def test_create_job_records_everything(store: MetadataStore) -> None:
     ({"model": ""}, "model"),
 ])
 def test_create_job_rejects_bad_input(store: MetadataStore, kwargs: dict, match: str) -> None:
-    f = store.create_file("acme", "train.jsonl", "fine-tune", TRAIN)
+    f = store.files.create("acme", "train.jsonl", "fine-tune", TRAIN)
     args = {"tenant": "acme", "model": "tiny-llama", "training_file": f.id} | kwargs
     with pytest.raises(ValueError, match=match):
-        store.create_job(**args)
-    assert store.list_jobs("acme") == ([], False)
+        store.jobs.create(**args)
+    assert store.jobs.page("acme") == ([], False)
 
 
 def test_create_job_cannot_use_another_tenants_or_a_deleted_file(store: MetadataStore) -> None:
-    theirs = store.create_file("globex", "train.jsonl", "fine-tune", TRAIN)
+    theirs = store.files.create("globex", "train.jsonl", "fine-tune", TRAIN)
     with pytest.raises(ValueError, match="training_file"):
-        store.create_job("acme", "tiny-llama", theirs.id)
-    mine = store.create_file("acme", "train.jsonl", "fine-tune", TRAIN)
-    store.delete_file("acme", mine.id)
+        store.jobs.create("acme", "tiny-llama", theirs.id)
+    mine = store.files.create("acme", "train.jsonl", "fine-tune", TRAIN)
+    store.files.delete("acme", mine.id)
     with pytest.raises(ValueError, match="training_file"):
-        store.create_job("acme", "tiny-llama", mine.id)
+        store.jobs.create("acme", "tiny-llama", mine.id)
 
 
 def test_list_jobs_newest_first_per_tenant(store: MetadataStore) -> None:
     mine = [_job(store, "acme") for _ in range(5)]
     _job(store, "globex")
-    assert _all_pages(lambda **kw: store.list_jobs("acme", **kw), limit=2) == mine[::-1]
-    assert store.list_jobs("acme", after=mine[1]) == ([store.get_job("acme", mine[0])], False)
+    assert _all_pages(lambda **kw: store.jobs.page("acme", **kw), limit=2) == mine[::-1]
+    assert store.jobs.page("acme", after=mine[1]) == ([store.jobs.get("acme", mine[0])], False)
 
 
 def test_job_lifecycle_with_pause_resume_and_restart(store: MetadataStore) -> None:
     job_id = _job(store)
     for status in ("queued", "running", "paused", "queued", "running", "queued", "running"):
-        assert store.update_job(job_id, status=status).status is JobStatus(status)
-    assert store.list_active_jobs()[0].id == job_id
-    job = store.update_job(job_id, status=JobStatus.SUCCEEDED, fine_tuned_model="ft:tiny:acme::abc",
+        assert store.jobs.update(job_id, status=status).status is JobStatus(status)
+    assert store.jobs.active()[0].id == job_id
+    job = store.jobs.update(job_id, status=JobStatus.SUCCEEDED, fine_tuned_model="ft:tiny:acme::abc",
                            trained_tokens=1234, result_files=["file-" + "1" * 24])
     assert job.finished_at is not None and job.estimated_finish is None
-    assert store.get_job("acme", job_id) == job
-    assert store.list_active_jobs() == []
+    assert store.jobs.get("acme", job_id) == job
+    assert store.jobs.active() == []
 
 
 @pytest.mark.parametrize("path", [
@@ -213,33 +221,33 @@ def test_job_lifecycle_with_pause_resume_and_restart(store: MetadataStore) -> No
 def test_illegal_transitions_are_refused_and_change_nothing(store: MetadataStore, path: tuple[str, ...]) -> None:
     job_id = _job(store)
     for status in path[:-1]:
-        store.update_job(job_id, status=status)
-    before = store.get_job("acme", job_id)
+        store.jobs.update(job_id, status=status)
+    before = store.jobs.get("acme", job_id)
     with pytest.raises(ValueError, match="illegal job status transition"):
-        store.update_job(job_id, status=path[-1], trained_tokens=5)
-    assert store.get_job("acme", job_id) == before
+        store.jobs.update(job_id, status=path[-1], trained_tokens=5)
+    assert store.jobs.get("acme", job_id) == before
 
 
 def test_update_job_rejects_bad_fields(store: MetadataStore) -> None:
     job_id = _job(store)
     with pytest.raises(ValueError, match="cannot change"):
-        store.update_job(job_id, tenant="globex")
+        store.jobs.update(job_id, tenant="globex")
     with pytest.raises(ValueError, match="not a valid JobStatus"):
-        store.update_job(job_id, status="done")
+        store.jobs.update(job_id, status="done")
     with pytest.raises(ValueError, match="error"):
-        store.update_job(job_id, error="boom")
+        store.jobs.update(job_id, error="boom")
     with pytest.raises(NotFoundError):
-        store.update_job("ftjob-" + "0" * 24, status="queued")
-    failed = store.update_job(job_id, status="failed", error={"code": "invalid_n_examples",
+        store.jobs.update("ftjob-" + "0" * 24, status="queued")
+    failed = store.jobs.update(job_id, status="failed", error={"code": "invalid_n_examples",
                                                               "message": "at least 10", "param": "training_file"})
-    assert store.get_job("acme", job_id).error == failed.error == {
+    assert store.jobs.get("acme", job_id).error == failed.error == {
         "code": "invalid_n_examples", "message": "at least 10", "param": "training_file"}
 
 
 def test_concurrent_terminal_updates_have_one_winner(store: MetadataStore) -> None:
     job_id = _job(store)
-    store.update_job(job_id, status="queued")
-    store.update_job(job_id, status="running")
+    store.jobs.update(job_id, status="queued")
+    store.jobs.update(job_id, status="running")
     targets = ["succeeded", "cancelled"] * 4
     won: list[str] = []
     barrier = threading.Barrier(len(targets))
@@ -247,7 +255,7 @@ def test_concurrent_terminal_updates_have_one_winner(store: MetadataStore) -> No
     def finish(target: str) -> None:
         barrier.wait()
         try:
-            store.update_job(job_id, status=target)
+            store.jobs.update(job_id, status=target)
             won.append(target)
         except ValueError:
             pass
@@ -257,7 +265,7 @@ def test_concurrent_terminal_updates_have_one_winner(store: MetadataStore) -> No
         t.start()
     for t in threads:
         t.join()
-    final = store.get_job("acme", job_id).status.value
+    final = store.jobs.get("acme", job_id).status.value
     assert won and set(won) == {final} and len(won) == 4
 
 
@@ -265,55 +273,55 @@ def test_concurrent_terminal_updates_have_one_winner(store: MetadataStore) -> No
 
 def test_events_newest_first_paginated_and_isolated(store: MetadataStore) -> None:
     job_id = _job(store)
-    events = [store.add_event(job_id, f"Step {i}/5", type="metrics", data={"step": i, "train_loss": 1.0 / i})
+    events = [store.events.add(job_id, f"Step {i}/5", type="metrics", data={"step": i, "train_loss": 1.0 / i})
               for i in range(1, 6)]
-    assert _all_pages(lambda **kw: store.list_events("acme", job_id, **kw), limit=2) == [e.id for e in events[::-1]]
-    latest, has_more = store.list_events("acme", job_id, limit=1)
+    assert _all_pages(lambda **kw: store.events.page("acme", job_id, **kw), limit=2) == [e.id for e in events[::-1]]
+    latest, has_more = store.events.page("acme", job_id, limit=1)
     assert latest == [events[-1]] and latest[0].data == {"step": 5, "train_loss": 0.2} and has_more
     with pytest.raises(NotFoundError):
-        store.list_events("globex", job_id)
+        store.events.page("globex", job_id)
     with pytest.raises(NotFoundError):
-        store.add_event("ftjob-" + "0" * 24, "lost")
+        store.events.add("ftjob-" + "0" * 24, "lost")
     with pytest.raises(ValueError, match="level"):
-        store.add_event(job_id, "x", level="debug")
+        store.events.add(job_id, "x", level="debug")
     with pytest.raises(ValueError, match="data"):
-        store.add_event(job_id, "x", data={"loss": float("nan")})
+        store.events.add(job_id, "x", data={"loss": float("nan")})
 
 
 def test_checkpoints_highest_step_first_and_isolated(store: MetadataStore) -> None:
     job_id = _job(store)
     name = "ft:tiny:acme::abc:ckpt-step-{}"
     for step in (10, 20, 30):
-        store.add_checkpoint(job_id, step, name.format(step), metrics={"step": step}, adapter_path=f"/a/{step}")
-    page, has_more = store.list_checkpoints("acme", job_id, limit=2)
+        store.checkpoints.add(job_id, step, name.format(step), metrics={"step": step}, adapter_path=f"/a/{step}")
+    page, has_more = store.checkpoints.page("acme", job_id, limit=2)
     assert [c.step_number for c in page] == [30, 20] and has_more
-    assert [c.step_number for c in store.list_checkpoints("acme", job_id, after=page[-1].id)[0]] == [10]
+    assert [c.step_number for c in store.checkpoints.page("acme", job_id, after=page[-1].id)[0]] == [10]
     with pytest.raises(ValueError, match="already has a checkpoint"):
-        store.add_checkpoint(job_id, 20, name.format("x"))
-    assert store.get_checkpoint("acme", name.format(20)).adapter_path == "/a/20"
-    assert store.get_checkpoint("globex", name.format(20)) is None
+        store.checkpoints.add(job_id, 20, name.format("x"))
+    assert store.checkpoints.get("acme", name.format(20)).adapter_path == "/a/20"
+    assert store.checkpoints.get("globex", name.format(20)) is None
     with pytest.raises(NotFoundError):
-        store.list_checkpoints("globex", job_id)
+        store.checkpoints.page("globex", job_id)
 
 
 # --------------------------------------------------------------------------------------------- models
 
 def test_models_base_shared_fine_tuned_private(store: MetadataStore) -> None:
-    base = store.ensure_base_model("tiny-llama")
-    assert store.ensure_base_model("tiny-llama") == base
-    ft = store.register_model("ft:tiny-llama:acme::abc", tenant="acme", base_model="tiny-llama",
+    base = store.models.ensure_base("tiny-llama")
+    assert store.models.ensure_base("tiny-llama") == base
+    ft = store.models.register("ft:tiny-llama:acme::abc", tenant="acme", base_model="tiny-llama",
                               adapter_path="/adapters/abc", job_id="ftjob-" + "0" * 24)
-    assert store.list_models("acme") == [base, ft]
-    assert store.list_models("globex") == [base]
-    assert store.get_model("globex", ft.id) is None and store.get_model("globex", base.id) == base
-    assert store.delete_model("globex", ft.id) is False
-    assert store.delete_model("acme", base.id) is False
-    assert store.delete_model("acme", ft.id) is True
-    assert store.get_model("acme", ft.id) is None and store.list_models("acme") == [base]
+    assert store.models.usable("acme") == [base, ft]
+    assert store.models.usable("globex") == [base]
+    assert store.models.get("globex", ft.id) is None and store.models.get("globex", base.id) == base
+    assert store.models.delete("globex", ft.id) is False
+    assert store.models.delete("acme", base.id) is False
+    assert store.models.delete("acme", ft.id) is True
+    assert store.models.get("acme", ft.id) is None and store.models.usable("acme") == [base]
     with pytest.raises(ValueError, match="never reused"):
-        store.register_model(ft.id, tenant="acme")
+        store.models.register(ft.id, tenant="acme")
     with pytest.raises(ValueError, match="not a base model"):
-        store.ensure_base_model(ft.id)
+        store.models.ensure_base(ft.id)
 
 
 # ----------------------------------------------------------------------------- durability and threads
@@ -321,17 +329,17 @@ def test_models_base_shared_fine_tuned_private(store: MetadataStore) -> None:
 def test_everything_survives_reopen(tmp_path: Path) -> None:
     with MetadataStore(tmp_path, clock=FakeClock()) as store:
         job_id = _job(store, extensions={"lora": {"r": 4}})
-        store.update_job(job_id, status="queued")
-        event = store.add_event(job_id, "Files validated")
-        ckpt = store.add_checkpoint(job_id, 1, "ft:t:acme::a:ckpt-step-1", metrics={"train_loss": 2.5})
-        model = store.register_model("ft:t:acme::a", tenant="acme", base_model="t")
-        before = (store.list_files("acme"), store.get_job("acme", job_id))
+        store.jobs.update(job_id, status="queued")
+        event = store.events.add(job_id, "Files validated")
+        ckpt = store.checkpoints.add(job_id, 1, "ft:t:acme::a:ckpt-step-1", metrics={"train_loss": 2.5})
+        model = store.models.register("ft:t:acme::a", tenant="acme", base_model="t")
+        before = (store.files.page("acme"), store.jobs.get("acme", job_id))
     with MetadataStore(tmp_path) as store:
-        assert (store.list_files("acme"), store.get_job("acme", job_id)) == before
-        assert store.read_file_content("acme", before[0][0][0].id) == TRAIN
-        assert store.list_events("acme", job_id) == ([event], False)
-        assert store.list_checkpoints("acme", job_id) == ([ckpt], False)
-        assert store.list_models("acme") == [model]
+        assert (store.files.page("acme"), store.jobs.get("acme", job_id)) == before
+        assert store.files.content("acme", before[0][0][0].id) == TRAIN
+        assert store.events.page("acme", job_id) == ([event], False)
+        assert store.checkpoints.page("acme", job_id) == ([ckpt], False)
+        assert store.models.usable("acme") == [model]
         assert store.orphans_removed == []
 
 
@@ -353,10 +361,10 @@ def test_many_threads_lose_nothing(store: MetadataStore) -> None:
     def work(n: int) -> None:
         try:
             for i in range(per_thread):
-                store.add_event(job_id, f"thread {n} event {i}")
+                store.events.add(job_id, f"thread {n} event {i}")
                 if i % 10 == 0:
-                    store.create_file(f"tenant-{n}", f"{i}.jsonl", "fine-tune", TRAIN)
-                    store.list_events("acme", job_id, limit=5)
+                    store.files.create(f"tenant-{n}", f"{i}.jsonl", "fine-tune", TRAIN)
+                    store.events.page("acme", job_id, limit=5)
         except Exception as exc:  # noqa: BLE001 - surfaced by the assertion below
             errors.append(exc)
 
@@ -366,13 +374,41 @@ def test_many_threads_lose_nothing(store: MetadataStore) -> None:
     for t in threads:
         t.join()
     assert errors == []
-    events, has_more = store.list_events("acme", job_id, limit=10_000)
+    events, has_more = store.events.page("acme", job_id, limit=10_000)
     assert len(events) == len({e.id for e in events}) == 8 * per_thread and not has_more
     for n in range(8):
-        assert len(store.list_files(f"tenant-{n}")[0]) == per_thread // 10
+        assert len(store.files.page(f"tenant-{n}")[0]) == per_thread // 10
 
+
+
+def _write_events(data_dir: str, job_id: str, writer: str, count: int) -> None:
+    """Another process's store (the gateway's or the scheduler's) adding events to the same job."""
+    with MetadataStore(data_dir) as store:
+        for i in range(count):
+            store.events.add(job_id, f"{writer} event {i}")
+
+
+def test_two_processes_write_the_same_file_without_losing_anything(tmp_path: Path) -> None:
+    # The gateway and the scheduler's job manager each open the store: SQLite's lock must serialise them.
+    with MetadataStore(tmp_path) as store:
+        job_id = _job(store)
+    count = 150
+    context = multiprocessing.get_context("spawn")
+    others = [context.Process(target=_write_events, args=(str(tmp_path), job_id, f"process {n}", count))
+              for n in range(2)]
+    for process in others:
+        process.start()
+    _write_events(str(tmp_path), job_id, "main", count)
+    for process in others:
+        process.join(60)
+        assert process.exitcode == 0
+    with MetadataStore(tmp_path) as store:
+        events, _ = store.events.page("acme", job_id, limit=10_000)
+    messages = {event.message for event in events}
+    assert len(events) == len(messages) == 3 * count
+    assert {f"{w} event {count - 1}" for w in ("main", "process 0", "process 1")} <= messages
 
 def test_records_pickle(store: MetadataStore) -> None:
     job_id = _job(store)
-    job = store.get_job("acme", job_id)
+    job = store.jobs.get("acme", job_id)
     assert pickle.loads(pickle.dumps(job)) == job

@@ -41,8 +41,8 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
     store = MetadataStore(tmp_path / "data")
     tenants = parse_tenants({"tenants": {"acme": {"api_keys": [ACME_KEY]},
                                          "globex": {"api_keys": [GLOBEX_KEY]}}})
-    store.register_model(ACME_FT, tenant="acme", base_model=BASE)
-    store.register_model(GLOBEX_FT, tenant="globex", base_model=BASE)
+    store.models.register(ACME_FT, tenant="acme", base_model=BASE)
+    store.models.register(GLOBEX_FT, tenant="globex", base_model=BASE)
     app = build_app(store, tenants, [BASE, HF_BASE], max_upload_bytes=MAX_UPLOAD)
     with serve_in_thread(app, lifespan="off", timeout_s=10) as url:
         yield Gateway(url=url, store=store)

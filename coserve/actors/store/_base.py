@@ -1,4 +1,5 @@
-"""What every part of the metadata store shares: the connection, its lock, the clock and the helpers.
+"""What every table of the metadata store shares (`Database`: the connection, its lock, the clock, the
+blob folder) and the helpers.
 
 SQL in this package is built from table and column names that are constants of this package (never from
 caller input); every value goes through a `?` parameter.
@@ -20,7 +21,6 @@ from coserve.actors.store.blobs import BlobDir
 from coserve.actors.store.schema import open_database
 
 R = TypeVar("R")
-S = TypeVar("S", bound="StoreCore")
 
 MAX_PAGE = 10_000
 """The largest `limit` a list call accepts (OpenAI's bound for files)."""
@@ -63,8 +63,8 @@ def from_row(cls: type[R], row: sqlite3.Row, json_columns: frozenset[str],
     return cls(**values)
 
 
-class StoreCore:
-    """The connection, the lock that makes this the single writer, the clock and the blob folder.
+class Database:
+    """The connection and its lock, the clock and the blob folder: what every table of the store uses.
 
     Args:
         data_dir: folder of the store: `metadata.sqlite3` and `files/` live in it (created if missing).
@@ -77,28 +77,24 @@ class StoreCore:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
-        # One lock around every statement: sqlite3 connections are not safe for concurrent use, and one
-        # writer means no SQLITE_BUSY and no interleaving between a check and the write that depends on it.
+        # One lock around every statement: a sqlite3 connection is not safe for concurrent use by threads.
+        # Other processes with the store open are serialised by SQLite's file lock; a check and the write
+        # that depends on it share one `write()` transaction, so nothing interleaves between them.
         self._lock = threading.RLock()
         self._conn = open_database(self.data_dir / self.DB_NAME)
-        self._blobs = BlobDir(self.data_dir / "files")
+        self.blobs = BlobDir(self.data_dir / "files")
 
     def close(self) -> None:
         """Close the database; the store must not be used afterwards."""
         with self._lock:
             self._conn.close()
 
-    def __enter__(self: S) -> S:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _now(self) -> int:
+    def now(self) -> int:
+        """The clock, in whole seconds (what `created_at` and friends hold)."""
         return int(self._clock())
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction under the lock: committed on success, rolled back on any exception."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
@@ -110,12 +106,12 @@ class StoreCore:
             self._conn.execute("COMMIT")
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def read(self) -> Iterator[sqlite3.Connection]:
         """The connection under the lock, for reads (autocommit: each statement sees committed data)."""
         with self._lock:
             yield self._conn
 
-    def _page(self, table: str, scope: str, params: tuple[Any, ...], *, visible: str = "1",
+    def page(self, table: str, scope: str, params: tuple[Any, ...], *, visible: str = "1",
               visible_params: tuple[Any, ...] = (), after: str | None, limit: int, order: str = "seq",
               newest_first: bool = True) -> tuple[list[sqlite3.Row], bool]:
         """One page of `table`'s rows matching `scope AND visible`, ordered by `order`.
@@ -129,7 +125,7 @@ class StoreCore:
         check_limit(limit)
         op, direction = ("<", "DESC") if newest_first else (">", "ASC")
         where, values = f"({scope}) AND ({visible})", (*params, *visible_params)
-        with self._read() as conn:
+        with self.read() as conn:
             if after is not None:
                 cursor = conn.execute(f"SELECT {order} FROM {table} WHERE ({scope}) AND id = ?",
                                       (*params, after)).fetchone()

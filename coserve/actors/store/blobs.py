@@ -6,12 +6,16 @@ Names are store-generated ids only (checked here again), so no caller-supplied s
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from coserve.actors.store.records import is_generated_id
 
 _TMP_SUFFIX = ".tmp"
+ORPHAN_GRACE_S = 600.0
+"""Bytes without a row are swept only once this old: far longer than an upload takes from its bytes to its
+row (a write waits at most `schema.BUSY_TIMEOUT_S` for the database)."""
 
 
 class BlobDir:
@@ -54,12 +58,21 @@ class BlobDir:
         """Delete the bytes of `file_id`; missing bytes are not an error."""
         self.path(file_id).unlink(missing_ok=True)
 
-    def sweep(self, live_ids: Iterable[str]) -> list[str]:
-        """Remove temp files and blobs without a live row (left by a crash); return the names removed."""
+    def sweep(self, live_ids: Iterable[str], grace_s: float = ORPHAN_GRACE_S) -> list[str]:
+        """Remove temp files and blobs without a live row (left by a crash); return the names removed.
+
+        Only entries last written more than `grace_s` ago: another process with the store open may be
+        between writing an upload's bytes and committing its row (`live_ids` was read before that commit).
+        """
         keep = set(live_ids)
+        cutoff = time.time() - grace_s
         removed = []
         for entry in self.root.iterdir():
-            if entry.is_file() and entry.name not in keep:
+            try:
+                stale = entry.is_file() and entry.name not in keep and entry.stat().st_mtime < cutoff
+            except FileNotFoundError:  # renamed or removed meanwhile by the process writing it
+                continue
+            if stale:
                 entry.unlink(missing_ok=True)
                 removed.append(entry.name)
         return sorted(removed)

@@ -8,17 +8,20 @@ unreachable bytes. Deleted rows are kept so that a deleted id still works as an 
 
 from __future__ import annotations
 
-from coserve.actors.store._base import StoreCore, check_tenant, from_row
+from coserve.actors.store._base import Database, check_tenant, from_row
 from coserve.actors.store.records import FILE_PURPOSES, FileRecord, check_choice, new_id
 
 _NO_JSON: frozenset[str] = frozenset()
 MAX_FILENAME = 512
 
 
-class FilesMixin(StoreCore):
+class FileTable:
     """Create, read, list and delete a tenant's files."""
 
-    def create_file(self, tenant: str, filename: str, purpose: str, content: bytes,
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def create(self, tenant: str, filename: str, purpose: str, content: bytes,
                     *, status: str = "processed") -> FileRecord:
         """Store `content` durably and record it as a file of `tenant`.
 
@@ -41,43 +44,43 @@ class FilesMixin(StoreCore):
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise ValueError(f"content must be bytes, got {type(content).__name__}")
         content = bytes(content)
-        record = FileRecord(id=new_id("file"), tenant=tenant, bytes=len(content), created_at=self._now(),
+        record = FileRecord(id=new_id("file"), tenant=tenant, bytes=len(content), created_at=self._db.now(),
                             filename=filename, purpose=purpose, status=status)
         # Outside the lock: a large upload must not stall every other call; the id is fresh, so no race.
-        self._blobs.write(record.id, content)
+        self._db.blobs.write(record.id, content)
         try:
             self._insert_file_row(record)
         except BaseException:
-            self._blobs.remove(record.id)
+            self._db.blobs.remove(record.id)
             raise
         return record
 
     def _insert_file_row(self, record: FileRecord) -> None:
-        with self._write() as conn:
+        with self._db.write() as conn:
             conn.execute("INSERT INTO files (id, tenant, bytes, created_at, filename, purpose, status) "
                          "VALUES (?, ?, ?, ?, ?, ?, ?)",
                          (record.id, record.tenant, record.bytes, record.created_at, record.filename,
                           record.purpose, record.status))
 
-    def get_file(self, tenant: str, file_id: str) -> FileRecord | None:
+    def get(self, tenant: str, file_id: str) -> FileRecord | None:
         """The file `file_id` of `tenant`; None when it does not exist, is deleted or is another tenant's."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute("SELECT * FROM files WHERE id = ? AND tenant = ? AND deleted = 0",
                                (file_id, tenant)).fetchone()
         return None if row is None else from_row(FileRecord, row, _NO_JSON)
 
-    def read_file_content(self, tenant: str, file_id: str) -> bytes | None:
-        """The bytes of `tenant`'s file `file_id`; None when `get_file` would return None."""
-        record = self.get_file(tenant, file_id)
+    def content(self, tenant: str, file_id: str) -> bytes | None:
+        """The bytes of `tenant`'s file `file_id`; None when `get` would return None."""
+        record = self.get(tenant, file_id)
         if record is None:
             return None
         try:
-            return self._blobs.read(record.id)
+            return self._db.blobs.read(record.id)
         except FileNotFoundError:
-            # Deleted by a concurrent `delete_file` after the row was read: it is gone for the caller too.
+            # Deleted by a concurrent `delete` after the row was read: it is gone for the caller too.
             return None
 
-    def list_files(self, tenant: str, *, after: str | None = None, limit: int = 10_000,
+    def page(self, tenant: str, *, after: str | None = None, limit: int = 10_000,
                    newest_first: bool = True, purpose: str | None = None) -> tuple[list[FileRecord], bool]:
         """A page of `tenant`'s files in upload order (newest first by default) and whether more follow.
 
@@ -95,20 +98,20 @@ class FilesMixin(StoreCore):
         if purpose is not None:
             check_choice("purpose", purpose, FILE_PURPOSES)
             visible, visible_params = "deleted = 0 AND purpose = ?", (purpose,)
-        rows, has_more = self._page("files", "tenant = ?", (tenant,), visible=visible,
+        rows, has_more = self._db.page("files", "tenant = ?", (tenant,), visible=visible,
                                     visible_params=visible_params, after=after, limit=limit,
                                     newest_first=newest_first)
         return [from_row(FileRecord, row, _NO_JSON) for row in rows], has_more
 
-    def delete_file(self, tenant: str, file_id: str) -> bool:
+    def delete(self, tenant: str, file_id: str) -> bool:
         """Delete `tenant`'s file; False when there is no such file of this tenant (already deleted too)."""
-        with self._write() as conn:
+        with self._db.write() as conn:
             changed = conn.execute("UPDATE files SET deleted = 1 WHERE id = ? AND tenant = ? AND deleted = 0",
                                    (file_id, tenant)).rowcount
         if changed:
-            self._blobs.remove(file_id)
+            self._db.blobs.remove(file_id)
         return bool(changed)
 
-    def _live_file_ids(self) -> list[str]:
-        with self._read() as conn:
+    def live_ids(self) -> list[str]:
+        with self._db.read() as conn:
             return [row[0] for row in conn.execute("SELECT id FROM files WHERE deleted = 0")]

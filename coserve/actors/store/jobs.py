@@ -4,9 +4,10 @@ that follow the job state machine (`records.ALLOWED_TRANSITIONS`)."""
 from __future__ import annotations
 
 import secrets
+import sqlite3
 from typing import Any
 
-from coserve.actors.store._base import StoreCore, check_tenant, from_row, to_json
+from coserve.actors.store._base import Database, check_tenant, from_row, to_json
 from coserve.actors.store.records import (JobRecord, JobStatus, NotFoundError, check_suffix, check_transition,
                                           new_id)
 
@@ -15,7 +16,7 @@ _JOB_CONVERT = {"status": JobStatus}
 
 MUTABLE_JOB_FIELDS = frozenset({"status", "fine_tuned_model", "trained_tokens", "error", "finished_at",
                                 "estimated_finish", "result_files", "hyperparameters", "method", "extensions"})
-"""What `update_job` may change; everything else is fixed when the job is created."""
+"""What `JobTable.update` may change; everything else is fixed when the job is created."""
 
 _JOB_COLUMNS = ("id", "tenant", "model", "training_file", "validation_file", "hyperparameters", "method",
                 "suffix", "seed", "metadata", "status", "fine_tuned_model", "trained_tokens", "error",
@@ -41,10 +42,23 @@ def _column_value(name: str, value: Any) -> Any:
     return value
 
 
-class JobsMixin(StoreCore):
+def require_job(conn: sqlite3.Connection, job_id: str, tenant: str | None = None) -> None:
+    """Raise NotFoundError unless job `job_id` exists (and is `tenant`'s, when a tenant is given)."""
+    if tenant is None:
+        row = conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    else:
+        row = conn.execute("SELECT 1 FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)).fetchone()
+    if row is None:
+        raise NotFoundError(f"no fine-tuning job {job_id!r}")
+
+
+class JobTable:
     """Create, read, list and update fine-tuning jobs."""
 
-    def create_job(self, tenant: str, model: str, training_file: str, *, validation_file: str | None = None,
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def create(self, tenant: str, model: str, training_file: str, *, validation_file: str | None = None,
                    hyperparameters: dict[str, Any] | None = None, method: dict[str, Any] | None = None,
                    suffix: str | None = None, seed: int | None = None, metadata: dict[str, str] | None = None,
                    extensions: dict[str, Any] | None = None) -> JobRecord:
@@ -71,10 +85,10 @@ class JobsMixin(StoreCore):
                             ("extensions", extensions)):
             _check_dict(name, value)
         job = JobRecord(id=new_id("ftjob"), tenant=tenant, model=model, training_file=training_file,
-                        created_at=self._now(), seed=seed, validation_file=validation_file,
+                        created_at=self._db.now(), seed=seed, validation_file=validation_file,
                         hyperparameters=dict(hyperparameters or {}), method=method, suffix=suffix,
                         metadata=metadata, extensions=dict(extensions or {}))
-        with self._write() as conn:
+        with self._db.write() as conn:
             # Checked inside the write transaction so the file cannot be deleted between check and insert.
             for param, file_id in (("training_file", training_file), ("validation_file", validation_file)):
                 if file_id is None:
@@ -86,31 +100,31 @@ class JobsMixin(StoreCore):
             conn.execute(_INSERT_JOB, tuple(_column_value(c, getattr(job, c)) for c in _JOB_COLUMNS))
         return job
 
-    def get_job(self, tenant: str, job_id: str) -> JobRecord | None:
+    def get(self, tenant: str, job_id: str) -> JobRecord | None:
         """The job `job_id` of `tenant`; None when it does not exist or is another tenant's."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute("SELECT * FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)).fetchone()
         return None if row is None else from_row(JobRecord, row, JOB_JSON, _JOB_CONVERT)
 
-    def list_jobs(self, tenant: str, *, after: str | None = None,
+    def page(self, tenant: str, *, after: str | None = None,
                   limit: int = 20) -> tuple[list[JobRecord], bool]:
         """A page of `tenant`'s jobs, newest first, and whether more follow.
 
         Raises:
             ValueError: bad limit, or `after` is not one of the tenant's job ids.
         """
-        rows, has_more = self._page("jobs", "tenant = ?", (tenant,), after=after, limit=limit)
+        rows, has_more = self._db.page("jobs", "tenant = ?", (tenant,), after=after, limit=limit)
         return [from_row(JobRecord, row, JOB_JSON, _JOB_CONVERT) for row in rows], has_more
 
-    def list_active_jobs(self) -> list[JobRecord]:
+    def active(self) -> list[JobRecord]:
         """Every tenant's jobs that are not finished, oldest first: what the scheduler picks up on start."""
         terminal = [s.value for s in JobStatus if s.is_terminal]
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(f"SELECT * FROM jobs WHERE status NOT IN ({', '.join('?' for _ in terminal)}) "
                                 "ORDER BY seq", terminal).fetchall()
         return [from_row(JobRecord, row, JOB_JSON, _JOB_CONVERT) for row in rows]
 
-    def update_job(self, job_id: str, **fields: Any) -> JobRecord:
+    def update(self, job_id: str, **fields: Any) -> JobRecord:
         """Change some of a job's mutable fields (`MUTABLE_JOB_FIELDS`) in one transaction; the new record.
 
         A change of `status` must be allowed by the state machine. Entering a terminal status sets
@@ -122,7 +136,7 @@ class JobsMixin(StoreCore):
         """
         unknown = sorted(set(fields) - MUTABLE_JOB_FIELDS)
         if unknown:
-            raise ValueError(f"update_job cannot change {unknown}; mutable fields: {sorted(MUTABLE_JOB_FIELDS)}")
+            raise ValueError(f"a job update cannot change {unknown}; mutable fields: {sorted(MUTABLE_JOB_FIELDS)}")
         if "status" in fields:
             fields["status"] = JobStatus(fields["status"])  # ValueError names the bad value
         for name in ("error", "method"):
@@ -133,7 +147,7 @@ class JobsMixin(StoreCore):
                 _check_dict(name, fields[name], optional=False)
         if "result_files" in fields and not isinstance(fields["result_files"], list):
             raise ValueError(f"result_files must be a list, got {type(fields['result_files']).__name__}")
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no fine-tuning job {job_id!r}")
@@ -141,7 +155,7 @@ class JobsMixin(StoreCore):
             new_status = fields.get("status", job.status)
             check_transition(job.status, new_status)
             if new_status.is_terminal and not job.status.is_terminal:
-                fields.setdefault("finished_at", self._now())
+                fields.setdefault("finished_at", self._db.now())
                 fields.setdefault("estimated_finish", None)
             if fields:
                 names = sorted(fields)

@@ -6,17 +6,20 @@ adapters by name and a reused name could serve the old weights (ref. D3).
 
 from __future__ import annotations
 
-from coserve.actors.store._base import StoreCore, check_tenant, from_row
+from coserve.actors.store._base import Database, check_tenant, from_row
 from coserve.actors.store.records import ModelRecord
 
 _NO_JSON: frozenset[str] = frozenset()
 _MODEL_CONVERT = {"deleted": bool}
 
 
-class ModelsMixin(StoreCore):
+class ModelTable:
     """Register, read, list and delete models."""
 
-    def register_model(self, model_id: str, *, tenant: str | None, base_model: str | None = None,
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def register(self, model_id: str, *, tenant: str | None, base_model: str | None = None,
                        adapter_path: str | None = None, job_id: str | None = None) -> ModelRecord:
         """Record a servable model (write its adapter to disk first: it is servable once this returns).
 
@@ -32,9 +35,9 @@ class ModelsMixin(StoreCore):
             raise ValueError(f"model_id must be a non-empty string, got {model_id!r}")
         if tenant is not None:
             check_tenant(tenant)
-        record = ModelRecord(id=model_id, tenant=tenant, base_model=base_model, created_at=self._now(),
+        record = ModelRecord(id=model_id, tenant=tenant, base_model=base_model, created_at=self._db.now(),
                              adapter_path=adapter_path, job_id=job_id)
-        with self._write() as conn:
+        with self._db.write() as conn:
             if conn.execute("SELECT 1 FROM models WHERE id = ?", (model_id,)).fetchone() is not None:
                 raise ValueError(f"model id {model_id!r} already exists (ids are never reused)")
             conn.execute("INSERT INTO models (id, tenant, base_model, created_at, adapter_path, job_id) "
@@ -42,7 +45,7 @@ class ModelsMixin(StoreCore):
                          (model_id, tenant, base_model, record.created_at, adapter_path, job_id))
         return record
 
-    def ensure_base_model(self, model_id: str) -> ModelRecord:
+    def ensure_base(self, model_id: str) -> ModelRecord:
         """Register base model `model_id` unless it already is (server start-up calls this every time).
 
         Raises:
@@ -50,35 +53,35 @@ class ModelsMixin(StoreCore):
         """
         if not isinstance(model_id, str) or not model_id:
             raise ValueError(f"model_id must be a non-empty string, got {model_id!r}")
-        with self._write() as conn:
+        with self._db.write() as conn:
             # Check and insert in one transaction: two callers at start-up cannot both insert.
             row = conn.execute("SELECT * FROM models WHERE id = ?", (model_id,)).fetchone()
             if row is None:
                 conn.execute("INSERT INTO models (id, tenant, created_at) VALUES (?, NULL, ?)",
-                             (model_id, self._now()))
+                             (model_id, self._db.now()))
                 row = conn.execute("SELECT * FROM models WHERE id = ?", (model_id,)).fetchone()
         record = from_row(ModelRecord, row, _NO_JSON, _MODEL_CONVERT)
         if record.tenant is not None:
             raise ValueError(f"model id {model_id!r} is a fine-tuned model, not a base model")
         return record
 
-    def get_model(self, tenant: str, model_id: str) -> ModelRecord | None:
+    def get(self, tenant: str, model_id: str) -> ModelRecord | None:
         """The model `model_id` if `tenant` may use it (a base model or its own); None otherwise."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute("SELECT * FROM models WHERE id = ? AND deleted = 0 "
                                "AND (tenant IS NULL OR tenant = ?)", (model_id, tenant)).fetchone()
         return None if row is None else from_row(ModelRecord, row, _NO_JSON, _MODEL_CONVERT)
 
-    def list_models(self, tenant: str) -> list[ModelRecord]:
+    def usable(self, tenant: str) -> list[ModelRecord]:
         """The models `tenant` may use: base models first, then its own in creation order."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute("SELECT * FROM models WHERE deleted = 0 AND (tenant IS NULL OR tenant = ?) "
                                 "ORDER BY tenant IS NOT NULL, seq", (tenant,)).fetchall()
         return [from_row(ModelRecord, row, _NO_JSON, _MODEL_CONVERT) for row in rows]
 
-    def delete_model(self, tenant: str, model_id: str) -> bool:
+    def delete(self, tenant: str, model_id: str) -> bool:
         """Delete `tenant`'s fine-tuned model; False when `tenant` has no such model (base models included)."""
-        with self._write() as conn:
+        with self._db.write() as conn:
             changed = conn.execute("UPDATE models SET deleted = 1 WHERE id = ? AND tenant = ? AND deleted = 0",
                                    (model_id, tenant)).rowcount
         return bool(changed)

@@ -85,6 +85,9 @@ MIGRATIONS: tuple[str, ...] = (_V1,)
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
+BUSY_TIMEOUT_S = 30.0
+"""How long a write waits for another process's write transaction (each is milliseconds long)."""
+
 
 def open_database(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) the database at `path` and bring its schema to `SCHEMA_VERSION`.
@@ -93,8 +96,10 @@ def open_database(path: Path) -> sqlite3.Connection:
         ValueError: the file was written by a newer coserve (its schema version is unknown here).
     """
     # The store serialises every call with its own lock, so sharing the connection across threads is safe;
-    # autocommit mode (isolation_level=None) lets `BEGIN IMMEDIATE` take the write lock up front.
-    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    # autocommit mode (isolation_level=None) lets `BEGIN IMMEDIATE` take the write lock up front, and
+    # another process holding it (the gateway and the scheduler each open the store) makes this one wait
+    # up to BUSY_TIMEOUT_S instead of failing with "database is locked".
+    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
     # FULL syncs the WAL on every commit: a committed row survives a power cut, not just a process crash.

@@ -1,4 +1,4 @@
-"""`MetadataStore`: the one writer of the data dir's SQLite file (files, jobs, events, checkpoints, models)."""
+"""`MetadataStore`: the data dir's SQLite file (files, jobs, events, checkpoints, models) and upload bytes."""
 
 from __future__ import annotations
 
@@ -6,19 +6,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from coserve.actors.store.events import EventsMixin
-from coserve.actors.store.files import FilesMixin
-from coserve.actors.store.jobs import JobsMixin
-from coserve.actors.store.models import ModelsMixin
+from coserve.actors.store._base import Database
+from coserve.actors.store.checkpoints import CheckpointTable
+from coserve.actors.store.events import EventTable
+from coserve.actors.store.files import FileTable
+from coserve.actors.store.jobs import JobTable
+from coserve.actors.store.models import ModelTable
 
 
-class MetadataStore(FilesMixin, JobsMixin, EventsMixin, ModelsMixin):
+class MetadataStore:
     """Durable metadata of the platform in `<data_dir>/metadata.sqlite3`, upload bytes in `<data_dir>/files/`.
 
-    A plain class: Ray wraps it (`ray.remote(MetadataStore)`) in cluster mode so that exactly one process
-    writes the file; in local mode it is used directly. Every method is safe to call from many threads.
-    Every tenant-facing read takes the tenant and treats another tenant's object as absent (None, or
-    `NotFoundError`), so the gateway answers 404 without a separate ownership check.
+    One object per table (`files`, `jobs`, `events`, `checkpoints`, `models`) over one `Database`. Every
+    method is safe to call from many threads, and from several processes on the data dir's host: the
+    gateway and the scheduler's job manager each open the store (SQLite's file lock serialises their writes,
+    see `Database`). Every tenant-facing read takes the tenant and treats another tenant's object as absent
+    (None, or `NotFoundError`), so the gateway answers 404 without a separate ownership check.
 
     Args:
         data_dir: the data folder (created if missing).
@@ -28,8 +31,26 @@ class MetadataStore(FilesMixin, JobsMixin, EventsMixin, ModelsMixin):
         ValueError: the database was written by a newer coserve.
     """
 
+    DB_NAME = Database.DB_NAME
+
     def __init__(self, data_dir: str | Path, clock: Callable[[], float] = time.time) -> None:
-        super().__init__(data_dir, clock)
+        self.db = Database(data_dir, clock)
+        self.data_dir = self.db.data_dir
+        self.files = FileTable(self.db)
+        self.jobs = JobTable(self.db)
+        self.events = EventTable(self.db)
+        self.checkpoints = CheckpointTable(self.db)
+        self.models = ModelTable(self.db)
         # A crash between writing an upload's bytes and its row (or between a delete's row and its bytes)
         # leaves bytes that no row reaches; nothing can serve them, and this reclaims the space.
-        self.orphans_removed = self._blobs.sweep(self._live_file_ids())
+        self.orphans_removed = self.db.blobs.sweep(self.files.live_ids())
+
+    def close(self) -> None:
+        """Close the database; the store must not be used afterwards."""
+        self.db.close()
+
+    def __enter__(self) -> MetadataStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -113,7 +113,7 @@ class ChatService:
         yield _error_event("The stream ended early.")
 
     def _resolve_model(self, tenant: str, model_id: str) -> AdapterSpec | None:
-        record = self.state.store.get_model(tenant, model_id)
+        record = self.state.store.models.get(tenant, model_id)
         if record is None:
             raise model_not_found(model_id)
         if record.tenant is None:

@@ -72,7 +72,7 @@ class FilesService:
         if check is not None:
             check(content)
         try:
-            record = self.store.create_file(tenant, filename, purpose, content)
+            record = self.store.files.create(tenant, filename, purpose, content)
         except ValueError as exc:
             # Purpose and content are checked above, so what the store can still refuse is the filename.
             raise ProtocolError(f"Invalid file name: {exc}", param="file", code="invalid_value") from None
@@ -86,7 +86,7 @@ class FilesService:
             ProtocolError: 400 (param `after`) when `after` is none of the tenant's file ids.
         """
         try:
-            records, has_more = self.store.list_files(tenant, after=after, limit=limit,
+            records, has_more = self.store.files.page(tenant, after=after, limit=limit,
                                                       newest_first=order == "desc", purpose=purpose)
         except ValueError:
             # limit and purpose were validated by the router, so the cursor is what the store refused.
@@ -98,20 +98,20 @@ class FilesService:
 
     def retrieve(self, tenant: str, file_id: str) -> FileObject:
         """The tenant's file `file_id`. Raises ProtocolError 404 if it has none by that id."""
-        record = self.store.get_file(tenant, file_id)
+        record = self.store.files.get(tenant, file_id)
         if record is None:
             raise _not_found(file_id)
         return to_file_object(record)
 
     def content(self, tenant: str, file_id: str) -> bytes:
         """The bytes of the tenant's file `file_id`. Raises ProtocolError 404 if it has none by that id."""
-        data = self.store.read_file_content(tenant, file_id)
+        data = self.store.files.content(tenant, file_id)
         if data is None:
             raise _not_found(file_id)
         return data
 
     def delete(self, tenant: str, file_id: str) -> FileDeleted:
         """Delete the tenant's file `file_id`. Raises ProtocolError 404 if it has none by that id."""
-        if not self.store.delete_file(tenant, file_id):
+        if not self.store.files.delete(tenant, file_id):
             raise _not_found(file_id)
         return FileDeleted(id=file_id, deleted=True)

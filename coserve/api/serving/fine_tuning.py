@@ -103,24 +103,24 @@ class FineTuningService:
         self._check_job_limit(tenant)
         hp = body.requested_hyperparameters()
         lora = body.lora.model_dump(exclude_none=True) if body.lora else None
-        record = self.store.create_job(
+        record = self.store.jobs.create(
             tenant, body.model, body.training_file, validation_file=body.validation_file,
             hyperparameters=hp.model_dump(), method={"type": "supervised"}, suffix=body.suffix,
             seed=body.seed, metadata=body.metadata, extensions={"lora": lora} if lora else {})
-        self.store.add_event(record.id, f"Created fine-tuning job: {record.id}")
+        self.store.events.add(record.id, f"Created fine-tuning job: {record.id}")
         return to_job(record)
 
     def _check_model(self, tenant: str, model: str) -> None:
         if model in self.base_models:
             return
-        record = self.store.get_model(tenant, model)
+        record = self.store.models.get(tenant, model)
         if record is None or record.adapter_path is None:
             raise ProtocolError(f"Model {model} is not available for fine-tuning or does not exist.",
                                 param="model", code="model_not_available")
 
     def _count_examples(self, tenant: str, file_id: str, param: str) -> int:
-        record = self.store.get_file(tenant, file_id)
-        content = self.store.read_file_content(tenant, file_id) if record is not None else None
+        record = self.store.files.get(tenant, file_id)
+        content = self.store.files.content(tenant, file_id) if record is not None else None
         if record is None or content is None:
             raise ProtocolError(f"invalid {param}: no such file {file_id}", param=param,
                                 code="invalid_file")
@@ -138,7 +138,7 @@ class FineTuningService:
         config = self.tenants.tenants.get(tenant)
         if config is None:
             return
-        active = sum(1 for job in self.store.list_active_jobs() if job.tenant == tenant)
+        active = sum(1 for job in self.store.jobs.active() if job.tenant == tenant)
         refusal = TenantQuota(config.limits).admit_job(active, 0)
         if refusal is not None:
             retry = refusal.retry_after_s
@@ -149,7 +149,7 @@ class FineTuningService:
 
     def list_page(self, tenant: str, after: str | None, limit: int) -> FineTuningJobList:
         try:
-            records, has_more = self.store.list_jobs(tenant, after=after, limit=limit)
+            records, has_more = self.store.jobs.page(tenant, after=after, limit=limit)
         except ValueError as err:
             raise ProtocolError(str(err), param="after") from None
         return FineTuningJobList(data=[to_job(r) for r in records], has_more=has_more)
@@ -158,7 +158,7 @@ class FineTuningService:
         return to_job(self._get(tenant, job_id))
 
     def _get(self, tenant: str, job_id: str) -> JobRecord:
-        record = self.store.get_job(tenant, job_id)
+        record = self.store.jobs.get(tenant, job_id)
         if record is None:
             raise _job_not_found(job_id)
         return record
@@ -170,11 +170,11 @@ class FineTuningService:
             raise ProtocolError(f"Cannot {verb} job {job_id}: it is {record.status.value}.",
                                 param="fine_tuning_job_id", code="invalid_job_status")
         try:
-            record = self.store.update_job(job_id, status=status)
+            record = self.store.jobs.update(job_id, status=status)
         except ValueError as err:  # the scheduler moved it meanwhile (e.g. it just succeeded)
             raise ProtocolError(f"Cannot {verb} job {job_id}: {err}", param="fine_tuning_job_id",
                                 code="invalid_job_status") from None
-        self.store.add_event(job_id, f"Job {status.value if status != JobStatus.QUEUED else 'resumed'}"
+        self.store.events.add(job_id, f"Job {status.value if status != JobStatus.QUEUED else 'resumed'}"
                              f" by request")
         return to_job(record)
 
@@ -192,7 +192,7 @@ class FineTuningService:
     def events(self, tenant: str, job_id: str, after: str | None, limit: int) -> FineTuningJobEventList:
         self._get(tenant, job_id)
         try:
-            records, has_more = self.store.list_events(tenant, job_id, after=after, limit=limit)
+            records, has_more = self.store.events.page(tenant, job_id, after=after, limit=limit)
         except ValueError as err:
             raise ProtocolError(str(err), param="after") from None
         return FineTuningJobEventList(data=[to_event(r) for r in records], has_more=has_more)
@@ -201,7 +201,7 @@ class FineTuningService:
                     limit: int) -> FineTuningJobCheckpointList:
         self._get(tenant, job_id)
         try:
-            records, has_more = self.store.list_checkpoints(tenant, job_id, after=after, limit=limit)
+            records, has_more = self.store.checkpoints.page(tenant, job_id, after=after, limit=limit)
         except ValueError as err:
             raise ProtocolError(str(err), param="after") from None
         data = [to_checkpoint(r) for r in records]

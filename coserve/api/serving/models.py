@@ -44,11 +44,11 @@ class ModelsService:
 
     def list_models(self, tenant: str) -> ModelList:
         """Base models first, then the tenant's fine-tuned models in creation order."""
-        return ModelList(data=[to_model(r) for r in self.store.list_models(tenant)])
+        return ModelList(data=[to_model(r) for r in self.store.models.usable(tenant)])
 
     def retrieve(self, tenant: str, model_id: str) -> Model:
         """One model the tenant may use. Raises ProtocolError 404 `model_not_found` otherwise."""
-        record = self.store.get_model(tenant, model_id)
+        record = self.store.models.get(tenant, model_id)
         if record is None:
             raise model_not_found(model_id)
         return to_model(record)
@@ -60,7 +60,7 @@ class ModelsService:
             ProtocolError: 404 for an unknown or another tenant's model; 400 for a base model or one
                 whose adapter folder is gone.
         """
-        record = self.store.get_model(tenant, model_id)
+        record = self.store.models.get(tenant, model_id)
         if record is None:
             raise model_not_found(model_id)
         folder = Path(record.adapter_path) if record.adapter_path else None
@@ -80,14 +80,14 @@ class ModelsService:
             ProtocolError: 404 `model_not_found` for an unknown or another tenant's model; 403 for a base
                 model.
         """
-        record = self.store.get_model(tenant, model_id)
+        record = self.store.models.get(tenant, model_id)
         if record is None:
             raise model_not_found(model_id)
         if record.tenant is None:
             raise ProtocolError(f"You do not have permission to delete the model `{model_id}`: only your own "
                                 "fine-tuned models can be deleted.", status=403, param="model",
                                 code="model_not_deletable")
-        if not self.store.delete_model(tenant, model_id):
+        if not self.store.models.delete(tenant, model_id):
             # Deleted by a concurrent request between the two calls: gone for this caller too.
             raise model_not_found(model_id)
         return ModelDeleted(id=model_id, deleted=True)
