@@ -4,7 +4,8 @@
   background thread (`coserve.actors.client.LocalScheduler`).
 - default: Ray (a local cluster unless `RAY_ADDRESS` is set). The SchedulerActor is a named async
   actor, the EngineActor takes the GPU, and the gateway is a Ray Serve ingress deployment
-  (`serve.ingress()` building the same FastAPI app in the replica) that finds the scheduler by name.
+  (`coserve.api.ray_app`: the same FastAPI app, built in the replica, which starts and owns both actors;
+  `deploy/serve.yaml` runs the same application on an existing cluster).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 RAY_NAMESPACE = "coserve"
 SCHEDULER_ACTOR = "coserve-scheduler"
+ENGINE_ACTOR = "coserve-engine-0"
 ENGINE_ID = "engine-0"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -172,10 +174,12 @@ def run_local(opts: ServeOptions) -> None:
 # ------------------------------------------------------------------------------------- Ray mode
 
 def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any]:
-    """Create the named SchedulerActor and the EngineActor, register the engine, start its loop.
+    """Create the named SchedulerActor and EngineActor, register the engine, start its loop.
+
+    The caller owns them (the gateway's Serve replica, `coserve.api.ray_app`): they end with it.
 
     Returns:
-        (scheduler handle, engine handle). Call inside `ray.init(namespace=RAY_NAMESPACE)`.
+        (scheduler handle, engine handle), named `SCHEDULER_ACTOR` and `ENGINE_ACTOR` in `RAY_NAMESPACE`.
     """
     import ray
 
@@ -183,47 +187,26 @@ def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any]:
     from coserve.actors.scheduler import SchedulerActor
 
     gpus = 1 if opts.device.startswith("cuda") else 0
-    engine = ray.remote(EngineActor).options(num_cpus=0, num_gpus=gpus).remote(opts.engine_config(), ENGINE_ID)
-    scheduler = ray.remote(SchedulerActor).options(name=SCHEDULER_ACTOR, num_cpus=0).remote(
-        opts.scheduler_settings(tenants), opts.policy_factory(tenants))
+    engine = ray.remote(EngineActor).options(name=ENGINE_ACTOR, namespace=RAY_NAMESPACE, num_cpus=0,
+                                             num_gpus=gpus).remote(opts.engine_config(), ENGINE_ID)
+    scheduler = ray.remote(SchedulerActor).options(name=SCHEDULER_ACTOR, namespace=RAY_NAMESPACE,
+                                                   num_cpus=0).remote(opts.scheduler_settings(tenants),
+                                                                      opts.policy_factory(tenants))
     layout = ray.get(engine.layout.remote())
     ray.get(scheduler.register_engine.remote(ENGINE_ID, layout))
     ray.get(engine.start.remote(RayLink(scheduler)))
     return scheduler, engine
 
 
-class GatewayIngress:
-    """The gateway as a Ray Serve replica: it opens the store and finds the scheduler by name.
-
-    Args:
-        opts: the serve options (tenants file, data dir, model).
-    """
-
-    def __init__(self, opts: ServeOptions) -> None:
-        import ray
-
-        from coserve.actors.client import RayScheduler
-        from coserve.actors.store import MetadataStore
-
-        self._opts = opts
-        self._tenants = opts.load_tenants()
-        self._store = MetadataStore(opts.data_dir)
-        self._scheduler = RayScheduler(ray.get_actor(SCHEDULER_ACTOR, namespace=RAY_NAMESPACE))
-
-    def __serve_build_asgi_app__(self) -> Any:
-        from coserve.api.app import build_app
-
-        return build_app(self._store, self._tenants, [self._opts.base_model_id], scheduler=self._scheduler)
-
-
 def deploy_gateway(opts: ServeOptions) -> None:
-    """Start Ray Serve's HTTP proxy on `opts.host:opts.port` and deploy the gateway at `/`."""
+    """Start Ray Serve's HTTP proxy on `opts.host:opts.port` and run the application at `/` (its replica
+    starts the scheduler and the engine; returns once it serves)."""
     from ray import serve
 
+    from coserve.api.ray_app import APP_NAME, build_application
+
     serve.start(http_options={"host": opts.host, "port": opts.port})
-    ingress = serve.deployment(name="coserve-gateway", num_replicas=1,
-                               ray_actor_options={"num_cpus": 0})(serve.ingress()(GatewayIngress))
-    serve.run(ingress.bind(opts), name="coserve", route_prefix="/")
+    serve.run(build_application(opts), name=APP_NAME, route_prefix="/")
 
 
 def run_ray(opts: ServeOptions) -> None:
@@ -233,7 +216,6 @@ def run_ray(opts: ServeOptions) -> None:
 
     ray.init(namespace=RAY_NAMESPACE, log_to_driver=True,
              **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
-    scheduler, engine = start_ray_actors(opts, opts.load_tenants())
     deploy_gateway(opts)
     print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (Ray Serve)", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` shuts down as cleanly as Ctrl-C
@@ -243,8 +225,7 @@ def run_ray(opts: ServeOptions) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        serve.shutdown()
-        ray.get(scheduler.shutdown.remote())
+        serve.shutdown()  # the replica's shutdown ends the scheduler's streams, then its actors
         ray.shutdown()
 
 

@@ -2,8 +2,8 @@
 
 `LocalScheduler` owns a SchedulerActor and an EngineActor in this process: the scheduler's coroutines
 run on the gateway's event loop, the engine loop on a background thread. `RayScheduler` wraps the
-SchedulerActor's actor handle (the driver that created the actors owns them) and reads every stream of
-its replica through one `poll` call per iteration.
+SchedulerActor's actor handle (the gateway's Serve replica started the actors and owns them) and reads
+every stream of its replica through one `poll` call per iteration.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ ingress deployment, driven over HTTP by the official `openai` client. One cluste
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import socket
@@ -17,9 +18,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from deploy_config import local_args, serve_config
 
 from coserve import LLM, SamplingParams
-from coserve.serve import RAY_NAMESPACE, ServeOptions, deploy_gateway, start_ray_actors
+from coserve.serve import ENGINE_ACTOR, RAY_NAMESPACE, SCHEDULER_ACTOR
 
 KEY = "sk-ray-tenant-0123"
 OTHER_KEY = "sk-ray-other-0123"
@@ -49,18 +51,20 @@ def ray_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     tenants = root / "tenants.yaml"
     tenants.write_text(json.dumps({"tenants": {"ray-tenant": {"api_keys": [KEY]},
                                                "other": {"api_keys": [OTHER_KEY]}}}))
-    opts = ServeOptions(model=str(llama_dir), tenants=str(tenants), data_dir=str(root / "data"),
-                        port=_free_port(), dtype="float32", max_num_seqs=8)
-    opts.validate()
+    # deploy/serve.yaml's application, as `serve run` builds it, with this machine's paths and the CPU.
+    (app,) = serve_config()["applications"]
+    args = {**local_args(app["args"], llama_dir, tenants, root / "data"), "max_num_seqs": 8}
+    builder = getattr(importlib.import_module(app["import_path"].split(":")[0]), app["import_path"].split(":")[1])
+    port = _free_port()
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE,
              log_to_driver=False)
     try:
-        scheduler, engine = start_ray_actors(opts, opts.load_tenants())
-        deploy_gateway(opts)
-        yield RayServer(url=f"http://127.0.0.1:{opts.port}", base=opts.base_model_id, scheduler=scheduler,
-                        engine=engine)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(builder(args), name=app["name"], route_prefix=app["route_prefix"])
+        yield RayServer(url=f"http://127.0.0.1:{port}", base=llama_dir.name,
+                        scheduler=ray.get_actor(SCHEDULER_ACTOR, namespace=RAY_NAMESPACE),
+                        engine=ray.get_actor(ENGINE_ACTOR, namespace=RAY_NAMESPACE))
         serve.shutdown()
-        ray.get(scheduler.shutdown.remote())
     finally:
         ray.shutdown()
 

@@ -1,0 +1,112 @@
+"""coserve as a Ray Serve application: what `coserve serve` runs on Ray, and what `deploy/serve.yaml` names.
+
+One ingress deployment (one replica: the scheduler is central) whose replica starts the SchedulerActor
+and the EngineActor when it starts. The replica owns them, so Serve's lifecycle is the application's:
+`serve shutdown`, `serve delete coserve` or a new config stop the replica, its `__del__` tells the
+scheduler to end the streams in flight, and Ray ends the actors with their owner. A restarted replica
+starts fresh actors, and the job manager resumes running jobs from their last checkpoint (the store
+and the adapters are in the data dir).
+
+`app_builder` is Serve's application-builder entry point: `import_path: coserve.api.ray_app:app_builder`
+with `args` named like `coserve serve`'s flags (`model`, `tenants`, `data_dir`, `max_num_seqs`, ...).
+Host and port are Serve's `http_options`, not arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from coserve.serve import ServeOptions, start_ray_actors
+
+logger = logging.getLogger(__name__)
+
+APP_NAME = "coserve"
+DEPLOYMENT_NAME = "coserve-gateway"
+# What `http_options` (host, port) and `coserve serve --local` decide: not application arguments.
+NOT_ARGS = frozenset({"host", "port", "local"})
+
+
+class GatewayIngress:
+    """The gateway's Serve replica: starts the scheduler and the engine, then serves the FastAPI app.
+
+    Args:
+        opts: the serve options (model, tenants file, data dir, scheduler and engine settings).
+    """
+
+    def __init__(self, opts: ServeOptions) -> None:
+        from coserve.actors.client import RayScheduler
+        from coserve.actors.store import MetadataStore
+
+        self._opts = opts
+        self._tenants = opts.load_tenants()
+        self._store = MetadataStore(opts.data_dir)
+        self._scheduler_actor, self._engine_actor = start_ray_actors(opts, self._tenants)
+        self._scheduler = RayScheduler(self._scheduler_actor)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from coserve.api.app import build_app
+
+        return build_app(self._store, self._tenants, [self._opts.base_model_id], scheduler=self._scheduler)
+
+    def __del__(self) -> None:
+        # Serve calls this on a graceful shutdown (and Python may again at collection): fail the streams
+        # in flight with a clear error instead of cutting them. Not awaited: the actors end with this
+        # replica either way.
+        actor = getattr(self, "_scheduler_actor", None)
+        if actor is not None:
+            try:
+                actor.shutdown.remote()
+            except Exception:  # noqa: BLE001 - Ray may already be gone at interpreter exit
+                logger.debug("scheduler shutdown not sent", exc_info=True)
+
+
+def build_application(opts: ServeOptions) -> Any:
+    """The Serve application (`serve.run(...)` it) for already validated options."""
+    from ray import serve
+
+    ingress = serve.deployment(name=DEPLOYMENT_NAME, num_replicas=1,
+                               ray_actor_options={"num_cpus": 0})(serve.ingress()(GatewayIngress))
+    return ingress.bind(opts)
+
+
+def options_from_args(args: Mapping[str, Any]) -> ServeOptions:
+    """`ServeOptions` from a Serve config's `args`, checked as `coserve serve` checks its flags.
+
+    Raises:
+        ValueError: a missing `model` or `tenants`, an unknown argument, a value of the wrong type or out
+            of range (named as in the config).
+    """
+    fields = {f.name: f for f in dataclasses.fields(ServeOptions) if f.name not in NOT_ARGS}
+    unknown = sorted(set(args) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown coserve argument(s) {unknown}; known: {sorted(fields)}")
+    missing = [name for name in ("model", "tenants") if name not in args]
+    if missing:
+        raise ValueError(f"coserve needs the argument(s) {missing}")
+    for name, value in args.items():
+        _check_type(name, value, str(fields[name].type))
+    opts = ServeOptions(**dict(args))
+    opts.validate()
+    return opts
+
+
+def _check_type(name: str, value: Any, annotation: str) -> None:
+    """Check a YAML value against a `ServeOptions` annotation ("int", "float | None", "str", ...)."""
+    if value is None and "None" in annotation:
+        return
+    if annotation.startswith("int"):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif annotation.startswith("float"):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise ValueError(f"argument {name} must be {annotation}, got {value!r}")
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """Serve's application builder (`import_path: coserve.api.ray_app:app_builder`)."""
+    return build_application(options_from_args(args))

@@ -1,0 +1,86 @@
+"""deploy/: the Serve config and the KubeRay RayService manifest name the real application builder with
+arguments it accepts, and agree with each other and with the container file. (tests/actors/
+test_ray_serving.py runs deploy/serve.yaml's application on a real Ray cluster.)"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy_config import DEPLOY, local_args, serve_config
+from ray.serve.schema import ServeDeploySchema
+
+from coserve.api.ray_app import app_builder, options_from_args
+
+
+def _rayservice() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "rayservice.yaml").read_text())
+
+
+@pytest.fixture
+def tenants_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(json.dumps({"tenants": {"acme": {"api_keys": ["sk-acme-deploy-0123"]}}}))
+    return path
+
+
+def test_serve_config_is_valid_and_names_the_builder() -> None:
+    config = ServeDeploySchema.model_validate(serve_config())
+    (app,) = config.applications
+    module, _, attr = app.import_path.partition(":")
+    assert getattr(importlib.import_module(module), attr) is app_builder
+    assert app.route_prefix == "/" and config.http_options.port == 8000
+
+
+def test_every_config_argument_is_accepted(llama_dir: Path, tenants_file: Path, tmp_path: Path) -> None:
+    (app,) = serve_config()["applications"]
+    assert {"model", "tenants", "data_dir", "device", "dtype"} <= set(app["args"])
+    opts = options_from_args(local_args(app["args"], llama_dir, tenants_file, tmp_path / "data"))
+    for name, value in app["args"].items():
+        if name not in ("model", "tenants", "data_dir", "device", "dtype"):
+            assert getattr(opts, name) == value, name
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"port": 9000}, r"unknown coserve argument\(s\) \['port'\]"),
+    ({"max_num_seqs": "64"}, "max_num_seqs must be int"),
+    ({"tpot_slo_ms": True}, "tpot_slo_ms must be float"),
+    ({"max_num_seqs": 0}, "--max-num-seqs must be >= 1"),
+    ({"device": "tpu"}, "device"),
+])
+def test_bad_arguments_are_named(llama_dir: Path, tenants_file: Path, tmp_path: Path, change: dict[str, Any],
+                                 match: str) -> None:
+    (app,) = serve_config()["applications"]
+    args = {**local_args(app["args"], llama_dir, tenants_file, tmp_path / "data"), **change}
+    with pytest.raises(ValueError, match=match):
+        app_builder(args)
+
+
+def test_model_and_tenants_are_required(tenants_file: Path) -> None:
+    with pytest.raises(ValueError, match=r"needs the argument\(s\) \['model'\]"):
+        options_from_args({"tenants": str(tenants_file)})
+
+
+def test_rayservice_embeds_the_serve_config_and_the_image() -> None:
+    manifest = _rayservice()
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
+    embedded = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(embedded)
+    assert embedded == serve_config()
+    cluster = manifest["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    (gpu_group,) = cluster["workerGroupSpecs"]
+    worker = gpu_group["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"  # the engine actor's GPU
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    data_dir = embedded["applications"][0]["args"]["data_dir"]
+    for container in (head, worker):  # the gateway (head) and the scheduler and engine all see the data dir
+        assert any(m["mountPath"] == data_dir for m in container["volumeMounts"])
+        assert container["image"] == "coserve:latest"
+    base = re.search(r"^FROM rayproject/ray:(\S+?)-py311", (DEPLOY / "Dockerfile").read_text(), re.M)
+    assert base is not None and base.group(1) == cluster["rayVersion"]
