@@ -122,9 +122,12 @@ class ServeOptions:
 
     def scheduler_settings(self, tenants: Any) -> Any:
         from coserve.actors.scheduler import SchedulerSettings
+        from coserve.policies.hybrid_config import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
 
-        slo = Slo(ttft_s=None if self.ttft_slo_ms is None else self.ttft_slo_ms / 1000,
-                  tpot_s=None if self.tpot_slo_ms is None else self.tpot_slo_ms / 1000)
+        # The SLOs the policy keeps (its defaults when not given): /metrics counts attainment against them.
+        ttft_ms = DEFAULT_TTFT_SLO_MS if self.ttft_slo_ms is None else self.ttft_slo_ms
+        tpot_ms = DEFAULT_TPOT_SLO_MS if self.tpot_slo_ms is None else self.tpot_slo_ms
+        slo = Slo(ttft_s=ttft_ms / 1000, tpot_s=tpot_ms / 1000)
         return SchedulerSettings(model=self.model, max_num_seqs=self.max_num_seqs,
                                  max_batch_tokens=self.max_batch_tokens,
                                  tenant_limits={name: t.limits for name, t in tenants.tenants.items()}, slo=slo,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from local_server import poll_job
 
 KEY = "sk-restart-tenant-0123"
 # Long enough answers that an epoch takes seconds on the tiny model: the kill lands between two epochs.
@@ -57,16 +58,6 @@ def running_server(model: Path, tenants: Path, data_dir: Path) -> Iterator[tuple
         proc.wait()
 
 
-def _poll(oa: openai.OpenAI, job_id: str, done: object, timeout: float = 120.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = oa.fine_tuning.jobs.retrieve(job_id)
-        if done(job):
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} did not get there in {timeout} s: {job.status}")
-
-
 @pytest.mark.timeout(300)
 def test_a_killed_server_resumes_the_job_from_its_checkpoint(llama_dir: Path, tmp_path: Path) -> None:
     tenants = tmp_path / "tenants.yaml"
@@ -77,13 +68,13 @@ def test_a_killed_server_resumes_the_job_from_its_checkpoint(llama_dir: Path, tm
         job = oa.fine_tuning.jobs.create(model=llama_dir.name, training_file=file_id, suffix="kill", seed=1,
                                          hyperparameters={"n_epochs": 3, "batch_size": 10})
         # After the first epoch's checkpoint, while the second epoch trains: kill, no clean shutdown.
-        _poll(oa, job.id, lambda j: oa.fine_tuning.jobs.checkpoints.list(j.id).data)
+        poll_job(oa, job.id, lambda j: bool(oa.fine_tuning.jobs.checkpoints.list(j.id).data), timeout=120)
         assert oa.fine_tuning.jobs.retrieve(job.id).status == "running"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     with running_server(llama_dir, tenants, tmp_path / "data") as (_, oa):
         assert oa.files.content(file_id).read() == data
-        job = _poll(oa, job.id, lambda j: j.status in ("succeeded", "failed", "cancelled"))
+        job = poll_job(oa, job.id, timeout=120)
         assert job.status == "succeeded", job.error
         messages = [e.message for e in oa.fine_tuning.jobs.list_events(job.id, limit=100).data]
         assert "Resumed from the last checkpoint" in messages

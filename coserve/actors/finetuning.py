@@ -67,6 +67,18 @@ class FineTuningSettings:
     max_model_len: int
 
 
+class QuotaExceeded(ValueError):
+    """A valid job larger than its tenant's `max_training_tokens_per_job`: it fails with code
+    `quota_exceeded`, not as an invalid training file (the file is fine; the quota says no)."""
+
+
+def _failure_code(err: ValueError) -> str:
+    """The `error.code` of a job whose preparation raised `err`."""
+    if isinstance(err, QuotaExceeded):
+        return "quota_exceeded"
+    return "invalid_n_examples" if "at least" in str(err) else "invalid_training_file"
+
+
 @dataclass(slots=True)
 class Intent:
     """What the store asks of one job: start it (`prepared`), cancel it (`cancel_id`), or move it to
@@ -181,8 +193,7 @@ class JobManager:
         try:
             self._prepared[record.id] = self._prepare(record)
         except ValueError as err:
-            code = "invalid_n_examples" if "at least" in str(err) else "invalid_training_file"
-            self._fail(record, code, str(err), param="training_file")
+            self._fail(record, _failure_code(err), str(err), param="training_file")
             return
         self._store.events.add(record.id, "Validated the training file")
         self._store.jobs.update(record.id, status=JobStatus.QUEUED)
@@ -218,7 +229,7 @@ class JobManager:
         # The concurrency part of the quota was checked when the job was created.
         refusal = quota.admit_job(0, prepared.hyperparameters.total_trained_tokens)
         if refusal is not None and refusal.limit == "max_training_tokens_per_job":
-            raise ValueError(refusal.reason)
+            raise QuotaExceeded(refusal.reason)
         if not resume:
             hp = prepared.hyperparameters
             self._store.jobs.update(record.id, hyperparameters={
@@ -239,7 +250,7 @@ class JobManager:
         try:
             prepared = prepared or self._prepare(record, resume=True)
         except ValueError as err:
-            self._fail(record, "invalid_training_file", str(err), param="training_file")
+            self._fail(record, _failure_code(err), str(err), param="training_file")
             return []
         checkpoints, _ = self._store.checkpoints.page(record.tenant, record.id, limit=1)
         if checkpoints and checkpoints[0].adapter_path:

@@ -11,6 +11,7 @@ from coserve.policies.vtc import VTCWeights
 
 
 DEFAULT_TPOT_SLO_MS = 100.0
+DEFAULT_TTFT_SLO_MS = 5000.0
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -35,7 +36,7 @@ class CoServingConfig:
     tpot_slo_ms: float = DEFAULT_TPOT_SLO_MS
     """Time per output token target: an iteration with running decodes must not take longer."""
 
-    ttft_slo_ms: float = 5000.0
+    ttft_slo_ms: float = DEFAULT_TTFT_SLO_MS
     """Time to first token target; the TTFT guard acts on waiting requests well before it."""
 
     safety_margin: float = 0.1

@@ -208,6 +208,14 @@ def test_job_lifecycle_with_pause_resume_and_restart(store: MetadataStore) -> No
     assert store.jobs.active() == []
 
 
+def test_a_pause_that_lands_after_the_last_step_does_not_hide_the_success(store: MetadataStore) -> None:
+    job_id = _job(store)
+    for status in ("queued", "running", "paused"):  # the tenant pauses while the last step completes
+        store.jobs.update(job_id, status=status)
+    job = store.jobs.update(job_id, status="succeeded", fine_tuned_model="ft:tiny:acme::abc")
+    assert job.status is JobStatus.SUCCEEDED and job.fine_tuned_model == "ft:tiny:acme::abc"
+
+
 @pytest.mark.parametrize("path", [
     ("queued", "running", "succeeded", "running"),
     ("failed", "queued"),

@@ -3,7 +3,6 @@ uvicorn's loop, engine loop on its thread) served by uvicorn, driven by the offi
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -14,10 +13,10 @@ import httpx
 import openai
 import pytest
 
+from local_server import local_app
 from uvicorn_thread import serve_in_thread
 
 from coserve import LLM, SamplingParams
-from coserve.serve import ServeOptions, build_local_app
 
 ACME_KEY = "sk-acme-0123456789"
 GLOBEX_KEY = "sk-globex-0123456789"
@@ -38,16 +37,11 @@ def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     from coserve.platform.tiny_model import create_random_adapter
 
     root = tmp_path_factory.mktemp("chat")
-    tenants = root / "tenants.yaml"
-    tenants.write_text(json.dumps({"tenants": {
+    app, opts = local_app(llama_dir, root, {
         "acme": {"api_keys": [ACME_KEY]},
         "globex": {"api_keys": [GLOBEX_KEY]},
         "slow": {"api_keys": [SLOW_KEY], "limits": {"requests_per_minute": 2, "tokens_per_minute": 400}},
-    }}))
-    opts = ServeOptions(model=str(llama_dir), tenants=str(tenants), data_dir=str(root / "data"), local=True,
-                        dtype="float32", max_num_seqs=8)
-    opts.validate()
-    app = build_local_app(opts)
+    }, max_batch_tokens=2048)
     adapter = create_random_adapter(llama_dir, root / "data" / "adapters" / "acme-ft", seed=3, b_std=0.05,
                                     r=8, lora_alpha=16, target_modules="all-linear")
     ft = f"ft:{opts.base_model_id}:acme:demo:ab12cd34"

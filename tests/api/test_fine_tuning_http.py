@@ -18,9 +18,8 @@ import httpx
 import openai
 import pytest
 
-from uvicorn_thread import serve_in_thread
+from local_server import local_server, upload_jsonl
 
-from coserve.serve import ServeOptions, build_local_app
 
 ACME, GLOBEX = "sk-acme-ft-0123456789", "sk-globex-ft-0123456789"
 LINES = [{"messages": [{"role": "system", "content": "You are terse."},
@@ -36,25 +35,13 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("ft-http")
-    tenants = root / "tenants.yaml"
-    tenants.write_text(json.dumps({"tenants": {"acme": {"api_keys": [ACME]},
-                                               "globex": {"api_keys": [GLOBEX]}}}))
-    opts = ServeOptions(model=str(llama_dir), tenants=str(tenants), data_dir=str(root / "data"),
-                        local=True, dtype="float32", max_num_seqs=8, max_batch_tokens=256)
-    opts.validate()
-    app = build_local_app(opts)
-    with serve_in_thread(app) as url:
-        yield Server(url=url, base=opts.base_model_id)
+    tenants = {"acme": {"api_keys": [ACME]}, "globex": {"api_keys": [GLOBEX]}}
+    with local_server(llama_dir, tmp_path_factory.mktemp("ft-http"), tenants) as url:
+        yield Server(url=url, base=llama_dir.resolve().name)
 
 
 def client(srv: Server, key: str = ACME) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{srv.url}/v1", api_key=key, max_retries=0, timeout=60)
-
-
-def _upload(oa: openai.OpenAI, lines: list[dict]) -> str:
-    data = "\n".join(json.dumps(x) for x in lines).encode()
-    return oa.files.create(file=("train.jsonl", io.BytesIO(data)), purpose="fine-tune").id
 
 
 def _wait(oa: openai.OpenAI, job_id: str, base: str, timeout: float = 120) -> object:
@@ -73,7 +60,7 @@ def _wait(oa: openai.OpenAI, job_id: str, base: str, timeout: float = 120) -> ob
 
 def test_fine_tuning_journey(server: Server) -> None:
     oa = client(server)
-    file_id, valid_id = _upload(oa, LINES), _upload(oa, LINES[:3])
+    file_id, valid_id = upload_jsonl(oa, LINES), upload_jsonl(oa, LINES[:3])
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=file_id, suffix="nums", seed=3,
                                      validation_file=valid_id,
                                      hyperparameters={"n_epochs": 2, "batch_size": 4},
@@ -124,7 +111,7 @@ def test_fine_tuning_journey(server: Server) -> None:
 
 def test_cancel_and_validation_errors(server: Server) -> None:
     oa = client(server)
-    file_id = _upload(oa, LINES)
+    file_id = upload_jsonl(oa, LINES)
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=file_id,
                                      hyperparameters={"n_epochs": 50})
     job = oa.fine_tuning.jobs.cancel(job.id)
@@ -133,7 +120,7 @@ def test_cancel_and_validation_errors(server: Server) -> None:
     with pytest.raises(openai.BadRequestError):
         oa.fine_tuning.jobs.cancel(job.id)
 
-    few = _upload(oa, LINES[:5])
+    few = upload_jsonl(oa, LINES[:5])
     cases = [
         (dict(model=server.base, training_file=few), "training_file"),
         (dict(model="no-such-model", training_file=file_id), "model"),
@@ -150,3 +137,20 @@ def test_cancel_and_validation_errors(server: Server) -> None:
         assert err.value.status_code == 400 and err.value.body["param"] == param, err.value.body
     with pytest.raises(openai.NotFoundError):
         oa.fine_tuning.jobs.retrieve("ftjob-000000000000000000000000")
+
+
+def test_lora_values_the_store_cannot_keep_are_400(server: Server) -> None:
+    """Regression: `"lora_alpha": Infinity` (Python's JSON parser accepts it) and an unknown `lora` key
+    holding `NaN` were a 500 (the job's JSON column refuses them); an unknown key also used to fail the
+    job when it started instead of being refused here."""
+    file_id = upload_jsonl(client(server), LINES)
+    headers = {"Authorization": f"Bearer {ACME}", "content-type": "application/json"}
+    cases = [('{"lora_alpha": Infinity}', "lora.lora_alpha"), ('{"r": 8, "scale": NaN}', "lora.scale"),
+             ('{"bias": "none"}', "lora.bias")]
+    for lora, param in cases:
+        body = f'{{"model": "{server.base}", "training_file": "{file_id}", "lora": {lora}}}'
+        response = httpx.post(f"{server.url}/v1/fine_tuning/jobs", content=body, headers=headers, timeout=30)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert error["type"] == "invalid_request_error" and error["param"] == param, error

@@ -39,7 +39,8 @@ ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.FAILED, JobStatus.CANCELLED}),
     JobStatus.RUNNING: frozenset({JobStatus.QUEUED, JobStatus.PAUSED, JobStatus.SUCCEEDED, JobStatus.FAILED,
                                   JobStatus.CANCELLED}),
-    JobStatus.PAUSED: frozenset({JobStatus.QUEUED, JobStatus.FAILED, JobStatus.CANCELLED}),
+    # Succeeded too: a pause that lands after the last step cannot undo it (the model is registered).
+    JobStatus.PAUSED: frozenset({JobStatus.QUEUED, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED}),
     JobStatus.SUCCEEDED: frozenset(),
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELLED: frozenset(),

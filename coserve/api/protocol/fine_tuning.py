@@ -58,7 +58,8 @@ class LoRAParams(OpenAIBaseModel):
     """coserve extension: the LoRA adapter to train, in PEFT's `LoraConfig` names. None = server default."""
 
     r: Annotated[int, Field(ge=1, le=256)] | None = None
-    lora_alpha: Annotated[float, Field(gt=0.0)] | None = None
+    # Finite: a JSON body may carry `Infinity` (Python's parser accepts it), which the store cannot keep.
+    lora_alpha: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
     lora_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
     target_modules: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
 

@@ -57,6 +57,12 @@ def _check_lora(lora: LoRAParams | None) -> None:
     """What the trainer cannot do is refused here, naming the setting (not later as a failed job)."""
     if lora is None:
         return
+    # Unknown keys would be stored with the job (any JSON, `NaN` included) and fail it when it starts.
+    extra = sorted(lora.model_extra or {})
+    if extra:
+        raise ProtocolError(f"lora: unknown setting(s) {extra}; use PEFT's names "
+                            f"{list(LoRAParams.model_fields)}", param=f"lora.{extra[0]}",
+                            code="invalid_lora")
     if lora.lora_dropout:
         raise ProtocolError("lora.lora_dropout must be 0: dropout is not supported by the exact "
                             "windowed trainer yet", param="lora.lora_dropout", code="invalid_lora")
