@@ -6,10 +6,10 @@ Starts `coserve serve` on the tiny model (`--local` unless `--ray`) as a subproc
 dataset and starts a fine-tuning job (enough epochs to train through the whole run), then runs
 `--clients` clients, each sending one streamed chat completion after another with the official
 `openai` async client (`stream_options.include_usage`), for `--duration-s`; requests in flight at the end
-finish. Every stream is checked: it must end with a chunk carrying a finish reason, then a usage chunk
-whose `completion_tokens` equals the tokens received, with no error. Reported: requests, failed and
-truncated streams, TTFT (request sent -> first content chunk) and TPOT ((last - first token) / (n - 1))
-at p50/p99, output tokens/s, and the job's trained tokens and status.
+finish. Every stream is checked: no error, a chunk carrying a finish reason, then the usage chunk, and no
+more text deltas than its `completion_tokens` (a delta holds one token or more). Reported: requests,
+failed and truncated streams, TTFT (request sent -> first text delta) and TPOT ((last - first delta) /
+(completion tokens - 1)) at p50/p99, output tokens/s, and the job's tokens trained during the run.
 """
 
 from __future__ import annotations
@@ -137,10 +137,11 @@ def stop_server(server: subprocess.Popen) -> None:
 
 
 def start_job(client: openai.OpenAI, model: str, epochs: int) -> str:
-    """Upload a 40-example chat dataset and start a fine-tuning job on it; returns the job id."""
+    """Upload a 200-example chat dataset and start a fine-tuning job on it; returns the job id. With 50
+    epochs it trains well past the end of a run."""
     lines = [{"messages": [{"role": "user", "content": f"Count to {i}, slowly."},
-                           {"role": "assistant", "content": " ".join(str(k) for k in range(1, i + 2))}]}
-             for i in range(40)]
+                           {"role": "assistant", "content": " ".join(str(k) for k in range(1, i % 60 + 2))}]}
+             for i in range(200)]
     data = "\n".join(json.dumps(line) for line in lines).encode()
     file = client.files.create(file=("load.jsonl", io.BytesIO(data)), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(model=model, training_file=file.id, suffix="load",
@@ -205,7 +206,8 @@ def main() -> None:
                       "duration_s": args.duration_s, "machine": f"{platform.machine()} x{os.cpu_count()}",
                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       **report(stats, wall, job, trained_before)}
-            sync.fine_tuning.jobs.cancel(job_id)
+            if job.status not in ("succeeded", "failed", "cancelled"):
+                sync.fine_tuning.jobs.cancel(job_id)
         finally:
             stop_server(server)
     print(json.dumps(result, indent=2))

@@ -25,6 +25,11 @@ logger = logging.getLogger(__name__)
 
 APP_NAME = "coserve"
 DEPLOYMENT_NAME = "coserve-gateway"
+# The replica is an async gateway in front of the scheduler, which queues, orders (VTC) and batches the
+# requests itself: Serve's default of 5 ongoing requests per replica would queue the rest in Serve's
+# proxy, first come first served, and their TTFT would grow by whole requests (measured: 64 streaming
+# clients waited 13.7 s at the median for a first token, against 65 ms with `--local`).
+MAX_ONGOING_REQUESTS = 100_000
 # What `http_options` (host, port) and `coserve serve --local` decide: not application arguments.
 NOT_ARGS = frozenset({"host", "port", "local"})
 
@@ -67,7 +72,7 @@ def build_application(opts: ServeOptions) -> Any:
     """The Serve application (`serve.run(...)` it) for already validated options."""
     from ray import serve
 
-    ingress = serve.deployment(name=DEPLOYMENT_NAME, num_replicas=1,
+    ingress = serve.deployment(name=DEPLOYMENT_NAME, num_replicas=1, max_ongoing_requests=MAX_ONGOING_REQUESTS,
                                ray_actor_options={"num_cpus": 0})(serve.ingress()(GatewayIngress))
     return ingress.bind(opts)
 

@@ -116,6 +116,28 @@ def test_concurrent_streams_on_ray(ray_server: RayServer) -> None:
     assert texts == expected
 
 
+
+def test_the_gateway_does_not_queue_streams_in_serve(ray_server: RayServer) -> None:
+    """As many concurrent streams as the scheduler runs at once (max_num_seqs 8) all get their first token
+    before any of them ends: Serve's default of 5 ongoing requests per replica would hold the rest in its
+    proxy until earlier ones finish."""
+    oa = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+    def stream(i: int) -> tuple[float, float]:
+        chunks = oa.chat.completions.create(model=ray_server.base, max_tokens=64, stream=True,
+                                            messages=[{"role": "user", "content": f"Stream {i}"}],
+                                            extra_body={"ignore_eos": True})
+        first = None
+        for chunk in chunks:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.monotonic()
+        assert first is not None
+        return first, time.monotonic()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        spans = list(pool.map(stream, range(8)))
+    assert max(first for first, _ in spans) < min(end for _, end in spans)
+
 def test_errors_on_ray(ray_server: RayServer) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client(ray_server).chat.completions.create(model="ft:nope", messages=HELLO)
