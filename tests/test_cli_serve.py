@@ -97,3 +97,33 @@ def test_serve_local_subprocess(llama_dir: Path, tenants_file: Path, tmp_path: P
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_serve_loads_a_latency_profile_fitted_here_and_refuses_another(
+        llama_dir: Path, tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dataclasses import replace
+
+    from coserve.policies.config import SchedulerConfig
+    from coserve.policies.latency import LatencyModel
+    from coserve.serve import ServeOptions
+
+    opts = ServeOptions(model=str(llama_dir), tenants=str(tenants_file), dtype="float32")
+    fingerprint = opts.policy_factory(opts.load_tenants()).fingerprint  # this model, machine and dtype
+    coefficients = {"constant": 0.004, "decode_tokens": 0.0002, "ft_forward_tokens": 0.0003}
+    here, elsewhere = tmp_path / "here.json", tmp_path / "elsewhere.json"
+    here.write_text(LatencyModel(fingerprint, coefficients).to_json())
+    elsewhere.write_text(LatencyModel(replace(fingerprint, machine="another box"), coefficients).to_json())
+
+    opts = replace(opts, latency_profile=str(here))
+    opts.validate()
+    layout = SimpleNamespace(num_kv_blocks=64, block_size=16, max_model_len=256, num_adapter_slots=2,
+                             max_lora_rank=8)
+    policy = opts.policy_factory(opts.load_tenants())(SchedulerConfig(max_model_len=256), layout)
+    assert {k: policy.latency.coefficients[k] for k in coefficients} == coefficients
+
+    args = ["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local", "--dtype", "float32"]
+    assert main([*args, "--latency-profile", str(elsewhere)]) == 2
+    assert "another model/machine (differs in machine)" in capsys.readouterr().err
+    (tmp_path / "broken.json").write_text("{")
+    assert main([*args, "--latency-profile", str(tmp_path / "broken.json")]) == 2
+    assert "--latency-profile" in capsys.readouterr().err

@@ -199,6 +199,12 @@ def test_fine_tune_a_fine_tuned_model(server: Server, first_job: FineTuningJob) 
     losses = [d["train_loss"] for d in step_events(oa, job.id)]
     assert losses[0] < first_losses[0], (losses, first_losses)
 
+    # LoRA settings cannot apply to an adapter that already exists: refused, not silently ignored.
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.fine_tuning.jobs.create(model=base_model, training_file=upload_jsonl(oa, LINES),
+                                   extra_body={"lora": {"r": 16}})
+    assert err.value.body["param"] == "lora" and err.value.body["code"] == "invalid_lora"
+
     # Another tenant's fine-tuned model is not a model it can train from (nor learns it exists).
     with pytest.raises(openai.BadRequestError) as err:
         client(server, GLOBEX).fine_tuning.jobs.create(

@@ -99,6 +99,12 @@ class FineTuningService:
         """
         self._check_model(tenant, body.model)
         _check_lora(body.lora)
+        if body.lora is not None and body.model not in self.base_models:
+            # Training on from a fine-tuned model continues its adapter, whose shape is fixed: settings
+            # given here could not apply, and ignoring them silently would mislead.
+            raise ProtocolError("lora: a job that continues a fine-tuned model trains that model's adapter "
+                                "as it is (its r, lora_alpha and target_modules); leave lora out",
+                                param="lora", code="invalid_lora")
         count = self._count_examples(tenant, body.training_file, "training_file")
         if count < MIN_EXAMPLES:
             raise ProtocolError(f"Training file has {count} example(s), but must have at least "
