@@ -162,7 +162,8 @@ def build_local_app(opts: ServeOptions) -> Any:
     engine = EngineActor(opts.engine_config(), ENGINE_ID)
     scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants))
     store = MetadataStore(opts.data_dir)
-    return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine))
+    return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
+                     max_lora_rank=opts.engine_config().max_lora_rank)
 
 
 def run_local(opts: ServeOptions) -> None:

@@ -25,7 +25,8 @@ ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, c
 
 
 def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequence[str], *,
-              max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, scheduler: Any = None) -> FastAPI:
+              max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, scheduler: Any = None,
+              max_lora_rank: int | None = None) -> FastAPI:
     """The OpenAI-compatible gateway over `store`.
 
     Args:
@@ -36,6 +37,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
         max_upload_bytes: the largest file `POST /v1/files` accepts (413 beyond).
         scheduler: the `SchedulerClient` behind `/v1/chat/completions` and `/metrics`; started and
             closed with the app (its lifespan). None: no chat (503).
+        max_lora_rank: the engine's largest adapter rank: a fine-tuning job asking for more is a 400
+            (None: not checked here; the engine then fails the job).
 
     Raises:
         ValueError: an empty or fine-tuned model id in `base_models`, or `max_upload_bytes` < 1.
@@ -58,7 +61,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
     app = FastAPI(title="coserve", summary="OpenAI-compatible co-serving of inference and LoRA fine-tuning",
                   lifespan=lifespan)
     app.state.gateway = GatewayState(store=store, tenants=tenants, base_models=tuple(base_models),
-                                     max_upload_bytes=max_upload_bytes, scheduler=scheduler)
+                                     max_upload_bytes=max_upload_bytes, scheduler=scheduler,
+                                     max_lora_rank=max_lora_rank)
     install_error_handlers(app)
     # The whole body is capped, not only files: no endpoint needs more than an upload plus its framing.
     app.add_middleware(BodySizeLimit, max_bytes=max_upload_bytes + MULTIPART_OVERHEAD_BYTES)

@@ -54,7 +54,8 @@ class GatewayIngress:
     def __serve_build_asgi_app__(self) -> Any:
         from coserve.api.app import build_app
 
-        return build_app(self._store, self._tenants, [self._opts.base_model_id], scheduler=self._scheduler)
+        return build_app(self._store, self._tenants, [self._opts.base_model_id], scheduler=self._scheduler,
+                         max_lora_rank=self._opts.engine_config().max_lora_rank)
 
     def __del__(self) -> None:
         # Serve calls this on a graceful shutdown (and Python may again at collection): fail the streams

@@ -30,6 +30,8 @@ class GatewayState:
         max_upload_bytes: the largest file accepted by `POST /v1/files`.
         scheduler: the `coserve.actors.client.SchedulerClient` chat completions go to (None: the
             gateway serves no chat, e.g. in tests of the other endpoints).
+        max_lora_rank: the engine's largest adapter rank (None: fine-tuning requests are not checked
+            against it).
     """
 
     store: MetadataStore
@@ -37,6 +39,7 @@ class GatewayState:
     base_models: tuple[str, ...]
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     scheduler: Any = None
+    max_lora_rank: int | None = None
 
 
 def get_state(request: Request) -> GatewayState:

@@ -94,6 +94,22 @@ def test_a_job_trains_checkpoints_and_serves_its_models(llama_dir: Path, store: 
     assert len(out[0].outputs[0].token_ids) == 6
 
 
+
+def test_a_job_the_engine_refuses_fails_with_the_reason(llama_dir: Path, store: MetadataStore,
+                                                       tmp_path: Path) -> None:
+    # A gateway that does not know the engine's max_lora_rank (16 here) lets the job through; the
+    # engine's refusal becomes the job's error, and the engine goes on.
+    llm = _llm(llama_dir)
+    manager = _manager(store, llm, tmp_path / "data")
+    job_id = _create(FineTuningService(store, TENANTS, (BASE,)), store, lora={"r": 32},
+                     hyperparameters={"n_epochs": 1, "batch_size": 4})
+    _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=job_id)
+    job = store.jobs.get("acme", job_id)
+    assert job.status == JobStatus.FAILED and job.error is not None and job.error["code"] == "invalid_job"
+    assert "max_lora_rank" in job.error["message"] and "32" in job.error["message"]
+    out = llm.generate("Say the number 3", SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].outputs[0].token_ids) == 4
+
 def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataStore,
                                               tmp_path: Path) -> None:
     llm = _llm(llama_dir)

@@ -3,7 +3,7 @@ hybrid token policy, the engine loop), driven by the official `openai` client an
 
 What `test_fine_tuning_http.py` leaves out: pause and resume, `estimated_finish`, training from one of
 the tenant's own fine-tuned models, a job that fails after it was accepted (over the tenant's training
-token quota, and refused by the engine) and the `error` it reports, the Prometheus metrics of training
+token quota) and the `error` it reports, a LoRA rank above the engine's, the Prometheus metrics of training
 and of the chats served, and a checkpoint that answers chats before its job ends.
 """
 
@@ -241,24 +241,18 @@ def test_job_over_training_token_quota_fails_with_reason(server: Server) -> None
     assert ok.status == "succeeded" and 0 < ok.trained_tokens <= SMALL_TOKEN_QUOTA, ok.error
 
 
-def test_job_refused_by_engine_fails_with_reason(server: Server) -> None:
+def test_a_rank_above_the_engines_is_refused_up_front(server: Server) -> None:
     oa = client(server)
-    # The API takes ranks up to 256; the engine's adapter bank holds ranks up to 64 (max_lora_rank),
-    # which only the engine knows: the job is accepted, then fails when the engine sets it up.
+    # The API's bound is 256; this server's engine holds ranks up to 64 (its max_lora_rank).
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, LINES),
+                                   extra_body={"lora": {"r": 128}})
+    body = err.value.body
+    assert body["param"] == "lora.r" and body["code"] == "invalid_lora" and "max_lora_rank 64" in body["message"]
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, LINES),
                                      hyperparameters={"n_epochs": 1, "batch_size": 4},
-                                     extra_body={"lora": {"r": 128}})
-    job = poll_job(oa, job.id)
-    assert job.status == "failed"
-    assert job.error is not None and job.error.code == "invalid_job"
-    assert "max_lora_rank" in job.error.message and "128" in job.error.message
-    assert job.fine_tuned_model is None and job.estimated_finish is None
-    # The failed job left nothing behind: the base model still serves and a new job still trains.
-    chat(oa, server.base)
-    again = oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, LINES),
-                                       hyperparameters={"n_epochs": 1, "batch_size": 4},
-                                       extra_body={"lora": {"r": 4}})
-    assert poll_job(oa, again.id).status == "succeeded"
+                                     extra_body={"lora": {"r": 64}})
+    assert poll_job(oa, job.id).status == "succeeded"
 
 
 def test_metrics_count_training_tokens_and_slo_attainment(server: Server) -> None:

@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 
 def get_service(state: Annotated[GatewayState, Depends(get_state)]) -> FineTuningService:
     """FastAPI dependency: the fine-tuning service over the app's store."""
-    return FineTuningService(state.store, state.tenants, state.base_models)
+    return FineTuningService(state.store, state.tenants, state.base_models, state.max_lora_rank)
 
 
 Service = Annotated[FineTuningService, Depends(get_service)]

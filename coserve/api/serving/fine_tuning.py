@@ -53,10 +53,13 @@ def to_checkpoint(record: CheckpointRecord) -> FineTuningJobCheckpoint:
                                    metrics=CheckpointMetrics(**metrics))
 
 
-def _check_lora(lora: LoRAParams | None) -> None:
+def _check_lora(lora: LoRAParams | None, max_lora_rank: int | None) -> None:
     """What the trainer cannot do is refused here, naming the setting (not later as a failed job)."""
     if lora is None:
         return
+    if max_lora_rank is not None and lora.r is not None and lora.r > max_lora_rank:
+        raise ProtocolError(f"lora.r={lora.r} is above this server's max_lora_rank {max_lora_rank}",
+                            param="lora.r", code="invalid_lora")
     # Unknown keys would be stored with the job (any JSON, `NaN` included) and fail it when it starts.
     extra = sorted(lora.model_extra or {})
     if extra:
@@ -85,10 +88,13 @@ class FineTuningService:
         store: where jobs live.
         tenants: the tenants file (limits on concurrent jobs).
         base_models: the base model ids a job may train from (besides the tenant's fine-tuned models).
+        max_lora_rank: the engine's largest adapter rank; a larger `lora.r` is a 400 (None: unchecked).
     """
 
-    def __init__(self, store: MetadataStore, tenants: TenantsConfig, base_models: tuple[str, ...]) -> None:
+    def __init__(self, store: MetadataStore, tenants: TenantsConfig, base_models: tuple[str, ...],
+                 max_lora_rank: int | None = None) -> None:
         self.store, self.tenants, self.base_models = store, tenants, base_models
+        self.max_lora_rank = max_lora_rank
 
     def create(self, tenant: str, body: FineTuningJobCreate) -> FineTuningJob:
         """Check the model, the files and the tenant's job limit, then record the job.
@@ -98,7 +104,7 @@ class FineTuningService:
                 tenant's concurrent-jobs limit.
         """
         self._check_model(tenant, body.model)
-        _check_lora(body.lora)
+        _check_lora(body.lora, self.max_lora_rank)
         if body.lora is not None and body.model not in self.base_models:
             # Training on from a fine-tuned model continues its adapter, whose shape is fixed: settings
             # given here could not apply, and ignoring them silently would mislead.
