@@ -23,7 +23,8 @@ from coserve.platform.lora import load_peft_adapter
 from coserve.platform.model import Transformer
 from coserve.platform.trainer import (IGNORE_INDEX, LoRATrainConfig, TrainableLoRA, WindowedTrainer,
                                       chunked_cross_entropy, full_cross_entropy, run_schedule,
-                                      train_sequence)
+                                      train_sequence, window_loss)
+from coserve.platform.trainer import loss as loss_module
 from coserve.platform.weights import load_weights
 
 # prompt 0..19, answer 20..39, user turn 40..47, answer 48..63 (trained = the token is learned)
@@ -218,6 +219,32 @@ def test_one_pass_loss_matches_the_chunked_loss_and_torch(cases: dict[str, Case]
     torch.testing.assert_close(chunked_loss, ref.detach(), **tolerance)
     torch.testing.assert_close(grad, normed.grad, **tolerance)
     torch.testing.assert_close(chunked_grad, normed.grad, **tolerance)
+
+
+def test_window_loss_walks_rows_in_bounded_blocks(cases: dict[str, Case], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window with more trained rows than one block of logits holds (here 3 rows per block) gives the
+    loss and gradient of one pass over all of them, and no block exceeds the bound."""
+    model = cases["llama"].model
+    vocab = model.cfg.vocab_size
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(11, model.cfg.hidden_size, generator=g)
+    targets = torch.randint(0, vocab, (11,), generator=g)
+    targets[[0, 4]] = IGNORE_INDEX
+    whole = window_loss(model, hidden, targets, scale=0.5)  # one block: every row fits
+    sizes: list[int] = []
+    one_pass = loss_module.full_cross_entropy
+
+    def recording(model_: object, normed: torch.Tensor, targets_: torch.Tensor) -> object:
+        sizes.append(normed.shape[0] * vocab)
+        return one_pass(model_, normed, targets_)
+
+    monkeypatch.setattr(loss_module, "FULL_LOGITS_MAX_ELEMENTS", 3 * vocab)
+    monkeypatch.setattr(loss_module, "full_cross_entropy", recording)
+    blocks = window_loss(model, hidden, targets, scale=0.5)
+    assert len(sizes) == 3 and max(sizes) <= 3 * vocab  # 9 trained rows in blocks of 3
+    assert blocks.num_tokens == whole.num_tokens == 9
+    assert blocks.loss_sum == pytest.approx(whole.loss_sum, rel=1e-5)
+    torch.testing.assert_close(blocks.grad_hidden, whole.grad_hidden, rtol=1e-5, atol=1e-6)
 
 
 def test_peft_init_and_round_trip(model_dirs: dict[str, Path], tmp_path: Path) -> None:

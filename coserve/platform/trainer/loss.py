@@ -6,11 +6,13 @@ each chunk the running maximum, the running sum of exponentials and the running 
 product are rescaled and extended, so the loss and d(loss)/d(normed hidden) = softmax @ W - W[target]
 come out of one pass over the LM head, with [tokens, chunk] as the largest temporary.
 
-When the whole [tokens, vocab] logits are small (`FULL_LOGITS_MAX_ELEMENTS`) and the head is float32,
-`full_cross_entropy` computes them in one matmul through the model's own head kernels instead: a
-window riding along a decode batch has a few tokens, and on CPU the chunked path's generic matmuls
-made its loss cost 4.3 ms for 4 tokens of the small preset (about 2 ms in one pass with oneDNN,
-and 45 -> 25 ms for 256 tokens with the exp floor below).
+When the head is float32 and a row of logits fits `FULL_LOGITS_MAX_ELEMENTS`, `full_cross_entropy`
+computes blocks of whole rows in one matmul each through the model's own head kernels instead, with
+at most `FULL_LOGITS_MAX_ELEMENTS` logits alive at once (4 MiB: 128 tokens at an 8k vocabulary;
+never the window's, let alone the sequence's, full logits): a window riding along a decode batch has a
+few tokens, and on CPU the chunked path's generic matmuls made its loss cost 4.3 ms for 4 tokens of
+the small preset (about 2 ms in one pass with oneDNN, and 45 -> 25 ms for 256 tokens with the exp
+floor below).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from coserve.platform.model import Transformer, rms_norm
 
 IGNORE_INDEX = -100  # a position without a target, as in HF labels
 DEFAULT_VOCAB_CHUNK = 4096
-FULL_LOGITS_MAX_ELEMENTS = 1 << 22  # 16 MB of float32 logits: 512 tokens at an 8k vocabulary
+FULL_LOGITS_MAX_ELEMENTS = 1 << 20  # 4 MiB of float32 logits per block: 128 tokens at an 8k vocabulary
 # exp() of arguments below about -87 underflows float32 (to denormals or 0), which CPU vector units
 # take 10-15x longer on: logits spread over 100+ (as peaked models' are) made the loss of a
 # 256-token window 48 ms instead of 25. Clamping there changes a probability by < 1.7e-38.
@@ -109,8 +111,11 @@ def window_loss(model: Transformer, hidden: torch.Tensor, targets: torch.Tensor,
         h = hidden[rows].detach().requires_grad_()
         normed = rms_norm(h, model.weights.final_norm, model.cfg.rms_norm_eps)
     head = model.weights.lm_head
-    if head.dtype == torch.float32 and rows.numel() * head.shape[0] <= FULL_LOGITS_MAX_ELEMENTS:
-        loss, grad_normed = full_cross_entropy(model, normed.detach(), targets[rows])
+    block = FULL_LOGITS_MAX_ELEMENTS // head.shape[0]  # whole rows of logits per one-pass block
+    if head.dtype == torch.float32 and block >= 1:
+        parts = [full_cross_entropy(model, normed[lo: lo + block].detach(), targets[rows[lo: lo + block]])
+                 for lo in range(0, rows.numel(), block)]
+        loss, grad_normed = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     else:
         loss, grad_normed = chunked_cross_entropy(normed.detach(), head, targets[rows], chunk)
     # Back through the final norm only (a few [n, hidden] ops); the LM head part is already done.
