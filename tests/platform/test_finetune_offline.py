@@ -76,21 +76,24 @@ def test_fine_tune_saves_servable_peft_adapters(llama_dir: Path, tmp_path: Path)
     assert len(result.losses) == 4 and result.trained_tokens > 0
     assert result.adapter_path == str(tmp_path / "job" / "final")
 
-    # The same engine serves the new adapter at once; peft gives the same greedy tokens and logits.
+    # The same engine serves the new adapter and the first epoch's checkpoint at once; peft gives the
+    # same greedy tokens and logits for each.
     prompt = llm.get_tokenizer().encode("What is 3 plus 3?")
-    served = llm.generate({"prompt_token_ids": prompt}, GREEDY,
-                          lora_request=LoRARequest("mine", 7, result.adapter_path))[0].outputs[0]
-    hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
-    peft_model = PeftModel.from_pretrained(hf, result.adapter_path)
-    tokens, rows = greedy_reference(peft_model, prompt, GREEDY.max_tokens)
-    assert served.token_ids == tokens
-    span = float(rows[0].max() - rows[0].min())
-    for step, row in zip(served.logprobs, rows):
-        for token_id, lp in step.items():
-            assert abs(lp.logprob - float(row[token_id])) <= 1e-5 * span
-    # The adapter moved away from the base model (B starts at zero).
+    served_logprobs = []
+    for lora_id, path in enumerate((result.checkpoints[0], result.adapter_path), start=7):
+        served = llm.generate({"prompt_token_ids": prompt}, GREEDY,
+                              lora_request=LoRARequest(f"mine-{lora_id}", lora_id, path))[0].outputs[0]
+        hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
+        tokens, rows = greedy_reference(PeftModel.from_pretrained(hf, path), prompt, GREEDY.max_tokens)
+        assert served.token_ids == tokens, path
+        span = float(rows[0].max() - rows[0].min())
+        for step, row in zip(served.logprobs, rows):
+            for token_id, lp in step.items():
+                assert abs(lp.logprob - float(row[token_id])) <= 1e-5 * span, path
+        served_logprobs.append(served.logprobs)
+    # The adapter moved away from the base model (B starts at zero), and on from its first epoch.
     base = llm.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0]
-    assert base.logprobs != served.logprobs
+    assert base.logprobs != served_logprobs[1] and served_logprobs[0] != served_logprobs[1]
 
 
 def test_bad_fine_tuning_input_is_refused_with_the_setting_named(llama_dir: Path,
