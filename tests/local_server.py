@@ -1,10 +1,15 @@
-"""Test helpers: `coserve serve --local`'s app (uvicorn in a thread) with the tenants a test needs, and
-polling a fine-tuning job through the official client."""
+"""Test helpers: `coserve serve --local`'s app (uvicorn in a thread) with the tenants a test needs, the
+server as a user starts it (a subprocess), and polling a fine-tuning job through the official client."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,3 +60,37 @@ def upload_jsonl(oa: openai.OpenAI, lines: list[dict[str, Any]]) -> str:
     """Upload `lines` as a fine-tuning JSONL file; returns its id."""
     data = "\n".join(json.dumps(line) for line in lines).encode()
     return oa.files.create(file=("train.jsonl", io.BytesIO(data)), purpose="fine-tune").id
+
+
+@contextmanager
+def serve_subprocess(model: Path, tenants: Path, data_dir: Path,
+                     key: str) -> Iterator[tuple[subprocess.Popen, openai.OpenAI]]:
+    """`coserve serve --local` in a subprocess; yields it and a client (API key `key`) once it answers.
+    On exit a server still running gets SIGINT (Ctrl-C: a clean stop), and is killed after 30 s."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = data_dir.parent / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "coserve.cli", "serve", "--local", "--model", str(model), "--tenants",
+           str(tenants), "--data-dir", str(data_dir), "--port", str(port), "--dtype", "float32"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        oa = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=30)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                oa.models.list()
+                break
+            except openai.APIConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+                time.sleep(0.2)
+        yield proc, oa
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import openai
 import pytest
-from local_server import poll_job
+from local_server import poll_job, serve_subprocess
 
 KEY = "sk-restart-tenant-0123"
 # Long enough answers that an epoch takes seconds on the tiny model: the kill lands between two epochs.
@@ -27,43 +19,12 @@ LINES = [{"messages": [{"role": "user", "content": f"List the numbers from {i} o
          for i in range(60)]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def running_server(model: Path, tenants: Path, data_dir: Path) -> Iterator[tuple[subprocess.Popen, openai.OpenAI]]:
-    """`coserve serve --local` in a subprocess; yields it and a client once it answers."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "coserve.cli", "serve", "--local", "--model", str(model), "--tenants",
-           str(tenants), "--data-dir", str(data_dir), "--port", str(port), "--dtype", "float32"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        oa = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=30)
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                oa.models.list()
-                break
-            except openai.APIConnectionError:
-                assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-                time.sleep(0.2)
-        yield proc, oa
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-
-
 @pytest.mark.timeout(300)
 def test_a_killed_server_resumes_the_job_from_its_checkpoint(llama_dir: Path, tmp_path: Path) -> None:
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(json.dumps({"tenants": {"acme": {"api_keys": [KEY]}}}))
     data = "\n".join(json.dumps(line) for line in LINES).encode()
-    with running_server(llama_dir, tenants, tmp_path / "data") as (proc, oa):
+    with serve_subprocess(llama_dir, tenants, tmp_path / "data", KEY) as (proc, oa):
         file_id = oa.files.create(file=("train.jsonl", io.BytesIO(data)), purpose="fine-tune").id
         job = oa.fine_tuning.jobs.create(model=llama_dir.name, training_file=file_id, suffix="kill", seed=1,
                                          hyperparameters={"n_epochs": 3, "batch_size": 10})
@@ -72,7 +33,7 @@ def test_a_killed_server_resumes_the_job_from_its_checkpoint(llama_dir: Path, tm
         assert oa.fine_tuning.jobs.retrieve(job.id).status == "running"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    with running_server(llama_dir, tenants, tmp_path / "data") as (_, oa):
+    with serve_subprocess(llama_dir, tenants, tmp_path / "data", KEY) as (_, oa):
         assert oa.files.content(file_id).read() == data
         job = poll_job(oa, job.id, timeout=120)
         assert job.status == "succeeded", job.error
