@@ -67,16 +67,21 @@ class FineTuningSettings:
     max_model_len: int
 
 
-class QuotaExceeded(ValueError):
-    """A valid job larger than its tenant's `max_training_tokens_per_job`: it fails with code
-    `quota_exceeded`, not as an invalid training file (the file is fine; the quota says no)."""
+class JobRefused(ValueError):
+    """A job that cannot start for a reason other than its training file's content, with the
+    `error.code` and `error.param` it fails with (e.g. over the tenant's `max_training_tokens_per_job`:
+    `quota_exceeded`; its starting model deleted meanwhile: `model_not_available`, param `model`)."""
+
+    def __init__(self, message: str, code: str, param: str) -> None:
+        super().__init__(message)
+        self.code, self.param = code, param
 
 
-def _failure_code(err: ValueError) -> str:
-    """The `error.code` of a job whose preparation raised `err`."""
-    if isinstance(err, QuotaExceeded):
-        return "quota_exceeded"
-    return "invalid_n_examples" if "at least" in str(err) else "invalid_training_file"
+def _failure(err: ValueError) -> tuple[str, str]:
+    """The `error.code` and `error.param` of a job whose preparation raised `err`."""
+    if isinstance(err, JobRefused):
+        return err.code, err.param
+    return ("invalid_n_examples" if "at least" in str(err) else "invalid_training_file"), "training_file"
 
 
 @dataclass(slots=True)
@@ -193,7 +198,8 @@ class JobManager:
         try:
             self._prepared[record.id] = self._prepare(record)
         except ValueError as err:
-            self._fail(record, _failure_code(err), str(err), param="training_file")
+            code, param = _failure(err)
+            self._fail(record, code, str(err), param=param)
             return
         self._store.events.add(record.id, "Validated the training file")
         self._store.jobs.update(record.id, status=JobStatus.QUEUED)
@@ -207,14 +213,15 @@ class JobManager:
         if record.validation_file is not None:
             raw = self._store.files.content(record.tenant, record.validation_file)
             if raw is None:
-                raise ValueError(f"the validation file {record.validation_file} no longer exists")
+                raise JobRefused(f"the validation file {record.validation_file} no longer exists",
+                                 "invalid_validation_file", "validation_file")
             validation = _jsonl(raw)
         init_adapter = None
         if record.model != self._settings.base_model_id:
             model = self._store.models.get(record.tenant, record.model)
             if model is None or model.adapter_path is None:
-                raise ValueError(f"model {record.model} is not this server's base model or one of "
-                                 f"your fine-tuned models")
+                raise JobRefused(f"model {record.model} is not this server's base model or one of "
+                                 f"your fine-tuned models", "model_not_available", "model")
             init_adapter = model.adapter_path
         prepared = prepare_job(
             self._tokenizer, examples, job_id=record.id, tenant=record.tenant,
@@ -229,7 +236,7 @@ class JobManager:
         # The concurrency part of the quota was checked when the job was created.
         refusal = quota.admit_job(0, prepared.hyperparameters.total_trained_tokens)
         if refusal is not None and refusal.limit == "max_training_tokens_per_job":
-            raise QuotaExceeded(refusal.reason)
+            raise JobRefused(refusal.reason, "quota_exceeded", "training_file")
         if not resume:
             hp = prepared.hyperparameters
             self._store.jobs.update(record.id, hyperparameters={
@@ -250,7 +257,8 @@ class JobManager:
         try:
             prepared = prepared or self._prepare(record, resume=True)
         except ValueError as err:
-            self._fail(record, _failure_code(err), str(err), param="training_file")
+            code, param = _failure(err)
+            self._fail(record, code, str(err), param=param)
             return []
         checkpoints, _ = self._store.checkpoints.page(record.tenant, record.id, limit=1)
         if checkpoints and checkpoints[0].adapter_path:

@@ -110,6 +110,26 @@ def test_a_job_the_engine_refuses_fails_with_the_reason(llama_dir: Path, store: 
     out = llm.generate("Say the number 3", SamplingParams(temperature=0, max_tokens=4))
     assert len(out[0].outputs[0].token_ids) == 4
 
+
+def test_a_job_whose_starting_model_is_deleted_fails_naming_the_model(llama_dir: Path, store: MetadataStore,
+                                                                      tmp_path: Path) -> None:
+    llm = _llm(llama_dir)
+    manager = _manager(store, llm, tmp_path / "data")
+    service = FineTuningService(store, TENANTS, (BASE,))
+    first = _create(service, store, hyperparameters={"n_epochs": 1, "batch_size": 4}, lora={"r": 4})
+    _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=first)
+    model = store.jobs.get("acme", first).fine_tuned_model
+    assert model is not None
+    data = "\n".join(json.dumps(x) for x in LINES).encode()
+    file = store.files.create("acme", "train.jsonl", "fine-tune", data)
+    second = service.create("acme", FineTuningJobCreate(model=model, training_file=file.id)).id
+    assert store.models.delete("acme", model)  # deleted after the job was accepted
+    _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=second)
+    job = store.jobs.get("acme", second)
+    assert job.status == JobStatus.FAILED and job.error is not None
+    assert (job.error["code"], job.error["param"]) == ("model_not_available", "model")
+    assert model in job.error["message"]
+
 def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataStore,
                                               tmp_path: Path) -> None:
     llm = _llm(llama_dir)
