@@ -176,6 +176,20 @@ def test_models_list_retrieve_delete(gateway: Gateway) -> None:
     assert [m.id for m in client(gateway, GLOBEX_KEY).models.list()] == [BASE, HF_BASE, GLOBEX_FT]
 
 
+
+@pytest.mark.parametrize("path", [
+    "/v1/files/..%2Fmetadata.sqlite3", "/v1/files/..%2Fmetadata.sqlite3/content",
+    "/v1/files/file-..%2F..%2F..%2Fetc%2Fpasswd/content", "/v1/files/%2E%2E/content",
+    "/v1/models/..%2F..%2Fmetadata.sqlite3", "/v1/models/../../metadata.sqlite3/adapter",
+    "/v1/models/ft:tiny-llama:acme:sfx:..%2F..%2Fetc/adapter", "/v1/fine_tuning/jobs/..%2F..%2Fjobs",
+])
+def test_ids_that_look_like_paths_reach_nothing(gateway: Gateway, path: str) -> None:
+    # Ids are looked up, never joined into paths: whatever the encoding, an unknown id is a 404 (or the
+    # router's own 404), with OpenAI's error body, and no byte of the data dir comes back.
+    response = httpx.get(gateway.url + path, headers={"Authorization": f"Bearer {ACME_KEY}"})
+    assert response.status_code == 404, (path, response.status_code, response.text[:200])
+    assert "error" in response.json() and b"SQLite" not in response.content
+
 def test_malformed_requests_are_400_not_422(gateway: Gateway) -> None:
     headers = {"Authorization": f"Bearer {ACME_KEY}"}
     no_purpose = httpx.post(f"{gateway.url}/v1/files", headers=headers,
