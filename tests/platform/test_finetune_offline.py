@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from coserve import LLM, LoRARequest, SamplingParams
 from coserve.platform.tiny_model import create_random_adapter
 from coserve.policies.finetune_job import JobState
+from coserve.policies.plan import IterationPlan
 from reference import greedy_reference
 
 EXAMPLES = [{"messages": [{"role": "system", "content": "Answer briefly."},
@@ -50,7 +51,17 @@ def test_inference_is_bit_identical_while_a_job_trains(llama_dir: Path, adapter_
     job_id = llm.start_fine_tune(EXAMPLES, str(tmp_path / "job"),
                                  {"n_epochs": 1, "batch_size": 4}, {"r": 4})
     job = llm.jobs.job(job_id)
+    engine_step = llm.engine.step
+    mixed: list[int] = []  # iterations with inference tokens and fine-tuning forward tokens together
+
+    def recording(plan: IterationPlan) -> object:
+        if plan.num_tokens > 0 and plan.training.forward_tokens > 0:
+            mixed.append(plan.step_id)
+        return engine_step(plan)
+
+    llm.engine.step = recording  # type: ignore[method-assign]
     together = _outputs(llm, adapter)
+    assert mixed, "no iteration held inference and fine-tuning tokens together"
     assert job.trained_tokens > 0 or job.position.step > 0 or llm.engine.training.sequences, \
         "the job did not train during generate"
     # Greedy tokens bit for bit. Logprobs only to fp32 rounding: the fused batch has more rows, and
