@@ -82,5 +82,7 @@ def test_rayservice_embeds_the_serve_config_and_the_image() -> None:
     for container in (head, worker):  # the gateway (head) and the scheduler and engine all see the data dir
         assert any(m["mountPath"] == data_dir for m in container["volumeMounts"])
         assert container["image"] == "coserve:latest"
-    base = re.search(r"^FROM rayproject/ray:(\S+?)-py311", (DEPLOY / "Dockerfile").read_text(), re.M)
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    base = re.search(r"^FROM rayproject/ray:(\S+?)-py311", dockerfile, re.M)
     assert base is not None and base.group(1) == cluster["rayVersion"]
+    assert f'"ray[serve,train]=={cluster["rayVersion"]}"' in dockerfile  # pip must not move Ray
