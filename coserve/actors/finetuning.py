@@ -276,7 +276,7 @@ class JobManager:
         self._running[record.id] = _Running(record, job, self._clock())
         resumed = prepared.spec.resume_from is not None
         self._store.events.add(record.id, "Resumed from the last checkpoint" if resumed
-                              else "Fine-tuning job started")
+                               else "Fine-tuning job started")
 
     def _fail(self, record: JobRecord, code: str, message: str, param: str | None = None) -> None:
         """Record a failure (from either thread: `_running` entries are removed by the caller)."""
@@ -324,21 +324,21 @@ class JobManager:
         data = {"step": event.step, "train_loss": event.loss, "total_steps": running.job.total_steps}
         total = f"/{running.job.total_steps}"
         self._store.events.add(event.job_id, f"Step {event.step}{total}: training loss={event.loss:.4g}",
-                              type="metrics", data=data)
+                               type="metrics", data=data)
         elapsed = self._clock() - running.started_at
         steps_done = max(1, event.step - (running.job.spec.start_position or DataPosition(0)).step)
         remaining = (running.job.total_steps - event.step) * elapsed / steps_done
         self._store.jobs.update(event.job_id, trained_tokens=running.job.trained_tokens,
-                               estimated_finish=int(self._clock() + remaining))
+                                estimated_finish=int(self._clock() + remaining))
 
     def _on_checkpoint(self, running: _Running, event: JobEvent) -> None:
         record = running.record
         name = f"{model_id(self._settings, record)}:ckpt-step-{event.step}"
         metrics = {"step": event.step, "train_loss": running.last_loss}
         self._store.models.register(name, tenant=record.tenant, base_model=self._settings.base_model_id,
-                                   adapter_path=event.path, job_id=record.id)
+                                    adapter_path=event.path, job_id=record.id)
         self._store.checkpoints.add(record.id, event.step, name, metrics=metrics,
-                                   adapter_path=event.path)
+                                    adapter_path=event.path)
         self._store.events.add(record.id, f"Checkpoint created at step {event.step}")
 
     def _on_validation(self, running: _Running, event: JobEvent) -> None:
@@ -346,13 +346,13 @@ class JobManager:
         if running.last_loss is not None:
             data["train_loss"] = running.last_loss
         self._store.events.add(event.job_id, f"Step {event.step}/{running.job.total_steps}: validation "
-                              f"loss={event.loss:.4g}", type="metrics", data=data)
+                               f"loss={event.loss:.4g}", type="metrics", data=data)
 
     def _on_succeeded(self, running: _Running, event: JobEvent) -> None:
         record = running.record
         name = model_id(self._settings, record)
         self._store.models.register(name, tenant=record.tenant, base_model=self._settings.base_model_id,
-                                   adapter_path=event.path, job_id=record.id)
+                                    adapter_path=event.path, job_id=record.id)
         self._store.events.add(record.id, f"New fine-tuned model created: {name}")
         self._store.events.add(record.id, "The job has successfully completed")
         self._update_terminal(record.id, status=JobStatus.SUCCEEDED, fine_tuned_model=name,

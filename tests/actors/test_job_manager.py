@@ -166,7 +166,7 @@ def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataSt
     assert err.value.status == 404
     with pytest.raises(ProtocolError, match="at least 10") as err:
         file = store.files.create("acme", "t.jsonl", "fine-tune",
-                                 "\n".join(json.dumps(x) for x in LINES[:5]).encode())
+                                  "\n".join(json.dumps(x) for x in LINES[:5]).encode())
         service.create("acme", FineTuningJobCreate(model=BASE, training_file=file.id))
     assert err.value.param == "training_file"
     with pytest.raises(ProtocolError) as err:

@@ -154,8 +154,8 @@ def test_blob_names_must_be_generated_file_ids(tmp_path: Path) -> None:
 def test_create_job_records_everything(store: MetadataStore) -> None:
     f = store.files.create("acme", "train.jsonl", "fine-tune", TRAIN)
     job = store.jobs.create("acme", "tiny-llama", f.id, validation_file=f.id, suffix="my-model_1",
-                           hyperparameters={"n_epochs": 3}, method={"type": "supervised"}, seed=7,
-                           metadata={"team": "nlp"}, extensions={"lora": {"r": 8, "target_modules": ["q_proj"]}})
+                            hyperparameters={"n_epochs": 3}, method={"type": "supervised"}, seed=7,
+                            metadata={"team": "nlp"}, extensions={"lora": {"r": 8, "target_modules": ["q_proj"]}})
     assert job.id.startswith("ftjob-") and job.status is JobStatus.VALIDATING_FILES
     assert store.jobs.get("acme", job.id) == job
     assert store.jobs.get("globex", job.id) is None
@@ -202,7 +202,7 @@ def test_job_lifecycle_with_pause_resume_and_restart(store: MetadataStore) -> No
         assert store.jobs.update(job_id, status=status).status is JobStatus(status)
     assert store.jobs.active()[0].id == job_id
     job = store.jobs.update(job_id, status=JobStatus.SUCCEEDED, fine_tuned_model="ft:tiny:acme::abc",
-                           trained_tokens=1234, result_files=["file-" + "1" * 24])
+                            trained_tokens=1234, result_files=["file-" + "1" * 24])
     assert job.finished_at is not None and job.estimated_finish is None
     assert store.jobs.get("acme", job_id) == job
     assert store.jobs.active() == []
@@ -247,7 +247,7 @@ def test_update_job_rejects_bad_fields(store: MetadataStore) -> None:
     with pytest.raises(NotFoundError):
         store.jobs.update("ftjob-" + "0" * 24, status="queued")
     failed = store.jobs.update(job_id, status="failed", error={"code": "invalid_n_examples",
-                                                              "message": "at least 10", "param": "training_file"})
+                                                               "message": "at least 10", "param": "training_file"})
     assert store.jobs.get("acme", job_id).error == failed.error == {
         "code": "invalid_n_examples", "message": "at least 10", "param": "training_file"}
 
@@ -318,7 +318,7 @@ def test_models_base_shared_fine_tuned_private(store: MetadataStore) -> None:
     base = store.models.ensure_base("tiny-llama")
     assert store.models.ensure_base("tiny-llama") == base
     ft = store.models.register("ft:tiny-llama:acme::abc", tenant="acme", base_model="tiny-llama",
-                              adapter_path="/adapters/abc", job_id="ftjob-" + "0" * 24)
+                               adapter_path="/adapters/abc", job_id="ftjob-" + "0" * 24)
     assert store.models.usable("acme") == [base, ft]
     assert store.models.usable("globex") == [base]
     assert store.models.get("globex", ft.id) is None and store.models.get("globex", base.id) == base

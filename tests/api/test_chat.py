@@ -47,7 +47,7 @@ def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     ft = f"ft:{opts.base_model_id}:acme:demo:ab12cd34"
     # A relative adapter path resolves inside the data dir.
     app.state.gateway.store.models.register(ft, tenant="acme", base_model=opts.base_model_id,
-                                           adapter_path=str(adapter.relative_to(root / "data")))
+                                            adapter_path=str(adapter.relative_to(root / "data")))
     with serve_in_thread(app) as url:
         yield Server(url=url, app=app, base=opts.base_model_id, ft=ft)
 

@@ -193,7 +193,7 @@ class FineTuningService:
             raise ProtocolError(f"Cannot {verb} job {job_id}: {err}", param="fine_tuning_job_id",
                                 code="invalid_job_status") from None
         self.store.events.add(job_id, f"Job {status.value if status != JobStatus.QUEUED else 'resumed'}"
-                             f" by request")
+                              f" by request")
         return to_job(record)
 
     def cancel(self, tenant: str, job_id: str) -> FineTuningJob:
