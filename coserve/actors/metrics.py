@@ -10,6 +10,9 @@ dashboard derives from it need nothing else.
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -18,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 TOKEN_KINDS = ("prompt", "completion", "finetune")
+# The fine-tuning throughput gauge averages over this window (a step lands every few seconds at most).
+FINETUNE_RATE_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +50,10 @@ class SchedulerMetrics:
         slo: the objectives attainment is counted against.
     """
 
-    def __init__(self, slo: Slo = Slo()) -> None:
+    def __init__(self, slo: Slo = Slo(), clock: Callable[[], float] = time.monotonic) -> None:
         self.slo = slo
+        self._clock = clock
+        self._finetune_recent: deque[tuple[float, int]] = deque()  # (when, trained tokens) in the window
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ttft = Histogram("coserve_time_to_first_token_seconds", "Time from arrival to the first "
@@ -63,6 +70,9 @@ class SchedulerMetrics:
         self.queue = Gauge("coserve_queue_requests", "Inference requests by state", ["state"], registry=r)
         self.kv_used = Gauge("coserve_kv_blocks_in_use", "KV cache blocks held by requests", registry=r)
         self.kv_total = Gauge("coserve_kv_blocks_total", "KV cache blocks of the engine", registry=r)
+        self.finetune_rate = Gauge("coserve_finetune_tokens_per_second", "Trained tokens of completed "
+                                   f"optimizer steps per second over the last {FINETUNE_RATE_WINDOW_S:g} s",
+                                   registry=r)
 
     def count_tokens(self, kind: str, tenant: str, count: int) -> None:
         """Add `count` tokens of `kind` (one of TOKEN_KINDS) for `tenant`."""
@@ -70,6 +80,8 @@ class SchedulerMetrics:
             raise ValueError(f"token kind must be one of {TOKEN_KINDS}, got {kind!r}")
         if count:
             self.tokens.labels(kind, tenant).inc(count)
+            if kind == "finetune":
+                self._finetune_recent.append((self._clock(), count))
 
     def first_token(self, tenant: str, seconds: float) -> None:
         """A request's first output token arrived `seconds` after the request."""
@@ -93,4 +105,11 @@ class SchedulerMetrics:
             self.queue.labels("running").set(queues.running)
             self.kv_used.set(queues.kv_blocks_used)
             self.kv_total.set(queues.kv_blocks_total)
+        self.finetune_rate.set(self._finetune_tokens_per_s())
         return generate_latest(self.registry).decode("utf-8")
+
+    def _finetune_tokens_per_s(self) -> float:
+        cutoff = self._clock() - FINETUNE_RATE_WINDOW_S
+        while self._finetune_recent and self._finetune_recent[0][0] < cutoff:
+            self._finetune_recent.popleft()
+        return sum(count for _, count in self._finetune_recent) / FINETUNE_RATE_WINDOW_S

@@ -265,6 +265,7 @@ def test_metrics_count_training_tokens_and_slo_attainment(server: Server) -> Non
     # Every trained token of every optimizer step is counted, for the tenant that trained.
     finetune = metric(server, "coserve_tokens_total", kind="finetune", tenant="initech")
     assert finetune == job.trained_tokens > 0
+    assert metric(server, "coserve_finetune_tokens_per_second") > 0  # the job trained within the last minute
 
     ttft_before = metric(server, "coserve_slo_requests_total", slo="ttft")
     tpot_before = metric(server, "coserve_slo_requests_total", slo="tpot")
