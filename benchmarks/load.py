@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import numpy as np
 import openai
+
+from coserve.bench.metrics import percentile_ms
 
 KEY = "sk-load-tenant-0123456789"
 MODEL_DIR = Path(".coserve/models/tiny-llama")
@@ -150,9 +151,7 @@ def start_job(client: openai.OpenAI, model: str, epochs: int) -> str:
 
 
 def _percentiles_ms(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p99": None}
-    return {"p50": float(np.percentile(values, 50)) * 1e3, "p99": float(np.percentile(values, 99)) * 1e3}
+    return {"p50": percentile_ms(values, 50), "p99": percentile_ms(values, 99)}
 
 
 def report(stats: LoadStats, wall_s: float, job: object, trained_before: int) -> dict[str, object]:

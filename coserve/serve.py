@@ -163,7 +163,7 @@ def build_local_app(opts: ServeOptions) -> Any:
     scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants))
     store = MetadataStore(opts.data_dir)
     return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
-                     max_lora_rank=opts.engine_config().max_lora_rank)
+                     max_lora_rank=engine.layout().max_lora_rank)
 
 
 def run_local(opts: ServeOptions) -> None:
@@ -177,13 +177,14 @@ def run_local(opts: ServeOptions) -> None:
 
 # ------------------------------------------------------------------------------------- Ray mode
 
-def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any]:
+def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
     """Create the named SchedulerActor and EngineActor, register the engine, start its loop.
 
     The caller owns them (the gateway's Serve replica, `coserve.api.ray_app`): they end with it.
 
     Returns:
-        (scheduler handle, engine handle), named `SCHEDULER_ACTOR` and `ENGINE_ACTOR` in `RAY_NAMESPACE`.
+        (scheduler handle, engine handle, the engine's layout); the actors are named `SCHEDULER_ACTOR` and
+        `ENGINE_ACTOR` in `RAY_NAMESPACE`.
     """
     import ray
 
@@ -199,7 +200,7 @@ def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any]:
     layout = ray.get(engine.layout.remote())
     ray.get(scheduler.register_engine.remote(ENGINE_ID, layout))
     ray.get(engine.start.remote(RayLink(scheduler)))
-    return scheduler, engine
+    return scheduler, engine, layout
 
 
 def deploy_gateway(opts: ServeOptions) -> None:

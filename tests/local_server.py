@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,24 @@ def local_app(model: Path, root: Path, tenants: dict[str, Any], **options: Any) 
     return build_local_app(opts), opts
 
 
+@dataclass(frozen=True)
+class LocalServer:
+    """A running `local_server`: its base URL (`http://127.0.0.1:PORT`) and the base model's id."""
+
+    url: str
+    base: str
+
+    def client(self, key: str) -> openai.OpenAI:
+        """The official client as tenant `key`; no retries, so an error surfaces at once."""
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
 @contextmanager
-def local_server(model: Path, root: Path, tenants: dict[str, Any], **options: Any) -> Iterator[str]:
-    """Serve `local_app(...)`; yields its base URL (`http://127.0.0.1:PORT`)."""
-    app, _ = local_app(model, root, tenants, **options)
+def local_server(model: Path, root: Path, tenants: dict[str, Any], **options: Any) -> Iterator[LocalServer]:
+    """Serve `local_app(...)` until the block ends."""
+    app, opts = local_app(model, root, tenants, **options)
     with serve_in_thread(app) as url:
-        yield url
+        yield LocalServer(url, opts.base_model_id)
 
 
 def poll_job(oa: openai.OpenAI, job_id: str, done: Callable[[FineTuningJob], bool] = lambda j: j.status in TERMINAL,

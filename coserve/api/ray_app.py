@@ -48,14 +48,14 @@ class GatewayIngress:
         self._opts = opts
         self._tenants = opts.load_tenants()
         self._store = MetadataStore(opts.data_dir)
-        self._scheduler_actor, self._engine_actor = start_ray_actors(opts, self._tenants)
+        self._scheduler_actor, self._engine_actor, self._layout = start_ray_actors(opts, self._tenants)
         self._scheduler = RayScheduler(self._scheduler_actor)
 
     def __serve_build_asgi_app__(self) -> Any:
         from coserve.api.app import build_app
 
         return build_app(self._store, self._tenants, [self._opts.base_model_id], scheduler=self._scheduler,
-                         max_lora_rank=self._opts.engine_config().max_lora_rank)
+                         max_lora_rank=self._layout.max_lora_rank)
 
     def __del__(self) -> None:
         # Serve calls this on a graceful shutdown (and Python may again at collection): fail the streams

@@ -113,7 +113,8 @@ def finetune_steady_tokens_per_s(run: RunRecord) -> float | None:
     return sum(tokens for _, tokens in steps[1:]) / (steps[-1][0] - steps[0][0])
 
 
-def _percentile_ms(values: list[float], q: float) -> float | None:
+def percentile_ms(values: list[float], q: float) -> float | None:
+    """The `q`th percentile of `values` (seconds) in milliseconds; None when there are none."""
     return float(np.percentile(values, q)) * 1000.0 if values else None
 
 
@@ -127,11 +128,11 @@ def summarize(run: RunRecord, slo: SLO) -> RunMetrics:
         inference_tokens_per_s=inference_tokens_per_s(run),
         finetune_tokens_per_s=finetune_tokens_per_s(run),
         finetune_steady_tokens_per_s=finetune_steady_tokens_per_s(run),
-        ttft_p50_ms=_percentile_ms(ttfts, 50), ttft_p99_ms=_percentile_ms(ttfts, 99),
+        ttft_p50_ms=percentile_ms(ttfts, 50), ttft_p99_ms=percentile_ms(ttfts, 99),
         ttft_mean_ms=float(np.mean(ttfts)) * 1000.0 if ttfts else None,
-        tpot_p50_ms=_percentile_ms(tpots, 50), tpot_p99_ms=_percentile_ms(tpots, 99),
+        tpot_p50_ms=percentile_ms(tpots, 50), tpot_p99_ms=percentile_ms(tpots, 99),
         tpot_mean_ms=float(np.mean(tpots)) * 1000.0 if tpots else None,
-        gap_p99_ms=_percentile_ms(gaps, 99),
+        gap_p99_ms=percentile_ms(gaps, 99),
         num_requests=len(run.requests), num_finished=sum(r.finished for r in run.requests),
         num_iterations=len(run.iterations))
 

@@ -11,14 +11,13 @@ import json
 import tarfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from local_server import local_server, upload_jsonl
+from local_server import LocalServer, local_server, upload_jsonl
 
 
 ACME, GLOBEX = "sk-acme-ft-0123456789", "sk-globex-ft-0123456789"
@@ -27,21 +26,15 @@ LINES = [{"messages": [{"role": "system", "content": "You are terse."},
                        {"role": "assistant", "content": f"The number is {i}."}]} for i in range(12)]
 
 
-@dataclass
-class Server:
-    url: str
-    base: str
-
-
 @pytest.fixture(scope="module")
-def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     tenants = {"acme": {"api_keys": [ACME]}, "globex": {"api_keys": [GLOBEX]}}
-    with local_server(llama_dir, tmp_path_factory.mktemp("ft-http"), tenants) as url:
-        yield Server(url=url, base=llama_dir.resolve().name)
+    with local_server(llama_dir, tmp_path_factory.mktemp("ft-http"), tenants) as srv:
+        yield srv
 
 
-def client(srv: Server, key: str = ACME) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key=key, max_retries=0, timeout=60)
+def client(srv: LocalServer, key: str = ACME) -> openai.OpenAI:
+    return srv.client(key)
 
 
 def _wait(oa: openai.OpenAI, job_id: str, base: str, timeout: float = 120) -> object:
@@ -58,7 +51,7 @@ def _wait(oa: openai.OpenAI, job_id: str, base: str, timeout: float = 120) -> ob
     raise AssertionError(f"job {job_id} did not finish in {timeout} s")
 
 
-def test_fine_tuning_journey(server: Server) -> None:
+def test_fine_tuning_journey(server: LocalServer) -> None:
     oa = client(server)
     file_id, valid_id = upload_jsonl(oa, LINES), upload_jsonl(oa, LINES[:3])
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=file_id, suffix="nums", seed=3,
@@ -109,7 +102,7 @@ def test_fine_tuning_journey(server: Server) -> None:
     assert len(page.data) == 1
 
 
-def test_cancel_and_validation_errors(server: Server) -> None:
+def test_cancel_and_validation_errors(server: LocalServer) -> None:
     oa = client(server)
     file_id = upload_jsonl(oa, LINES)
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=file_id,
@@ -139,7 +132,7 @@ def test_cancel_and_validation_errors(server: Server) -> None:
         oa.fine_tuning.jobs.retrieve("ftjob-000000000000000000000000")
 
 
-def test_lora_values_the_store_cannot_keep_are_400(server: Server) -> None:
+def test_lora_values_the_store_cannot_keep_are_400(server: LocalServer) -> None:
     """Regression: `"lora_alpha": Infinity` (Python's JSON parser accepts it) and an unknown `lora` key
     holding `NaN` were a 500 (the job's JSON column refuses them); an unknown key also used to fail the
     job when it started instead of being refused here."""

@@ -15,7 +15,6 @@ import re
 import tarfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -25,7 +24,7 @@ import torch
 from openai.types.fine_tuning import FineTuningJob
 from safetensors.torch import load
 
-from local_server import TERMINAL, local_server, poll_job, upload_jsonl
+from local_server import TERMINAL, LocalServer, local_server, poll_job, upload_jsonl
 
 from coserve.actors.finetuning import RECONCILE_INTERVAL_S
 
@@ -38,14 +37,8 @@ LINES = [{"messages": [{"role": "user", "content": f"Say the number {i}"},
 PING = [{"role": "user", "content": "ping"}]
 
 
-@dataclass
-class Server:
-    url: str
-    base: str
-
-
 @pytest.fixture(scope="module")
-def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     tenants = {
         "acme": {"api_keys": [ACME]},
         "globex": {"api_keys": [GLOBEX]},
@@ -54,12 +47,12 @@ def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "smallco": {"api_keys": [SMALLCO], "limits": {"max_training_tokens_per_job": SMALL_TOKEN_QUOTA}},
     }
     # No SLOs given: the policy's defaults, which /metrics counts attainment against.
-    with local_server(llama_dir, tmp_path_factory.mktemp("ft-life"), tenants) as url:
-        yield Server(url=url, base=llama_dir.resolve().name)
+    with local_server(llama_dir, tmp_path_factory.mktemp("ft-life"), tenants) as srv:
+        yield srv
 
 
-def client(srv: Server, key: str = ACME) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key=key, max_retries=0, timeout=60)
+def client(srv: LocalServer, key: str = ACME) -> openai.OpenAI:
+    return srv.client(key)
 
 
 def step_events(oa: openai.OpenAI, job_id: str) -> list[dict]:
@@ -75,7 +68,7 @@ def chat(oa: openai.OpenAI, model: str, max_tokens: int = 4) -> openai.types.cha
     return reply
 
 
-def adapter(srv: Server, model: str, key: str = ACME) -> tuple[dict, dict[str, torch.Tensor]]:
+def adapter(srv: LocalServer, model: str, key: str = ACME) -> tuple[dict, dict[str, torch.Tensor]]:
     """The PEFT config and weights of a fine-tuned model, downloaded."""
     response = httpx.get(f"{srv.url}/v1/models/{model}/adapter",
                          headers={"Authorization": f"Bearer {key}"}, timeout=30)
@@ -86,7 +79,7 @@ def adapter(srv: Server, model: str, key: str = ACME) -> tuple[dict, dict[str, t
     return config, weights
 
 
-def metric(srv: Server, name: str, **labels: str) -> float:
+def metric(srv: LocalServer, name: str, **labels: str) -> float:
     """The sum of the samples of `name` whose labels include `labels` (0 when there is none)."""
     total = 0.0
     for line in httpx.get(f"{srv.url}/metrics", timeout=30).text.splitlines():
@@ -97,7 +90,7 @@ def metric(srv: Server, name: str, **labels: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def first_job(server: Server) -> FineTuningJob:
+def first_job(server: LocalServer) -> FineTuningJob:
     """A succeeded acme job with a rank-4 LoRA (not the default 16), to train from."""
     oa = client(server)
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, LINES), seed=3,
@@ -108,7 +101,7 @@ def first_job(server: Server) -> FineTuningJob:
     return job
 
 
-def test_pause_and_resume(server: Server) -> None:
+def test_pause_and_resume(server: LocalServer) -> None:
     oa = client(server)
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, LINES), seed=1,
                                      hyperparameters={"n_epochs": 10, "batch_size": 2},
@@ -152,7 +145,7 @@ def test_pause_and_resume(server: Server) -> None:
         client(server, GLOBEX).fine_tuning.jobs.pause(job.id)
 
 
-def test_estimated_finish_while_running_then_null(server: Server) -> None:
+def test_estimated_finish_while_running_then_null(server: LocalServer) -> None:
     oa = client(server)
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, LINES), seed=2,
                                      hyperparameters={"n_epochs": 2, "batch_size": 2},
@@ -176,7 +169,7 @@ def test_estimated_finish_while_running_then_null(server: Server) -> None:
     assert job.created_at <= job.finished_at <= time.time() + 1
 
 
-def test_fine_tune_a_fine_tuned_model(server: Server, first_job: FineTuningJob) -> None:
+def test_fine_tune_a_fine_tuned_model(server: LocalServer, first_job: FineTuningJob) -> None:
     oa = client(server)
     base_model = first_job.fine_tuned_model
     job = oa.fine_tuning.jobs.create(model=base_model, training_file=upload_jsonl(oa, LINES), seed=3,
@@ -213,7 +206,7 @@ def test_fine_tune_a_fine_tuned_model(server: Server, first_job: FineTuningJob) 
     assert err.value.body["param"] == "model" and err.value.body["code"] == "model_not_available"
 
 
-def test_job_over_training_token_quota_fails_with_reason(server: Server) -> None:
+def test_job_over_training_token_quota_fails_with_reason(server: LocalServer) -> None:
     oa = client(server, SMALLCO)
     file_id = upload_jsonl(oa, LINES)
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=file_id,
@@ -241,7 +234,7 @@ def test_job_over_training_token_quota_fails_with_reason(server: Server) -> None
     assert ok.status == "succeeded" and 0 < ok.trained_tokens <= SMALL_TOKEN_QUOTA, ok.error
 
 
-def test_a_rank_above_the_engines_is_refused_up_front(server: Server) -> None:
+def test_a_rank_above_the_engines_is_refused_up_front(server: LocalServer) -> None:
     oa = client(server)
     # The API's bound is 256; this server's engine holds ranks up to 64 (its max_lora_rank).
     with pytest.raises(openai.BadRequestError) as err:
@@ -255,7 +248,7 @@ def test_a_rank_above_the_engines_is_refused_up_front(server: Server) -> None:
     assert poll_job(oa, job.id).status == "succeeded"
 
 
-def test_metrics_count_training_tokens_and_slo_attainment(server: Server) -> None:
+def test_metrics_count_training_tokens_and_slo_attainment(server: LocalServer) -> None:
     oa = client(server, INITECH)
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, LINES),
                                      hyperparameters={"n_epochs": 1, "batch_size": 4},
@@ -282,7 +275,7 @@ def test_metrics_count_training_tokens_and_slo_attainment(server: Server) -> Non
     assert metric(server, "coserve_time_to_first_token_seconds_count", tenant="initech") == len(replies)
 
 
-def test_checkpoint_serves_chats_before_the_job_ends(server: Server) -> None:
+def test_checkpoint_serves_chats_before_the_job_ends(server: LocalServer) -> None:
     oa = client(server)
     job = oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, LINES), seed=5,
                                      suffix="early", hyperparameters={"n_epochs": 10, "batch_size": 4},

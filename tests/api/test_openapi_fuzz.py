@@ -82,8 +82,8 @@ def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     # job at a time (the rest get 429 or fail their quota), so the run stays fast.
     limits = {"max_concurrent_jobs": 1, "max_training_tokens_per_job": 2000}
     tenants = {"fuzz": {"api_keys": [KEY], "limits": limits}}
-    with local_server(llama_dir, tmp_path_factory.mktemp("openapi-fuzz"), tenants) as url:
-        yield Server(url=url, seeded=_seed(url, llama_dir.resolve().name))
+    with local_server(llama_dir, tmp_path_factory.mktemp("openapi-fuzz"), tenants) as srv:
+        yield Server(url=srv.url, seeded=_seed(srv.url, srv.base))
 
 
 def _seed(url: str, base: str) -> Seeded:

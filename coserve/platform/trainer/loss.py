@@ -115,7 +115,10 @@ def window_loss(model: Transformer, hidden: torch.Tensor, targets: torch.Tensor,
     if head.dtype == torch.float32 and block >= 1:
         parts = [full_cross_entropy(model, normed[lo: lo + block].detach(), targets[rows[lo: lo + block]])
                  for lo in range(0, rows.numel(), block)]
-        loss, grad_normed = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        if len(parts) == 1:  # the usual window (a few tokens next to decodes): no copy
+            loss, grad_normed = parts[0]
+        else:
+            loss, grad_normed = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     else:
         loss, grad_normed = chunked_cross_entropy(normed.detach(), head, targets[rows], chunk)
     # Back through the final norm only (a few [n, hidden] ops); the LM head part is already done.
