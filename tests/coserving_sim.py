@@ -78,6 +78,15 @@ def execute(plan: IterationPlan, total_s: float = 0.0) -> IterationResult:
                            training=report)
 
 
+def keep_busy(policy: CoServingPolicy, tenant: str = "busy", max_tokens: int = 60) -> Request:
+    """Admit one long request (1-token prompt, then a decode per iteration at 1 ms), so the TPOT SLO
+    binds: an idle engine gives fine-tuning the whole iteration whatever the latency model says."""
+    request = make_request("busy", tenant, prompt_len=1, max_tokens=max_tokens)
+    policy.add_request(request)
+    step(policy)  # its prefill
+    return request
+
+
 def step(policy: CoServingPolicy, total_s: float = 0.0) -> tuple[IterationPlan, list[Request]]:
     plan = policy.plan()
     return plan, policy.update(plan, execute(plan, total_s))

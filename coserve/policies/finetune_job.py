@@ -111,6 +111,11 @@ class FinetuneJob:
         return per_epoch * self.spec.n_epochs
 
     @property
+    def last_planned_step(self) -> int:
+        """Step id of the last plan this job put work into (-1: none yet)."""
+        return self._last_planned
+
+    @property
     def runnable(self) -> bool:
         """Whether the job has work to schedule (it is running and not waiting for its final save)."""
         return self.state == JobState.RUNNING

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from coserve.policies.data_position import DataPosition
 from coserve.policies.training_plan import TrainingExample
 
+# A job's smallest backward tasklet, except for a layer's last tokens (`FinetuneJobSpec`).
+MIN_TASKLET_TOKENS = 16
+
 
 class JobPhase(enum.Enum):
     FORWARD = "forward"
@@ -70,7 +73,7 @@ class FinetuneJobSpec:
     lora: dict[str, object] = field(default_factory=dict)
     optimizer: dict[str, object] = field(default_factory=dict)
     max_window_tokens: int = 256  # longest forward window (the policy's budget may cut it shorter)
-    min_tasklet_tokens: int = 16  # smaller backward tasklets only for a layer's last tokens
+    min_tasklet_tokens: int = MIN_TASKLET_TOKENS  # smaller backward tasklets only for a layer's last tokens
     resume_from: str | None = None  # checkpoint folder to resume from, with `start_position`
     init_adapter: str | None = None  # PEFT folder to start from instead of PEFT's init
     start_position: DataPosition | None = None

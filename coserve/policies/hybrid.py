@@ -37,6 +37,7 @@ refines the latency model online (`LatencyModel.observe`).
 from __future__ import annotations
 
 import abc
+import logging
 import math
 import time
 from collections import Counter
@@ -46,15 +47,17 @@ from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.fcfs import Budget, FCFSPolicy
 from coserve.policies.finetune_job import JobEvent, JobPhase
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.job_roster import Allowance, JobRoster, TrainingJob
+from coserve.policies.job_roster import Allowance, JobRoster, TrainingJob, fixed_allowance
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
+from coserve.policies.liveness import FinetuneFloor
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.plan_checks import check_sequences
 from coserve.policies.request import Request, RequestStatus
 from coserve.policies.vtc import VirtualTokenCounter
 from coserve.policies.waiting import TenantQueues, WaitingQueue
 
+logger = logging.getLogger(__name__)
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 # The measured/predicted ratio's moving average: weight of a new iteration, and bounds on one sample
 # (a hiccup of the machine must not stop fine-tuning for long, nor a lucky run overfill iterations).
@@ -72,7 +75,8 @@ _BACKWARD_TOKEN_LAYER = PlanFeatures(ft_backward_token_layers=1.0)
 
 
 class CoServingPolicy(FCFSPolicy, abc.ABC):
-    """What every co-serving policy shares: VTC admission, fine-tuning jobs, KV reclaim, accounting.
+    """What every co-serving policy shares: VTC admission, fine-tuning jobs, KV reclaim, accounting,
+    the liveness floor (`liveness.FinetuneFloor`).
 
     Subclasses decide how much fine-tuning work an iteration gets (`plan`). Not used directly.
 
@@ -102,19 +106,25 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._overrun = 1.0
         self._now = clock()
         self._overdue: list[Request] = []  # this plan's overdue waiting requests, oldest last
+        self._floor = FinetuneFloor(config.finetune_floor_every, config.finetune_floor_tokens,
+                                    config.scheduler.max_batch_tokens)
+        self.slo_warning: str | None = None  # set when the SLO cannot hold for a full decode batch
         super().__init__(config.scheduler, kv, adapters)
         self._check_decode_batch_fits()
 
     def _check_decode_batch_fits(self) -> None:
-        """Refuse an SLO that a full batch of single-token decodes already breaks (nothing would fit)."""
+        """Warn when a full batch of single-token decodes already breaks the SLO (`slo_warning`): such
+        iterations leave fine-tuning only the liveness floor, so the SLO setting should change."""
         n = float(self._co.scheduler.max_num_seqs)
         batch = PlanFeatures(decode_tokens=n, decode_context=n, num_sequences=n)
         predicted = self._latency.predict(batch)
         if predicted > self._co.iteration_budget_s:
-            raise ValueError(
-                f"CoServingConfig.tpot_slo_ms={self._co.tpot_slo_ms} (minus the safety margin "
-                f"{self._co.safety_margin}) is below the predicted {predicted * 1000:.1f} ms of one "
-                f"decode batch of max_num_seqs={self._co.scheduler.max_num_seqs}")
+            self.slo_warning = (
+                f"tpot_slo_ms={self._co.tpot_slo_ms:g} (minus the safety margin {self._co.safety_margin:g}) "
+                f"is below the predicted {predicted * 1000:.1f} ms of one decode batch of "
+                f"max_num_seqs={self._co.scheduler.max_num_seqs}: full batches will miss the SLO and "
+                f"fine-tuning gets only its liveness floor; raise --tpot-slo-ms or lower --max-num-seqs")
+            logger.warning("coserve: %s", self.slo_warning)
 
     def _new_waiting_queue(self) -> WaitingQueue:
         return TenantQueues(self._vtc, self._sync_backlog)
@@ -194,12 +204,23 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._overdue = waiting.arrived_by(self._now - self._co.ttft_guard_s)[::-1]
         plan = self._new_plan()
         self._roster.apply_control(plan)
+        runnable = self._floor_enabled and self._has_runnable_job()
+        floor_due = self._floor_enabled and self._floor.due(plan.step_id, self._roster)
         if self._begin_iteration():
-            self._schedule_inference(plan, Budget(tokens=self._inference_token_budget()))
+            reserved = self._floor.reserved_tokens(floor_due)
+            self._schedule_inference(plan, Budget(tokens=max(0, self._inference_token_budget() - reserved)))
         base = plan_features(plan, self._slots, distinct_adapters=self._scheduled_adapters(plan))
+        if floor_due:  # first, so that the policy's own share cannot take the room it needs
+            inference_tokens = int(base.prefill_tokens + base.decode_tokens)
+            floor = self._floor.allowance(inference_tokens, self._co.scheduler.max_batch_tokens)
+            self._roster.fill_longest_waiting(plan, floor)
         allowance = self._finetune_allowance(base)
         if allowance is not None:
             self._roster.fill(plan, allowance)
+        elif runnable:
+            self._floor.hold(f"held back: the {type(self).__name__} gave this iteration to inference",
+                             unless_said=True)
+        self._floor.after_plan(plan, self._floor_enabled and self._has_runnable_job())
         training = plan.training
         features = base.with_finetune(training.forward_tokens, training.backward_token_layers,
                                       len(training.forward_windows) + len(training.backward_tasklets))
@@ -214,6 +235,8 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
             return None
         users = self._slot_users
         return len(users) - (-1 in users)
+
+    _floor_enabled = True  # whether the liveness floor applies (turn-taking baselines have turns)
 
     def _begin_iteration(self) -> bool:
         """Start planning an iteration; returns whether it schedules inference (temporal sharing
@@ -231,6 +254,12 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
 
     def _has_runnable_job(self) -> bool:
         return any(job.runnable for job in self._roster)
+
+    @property
+    def finetune_held_back(self) -> str | None:
+        """Why the last plan gave the runnable fine-tuning jobs nothing (None: it gave them work, or no
+        job is runnable); the scheduler's watchdog reports it on jobs that stopped moving."""
+        return self._floor.held_back
 
     @abc.abstractmethod
     def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
@@ -344,21 +373,36 @@ class HybridTokenPolicy(CoServingPolicy):
         return slack
 
     def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
+        max_tokens = self._co.scheduler.max_batch_tokens
+        max_layers = self._co.max_backward_token_layers
+        inference_tokens = int(base.prefill_tokens + base.decode_tokens)
+        if not self._running and not self.num_waiting:
+            # Liveness: the SLO binds only while inference runs or waits. An idle engine gives
+            # fine-tuning the whole iteration, whatever the latency model predicts.
+            return fixed_allowance(max_tokens, max_layers)
         if self._overdue_waiting() is not None:
+            self._floor.hold("held back: a request waited past the TTFT guard and is admitted first")
             return None  # TTFT guard: the batch drains into the overdue request first
         if self.num_waiting:
             # Inference first: requests that could not be admitted (max_num_seqs, blocks) wait for
             # running ones to finish, which fine-tuning would slow down; the queue drains first.
+            self._floor.hold(f"held back: {self.num_waiting} inference request(s) wait for admission")
             return None
+        if not self._latency.trusted:
+            # Warming up: small pieces beside inference, so the model measures their cost.
+            piece = self._co.finetune_floor_tokens
+            return fixed_allowance(min(piece, max(0, max_tokens - inference_tokens)), piece)
         budget_s = self._finetune_budget_s()
         if budget_s is None:
+            self._floor.hold("held back: the running requests have not banked TPOT slack for a burst")
             return None
-        budget_s /= self._overrun
+        return self._latency_allowance(base, budget_s / self._overrun, inference_tokens)
+
+    def _latency_allowance(self, base: PlanFeatures, budget_s: float, inference_tokens: int) -> Allowance:
+        """Each job's share: what the latency model says fits in `budget_s` with the plan so far."""
         max_tokens = self._co.scheduler.max_batch_tokens
         max_layers = self._co.max_backward_token_layers
-        latency = self._latency
-
-        inference_tokens = int(base.prefill_tokens + base.decode_tokens)
+        latency, floor = self._latency, self._floor
 
         def allow(job: TrainingJob, plan: IterationPlan) -> tuple[int, int] | None:
             training = plan.training
@@ -366,7 +410,10 @@ class HybridTokenPolicy(CoServingPolicy):
             # One more piece for the work this job adds (a window, or at least one tasklet).
             pieces = len(training.forward_windows) + len(training.backward_tasklets) + 1
             features = base.with_finetune(forward, backward, pieces)
-            if latency.predict(features) >= budget_s:
+            predicted = latency.predict(features)
+            if predicted >= budget_s:
+                floor.hold(f"held back: predicted iteration {predicted * 1000:.0f} ms > the "
+                           f"{budget_s * 1000:.0f} ms the TPOT SLO leaves")
                 return None  # the iteration is full: no later job can add anything
             if job.phase is JobPhase.FORWARD:
                 cap = max(0, max_tokens - inference_tokens - forward)

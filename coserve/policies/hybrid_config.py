@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.finetune_types import MIN_TASKLET_TOKENS
 from coserve.policies.vtc import VTCWeights
 
 
@@ -61,6 +62,16 @@ class CoServingConfig:
     """Backward tasklet work per iteration at most (tokens x layers), whatever the latency allows:
     bounds the activations a tasklet batch recomputes, and the VTC quantum M of fine-tuning."""
 
+    finetune_floor_every: int = 8
+    """Liveness floor (`liveness.FinetuneFloor`): after this many plans in a row that gave the
+    runnable fine-tuning jobs nothing (a tight SLO, a full batch, waiting requests), the next plan gives
+    one job a piece of `finetune_floor_tokens`, whatever the SLO. So no setting freezes a job."""
+
+    finetune_floor_tokens: int = 16
+    """Size of a floor piece (forward tokens, or backward token-layers), and of every piece while the
+    latency model is still warming up. At least a job's smallest backward tasklet (16 tokens), else a
+    backward floor piece could be refused."""
+
     vtc: VTCWeights = field(default_factory=VTCWeights)
     """Token costs w_p, w_q, w_r of the virtual token counters."""
 
@@ -82,6 +93,12 @@ class CoServingConfig:
             if self.max_stall_ms < self.tpot_slo_ms:
                 raise ValueError(f"CoServingConfig.max_stall_ms={self.max_stall_ms!r} is below "
                                  f"tpot_slo_ms={self.tpot_slo_ms!r}")
+        if self.finetune_floor_every < 1:
+            raise ValueError("CoServingConfig.finetune_floor_every must be >= 1, got "
+                             f"{self.finetune_floor_every}")
+        if self.finetune_floor_tokens < MIN_TASKLET_TOKENS:
+            raise ValueError(f"CoServingConfig.finetune_floor_tokens must be >= {MIN_TASKLET_TOKENS} (a "
+                             f"job's smallest backward tasklet), got {self.finetune_floor_tokens}")
         if self.max_backward_token_layers < 1:
             raise ValueError("CoServingConfig.max_backward_token_layers must be >= 1, got "
                              f"{self.max_backward_token_layers}")

@@ -37,6 +37,10 @@ class TrainingJob(Protocol):
     def phase(self) -> JobPhase: ...
 
     @property
+    def last_planned_step(self) -> int:
+        """Step id of the last plan this job put work into (-1: none yet)."""
+
+    @property
     def state(self) -> JobState: ...
 
     def schedule(self, plan: IterationPlan, forward_tokens: int, backward_token_layers: int) -> float:
@@ -158,7 +162,10 @@ class JobRoster:
         Returns:
             The fine-tuning tokens charged in total (each tenant's share is charged to its counter).
         """
-        pending = [job for job in self._jobs.values() if job.runnable]  # each is asked once
+        # Each job is asked once per plan (one window or one run of tasklets of its sequence in
+        # flight): one that the liveness floor already served in this plan is not asked again.
+        pending = [job for job in self._jobs.values()
+                   if job.runnable and job.last_planned_step != plan.step_id]
         total = 0.0
         while pending:
             by_tenant: dict[str, TrainingJob] = {}
@@ -180,6 +187,21 @@ class JobRoster:
                 total += charged
                 self._jobs[job.job_id] = self._jobs.pop(job.job_id)
         return total
+
+    def fill_longest_waiting(self, plan: IterationPlan, allowance: Allowance) -> float:
+        """Give work to the runnable job that has waited longest for it (the liveness floor: every job
+        in turn, whatever the counters), the next one if it cannot take any; charged like `fill`."""
+        waiting = sorted((job for job in self._jobs.values() if job.runnable),
+                         key=lambda job: job.last_planned_step)
+        for job in waiting:
+            amounts = allowance(job, plan)
+            if amounts is None:
+                break
+            charged = job.schedule(plan, *amounts) if max(amounts) > 0 else 0.0
+            if charged > 0:
+                self._vtc.charge_finetune(job.tenant, charged)
+                return charged
+        return 0.0
 
     def reclaim_kv(self, plan: IterationPlan) -> bool:
         """Free the KV blocks of one job's sequence in flight, the most-served tenant's first.

@@ -44,6 +44,7 @@ from coserve.policies.latency_features import (
     PlanFeatures,
     plan_features,
 )
+from coserve.policies.sample_guard import SampleGuard
 
 __all__ = [
     "FEATURE_NAMES", "LatencyModel", "ModelFingerprint", "PlanFeatures",
@@ -146,6 +147,8 @@ class LatencyModel:
             coefficient away from its fitted value without data; the inverse of the ridge weight. Larger
             adapts faster at first; smaller holds unexcited coefficients more firmly.
         scales: per-coefficient column scales (normally set by `fit`); None: `DEFAULT_SCALES`.
+        guard: which measurements `observe` learns from (warm-up, outliers, step bound); None: a
+            default `SampleGuard`, already trusting the model when coefficients are given.
 
     Raises:
         ValueError: a setting out of range, an unknown or negative coefficient.
@@ -159,6 +162,7 @@ class LatencyModel:
         forgetting: float = 0.995,
         prior_variance: float = 1.0,
         scales: Sequence[float] | None = None,
+        guard: SampleGuard | None = None,
     ) -> None:
         if not (isinstance(forgetting, (int, float)) and 0.0 < forgetting <= 1.0):
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
@@ -177,6 +181,9 @@ class LatencyModel:
         self._scales = list(DEFAULT_SCALES) if scales is None else [_positive("scales", s) for s in scales]
         if len(self._scales) != n:
             raise ValueError(f"scales must have {n} entries, got {len(self._scales)}")
+        self.guard = SampleGuard() if guard is None else guard
+        if any(self._coef):
+            self.guard.on_fit()  # given coefficients (a profile, a simulator's truth) are trusted
         self._reset_online()
 
     @property
@@ -230,6 +237,7 @@ class LatencyModel:
         self._scales = scales.tolist()
         self._coef = (theta / scales).tolist()
         self._reset_online(a.T @ a, a.T @ np.ones(len(y)))
+        self.guard.on_fit()
 
     def heldout_mape(self, samples: Sequence[Sample]) -> float:
         """Mean absolute percentage error on `samples` (percent: 5.0 means 5 %), e.g. held-out iterations.
@@ -241,8 +249,16 @@ class LatencyModel:
         predicted = x @ np.array(self._coef)
         return float(np.mean(np.abs(predicted - y) / y) * 100.0)
 
+    @property
+    def trusted(self) -> bool:
+        """Whether predictions rest on a fit or on enough measurements (`SampleGuard.trusted`)."""
+        return self.guard.trusted
+
     def observe(self, features: PlanFeatures, measured_s: float) -> float:
         """Refine the coefficients with one measured iteration (RLS step); returns the prior prediction.
+
+        The guard may drop the sample (an isolated outlier) or clip it to within its step bound of the
+        prediction before the fit sees it.
 
         Raises:
             ValueError: a negative feature, or measured_s not > 0.
@@ -250,6 +266,10 @@ class LatencyModel:
         features.validate()
         measured_s = _positive("measured_s", measured_s)
         predicted = self.predict(features)
+        admitted = self.guard.admit(predicted, measured_s)
+        if admitted is None:
+            return predicted
+        measured_s = admitted
         scales = np.array(self._scales)
         # Scaled coordinates, the row divided by its time: the same relative error `fit` minimises.
         x = np.array((1.0, *features.vector())) / scales / measured_s

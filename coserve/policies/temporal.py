@@ -29,6 +29,9 @@ class TurnTakingPolicy(CoServingPolicy, abc.ABC):
     """Inference iterations and fine-tuning iterations in turns; subclasses say when a turn is due."""
 
     _finetune_turn = False
+    # Turns give fine-tuning whole iterations by construction (at least one every n, and every one
+    # without inference): a floor piece inside an inference turn would break the baseline's contract.
+    _floor_enabled = False
 
     @abc.abstractmethod
     def _finetune_turn_due(self) -> bool:
