@@ -7,14 +7,25 @@ from typing import Any
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
-from coserve.policies.hybrid import CoServingPolicy, HybridTokenPolicy
+from coserve.policies.hybrid import HybridTokenPolicy
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
-from coserve.policies.plan import IterationPlan, IterationResult, SampledToken, StepTimings
+from coserve.policies.plan import (
+    IterationPlan,
+    IterationResult,
+    SampledToken,
+    StepTimings,
+)
 from coserve.policies.request import Request, SamplingParams
-from coserve.policies.training_plan import SavedAdapter, StepReport, TrainingExample, TrainingReport
+from coserve.policies.training_plan import (
+    SavedAdapter,
+    StepReport,
+    TrainingExample,
+    TrainingReport,
+)
 
 BS = 4
 TOKEN = 50

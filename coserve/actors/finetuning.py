@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobRecord, JobStatus
 from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
@@ -57,6 +58,10 @@ class JobHost(Protocol):
 
     def pop_job_events(self) -> list[JobEvent]: ...
 
+    @property
+    def finetune_held_back(self) -> str | None:
+        """Why the last plan gave the runnable jobs no work (None: it gave them work)."""
+
 
 @dataclass(frozen=True, slots=True)
 class FineTuningSettings:
@@ -65,6 +70,7 @@ class FineTuningSettings:
     data_dir: Path  # adapters go to {data_dir}/adapters/{job_id}/ (stored as absolute paths)
     num_layers: int
     max_model_len: int
+    stall_after_s: float = DEFAULT_STALL_AFTER_S  # a running job without progress this long gets an event
 
 
 class JobRefused(ValueError):
@@ -137,6 +143,7 @@ class JobManager:
         self._running: dict[str, _Running] = {}  # touched on the event loop only
         self._prepared: dict[str, PreparedJob] = {}  # validated, not yet started (collect's thread)
         self._next_adapter_id = FIRST_TRAINING_ADAPTER_ID
+        self.watchdog = JobWatchdog(settings.stall_after_s)
 
     @property
     def num_running(self) -> int:
@@ -304,7 +311,16 @@ class JobManager:
                 intents = []
             if intents:
                 wake()
+            self.watch()
             await asyncio.sleep(RECONCILE_INTERVAL_S)
+
+    def watch(self) -> None:
+        """Write an event on each running job that stopped moving (saying why) or moved again."""
+        progress = {job_id: r.job.last_planned_step for job_id, r in self._running.items() if r.job.runnable}
+        for notice in self.watchdog.check(progress, self._host.finetune_held_back):
+            if notice.stalled:
+                logger.warning("fine-tuning job %s: %s", notice.job_id, notice.message)
+            self._store.events.add(notice.job_id, notice.message)
 
     # -------------------------------------------------------------------------- policy -> store
 

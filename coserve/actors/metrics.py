@@ -73,6 +73,8 @@ class SchedulerMetrics:
         self.finetune_rate = Gauge("coserve_finetune_tokens_per_second", "Trained tokens of completed "
                                    f"optimizer steps per second over the last {FINETUNE_RATE_WINDOW_S:g} s",
                                    registry=r)
+        self.finetune_stalled = Gauge("coserve_finetune_jobs_stalled", "Running fine-tuning jobs without "
+                                      "progress for longer than the watchdog's limit", registry=r)
 
     def count_tokens(self, kind: str, tenant: str, count: int) -> None:
         """Add `count` tokens of `kind` (one of TOKEN_KINDS) for `tenant`."""

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 # A finished submission whose stream nobody read is dropped after this long.
 UNREAD_TTL_S = 60.0
+# The longest wait before planning again after an empty plan (work that cannot run yet).
+EMPTY_PLAN_WAIT_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,13 +153,21 @@ class SchedulerActor:
                 if plan is not None:
                     self._fail_plan(plan, f"internal error: {type(error).__name__}: {error}")
         self._start_job_loop()
+        idle_s = 0.0
         while not self._closed:
             if self._policy.has_work():
                 plan = self._policy.plan()
                 if not plan.is_empty:
                     self._inflight = plan
                     return plan
-                await asyncio.sleep(0.001)  # work that cannot run yet (no free blocks): do not spin
+                # Work that cannot run yet (no free blocks): back off, up to EMPTY_PLAN_WAIT_S, unless
+                # something new arrives (the watchdog reports a job that stays stuck).
+                idle_s = min(max(2 * idle_s, 0.001), EMPTY_PLAN_WAIT_S)
+                self._work.clear()
+                try:
+                    await asyncio.wait_for(self._work.wait(), idle_s)
+                except TimeoutError:
+                    pass
             else:
                 self._work.clear()
                 await self._work.wait()  # new requests, or jobs the job loop started
@@ -273,6 +283,7 @@ class SchedulerActor:
             kv = self._policy.kv
             queues = QueueState(waiting=self._policy.num_waiting, running=self._policy.num_running,
                                 kv_blocks_used=kv.num_blocks - kv.num_free_blocks, kv_blocks_total=kv.num_blocks)
+        self.metrics.finetune_stalled.set(self._jobs.watchdog.stalled if self._jobs is not None else 0)
         return self.metrics.render(queues)
 
     async def shutdown(self) -> None:

@@ -24,8 +24,9 @@ from coserve.bench.metrics import SLO
 from coserve.bench.replay import PolicyFactory
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.dynamic_temporal import DynamicTemporalSharingPolicy
-from coserve.policies.hybrid import CoServingPolicy, HybridTokenPolicy
+from coserve.policies.hybrid import HybridTokenPolicy
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel

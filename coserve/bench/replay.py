@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
-from coserve.policies.hybrid import CoServingPolicy
+from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency_features import PlanFeatures, plan_features
 from coserve.policies.plan import IterationPlan, IterationResult

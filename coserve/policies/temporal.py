@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.hybrid import CoServingPolicy
+from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.job_roster import Allowance, fixed_allowance
 from coserve.policies.kv_blocks import KVBlockManager

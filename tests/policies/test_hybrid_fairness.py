@@ -13,7 +13,7 @@ from coserving_sim import execute, make_job, make_policy, make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coserve.policies.hybrid import CoServingPolicy
+from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.vtc import VTCWeights
 

@@ -8,7 +8,6 @@ from coserving_sim import COEFFICIENTS, FP, FakeClock, execute, keep_busy, make_
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coserve.policies.finetune_job import FinetuneJob
 from coserve.policies.latency import LatencyModel, plan_features
 from coserve.policies.plan import IterationPlan
 from coserve.policies.sample_guard import SampleGuard

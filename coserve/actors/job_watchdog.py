@@ -1,0 +1,81 @@
+"""The fine-tuning watchdog: a running job that has not moved for a while gets an event saying why.
+
+Liveness is a rule (`coserve.policies.liveness`): every runnable job gets work, or the policy records
+why it did not (`finetune_held_back`: a tight SLO, waiting requests, no free KV block). What the rule
+cannot promise is that a job moves when memory is held by inference, or when the machine is so slow that
+a job's next piece is minutes away. So the scheduler watches: a job whose planned work has not changed
+for `stall_after_s` seconds gets one job event ("No progress for 60 s: held back: ...") and counts in
+the `coserve_finetune_jobs_stalled` gauge until it moves again, when a second event says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+DEFAULT_STALL_AFTER_S = 60.0
+
+
+@dataclass(slots=True)
+class _Watch:
+    progress: int  # the job's last planned step when last seen moving
+    since: float  # when that was
+    stalled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StallNotice:
+    """A job event to write: the job stopped moving (with why), or moved again."""
+
+    job_id: str
+    message: str
+    stalled: bool
+
+
+class JobWatchdog:
+    """Tracks each running job's progress marker and says when one stops and restarts moving.
+
+    Args:
+        stall_after_s: seconds without progress before a job counts as stalled.
+        clock: seconds (monotonic).
+    """
+
+    def __init__(self, stall_after_s: float = DEFAULT_STALL_AFTER_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not stall_after_s > 0:
+            raise ValueError(f"stall_after_s must be > 0, got {stall_after_s!r}")
+        self.stall_after_s = stall_after_s
+        self._clock = clock
+        self._watches: dict[str, _Watch] = {}
+
+    @property
+    def stalled(self) -> int:
+        """Running jobs that count as stalled now."""
+        return sum(w.stalled for w in self._watches.values())
+
+    def check(self, progress: Mapping[str, int], held_back: str | None) -> list[StallNotice]:
+        """Compare each running job's progress marker (its last planned step; jobs that cannot run now,
+        such as paused ones, are left out) with the last check's.
+
+        Args:
+            progress: job id -> progress marker, for the jobs that should be moving.
+            held_back: the policy's latest reason for giving jobs no work (None: it gave them work).
+        """
+        now = self._clock()
+        notices = []
+        watches = {}
+        for job_id, marker in progress.items():
+            watch = self._watches.get(job_id) or _Watch(marker, now)
+            if marker != watch.progress:
+                if watch.stalled:
+                    notices.append(StallNotice(job_id, "Training resumed", stalled=False))
+                watch = _Watch(marker, now)
+            elif not watch.stalled and now - watch.since >= self.stall_after_s:
+                watch.stalled = True
+                why = held_back or "its next piece found no free KV block or adapter slot"
+                notices.append(StallNotice(job_id, f"No progress for {now - watch.since:.0f} s: {why}",
+                                           stalled=True))
+            watches[job_id] = watch
+        self._watches = watches
+        return notices
