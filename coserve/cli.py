@@ -105,7 +105,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         max_batch_tokens=args.max_batch_tokens, tpot_slo_ms=args.tpot_slo_ms,
                         ttft_slo_ms=args.ttft_slo_ms, adapter_slots=args.adapter_slots, dtype=args.dtype,
                         device=args.device, latency_profile=args.latency_profile,
-                        max_stall_ms=args.max_stall_ms)
+                        max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every)
     try:
         opts.validate()
     except ValueError as error:
@@ -136,6 +136,9 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--max-stall-ms", type=float, default=None,
                        help="let fine-tuning spend the requests' TPOT slack in bursts, no token gap longer "
                             "than this (ms, >= the TPOT SLO; default: every iteration within the SLO)")
+    serve.add_argument("--finetune-floor-every", type=int, default=8,
+                       help="liveness floor: a fine-tuning job that got no work in this many iterations gets "
+                            "a small piece in the next one, whatever the SLO or load (default: 8)")
     serve.add_argument("--adapter-slots", type=int, default=4, help="LoRA adapters resident at once (default: 4)")
     serve.add_argument("--latency-profile", default=None,
                        help="latency model fitted by `coserve profile --json` (default: learned online)")

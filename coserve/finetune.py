@@ -25,7 +25,7 @@ from coserve.platform.trainer.lora_params import LoRATrainConfig
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.finetune_job import (FinetuneJob, FinetuneJobSpec, JobEvent, JobEventKind,
                                            JobState)
-from coserve.policies.job_roster import JobRoster, TrainingJob
+from coserve.policies.job_roster import JobRoster, whole_iteration_allowance
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.training_plan import TrainingExample
@@ -194,15 +194,8 @@ class OfflineJobs:
         budget = max(0, self._max_batch_tokens - plan.num_tokens)
         if budget == 0:
             return
-        backward = budget * self._num_layers
-
-        def allow(job: TrainingJob, plan: IterationPlan) -> tuple[int, int]:
-            # Both amounts: a sequence whose forward completes may start its backward at once.
-            training = plan.training
-            return (max(0, budget - training.forward_tokens),
-                    max(0, backward - training.backward_token_layers))
-
-        self._roster.fill(plan, allow)
+        # Both amounts: a sequence whose forward completes may start its backward at once.
+        self._roster.fill(plan, whole_iteration_allowance(budget, budget * self._num_layers))
 
     def update(self, plan: IterationPlan, result: IterationResult) -> None:
         self._roster.update(plan, result)

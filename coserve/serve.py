@@ -48,6 +48,7 @@ class ServeOptions:
     device: str = "cpu"
     latency_profile: str | None = None  # `coserve profile --json` output (None: learned online)
     max_stall_ms: float | None = None  # fine-tuning bursts spending TPOT slack (CoServingConfig)
+    finetune_floor_every: int = 8  # liveness floor (CoServingConfig.finetune_floor_every)
 
     @property
     def base_model_id(self) -> str:
@@ -61,7 +62,7 @@ class ServeOptions:
             ValueError: the first bad setting, named as on the command line.
         """
         positive = {"--max-num-seqs": self.max_num_seqs, "--max-batch-tokens": self.max_batch_tokens,
-                    "--adapter-slots": self.adapter_slots}
+                    "--adapter-slots": self.adapter_slots, "--finetune-floor-every": self.finetune_floor_every}
         for flag, value in positive.items():
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -118,7 +119,7 @@ class ServeOptions:
         fingerprint = ModelFingerprint(model_id_from_config(config), machine_id(self.device),
                                        dtype.removeprefix("torch."))
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
-                                      self.max_stall_ms, tenants.weights())
+                                      self.max_stall_ms, tenants.weights(), self.finetune_floor_every)
 
     def scheduler_settings(self, tenants: Any) -> Any:
         from coserve.actors.scheduler import SchedulerSettings

@@ -74,6 +74,7 @@ class CoServingPolicyFactory:
             (`CoServingConfig.max_stall_ms`); None: every iteration within the TPOT SLO.
         latency_profile: a `coserve profile --json` file; None starts unfitted (learned online).
         tenant_weights: tenant -> share under contention (the tenants file's `weight`).
+        finetune_floor_every: the liveness floor (`CoServingConfig.finetune_floor_every`).
     """
 
     fingerprint: ModelFingerprint
@@ -82,6 +83,7 @@ class CoServingPolicyFactory:
     latency_profile: str | None = None
     max_stall_ms: float | None = None
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    finetune_floor_every: int = 8
 
     def latency_model(self) -> LatencyModel:
         """The profile's model, checked against this server; or an unfitted one.
@@ -102,6 +104,7 @@ class CoServingPolicyFactory:
         slos = {k: v for k, v in (("tpot_slo_ms", self.tpot_slo_ms), ("ttft_slo_ms", self.ttft_slo_ms))
                 if v is not None}
         co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights),
-                             max_stall_ms=self.max_stall_ms, **slos)
+                             max_stall_ms=self.max_stall_ms, finetune_floor_every=self.finetune_floor_every,
+                             **slos)
         kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
         return HybridTokenPolicy(co, kv, AdapterSlots(layout.num_adapter_slots), self.latency_model())

@@ -41,7 +41,7 @@ from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.finetune_job import JobPhase
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.job_roster import Allowance, TrainingJob, fixed_allowance
+from coserve.policies.job_roster import Allowance, TrainingJob, fixed_allowance, whole_iteration_allowance
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures
 from coserve.policies.plan import IterationPlan, IterationResult
@@ -107,8 +107,9 @@ class HybridTokenPolicy(CoServingPolicy):
         inference_tokens = int(base.prefill_tokens + base.decode_tokens)
         if not self._running and not self.num_waiting:
             # Liveness: the SLO binds only while inference runs or waits. An idle engine gives
-            # fine-tuning the whole iteration, whatever the latency model predicts.
-            return fixed_allowance(max_tokens, max_layers)
+            # fine-tuning the whole iteration, whatever the latency model predicts, as when it trains
+            # alone (`LLM.fine_tune`): forward and backward in the same plan.
+            return whole_iteration_allowance(max_tokens, max_layers)
         if self._overdue_waiting() is not None:
             self._floor.hold("held back: a request waited past the TTFT guard and is admitted first")
             return None  # TTFT guard: the batch drains into the overdue request first

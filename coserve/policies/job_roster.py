@@ -232,3 +232,15 @@ def fixed_allowance(forward_tokens: int, backward_token_layers: int) -> Allowanc
         return 0, max(0, backward_token_layers - training.backward_token_layers)
 
     return allow
+
+
+def whole_iteration_allowance(forward_tokens: int, backward_token_layers: int) -> Allowance:
+    """Both amounts at once, shared by the jobs in VTC order: for an iteration without inference, where
+    a sequence whose forward completes may start its backward in the same plan."""
+
+    def allow(job: TrainingJob, plan: IterationPlan) -> tuple[int, int]:
+        training = plan.training
+        return (max(0, forward_tokens - training.forward_tokens),
+                max(0, backward_token_layers - training.backward_token_layers))
+
+    return allow
