@@ -80,6 +80,9 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._floor = FinetuneFloor(config.finetune_floor_every, config.finetune_floor_tokens,
                                     config.scheduler.max_batch_tokens)
         self.slo_warning: str | None = None  # set when the SLO cannot hold for a full decode batch
+        # Decode iterations a model learned online measures before the SLO check runs again (0: never;
+        # a fitted or loaded model was checked at construction).
+        self._unchecked_decode_samples = 0 if latency.trusted else latency.guard.warmup_samples
         super().__init__(config.scheduler, kv, adapters)
         self._check_decode_batch_fits()
 
@@ -288,10 +291,13 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
                 if predicted > 0:
                     ratio = min(max(result.timings.total_s / predicted, MIN_OVERRUN), MAX_OVERRUN)
                     self._overrun += OVERRUN_SMOOTHING * (ratio - self._overrun)
-            trusted = self._latency.trusted
             self._latency.observe(features, result.timings.total_s)
-            if not trusted and self._latency.trusted:
-                self._check_decode_batch_fits()  # the first prediction worth checking
+            if features.decode_tokens and self._unchecked_decode_samples > 0:
+                # A model learned online can say what a decode costs once it has measured some (an
+                # idle engine's fine-tuning iterations alone cannot separate it from the constant).
+                self._unchecked_decode_samples -= 1
+                if not self._unchecked_decode_samples and self._latency.trusted:
+                    self._check_decode_batch_fits()
         return touched
 
     def _release_resources(self, request: Request) -> None:

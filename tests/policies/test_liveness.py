@@ -155,3 +155,17 @@ def test_under_any_slo_and_load_every_job_keeps_making_progress(
         gaps = [b - a for a, b in zip([0, *its], [*its, 201])]
         # The floor serves the longest-waiting job: three jobs each move once every 3 * (8 + 1).
         assert max(gaps) <= 3 * (8 + 1), (job_id, its)
+
+
+def test_the_slo_warning_waits_for_measured_decodes_and_then_names_the_flag() -> None:
+    policy = make_policy(coefficients={}, num_blocks=256, tpot_slo_ms=20.0, scheduler={"max_model_len": 256})
+    policy.add_job(make_job(policy, "j", "acme", lengths=(200,), n_epochs=50))
+    for _ in range(20):  # an idle engine's fine-tuning iterations, 150 ms each: no decode measured
+        plan = policy.plan()
+        policy.update(plan, execute(plan, 0.150))
+    assert policy.latency.trusted and policy.slo_warning is None
+    keep_busy(policy)
+    for _ in range(8):  # decodes that take 30 ms each, beside small fine-tuning pieces: over the SLO
+        plan = policy.plan()
+        policy.update(plan, execute(plan, 0.030))
+    assert policy.slo_warning is not None and "raise --tpot-slo-ms" in policy.slo_warning
