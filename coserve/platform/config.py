@@ -147,12 +147,26 @@ class ModelConfig:
         )
 
 
+# config.json `model_type` -> family, for configs written without `architectures` (some converters
+# and hand-written configs omit it; transformers then picks the *ForCausalLM class from model_type).
+MODEL_TYPES: dict[str, Architecture] = {
+    "llama": Architecture.LLAMA,
+    "qwen2": Architecture.QWEN2,
+    "qwen3": Architecture.QWEN3,
+    "mistral": Architecture.MISTRAL,
+}
+
+
 def _architecture(raw: dict) -> Architecture:
     names = raw.get("architectures") or []
     for name in names:
         for arch in Architecture:
             if arch.value == name:
                 return arch
+    # Only a config with no `architectures` falls back: a listed class (say a sequence classifier)
+    # is not a causal LM even when its model_type is one coserve runs.
+    if not names and raw.get("model_type") in MODEL_TYPES:
+        return MODEL_TYPES[raw["model_type"]]
     raise UnsupportedModelError(
         f"unsupported architecture {names or raw.get('model_type')!r}; coserve supports "
         f"{SUPPORTED_ARCHITECTURES}")

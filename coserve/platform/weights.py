@@ -57,19 +57,50 @@ def _weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every tensor name a checkpoint of `cfg` may hold (optional biases and norms included)."""
+    h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    per_layer = {
+        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
+        "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+        "self_attn.o_proj.bias": (h,),
+        "self_attn.q_norm.weight": (cfg.head_dim,), "self_attn.k_norm.weight": (cfg.head_dim,),
+        "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i),
+        "mlp.gate_proj.bias": (i,), "mlp.up_proj.bias": (i,), "mlp.down_proj.bias": (h,),
+    }
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "lm_head.weight": (cfg.vocab_size, h),
+              "model.norm.weight": (h,)}
+    for layer in range(cfg.num_layers):
+        shapes.update({f"model.layers.{layer}.{name}": shape for name, shape in per_layer.items()})
+    return shapes
+
+
 class _TensorSource:
     """Name -> tensor over several shards, loading each tensor only when asked."""
 
     def __init__(self, model_dir: Path) -> None:
         self._where: dict[str, Path] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
         for f in _weight_files(model_dir):
             with safe_open(str(f), framework="pt") as handle:
                 for name in handle.keys():
                     self._where[name] = f
+                    self._shapes[name] = tuple(handle.get_slice(name).get_shape())
         self._model_dir = model_dir
 
     def has(self, name: str) -> bool:
         return name in self._where
+
+    def check_shapes(self, cfg: ModelConfig) -> None:
+        """Refuse, before loading anything, a tensor whose shape is not the one config.json implies."""
+        for name, shape in expected_shapes(cfg).items():
+            found = self._shapes.get(name)
+            if found is not None and found != shape:
+                raise UnsupportedModelError(
+                    f"weight {name!r} in {self._where[name]} has shape {list(found)}, but config.json "
+                    f"implies {list(shape)}: the weights do not match the config")
 
     def get(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if name not in self._where:
@@ -121,9 +152,10 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     """Load every base weight of `model_dir` in `dtype` on `device`.
 
     Raises:
-        UnsupportedModelError: missing shards or tensors.
+        UnsupportedModelError: missing shards or tensors, or a tensor of the wrong shape.
     """
     src = _TensorSource(Path(model_dir))
+    src.check_shapes(cfg)
     embed = src.get("model.embed_tokens.weight", dtype, device)
     if cfg.tie_word_embeddings or not src.has("lm_head.weight"):
         lm_head = embed
@@ -132,3 +164,26 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     layers = [_layer(src, cfg, i, dtype, device) for i in range(cfg.num_layers)]
     return ModelWeights(embed=embed, layers=layers,
                         final_norm=src.get("model.norm.weight", dtype, device), lm_head=lm_head)
+
+
+def check_weights(model_dir: str | Path, cfg: ModelConfig) -> None:
+    """Check that `model_dir` holds every weight `cfg` needs, in the right shapes, without loading them.
+
+    Raises:
+        UnsupportedModelError: missing shards or tensors, or a tensor of the wrong shape.
+    """
+    src = _TensorSource(Path(model_dir))
+    src.check_shapes(cfg)
+    # Like load_weights: without lm_head.weight the embedding serves as the output layer.
+    required = ["model.embed_tokens.weight", "model.norm.weight"]
+    required += [name for name in expected_shapes(cfg)
+                 if name.startswith("model.layers.") and _is_required(name, cfg)]
+    missing = [name for name in required if not src.has(name)]
+    if missing:
+        raise UnsupportedModelError(f"{len(missing)} weight(s) missing in {model_dir}, e.g. {missing[0]!r}")
+
+
+def _is_required(name: str, cfg: ModelConfig) -> bool:
+    if name.endswith(".bias"):
+        return False  # biases are optional here; load_weights checks they come all or none
+    return cfg.qk_norm or not name.endswith(("q_norm.weight", "k_norm.weight"))
