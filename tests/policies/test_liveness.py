@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import random
 
-from coserving_sim import COEFFICIENTS, FP, FakeClock, execute, keep_busy, make_job, make_policy, make_request, step
+from coserving_sim import (
+    COEFFICIENTS,
+    FP,
+    FakeClock,
+    execute,
+    keep_busy,
+    make_job,
+    make_policy,
+    make_request,
+    step,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.latency import LatencyModel, plan_features
 from coserve.policies.plan import IterationPlan
 from coserve.policies.sample_guard import SampleGuard
@@ -15,6 +26,18 @@ from coserve.policies.sample_guard import SampleGuard
 
 def _work(plan: IterationPlan) -> int:
     return plan.training.forward_tokens + plan.training.backward_token_layers
+
+
+def _run_one(policy: CoServingPolicy, truth: LatencyModel, clock: FakeClock) -> IterationPlan:
+    """Plan an iteration, 'execute' it in the time `truth` gives it, and report that to the policy."""
+    plan = policy.plan()
+    features = plan_features(plan, {c.request_id: -1 for c in plan.chunks})
+    training = plan.training
+    actual = truth.predict(features.with_finetune(training.forward_tokens, training.backward_token_layers,
+                                                  len(training.forward_windows) + len(training.backward_tasklets)))
+    clock.now += actual
+    policy.update(plan, execute(plan, actual))
+    return plan
 
 
 def test_an_idle_engine_gives_fine_tuning_the_whole_budget_whatever_the_model_predicts() -> None:
@@ -98,14 +121,7 @@ def test_a_poisoned_latency_model_recovers_from_what_it_measures() -> None:
     policy.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400, n_epochs=50))
     sizes = []
     for _ in range(300):
-        plan = policy.plan()
-        features = plan_features(plan, {c.request_id: -1 for c in plan.chunks})
-        training = plan.training
-        actual = truth.predict(features.with_finetune(training.forward_tokens, training.backward_token_layers,
-                                                      len(training.forward_windows) + len(training.backward_tasklets)))
-        clock.now += actual
-        policy.update(plan, execute(plan, actual))
-        sizes.append(_work(plan))
+        sizes.append(_work(_run_one(policy, truth, clock)))
     assert sizes[0] == 0  # poisoned: nothing fits at first
     late = sizes[-50:]
     assert min(late) > 0 and sum(late) / len(late) > 100  # back to filling iterations
@@ -131,13 +147,8 @@ def _drive(tpot_slo_ms: float, max_batch_tokens: int, max_num_seqs: int, arrival
         for _ in range(int(arrival_rate) + (rng.random() < arrival_rate % 1)):
             policy.add_request(make_request(f"r{it}-{rng.random()}", rng.choice("xyz"),
                                             prompt_len=rng.randint(1, 30), max_tokens=rng.randint(1, 30)))
-        plan = policy.plan()
-        features = plan_features(plan, {c.request_id: -1 for c in plan.chunks})
+        plan = _run_one(policy, truth, clock)
         training = plan.training
-        actual = truth.predict(features.with_finetune(training.forward_tokens, training.backward_token_layers,
-                                                      len(training.forward_windows) + len(training.backward_tasklets)))
-        clock.now += actual
-        policy.update(plan, execute(plan, actual))
         for job_id in {p.sequence_id.split("/")[0] for p in [*training.forward_windows, *training.backward_tasklets]}:
             worked[job_id].append(it)
     return worked
