@@ -89,7 +89,8 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
     def _check_decode_batch_fits(self) -> None:
         """Warn (`slo_warning`, logged) when one decode, or a full batch of them, already breaks the SLO
         by the latency model: such iterations leave fine-tuning only its liveness floor. Checked at
-        construction and again when a model learned online starts to trust itself."""
+        construction, and for a model learned online once it has measured `warmup_samples` decode
+        iterations."""
         for n in (1, self._co.scheduler.max_num_seqs):
             batch = PlanFeatures(decode_tokens=n, decode_context=n, num_sequences=n)
             predicted = self._latency.predict(batch)
