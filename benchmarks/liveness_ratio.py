@@ -7,6 +7,9 @@ speed of fine-tuning alone on the same engine. Side by side, alternating, in one
 - idle server: `coserve serve --local`'s app with the same model and limits (uvicorn in a thread), the
   same rows uploaded and trained through the official client, timed from create to `succeeded`.
 
+Each arm runs in a fresh subprocess (`--arm alone|server`), alternating: torch keeps per-thread state
+(OpenMP teams), so two arms in one process would measure each other's leftovers.
+
 usage: .venv/bin/python benchmarks/liveness_ratio.py [--model DIR] [--rounds 3] [--json OUT]
 (default model: a tiny random llama, small preset, made in a temporary folder).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,12 +58,24 @@ def on_idle_server(model: Path, root: Path) -> float:
     return took
 
 
+def _arm(arm: str, model: Path, work: Path) -> float:
+    """One arm in a fresh process; returns its seconds."""
+    out = subprocess.run([sys.executable, __file__, "--arm", arm, "--model", str(model), "--work", str(work)],
+                         check=True, capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--arm", choices=("alone", "server"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.arm is not None:  # a child: run one arm, print its seconds last
+        print(alone(args.model, args.work) if args.arm == "alone" else on_idle_server(args.model, args.work))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = args.model
@@ -69,8 +85,8 @@ def main() -> int:
             model = create_tiny_model(work / "tiny-llama", arch="llama", preset="small", seed=0)
         rows = []
         for k in range(args.rounds):  # alternating, so a slow phase of the machine hits both arms
-            a = alone(model, work / f"alone-{k}")
-            s = on_idle_server(model, work / f"server-{k}")
+            a = _arm("alone", model, work / f"alone-{k}")
+            s = _arm("server", model, work / f"server-{k}")
             rows.append({"alone_s": a, "server_s": s, "ratio": a / s})
             print(f"round {k}: alone {a:.2f} s, idle server {s:.2f} s, speed ratio {a / s:.3f}", flush=True)
     ratios = sorted(r["ratio"] for r in rows)

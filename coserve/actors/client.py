@@ -63,6 +63,7 @@ class LocalScheduler:
 
     async def close(self) -> None:
         await self.scheduler.shutdown()
+        self.engine.close()  # an engine whose loop never started ends its thread here
         await asyncio.to_thread(self.engine.join, 30.0)
 
     async def submit(self, sub: ChatSubmission) -> Admission:

@@ -1,8 +1,12 @@
 """`EngineActor`: one per GPU. Its loop pulls the next plan from the scheduler and reports the result.
 
-A plain class (`ray.remote(EngineActor)` in cluster mode, in-process with `--local`). The loop runs on
-a background thread; one `SchedulerLink.exchange(engine_id, last_result) -> next plan` call per
-iteration is all it says to the scheduler. Only plain dataclasses cross that call (`IterationPlan`,
+A plain class (`ray.remote(EngineActor)` in cluster mode, in-process with `--local`). The engine lives
+on a thread of its own: the thread builds it (loads the weights) and then runs the loop, so every torch
+operation of the engine runs on that one thread. Why: torch's OpenMP keeps a team of worker threads per
+calling thread, and an engine built on one thread and stepped on another ran its iterations ~40% slower
+on a 2-core CPU (measured: benchmarks/RESULTS.md, "Liveness"). One
+`SchedulerLink.exchange(engine_id, last_result) -> next plan` call per iteration is all the loop says to
+the scheduler. Only plain dataclasses cross that call (`IterationPlan`,
 `IterationResult`, `EngineFailure`), never tensors. The engine executes; it decides nothing.
 """
 
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -80,38 +85,64 @@ class EngineActor:
     """
 
     def __init__(self, config: Any, engine_id: str = "engine-0") -> None:
-        from coserve.platform.engine import Engine
-
         self.engine_id = engine_id
-        self.engine = Engine(config)
-        self._thread: threading.Thread | None = None
+        self.engine: Any = None  # the `Engine`, once the engine thread has built it
         self._stats = LoopStats()
         self.error: str | None = None  # why the loop ended, when it was not a normal stop
+        self._links: queue.Queue[SchedulerLink | None] = queue.Queue(maxsize=1)
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
+        self._started = False
+        self._thread = threading.Thread(target=self._main, args=(config,), name=f"coserve-{engine_id}",
+                                        daemon=True)
+        self._thread.start()
+        self._built.wait()
+        if self._build_error is not None:
+            raise self._build_error
+
+    def _main(self, config: Any) -> None:
+        """The engine thread: build the engine, then run the loop once `start` hands over a link."""
+        try:
+            from coserve.platform.engine import Engine
+
+            self.engine = Engine(config)
+        except BaseException as error:  # noqa: BLE001 - re-raised by the constructor, on the caller's thread
+            self._build_error = error
+            return
+        finally:
+            self._built.set()
+        link = self._links.get()
+        if link is not None:
+            self._run(link)
 
     def layout(self) -> Any:
         """The engine's `RuntimeLayout` (KV blocks, context length, adapter slots) for the scheduler."""
         return self.engine.layout
 
     def start(self, link: SchedulerLink) -> None:
-        """Start the loop on a background thread.
+        """Start the loop on the engine thread.
 
         Raises:
-            RuntimeError: the loop is already running.
+            RuntimeError: the loop was started before.
         """
-        if self._thread is not None and self._thread.is_alive():
+        if self._started:
             raise RuntimeError(f"engine {self.engine_id} is already running")
-        self._thread = threading.Thread(target=self._run, args=(link,), name=f"coserve-{self.engine_id}",
-                                        daemon=True)
-        self._thread.start()
+        self._started = True
+        self._links.put(link)
+
+    def close(self) -> None:
+        """Let the engine thread end without running the loop (when it was never started)."""
+        if not self._started:
+            self._started = True
+            self._links.put(None)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the loop to end (the scheduler shut down); True when it has."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return self._thread is None or not self._thread.is_alive()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._started and self._thread.is_alive()
 
     def stats(self) -> dict[str, float]:
         """`LoopStats` as a dict (plain data for a Ray call)."""
