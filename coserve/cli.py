@@ -169,7 +169,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         max_batch_tokens=args.max_batch_tokens, tpot_slo_ms=args.tpot_slo_ms,
                         ttft_slo_ms=args.ttft_slo_ms, adapter_slots=args.adapter_slots, dtype=args.dtype,
                         device=args.device, latency_profile=args.latency_profile,
-                        max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every)
+                        max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
+                        public_metrics=args.public_metrics)
     try:
         opts.validate()
     except ValueError as error:
@@ -203,6 +204,9 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--finetune-floor-every", type=int, default=8,
                        help="liveness floor: a fine-tuning job that got no work in this many iterations gets "
                             "a small piece in the next one, whatever the SLO or load (default: 8)")
+    serve.add_argument("--public-metrics", action="store_true",
+                       help="serve /metrics without an admin key, tenant labels summed away (default: "
+                            "admin keys only)")
     serve.add_argument("--adapter-slots", type=int, default=4, help="LoRA adapters resident at once (default: 4)")
     serve.add_argument("--latency-profile", default=None,
                        help="latency model fitted by `coserve profile --json` (default: learned online)")

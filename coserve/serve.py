@@ -49,6 +49,7 @@ class ServeOptions:
     latency_profile: str | None = None  # `coserve profile --json` output (None: learned online)
     max_stall_ms: float | None = None  # fine-tuning bursts spending TPOT slack (CoServingConfig)
     finetune_floor_every: int = 8  # liveness floor (CoServingConfig.finetune_floor_every)
+    public_metrics: bool = False  # /metrics without an admin key, tenant labels summed away
 
     @property
     def base_model_id(self) -> str:
@@ -164,7 +165,7 @@ def build_local_app(opts: ServeOptions) -> Any:
     scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants))
     store = MetadataStore(opts.data_dir)
     return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
-                     max_lora_rank=engine.layout().max_lora_rank)
+                     max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics)
 
 
 def run_local(opts: ServeOptions) -> None:

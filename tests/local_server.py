@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 from openai.types.fine_tuning import FineTuningJob
 from uvicorn_thread import serve_in_thread
@@ -24,13 +25,23 @@ from uvicorn_thread import serve_in_thread
 from coserve.serve import ServeOptions, build_local_app
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+# Every tenants file written here has this admin key: /metrics needs one.
+ADMIN_KEY = "sk-test-admin-0123456789"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def scrape(url: str) -> str:
+    """`GET {url}/metrics` as an admin (tenant labels included)."""
+    response = httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS, timeout=30)
+    response.raise_for_status()
+    return response.text
 
 
 def local_app(model: Path, root: Path, tenants: dict[str, Any], **options: Any) -> tuple[Any, ServeOptions]:
     """The app and its options: tenants file and data dir under `root`, float32, small batch limits
     (8 sequences, 256 tokens) unless `options` say otherwise."""
     path = root / "tenants.yaml"
-    path.write_text(json.dumps({"tenants": tenants}))
+    path.write_text(json.dumps({"tenants": tenants, "admin_api_keys": [ADMIN_KEY]}))
     settings = {"dtype": "float32", "max_num_seqs": 8, "max_batch_tokens": 256, **options}
     opts = ServeOptions(model=str(model), tenants=str(path), data_dir=str(root / "data"), local=True, **settings)
     opts.validate()

@@ -26,7 +26,7 @@ ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, c
 
 def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequence[str], *,
               max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, scheduler: Any = None,
-              max_lora_rank: int | None = None) -> FastAPI:
+              max_lora_rank: int | None = None, public_metrics: bool = False) -> FastAPI:
     """The OpenAI-compatible gateway over `store`.
 
     Args:
@@ -39,6 +39,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
             closed with the app (its lifespan). None: no chat (503).
         max_lora_rank: the engine's largest adapter rank: a fine-tuning job asking for more is a 400
             (None: not checked here; the engine then fails the job).
+        public_metrics: serve `/metrics` to scrapes without an admin key, tenant labels summed away
+            (False: an admin key is required).
 
     Raises:
         ValueError: an empty or fine-tuned model id in `base_models`, or `max_upload_bytes` < 1.
@@ -62,7 +64,7 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
                   lifespan=lifespan)
     app.state.gateway = GatewayState(store=store, tenants=tenants, base_models=tuple(base_models),
                                      max_upload_bytes=max_upload_bytes, scheduler=scheduler,
-                                     max_lora_rank=max_lora_rank)
+                                     max_lora_rank=max_lora_rank, public_metrics=public_metrics)
     install_error_handlers(app)
     # The whole body is capped, not only files: no endpoint needs more than an upload plus its framing.
     app.add_middleware(BodySizeLimit, max_bytes=max_upload_bytes + MULTIPART_OVERHEAD_BYTES)

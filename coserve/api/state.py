@@ -32,6 +32,7 @@ class GatewayState:
             gateway serves no chat, e.g. in tests of the other endpoints).
         max_lora_rank: the engine's largest adapter rank (None: fine-tuning requests are not checked
             against it).
+        public_metrics: `/metrics` without an admin key, tenant labels summed away (False: admin only).
     """
 
     store: MetadataStore
@@ -40,6 +41,7 @@ class GatewayState:
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     scheduler: Any = None
     max_lora_rank: int | None = None
+    public_metrics: bool = False
 
 
 def get_state(request: Request) -> GatewayState:

@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 from deploy_config import local_args, serve_config
+from local_server import ADMIN_KEY, scrape
 
 from coserve import LLM, SamplingParams
 from coserve.serve import ENGINE_ACTOR, RAY_NAMESPACE, SCHEDULER_ACTOR
@@ -50,7 +51,8 @@ def ray_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     root = tmp_path_factory.mktemp("ray-serving")
     tenants = root / "tenants.yaml"
     tenants.write_text(json.dumps({"tenants": {"ray-tenant": {"api_keys": [KEY]},
-                                               "other": {"api_keys": [OTHER_KEY]}}}))
+                                               "other": {"api_keys": [OTHER_KEY]}},
+                               "admin_api_keys": [ADMIN_KEY]}))
     # deploy/serve.yaml's application, as `serve run` builds it, with this machine's paths and the CPU.
     (app,) = serve_config()["applications"]
     args = {**local_args(app["args"], llama_dir, tenants, root / "data"), "max_num_seqs": 8}
@@ -74,7 +76,7 @@ def client(srv: RayServer, key: str = KEY) -> openai.OpenAI:
 
 
 def metric(srv: RayServer, name: str, **labels: str) -> float:
-    for line in httpx.get(f"{srv.url}/metrics").text.splitlines():
+    for line in scrape(srv.url).splitlines():
         match = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
         if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
             return float(match.group(2))
@@ -161,7 +163,7 @@ def test_disconnect_aborts_on_ray(ray_server: RayServer) -> None:
     deadline = time.monotonic() + 30
     while metric(ray_server, "coserve_requests_total", tenant="other", outcome="abort") < 1:
         assert time.monotonic() < deadline, ("the disconnected stream was not aborted: " + "; ".join(
-            line for line in httpx.get(f"{ray_server.url}/metrics").text.splitlines()
+            line for line in scrape(ray_server.url).splitlines()
             if 'tenant="other"' in line and not line.startswith("#")))
         time.sleep(0.1)
     assert metric(ray_server, "coserve_tokens_total", kind="completion", tenant="other") < 1900

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from local_server import local_app
+from local_server import ADMIN_HEADERS, local_app, scrape
 from uvicorn_thread import serve_in_thread
 
 from coserve import LLM, SamplingParams
@@ -71,7 +71,7 @@ def stream_text(chunks: list) -> dict[int, str]:
 
 def metric(srv: Server, name: str, **labels: str) -> float:
     """The value of one sample of /metrics (0 when absent)."""
-    text = httpx.get(f"{srv.url}/metrics").text
+    text = scrape(srv.url)
     for line in text.splitlines():
         match = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
         if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
@@ -269,7 +269,7 @@ def test_health_and_metrics(server: Server) -> None:
     before = metric(server, "coserve_tokens_total", kind="completion", tenant="acme")
     client(server).chat.completions.create(model=server.base, messages=HELLO, max_tokens=5,
                                            extra_body={"ignore_eos": True})
-    response = httpx.get(f"{server.url}/metrics")
+    response = httpx.get(f"{server.url}/metrics", headers=ADMIN_HEADERS)
     assert response.headers["content-type"].startswith("text/plain")
     assert metric(server, "coserve_tokens_total", kind="completion", tenant="acme") == before + 5
     assert metric(server, "coserve_time_to_first_token_seconds_count", tenant="acme") >= 1

@@ -24,7 +24,7 @@ import torch
 from openai.types.fine_tuning import FineTuningJob
 from safetensors.torch import load
 
-from local_server import TERMINAL, LocalServer, local_server, poll_job, upload_jsonl
+from local_server import TERMINAL, LocalServer, local_server, poll_job, scrape, upload_jsonl
 
 from coserve.actors.finetuning import RECONCILE_INTERVAL_S
 
@@ -82,7 +82,7 @@ def adapter(srv: LocalServer, model: str, key: str = ACME) -> tuple[dict, dict[s
 def metric(srv: LocalServer, name: str, **labels: str) -> float:
     """The sum of the samples of `name` whose labels include `labels` (0 when there is none)."""
     total = 0.0
-    for line in httpx.get(f"{srv.url}/metrics", timeout=30).text.splitlines():
+    for line in scrape(srv.url).splitlines():
         match = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
         if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
             total += float(match.group(2))

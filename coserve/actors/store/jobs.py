@@ -106,14 +106,23 @@ class JobTable:
             row = conn.execute("SELECT * FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)).fetchone()
         return None if row is None else from_row(JobRecord, row, JOB_JSON, _JOB_CONVERT)
 
-    def page(self, tenant: str, *, after: str | None = None,
+    def owner(self, job_id: str) -> str | None:
+        """The tenant of job `job_id`; None when there is no such job. Only for admin requests, which
+        act on a job in its owner's name."""
+        with self._db.read() as conn:
+            row = conn.execute("SELECT tenant FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def page(self, tenant: str | None, *, after: str | None = None,
                   limit: int = 20) -> tuple[list[JobRecord], bool]:
-        """A page of `tenant`'s jobs, newest first, and whether more follow.
+        """A page of `tenant`'s jobs (every tenant's for None: an admin's listing), newest first, and
+        whether more follow.
 
         Raises:
-            ValueError: bad limit, or `after` is not one of the tenant's job ids.
+            ValueError: bad limit, or `after` is not one of the listed job ids.
         """
-        rows, has_more = self._db.page("jobs", "tenant = ?", (tenant,), after=after, limit=limit)
+        scope, params = ("1", ()) if tenant is None else ("tenant = ?", (tenant,))
+        rows, has_more = self._db.page("jobs", scope, params, after=after, limit=limit)
         return [from_row(JobRecord, row, JOB_JSON, _JOB_CONVERT) for row in rows], has_more
 
     def active(self) -> list[JobRecord]:

@@ -1,6 +1,8 @@
 """HTTP routes of `/v1/fine_tuning/jobs` (https://platform.openai.com/docs/api-reference/fine-tuning).
 
-`pause` and `resume` are OpenAI's endpoints too (`client.fine_tuning.jobs.pause/resume`).
+`pause` and `resume` are OpenAI's endpoints too (`client.fine_tuning.jobs.pause/resume`). An admin key
+may do everything but create: it lists every tenant's jobs (`organization_id` names the tenant) and
+reads, cancels, pauses or resumes any of them.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from coserve.api.auth import Tenant
+from coserve.api.auth import AnyCaller, Tenant
 from coserve.api.protocol.fine_tuning import (FineTuningJob, FineTuningJobCheckpointList,
                                               FineTuningJobCreate, FineTuningJobEventList,
                                               FineTuningJobList)
@@ -38,38 +40,38 @@ def create_job(tenant: Tenant, service: Service, body: FineTuningJobCreate) -> F
 
 
 @router.get("", response_model=FineTuningJobList)
-def list_jobs(tenant: Tenant, service: Service, after: After = None, limit: Limit = 20) -> FineTuningJobList:
-    """A page of the tenant's jobs, newest first; page on with `after=<last id>`."""
-    return service.list_page(tenant, after, limit)
+def list_jobs(caller: AnyCaller, service: Service, after: After = None, limit: Limit = 20) -> FineTuningJobList:
+    """A page of the tenant's jobs (an admin: every tenant's), newest first; page on with `after=<last id>`."""
+    return service.list_page(caller.tenant, after, limit)
 
 
 @router.get("/{job_id}", response_model=FineTuningJob)
-def retrieve_job(tenant: Tenant, service: Service, job_id: str) -> FineTuningJob:
-    return service.retrieve(tenant, job_id)
+def retrieve_job(caller: AnyCaller, service: Service, job_id: str) -> FineTuningJob:
+    return service.retrieve(service.scope(caller, job_id), job_id)
 
 
 @router.post("/{job_id}/cancel", response_model=FineTuningJob)
-def cancel_job(tenant: Tenant, service: Service, job_id: str) -> FineTuningJob:
-    return service.cancel(tenant, job_id)
+def cancel_job(caller: AnyCaller, service: Service, job_id: str) -> FineTuningJob:
+    return service.cancel(service.scope(caller, job_id), job_id)
 
 
 @router.post("/{job_id}/pause", response_model=FineTuningJob)
-def pause_job(tenant: Tenant, service: Service, job_id: str) -> FineTuningJob:
-    return service.pause(tenant, job_id)
+def pause_job(caller: AnyCaller, service: Service, job_id: str) -> FineTuningJob:
+    return service.pause(service.scope(caller, job_id), job_id)
 
 
 @router.post("/{job_id}/resume", response_model=FineTuningJob)
-def resume_job(tenant: Tenant, service: Service, job_id: str) -> FineTuningJob:
-    return service.resume(tenant, job_id)
+def resume_job(caller: AnyCaller, service: Service, job_id: str) -> FineTuningJob:
+    return service.resume(service.scope(caller, job_id), job_id)
 
 
 @router.get("/{job_id}/events", response_model=FineTuningJobEventList)
-def list_events(tenant: Tenant, service: Service, job_id: str, after: After = None,
+def list_events(caller: AnyCaller, service: Service, job_id: str, after: After = None,
                 limit: Limit = 20) -> FineTuningJobEventList:
-    return service.events(tenant, job_id, after, limit)
+    return service.events(service.scope(caller, job_id), job_id, after, limit)
 
 
 @router.get("/{job_id}/checkpoints", response_model=FineTuningJobCheckpointList)
-def list_checkpoints(tenant: Tenant, service: Service, job_id: str, after: After = None,
+def list_checkpoints(caller: AnyCaller, service: Service, job_id: str, after: After = None,
                      limit: Limit = 10) -> FineTuningJobCheckpointList:
-    return service.checkpoints(tenant, job_id, after, limit)
+    return service.checkpoints(service.scope(caller, job_id), job_id, after, limit)

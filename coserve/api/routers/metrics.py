@@ -1,15 +1,20 @@
 """`GET /metrics` (Prometheus text, from the scheduler) and `GET /health` (liveness of the serving path).
 
-Neither needs an API key: they are for scrapers, load balancers and probes.
+`/health` needs no key: it is for load balancers and probes. `/metrics` names tenants, so it needs an
+admin key (`admin_api_keys` in the tenants file; `Authorization: Bearer <key>` in the scrape config).
+With `public_metrics` (`coserve serve --public-metrics`) anyone may scrape it, but only an admin
+scrape sees the `tenant` label: the others get every series summed over tenants.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from coserve.api.auth import bearer_key, identify, require_admin
+from coserve.api.metrics_view import without_label
 from coserve.api.state import GatewayState, get_state
 
 router = APIRouter(tags=["operations"])
@@ -28,8 +33,21 @@ async def health(state: State) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
+def _sees_tenants(request: Request, state: GatewayState) -> bool:
+    """Whether this scrape may see tenant labels (an admin's); raises 401/403 when it may see nothing."""
+    if not state.public_metrics:
+        require_admin(identify(bearer_key(request), state))
+        return True
+    if "authorization" not in request.headers:
+        return False
+    return identify(bearer_key(request), state).is_admin
+
+
 @router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(state: State) -> PlainTextResponse:
+async def metrics(request: Request, state: State) -> PlainTextResponse:
     """Prometheus text exposition: TTFT/TPOT histograms, tokens by kind and tenant, queues, KV blocks."""
+    sees_tenants = _sees_tenants(request, state)
     text = "" if state.scheduler is None else await state.scheduler.metrics_text()
+    if not sees_tenants:
+        text = without_label(text, "tenant")
     return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)

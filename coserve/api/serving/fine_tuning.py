@@ -8,8 +8,11 @@ gateway or scheduler restart. Another tenant's job is 404 like an unknown one.
 
 from __future__ import annotations
 
+import math
+
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import CheckpointRecord, EventRecord, JobRecord, JobStatus
+from coserve.api.auth import Caller
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.fine_tuning import (CheckpointMetrics, FineTuningJob, FineTuningJobCheckpoint,
                                               FineTuningJobCheckpointList, FineTuningJobCreate,
@@ -158,14 +161,33 @@ class FineTuningService:
             return
         active = sum(1 for job in self.store.jobs.active() if job.tenant == tenant)
         refusal = TenantQuota(config.limits).admit_job(active, 0)
-        if refusal is not None:
-            retry = refusal.retry_after_s
-            raise ProtocolError(f"{refusal.reason}. Retry when one of your jobs ends."
-                                if retry else f"{refusal.reason}.", status=429,
-                                type="rate_limit_error", code="rate_limit_exceeded",
-                                headers={"retry-after": str(int(retry))} if retry else None)
+        if refusal is None:
+            return
+        retry = refusal.retry_after_s
+        if retry is None:
+            # A limit that can never clear: 403, which clients (the official one included) do not retry.
+            raise ProtocolError(f"{refusal.reason}. Ask the operator to raise the tenant's "
+                                f"{refusal.limit}.", status=403, type="insufficient_quota",
+                                param=None, code="quota_exceeded")
+        raise ProtocolError(f"{refusal.reason}. Retry when one of your jobs ends.", status=429,
+                            type="rate_limit_error", code="rate_limit_exceeded",
+                            headers={"retry-after": str(math.ceil(retry))})
 
-    def list_page(self, tenant: str, after: str | None, limit: int) -> FineTuningJobList:
+    def scope(self, caller: Caller, job_id: str) -> str:
+        """The tenant a request on job `job_id` acts for: the caller's own, or for an admin the job's owner.
+
+        Raises:
+            ProtocolError: 404 for an admin naming a job that does not exist.
+        """
+        if caller.tenant is not None:
+            return caller.tenant
+        owner = self.store.jobs.owner(job_id)
+        if owner is None:
+            raise _job_not_found(job_id)
+        return owner
+
+    def list_page(self, tenant: str | None, after: str | None, limit: int) -> FineTuningJobList:
+        """A page of `tenant`'s jobs; every tenant's for None (an admin)."""
         try:
             records, has_more = self.store.jobs.page(tenant, after=after, limit=limit)
         except ValueError as err:
