@@ -26,6 +26,7 @@ RAY_NAMESPACE = "coserve"
 SCHEDULER_ACTOR = "coserve-scheduler"
 ENGINE_ACTOR = "coserve-engine-0"
 ENGINE_ID = "engine-0"
+ENGINE_MAX_RESTARTS = 10  # crashes an engine actor comes back from (then /health says it is gone)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -194,14 +195,19 @@ def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
     from coserve.actors.scheduler import SchedulerActor
 
     gpus = 1 if opts.device.startswith("cuda") else 0
+    # max_restarts: a crashed engine comes back (the scheduler's supervisor restarts its loop); calls in
+    # flight when it died fail rather than being retried on the new one.
     engine = ray.remote(EngineActor).options(name=ENGINE_ACTOR, namespace=RAY_NAMESPACE, num_cpus=0,
-                                             num_gpus=gpus).remote(opts.engine_config(), ENGINE_ID)
+                                             num_gpus=gpus, max_restarts=ENGINE_MAX_RESTARTS,
+                                             max_task_retries=0).remote(opts.engine_config(), ENGINE_ID)
     scheduler = ray.remote(SchedulerActor).options(name=SCHEDULER_ACTOR, namespace=RAY_NAMESPACE,
                                                    num_cpus=0).remote(opts.scheduler_settings(tenants),
                                                                       opts.policy_factory(tenants))
     layout = ray.get(engine.layout.remote())
     ray.get(scheduler.register_engine.remote(ENGINE_ID, layout))
-    ray.get(engine.start.remote(RayLink(scheduler)))
+    link = RayLink(scheduler)
+    ray.get(engine.start.remote(link))
+    ray.get(scheduler.supervise.remote(ENGINE_ID, engine, link))
     return scheduler, engine, layout
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -143,6 +144,10 @@ class EngineActor:
 
     def running(self) -> bool:
         return self._started and self._thread.is_alive()
+
+    def pid(self) -> int:
+        """The process the engine runs in (what an operator or a fault test kills)."""
+        return os.getpid()
 
     def stats(self) -> dict[str, float]:
         """`LoopStats` as a dict (plain data for a Ray call)."""

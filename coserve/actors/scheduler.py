@@ -2,7 +2,9 @@
 
 It owns the policy (what runs in each iteration), the tokenizer side of generation (chat template,
 incremental detokenization, stop strings, logprobs), tenant quotas, the per-request token streams the
-gateway reads, the metrics, and the engine registry.
+gateway reads (`StreamHub`), the metrics, and the engine registry. On Ray it also supervises the engine
+actor (`supervise`): a crashed engine's streams end with an error, its jobs resume from their
+checkpoints on the restarted engine (`engine_lost`, then `register_engine` again).
 
 A plain class: `ray.remote(SchedulerActor)` makes it an async Ray actor in cluster mode; with `--local`
 it lives in the gateway's process and its coroutines run on the gateway's event loop. Either way every
@@ -27,6 +29,7 @@ from coserve.actors.finetuning import FineTuningSettings, JobManager, open_job_m
 from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, EngineFailure, Rejection, StreamBatch
 from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
 from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
+from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, encode_chat, expand_request
 from coserve.policies.config import SchedulerConfig
@@ -36,8 +39,6 @@ from coserve.policies.request import AdapterRef, RequestStatus
 
 logger = logging.getLogger(__name__)
 
-# A finished submission whose stream nobody read is dropped after this long.
-UNREAD_TTL_S = 60.0
 # The longest wait before planning again after an empty plan (work that cannot run yet).
 EMPTY_PLAN_WAIT_S = 0.05
 
@@ -88,20 +89,23 @@ class SchedulerActor:
         self._max_model_len = 0
         self._adapters: AdapterChecker | None = None
         self._adapter_ids: dict[str, int] = {}  # adapter folder -> engine adapter id (>= 1)
-        self._subs: dict[str, SubmissionState] = {}
-        self._by_origin: dict[str, set[str]] = {}  # gateway replica -> its live request ids
-        self._origin_events: dict[str, asyncio.Event] = {}
+        self._streams = StreamHub()
         self._owner: dict[str, tuple[SubmissionState, int]] = {}  # child request id -> (submission, index)
         self._inflight: IterationPlan | None = None
         self._work = asyncio.Event()
         self._closed = False
         self._jobs: JobManager | None = None
         self._job_task: asyncio.Task[None] | None = None
+        self._generation = 0  # +1 each time an engine is lost: calls of the lost engine's loop end
+        self._supervisor: asyncio.Task[None] | None = None
 
     # --------------------------------------------------------------------------- engines
 
     def register_engine(self, engine_id: str, layout: EngineLayout) -> None:
         """Add an engine and build the policy over its layout.
+
+        An engine registered again after `engine_lost` (Ray restarted it) gets a fresh policy and job
+        manager: the jobs resume from their last checkpoints, as after a server restart.
 
         Raises:
             ValueError: a second engine (one engine per scheduler for now) or a duplicate id.
@@ -123,6 +127,30 @@ class SchedulerActor:
                 max_model_len=layout.max_model_len)
             self._jobs = open_job_manager(settings, self._policy,  # type: ignore[arg-type]
                                           self._settings.tenant_limits, self._count_finetune)
+
+    def engine_lost(self, engine_id: str, reason: str) -> None:
+        """The engine died or its loop stopped: end every live stream with an error that says so, drop
+        the policy and the in-memory jobs (the store keeps them running, with their checkpoints), and
+        end any call still waiting in `exchange`. New requests are a 503 until the engine is back."""
+        if self._engines.pop(engine_id, None) is None:
+            return
+        logger.error("engine %s lost: %s", engine_id, reason)
+        self._generation += 1
+        self._inflight = None
+        if self._job_task is not None:
+            self._job_task.cancel()
+        self._fail_live(f"The engine stopped before this request finished ({reason}); it is being "
+                        "restarted. Retry the request.")
+        self._job_task, self._jobs, self._policy = None, None, None
+
+    async def supervise(self, engine_id: str, handle: object, link: object) -> None:
+        """Watch the Ray engine actor `handle` and bring it back after a crash
+        (`coserve.actors.engine_supervisor`); `link` is what its restarted loop talks through."""
+        from coserve.actors.engine_supervisor import EngineSupervisor
+
+        if self._supervisor is None:
+            supervisor = EngineSupervisor(self, engine_id, handle, link)
+            self._supervisor = asyncio.get_running_loop().create_task(supervisor.run())
 
     def _count_finetune(self, tenant: str, tokens: int) -> None:
         self.metrics.count_tokens("finetune", tenant, tokens)
@@ -154,7 +182,8 @@ class SchedulerActor:
                     self._fail_plan(plan, f"internal error: {type(error).__name__}: {error}")
         self._start_job_loop()
         idle_s = 0.0
-        while not self._closed:
+        generation = self._generation
+        while not self._closed and generation == self._generation:
             if self._policy.has_work():
                 plan = self._policy.plan()
                 if not plan.is_empty:
@@ -201,8 +230,8 @@ class SchedulerActor:
             self.metrics.finished(sub.tenant, "rejected", None)
             return Admission(rejection=rejection)
         children = expand_request(sub.request_id, prompt, sampling, self._eos, adapter, sub.tenant)
-        self._drop_unread()
-        notify = self._origin_events.setdefault(sub.origin, asyncio.Event()) if sub.origin else None
+        self._streams.drop_unread()
+        notify = self._streams.notifier(sub.origin)
         state = SubmissionState(sub.tenant, [OutputTracker(c, self._tokenizer) for c in children],
                                 len(prompt), estimate, time.monotonic(), notify, sub.origin)
         try:
@@ -211,64 +240,19 @@ class SchedulerActor:
             return _reject(400, str(error), param="messages")
         return Admission(prompt_tokens=len(prompt))
 
-    async def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
+    def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
         """The request's output, batch by batch, until a batch with `done`."""
-        state = self._subs.get(request_id)
-        if state is None:
-            yield StreamBatch(done=True, error=f"unknown request {request_id!r}")
-            return
-        while True:
-            await state.changed.wait()
-            batch = self._take(request_id, state)
-            yield batch
-            if batch.done:
-                return
+        return self._streams.stream(request_id)
 
     async def poll(self, origin: str, timeout_s: float = 5.0) -> dict[str, StreamBatch]:
         """The pending batches of every request `origin` submitted, in one call (the Ray gateway's
         stream pump: one actor call per iteration whatever the number of live streams). Waits up to
         `timeout_s` for one; returns {} when none came."""
-        event = self._origin_events.setdefault(origin, asyncio.Event())
-        ready = self._ready(origin)
-        if not ready:
-            event.clear()
-            try:
-                await asyncio.wait_for(event.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                return {}
-            ready = self._ready(origin)
-        return {request_id: self._take(request_id, self._subs[request_id]) for request_id in ready}
-
-    def _ready(self, origin: str) -> list[str]:
-        ids = self._by_origin.get(origin, ())
-        return [rid for rid in ids if (state := self._subs.get(rid)) is not None and state.changed.is_set()]
-
-    def _take(self, request_id: str, state: SubmissionState) -> StreamBatch:
-        batch = state.take()
-        if batch.done:
-            self._forget(request_id)
-        return batch
-
-    def _forget(self, request_id: str) -> SubmissionState | None:
-        state = self._subs.pop(request_id, None)
-        if state is not None and state.origin:
-            ids = self._by_origin.get(state.origin)
-            if ids is not None:
-                ids.discard(request_id)
-        return state
-
-    def _drop_unread(self) -> None:
-        """Forget finished submissions nobody read for `UNREAD_TTL_S` (their client left before the
-        response started)."""
-        now = time.monotonic()
-        stale = [rid for rid, state in self._subs.items()
-                 if state.closed_at is not None and now - state.closed_at > UNREAD_TTL_S]
-        for request_id in stale:
-            self._forget(request_id)
+        return await self._streams.poll(origin, timeout_s)
 
     async def abort(self, request_id: str) -> bool:
         """Stop a request (its client went away). False when it is unknown or already finished."""
-        state = self._forget(request_id)
+        state = self._streams.forget(request_id)
         if state is None or state.done:
             return False
         self._finish_all(state, RequestStatus.FINISHED_ABORTED)
@@ -289,13 +273,17 @@ class SchedulerActor:
     async def shutdown(self) -> None:
         """Fail what is in flight, then end the engines' loops (their next exchange returns None)."""
         self._closed = True
-        if self._job_task is not None:
-            self._job_task.cancel()
-        for state in list(self._subs.values()):
-            if not state.done:
-                self._finish_all(state, RequestStatus.FINISHED_ABORTED)
-                state.error = "The server is shutting down."
-                self._finalize(state, outcome="error")
+        for task in (self._job_task, self._supervisor):
+            if task is not None:
+                task.cancel()
+        self._fail_live("The server is shutting down.")
+
+    def _fail_live(self, message: str) -> None:
+        """End every live submission with `message` as its stream's error; wake the engine loops."""
+        for state in self._streams.live():
+            self._finish_all(state, RequestStatus.FINISHED_ABORTED)
+            state.error = message
+            self._finalize(state, outcome="error")
         self._work.set()
 
     # --------------------------------------------------------------------------- internals
@@ -325,9 +313,7 @@ class SchedulerActor:
                 self._owner.pop(child_id, None)
             self._quotas.refund(state.tenant, state.estimate)
             raise
-        self._subs[request_id] = state
-        if state.origin:
-            self._by_origin.setdefault(state.origin, set()).add(request_id)
+        self._streams.add(request_id, state)
         self.metrics.count_tokens("prompt", state.tenant, state.prompt_tokens)
         self._work.set()
 

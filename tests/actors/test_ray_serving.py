@@ -177,3 +177,54 @@ def test_health_metrics_and_engine_loop_on_ray(ray_server: RayServer) -> None:
     assert metric(ray_server, "coserve_time_to_first_token_seconds_count", tenant="ray-tenant") >= 1
     stats = ray.get(ray_server.engine.stats.remote())
     assert stats["iterations"] > 0 and stats["failures"] == 0
+
+
+def _stream_outcome(srv: RayServer) -> str:
+    """One long stream: "done" when it finished, else the error it ended with."""
+    body = {"model": srv.base, "messages": HELLO, "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {KEY}"}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"error"' in line:
+                return json.loads(line[6:])["error"]["message"]
+            if line == "data: [DONE]":
+                return "done"
+    return "closed without [DONE]"
+
+
+def test_killed_engine_comes_back_and_loses_no_job(ray_server: RayServer) -> None:
+    """Last in this module: it kills the engine process. Running streams end with an error that says
+    the engine stopped, the actor is restarted and serves again, the job resumes from its checkpoint."""
+    import os
+    import signal
+
+    import ray
+
+    from local_server import TERMINAL, poll_job, upload_jsonl
+
+    oa = client(ray_server)
+    lines = [{"messages": [{"role": "user", "content": f"Count {i}"},
+                           {"role": "assistant", "content": f"{i} {i + 1} {i + 2}"}]} for i in range(16)]
+    job = oa.fine_tuning.jobs.create(model=ray_server.base, training_file=upload_jsonl(oa, lines),
+                                     hyperparameters={"n_epochs": 6, "batch_size": 4})
+    running = poll_job(oa, job.id, lambda j: j.status in TERMINAL or j.status == "running"
+                       and bool(oa.fine_tuning.jobs.checkpoints.list(j.id).data), timeout=120, interval=0.2)
+    assert running.status == "running", running  # killed below while it trains, with a checkpoint
+    with ThreadPoolExecutor(4) as pool:
+        streams = [pool.submit(_stream_outcome, ray_server) for _ in range(4)]
+        time.sleep(1.0)
+        os.kill(ray.get(ray_server.engine.pid.remote()), signal.SIGKILL)
+        outcomes = [s.result(timeout=120) for s in streams]
+    assert any("engine stopped" in o for o in outcomes), outcomes
+    assert all(o == "done" or "engine stopped" in o for o in outcomes), outcomes
+
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{ray_server.url}/health").status_code != 200:
+        assert time.monotonic() < deadline, httpx.get(f"{ray_server.url}/health").text
+        time.sleep(0.5)
+    reply = oa.chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=4)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    done = poll_job(oa, job.id, timeout=180, interval=0.5)
+    assert done.status == "succeeded", done
+    events = [e.message for e in oa.fine_tuning.jobs.list_events(job.id, limit=100).data]
+    assert "Resumed from the last checkpoint" in events, events
