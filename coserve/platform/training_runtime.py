@@ -13,6 +13,7 @@ hold) is reported and the job's state dropped; the engine keeps serving.
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from coserve.platform.trainer.optimizer import (LoRAOptimizer, NonFiniteGradient
                                                 OptimizerConfig)
 from coserve.platform.trainer.windowed import SequenceState, WindowedTrainer
 from coserve.policies.data_position import DataPosition
-from coserve.policies.training_plan import (ForwardWindow, JobFailure, JobStart, SavedAdapter,
+from coserve.policies.training_plan import (ForwardWindow, JobFailure, JobStart, SaveAdapter, SavedAdapter,
                                             StepReport, TrainingExample, TrainingReport,
                                             TrainingWork, WindowReport)
 
@@ -229,17 +230,29 @@ class TrainingRuntime:
                 self._step(step.job_id, step.step, step.num_sequences, step.num_tokens, report)
         for save in work.saves:
             job = self.jobs.get(save.job_id)
-            if job is None:
-                continue
-            path = Path(save.path)
+            if job is not None and self._save(job, save, report) and save.final:
+                self._drop_job(save.job_id)
+
+    def _save(self, job: _Job, save: SaveAdapter, report: TrainingReport) -> bool:
+        """Write a checkpoint or the final adapter; a failed write (disk full, permissions) fails the job
+        with the reason, never the iteration: the requests batched with it are not the job's fault.
+        A checkpoint is written atomically (the previous one stays); a partial final adapter is removed."""
+        path = Path(save.path)
+        try:
             if save.position is None:
                 job.lora.save_pretrained(path, job.base_model_name_or_path)
             else:
                 save_checkpoint(path, job.lora, job.optimizer, DataPosition.from_dict(save.position),
                                 job.base_model_name_or_path)
-            report.saved.append(SavedAdapter(save.job_id, str(path), save.step))
-            if save.final:
-                self._drop_job(save.job_id)
+        except OSError as err:
+            if save.position is None:
+                shutil.rmtree(path, ignore_errors=True)
+            what = "the fine-tuned adapter" if save.position is None else f"the checkpoint of step {save.step}"
+            self._fail(save.job_id, "checkpoint_write_failed", f"could not write {what}: "
+                       f"{err.strerror or err}; the job stopped (its last checkpoint is kept)", report)
+            return False
+        report.saved.append(SavedAdapter(save.job_id, str(path), save.step))
+        return True
 
     def _step(self, job_id: str, step: int, num_sequences: int, num_tokens: int,
               report: TrainingReport) -> None:
