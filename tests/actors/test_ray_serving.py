@@ -228,3 +228,38 @@ def test_killed_engine_comes_back_and_loses_no_job(ray_server: RayServer) -> Non
     assert done.status == "succeeded", done
     events = [e.message for e in oa.fine_tuning.jobs.list_events(job.id, limit=100).data]
     assert "Resumed from the last checkpoint" in events, events
+
+
+def test_restarted_gateway_replica_resumes_jobs(ray_server: RayServer) -> None:
+    """Last in this module: it kills the Serve replica that owns the actors. Serve starts a new one, which
+    starts fresh actors; a job that was training resumes from its last checkpoint and succeeds."""
+    import ray
+
+    from local_server import TERMINAL, poll_job, upload_jsonl
+
+    oa = client(ray_server)
+    lines = [{"messages": [{"role": "user", "content": f"Spell {i}"},
+                           {"role": "assistant", "content": f"{i}: {'-'.join(str(i))}"}]} for i in range(16)]
+    job = oa.fine_tuning.jobs.create(model=ray_server.base, training_file=upload_jsonl(oa, lines),
+                                     hyperparameters={"n_epochs": 6, "batch_size": 4})
+    running = poll_job(oa, job.id, lambda j: j.status in TERMINAL or j.status == "running"
+                       and bool(oa.fine_tuning.jobs.checkpoints.list(j.id).data), timeout=120, interval=0.2)
+    assert running.status == "running", running
+    (replica,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if "SERVE_REPLICA" in a["name"]]
+    ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
+
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{ray_server.url}/health", timeout=5).status_code == 200:
+                reply = oa.chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=4)
+                break
+        except (httpx.HTTPError, openai.APIError):
+            pass
+        assert time.monotonic() < deadline, "no replica answered in 180 s"
+        time.sleep(0.5)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    done = poll_job(oa, job.id, timeout=180, interval=0.5)
+    assert done.status == "succeeded", done
+    events = [e.message for e in oa.fine_tuning.jobs.list_events(job.id, limit=100).data]
+    assert "Resumed from the last checkpoint" in events, events
