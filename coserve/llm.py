@@ -153,6 +153,7 @@ class LLM:
             text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
         else:
             raise ValueError(f"a prompt must be a string or {{'prompt_token_ids': [...]}}, got {prompt!r}")
+        params.check_vocab(self.engine.layout.vocab_size)
         adapter = self._adapter_ref(lora)
         request_id = str(next(self._ids))
         children = expand_request(request_id, token_ids, params, self._eos, adapter)

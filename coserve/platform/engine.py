@@ -200,14 +200,26 @@ class Engine:
     def _sample(self, chunks: list[ScheduledChunk], logits: torch.Tensor,
                 result: IterationResult) -> None:
         seqs = [self._seqs[c.request_id] for c in chunks]
-        rows = [RowSampling(temperature=s.sampling.temperature, top_p=s.sampling.top_p,
-                            top_k=s.sampling.top_k, seed=s.sampling.seed, output_index=s.num_outputs,
-                            num_logprobs=s.sampling.logprobs) for s in seqs]
+        rows = [_row_sampling(s) for s in seqs]
         token_ids, logprobs = self.sampler(logits, rows)
         for chunk, seq, token, lp in zip(chunks, seqs, token_ids, logprobs):
             seq.tokens.append(token)
             seq.num_outputs += 1
             result.sampled.append(SampledToken(chunk.request_id, token, lp))
+
+
+def _row_sampling(seq: _Sequence) -> RowSampling:
+    """The sampler's settings for the sequence's next token; its token history only when a penalty
+    needs it (slicing every sequence's tokens each iteration would cost for nothing)."""
+    p = seq.sampling
+    row = RowSampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
+                      output_index=seq.num_outputs, num_logprobs=p.logprobs, logit_bias=p.logit_bias,
+                      repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
+                      presence_penalty=p.presence_penalty, min_p=p.min_p)
+    if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        split = len(seq.tokens) - seq.num_outputs
+        row.prompt_ids, row.output_ids = seq.tokens[:split], seq.tokens[split:]
+    return row
 
 
 def _new_sequence(new: NewSequence) -> _Sequence:

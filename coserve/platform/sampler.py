@@ -17,6 +17,9 @@ Semantics (documented because callers and tests rely on them):
   its tokens depend only on its own logits, seed and output position: not on the other rows of the
   batch, nor on whether the request was preempted and recomputed. Streams differ between CPU and CUDA.
   Unseeded rows draw from torch's default generator in one batched call.
+- **Logits processors** (`coserve.platform.logits_processors`): logit bias and the repetition,
+  frequency and presence penalties change the logits before the greedy or random choice; min-p masks
+  after the temperature, before top-k/top-p.
 - **Logprobs** are those of the raw model distribution, `log_softmax(logits)` in float32, before
   temperature, top-k and top-p (vLLM's default "raw_logprobs"). `rank` is 1 + the number of tokens
   with a strictly larger logprob.
@@ -24,10 +27,12 @@ Semantics (documented because callers and tests rely on them):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from coserve.platform.logits_processors import mask_min_p, process_logits
 from coserve.policies.plan import TokenLogprobs
 
 # Below this a positive temperature is clamped: logits / 1e-5 stays far inside float32's range, and
@@ -50,6 +55,9 @@ class RowSampling:
         seed: per-request seed, or None for the default generator.
         output_index: index of the output token being sampled (0 for the first one).
         num_logprobs: None for no logprobs, 0 for the sampled token's only, N for the top-N as well.
+        logit_bias, repetition_penalty, frequency_penalty, presence_penalty, min_p: see
+            `coserve.platform.logits_processors` (the defaults turn them off).
+        prompt_ids / output_ids: the sequence's tokens so far (needed by the penalties only).
     """
 
     temperature: float = 1.0
@@ -58,6 +66,13 @@ class RowSampling:
     seed: int | None = None
     output_index: int = 0
     num_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_p: float = 0.0
+    prompt_ids: Sequence[int] = ()
+    output_ids: Sequence[int] = ()
 
     @property
     def greedy(self) -> bool:
@@ -110,25 +125,26 @@ class Sampler:
         if not rows:
             return [], []
         x = logits.detach().float()
+        processed = process_logits(x, rows)  # x itself when no row asks: logprobs stay raw
         n, device = len(rows), x.device
         greedy = [i for i, r in enumerate(rows) if r.greedy]
         random = [i for i, r in enumerate(rows) if not r.greedy]
         if len(greedy) == n:
-            tokens = x.argmax(dim=-1)
+            tokens = processed.argmax(dim=-1)
         elif len(random) == n:
-            tokens = self._sample_random(x, rows)
+            tokens = self._sample_random(processed, rows)
         else:
             tokens = torch.empty(n, dtype=torch.long, device=device)
             g_idx, r_idx = _index(greedy, device), _index(random, device)
-            tokens[g_idx] = x[g_idx].argmax(dim=-1)
-            tokens[r_idx] = self._sample_random(x[r_idx], [rows[i] for i in random])
+            tokens[g_idx] = processed[g_idx].argmax(dim=-1)
+            tokens[r_idx] = self._sample_random(processed[r_idx], [rows[i] for i in random])
         return tokens.tolist(), self._logprobs(x, tokens, rows)
 
     def _sample_random(self, x: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
         """Temperature, top-k/top-p masking and the exponential race for non-greedy rows."""
         temps = [max(r.temperature, MIN_TEMPERATURE) for r in rows]
         scaled = x / torch.tensor(temps, dtype=torch.float32, device=x.device).unsqueeze(1)
-        scaled = _mask_top_k_top_p(scaled, rows)
+        scaled = _mask_top_k_top_p(mask_min_p(scaled, rows), rows)
         probs = torch.softmax(scaled, dim=-1)
         q = self._exponentials(probs.shape, rows, x.device)
         # argmax_i p_i / q_i is distributed as p (Exp(1) race); masked tokens have p_i = 0 and lose.

@@ -7,6 +7,7 @@ after `PREEMPTED` is a finished one, so `is_finished` is a single comparison (as
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 
@@ -28,6 +29,11 @@ class SamplingParams:
         logprobs: number of top logprobs per output token (None: none; 0: only the sampled token's).
         skip_special_tokens: drop special tokens from the detokenized text.
         include_stop_str_in_output: keep the matched stop string in the text.
+        frequency_penalty / presence_penalty: OpenAI's penalties on output tokens, in [-2, 2].
+        repetition_penalty: vLLM's penalty on prompt and output tokens, > 0 (1: off).
+        min_p: drop tokens less likely than `min_p` x the most likely one, in [0, 1].
+        logit_bias: token id -> bias added to its logit, in [-100, 100].
+        (Exact definitions: `coserve.platform.logits_processors`.)
     """
 
     n: int = 1
@@ -43,6 +49,11 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -61,6 +72,15 @@ class SamplingParams:
             (self.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}"),
             (self.logprobs is None or self.logprobs >= 0, "logprobs",
              f"logprobs must be >= 0, got {self.logprobs}"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+             f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty), "repetition_penalty",
+             f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}"),
+            (0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}"),
+            (all(-100.0 <= v <= 100.0 for v in (self.logit_bias or {}).values()), "logit_bias",
+             "logit_bias values must be in [-100, 100]"),
         ]
         for ok, param, message in checks:
             if not ok:
@@ -69,6 +89,13 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise ValueError (naming `logit_bias`) when a biased token id is not in the vocabulary."""
+        bad = sorted(t for t in (self.logit_bias or {}) if not 0 <= t < vocab_size)
+        if bad:
+            raise ValueError(f"logit_bias: token id(s) {bad[:5]} are not in the model's vocabulary "
+                             f"(0..{vocab_size - 1})")
 
 
 class RequestStatus(enum.IntEnum):
