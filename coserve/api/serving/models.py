@@ -74,11 +74,13 @@ class ModelsService:
         return re.sub(r"[^A-Za-z0-9_.-]", "_", model_id) + ".tar.gz", buffer.getvalue()
 
     def delete(self, tenant: str, model_id: str) -> ModelDeleted:
-        """Delete one of the tenant's fine-tuned models.
+        """Delete one of the tenant's fine-tuned models and its adapter folder (which frees its bytes and
+        its place under the tenant's storage quotas).
 
         Raises:
             ProtocolError: 404 `model_not_found` for an unknown or another tenant's model; 403 for a base
-                model.
+                model; 400 `model_in_use` for a checkpoint of a job still active (the job resumes from
+                its checkpoints: cancel it first, or wait until it ends).
         """
         record = self.store.models.get(tenant, model_id)
         if record is None:
@@ -87,6 +89,11 @@ class ModelsService:
             raise ProtocolError(f"You do not have permission to delete the model `{model_id}`: only your own "
                                 "fine-tuned models can be deleted.", status=403, param="model",
                                 code="model_not_deletable")
+        job = self.store.jobs.get(tenant, record.job_id) if record.job_id else None
+        if job is not None and not job.status.is_terminal:
+            raise ProtocolError(f"The model `{model_id}` is a checkpoint of fine-tuning job {job.id}, which is "
+                                f"{job.status.value} and resumes from its checkpoints: cancel the job or wait "
+                                "until it ends, then delete the model.", param="model", code="model_in_use")
         if not self.store.models.delete(tenant, model_id):
             # Deleted by a concurrent request between the two calls: gone for this caller too.
             raise model_not_found(model_id)
