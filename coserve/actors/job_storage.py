@@ -19,7 +19,8 @@ from pathlib import Path
 from coserve.actors.store import JobRecord, MetadataStore
 from coserve.actors.store.usage import RESERVED_MODELS_KEY, tree_bytes
 from coserve.policies.quotas import Refusal, TenantLimits
-from coserve.policies.storage_quota import admit_job, check_saved_adapter, models_per_job
+from coserve.policies.storage_quota import (admit_job, check_saved_adapter, has_storage_limits,
+                                            models_per_job)
 
 
 class JobStorage:
@@ -40,8 +41,10 @@ class JobStorage:
         """Set the job's reservation to the models `n_epochs` will write, or say why they do not fit
         (the reservation is then left as it was; the caller fails the job)."""
         reserved = models_per_job(n_epochs)
-        usage = self._store.usage.of(record.tenant, before_job=record.id)
-        refusal = admit_job(self._of(record.tenant), usage, reserved)
+        limits = self._of(record.tenant)
+        refusal = None
+        if has_storage_limits(limits):
+            refusal = admit_job(limits, self._store.usage.of(record.tenant, before_job=record.id), reserved)
         if refusal is None and record.extensions.get(RESERVED_MODELS_KEY) != reserved:
             extensions = {**record.extensions, RESERVED_MODELS_KEY: reserved}
             self._store.jobs.update(record.id, extensions=extensions)
@@ -51,7 +54,7 @@ class JobStorage:
     def admit_saved(self, tenant: str, path: str | None) -> Refusal | None:
         """Whether the adapter just written at `path` may be kept; when not, it is removed from disk."""
         limits = self._of(tenant)
-        if limits.max_stored_bytes is None and limits.max_fine_tuned_models is None:
+        if not has_storage_limits(limits):
             return None
         saved = tree_bytes(Path(path)) if path else 0
         refusal = check_saved_adapter(limits, self._store.usage.of(tenant), saved)

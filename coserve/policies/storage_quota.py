@@ -47,6 +47,11 @@ class StorageUsage:
         return self.file_bytes + self.adapter_bytes
 
 
+def has_storage_limits(limits: TenantLimits) -> bool:
+    """Whether any storage limit applies (when none does, usage need not be measured)."""
+    return limits.max_stored_bytes is not None or limits.max_fine_tuned_models is not None
+
+
 def models_per_job(n_epochs: int) -> int:
     """The fine-tuned models a job of `n_epochs` writes: a checkpoint at each epoch's end, then its final
     model."""

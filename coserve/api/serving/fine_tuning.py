@@ -25,7 +25,7 @@ from coserve.actors.store.usage import RESERVED_MODELS_KEY
 from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
 from coserve.platform.trainer.data import MIN_EXAMPLES, auto_n_epochs
 from coserve.policies.quotas import TenantQuota
-from coserve.policies.storage_quota import admit_job, models_per_job
+from coserve.policies.storage_quota import admit_job, has_storage_limits, models_per_job
 from coserve.policies.tenants import TenantsConfig
 
 
@@ -132,9 +132,11 @@ class FineTuningService:
         # checks the reservation again) once it has tokenized the file.
         n_epochs = hp.n_epochs if isinstance(hp.n_epochs, int) else auto_n_epochs(count)
         reserved = models_per_job(n_epochs)
-        refusal = admit_job(tenant_limits(self.tenants, tenant), self.store.usage.of(tenant), reserved)
-        if refusal is not None:
-            raise storage_quota_error(refusal, None)
+        limits = tenant_limits(self.tenants, tenant)
+        if has_storage_limits(limits):  # measuring walks the tenant's adapter folders: only when needed
+            refusal = admit_job(limits, self.store.usage.of(tenant), reserved)
+            if refusal is not None:
+                raise storage_quota_error(refusal, None)
         lora = body.lora.model_dump(exclude_none=True) if body.lora else None
         extensions: dict[str, object] = {RESERVED_MODELS_KEY: reserved}
         if lora:
