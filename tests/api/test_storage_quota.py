@@ -2,7 +2,7 @@
 server, the official client and the real SQLite file: uploads refused at the limit and accepted again once
 a file is deleted (also after a restart), jobs refused at creation when the models they would write do not
 fit, a deleted fine-tuned model's folder gone from disk with its count, a checkpoint over the byte quota
-not kept and its job failed with the code, a running job's checkpoints not deletable."""
+not kept and its job failed with the code, a model an active job resumes or trains from not deletable."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_a_checkpoint_over_the_byte_quota_is_not_kept_and_fails_its_job(llama_di
         assert refused.value.code == "storage_quota_exceeded"
 
 
-def test_a_running_jobs_checkpoint_cannot_be_deleted(llama_dir: Path, tmp_path: Path) -> None:
+def test_a_model_an_active_job_needs_cannot_be_deleted(llama_dir: Path, tmp_path: Path) -> None:
     with local_server(llama_dir, tmp_path, {"acme": {"api_keys": [KEY]}}) as srv:
         oa = srv.client(KEY)
         job = oa.fine_tuning.jobs.create(model=srv.base, training_file=upload(oa),
@@ -176,8 +176,16 @@ def test_a_running_jobs_checkpoint_cannot_be_deleted(llama_dir: Path, tmp_path: 
         with pytest.raises(openai.BadRequestError) as refused:
             oa.models.delete(ckpt.fine_tuned_model_checkpoint)
         assert refused.value.code == "model_in_use" and refused.value.body["param"] == "model"
+        # A second job trains on from that checkpoint: it stays in use after its own job ends.
+        follow = oa.fine_tuning.jobs.create(model=ckpt.fine_tuned_model_checkpoint, training_file=upload(oa),
+                                            hyperparameters={"n_epochs": 50, "batch_size": 4})
         oa.fine_tuning.jobs.cancel(job.id)
         poll_job(oa, job.id, timeout=60)
+        with pytest.raises(openai.BadRequestError) as refused:
+            oa.models.delete(ckpt.fine_tuned_model_checkpoint)
+        assert refused.value.code == "model_in_use" and follow.id in refused.value.body["message"]
+        oa.fine_tuning.jobs.cancel(follow.id)
+        poll_job(oa, follow.id, timeout=60)
         path = tmp_path / "data" / "adapters" / job.id / f"ckpt-step-{ckpt.step_number}"
         assert path.is_dir()
         assert oa.models.delete(ckpt.fine_tuned_model_checkpoint).deleted
