@@ -19,19 +19,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from coserve.actors.job_host import JobHost
 from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobRecord, JobStatus
 from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
 from coserve.platform.trainer.checkpoint import STATE_FILE
-from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
-from coserve.policies.job_roster import TrainingJob
-from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.quotas import TenantLimits, TenantQuota
 from coserve.policies.storage_quota import QUOTA_CODES
 
@@ -39,30 +37,6 @@ logger = logging.getLogger(__name__)
 
 # How often the job loop looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
 RECONCILE_INTERVAL_S = 0.25
-
-
-class JobHost(Protocol):
-    """What the scheduling policy offers for jobs (`HybridTokenPolicy` and the baselines)."""
-
-    @property
-    def kv(self) -> KVBlockManager: ...
-
-    @property
-    def adapters(self) -> AdapterSlots: ...
-
-    def add_job(self, job: TrainingJob) -> None: ...
-
-    def remove_job(self, job_id: str) -> bool: ...
-
-    def pause_job(self, job_id: str) -> bool: ...
-
-    def resume_job(self, job_id: str) -> bool: ...
-
-    def pop_job_events(self) -> list[JobEvent]: ...
-
-    @property
-    def finetune_held_back(self) -> str | None:
-        """Why the last plan gave the runnable jobs no work (None: it gave them work)."""
 
 
 @dataclass(frozen=True, slots=True)
