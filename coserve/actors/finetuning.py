@@ -19,48 +19,24 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from coserve.actors.job_host import JobHost
+from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobRecord, JobStatus
 from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
 from coserve.platform.trainer.checkpoint import STATE_FILE
-from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
-from coserve.policies.job_roster import TrainingJob
-from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.quotas import TenantLimits, TenantQuota
+from coserve.policies.storage_quota import QUOTA_CODES
 
 logger = logging.getLogger(__name__)
 
 # How often the job loop looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
 RECONCILE_INTERVAL_S = 0.25
-
-
-class JobHost(Protocol):
-    """What the scheduling policy offers for jobs (`HybridTokenPolicy` and the baselines)."""
-
-    @property
-    def kv(self) -> KVBlockManager: ...
-
-    @property
-    def adapters(self) -> AdapterSlots: ...
-
-    def add_job(self, job: TrainingJob) -> None: ...
-
-    def remove_job(self, job_id: str) -> bool: ...
-
-    def pause_job(self, job_id: str) -> bool: ...
-
-    def resume_job(self, job_id: str) -> bool: ...
-
-    def pop_job_events(self) -> list[JobEvent]: ...
-
-    @property
-    def finetune_held_back(self) -> str | None:
-        """Why the last plan gave the runnable jobs no work (None: it gave them work)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +54,12 @@ class JobRefused(ValueError):
     `error.code` and `error.param` it fails with (e.g. over the tenant's `max_training_tokens_per_job`:
     `quota_exceeded`; its starting model deleted meanwhile: `model_not_available`, param `model`)."""
 
-    def __init__(self, message: str, code: str, param: str) -> None:
+    def __init__(self, message: str, code: str, param: str | None) -> None:
         super().__init__(message)
         self.code, self.param = code, param
 
 
-def _failure(err: ValueError) -> tuple[str, str]:
+def _failure(err: ValueError) -> tuple[str, str | None]:
     """The `error.code` and `error.param` of a job whose preparation raised `err`."""
     if isinstance(err, JobRefused):
         return err.code, err.param
@@ -144,6 +120,7 @@ class JobManager:
         self._prepared: dict[str, PreparedJob] = {}  # validated, not yet started (collect's thread)
         self._next_adapter_id = FIRST_TRAINING_ADAPTER_ID
         self.watchdog = JobWatchdog(settings.stall_after_s)
+        self._storage = JobStorage(store, self._limits)
 
     @property
     def num_running(self) -> int:
@@ -244,7 +221,10 @@ class JobManager:
         refusal = quota.admit_job(0, prepared.hyperparameters.total_trained_tokens)
         if refusal is not None and refusal.limit == "max_training_tokens_per_job":
             raise JobRefused(refusal.reason, "quota_exceeded", "training_file")
-        if not resume:
+        if not resume:  # a resumed job keeps the reservation it was admitted with
+            refusal = self._storage.reserve(record, prepared.hyperparameters.n_epochs)
+            if refusal is not None:
+                raise JobRefused(refusal.reason, QUOTA_CODES[refusal.limit], None)
             hp = prepared.hyperparameters
             self._store.jobs.update(record.id, hyperparameters={
                 "n_epochs": hp.n_epochs, "batch_size": hp.batch_size,
@@ -347,7 +327,21 @@ class JobManager:
         self._store.jobs.update(event.job_id, trained_tokens=running.job.trained_tokens,
                                 estimated_finish=int(self._clock() + remaining))
 
+    def _keep_adapter(self, running: _Running, event: JobEvent) -> bool:
+        """Whether the adapter the engine saved fits the tenant's storage quota; if not, it is gone from
+        disk and the job fails (stopped in the policy first, so its cancellation is not reported)."""
+        refusal = self._storage.admit_saved(running.record.tenant, event.path)
+        if refusal is None:
+            return True
+        del self._running[running.record.id]
+        self._host.remove_job(running.record.id)
+        self._fail(running.record, QUOTA_CODES[refusal.limit], f"the adapter saved at step {event.step} "
+                   f"was not kept: {refusal.reason}. Delete files or fine-tuned models to free space")
+        return False
+
     def _on_checkpoint(self, running: _Running, event: JobEvent) -> None:
+        if not self._keep_adapter(running, event):
+            return
         record = running.record
         name = f"{model_id(self._settings, record)}:ckpt-step-{event.step}"
         metrics = {"step": event.step, "train_loss": running.last_loss}
@@ -365,6 +359,8 @@ class JobManager:
                                f"loss={event.loss:.4g}", type="metrics", data=data)
 
     def _on_succeeded(self, running: _Running, event: JobEvent) -> None:
+        if not self._keep_adapter(running, event):
+            return
         record = running.record
         name = model_id(self._settings, record)
         self._store.models.register(name, tenant=record.tenant, base_model=self._settings.base_model_id,

@@ -1,4 +1,5 @@
-"""Per-tenant quotas: request and token rate limits (token buckets), concurrent jobs, job size.
+"""Per-tenant quotas: request and token rate limits (token buckets), concurrent jobs, job size, and the
+limits on what a tenant stores (checked in `storage_quota`).
 
 Pure: the clock is an argument (`now`, seconds on any monotonic scale), never read here, so tests and
 the scheduler decide what time it is.
@@ -152,21 +153,30 @@ class TenantLimits:
         tokens_per_minute: estimated prompt + max output tokens per minute (token bucket).
         max_concurrent_jobs: fine-tuning jobs queued or running at once; 0 disables fine-tuning.
         max_training_tokens_per_job: training tokens of one job (tokens per epoch x epochs).
+        max_stored_bytes: bytes the tenant stores: its uploaded files plus its jobs' adapter folders
+            (checkpoints and final models) on disk.
+        max_fine_tuned_models: fine-tuned models the tenant holds, checkpoints included; 0 disables
+            fine-tuning.
 
     Raises:
-        ValueError: a limit is not an integer, or below 1 (below 0 for `max_concurrent_jobs`).
+        ValueError: a limit is not an integer, or below 1 (below 0 for `max_concurrent_jobs`,
+            `max_stored_bytes` and `max_fine_tuned_models`).
     """
 
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_concurrent_jobs: int | None = None
     max_training_tokens_per_job: int | None = None
+    max_stored_bytes: int | None = None
+    max_fine_tuned_models: int | None = None
 
     def __post_init__(self) -> None:
         _check_limit("requests_per_minute", self.requests_per_minute, 1)
         _check_limit("tokens_per_minute", self.tokens_per_minute, 1)
         _check_limit("max_concurrent_jobs", self.max_concurrent_jobs, 0)
         _check_limit("max_training_tokens_per_job", self.max_training_tokens_per_job, 1)
+        _check_limit("max_stored_bytes", self.max_stored_bytes, 0)
+        _check_limit("max_fine_tuned_models", self.max_fine_tuned_models, 0)
 
 
 class TenantQuota:

@@ -114,7 +114,7 @@ def test_file_pagination_orders_and_filters(store: MetadataStore) -> None:
 
 
 def test_failed_row_insert_leaves_neither_row_nor_bytes(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken_insert(record: object) -> None:
+    def broken_insert(record: object, byte_budget: object = None) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(store.files, "_insert_file_row", broken_insert)

@@ -9,7 +9,7 @@ unreachable bytes. Deleted rows are kept so that a deleted id still works as an 
 from __future__ import annotations
 
 from coserve.actors.store._base import Database, check_tenant, from_row
-from coserve.actors.store.records import FILE_PURPOSES, FileRecord, check_choice, new_id
+from coserve.actors.store.records import FILE_PURPOSES, FileRecord, StorageLimitError, check_choice, new_id
 
 _NO_JSON: frozenset[str] = frozenset()
 MAX_FILENAME = 512
@@ -22,7 +22,7 @@ class FileTable:
         self._db = db
 
     def create(self, tenant: str, filename: str, purpose: str, content: bytes,
-                    *, status: str = "processed") -> FileRecord:
+                    *, status: str = "processed", byte_budget: int | None = None) -> FileRecord:
         """Store `content` durably and record it as a file of `tenant`.
 
         Args:
@@ -31,10 +31,14 @@ class FileTable:
             purpose: one of OpenAI's file purposes (e.g. "fine-tune", "fine-tune-results").
             content: the bytes.
             status: OpenAI's (deprecated) file status; "processed" makes `wait_for_processing` return.
+            byte_budget: the most the tenant's live files may hold together, this one included; checked
+                in the transaction that records it, so concurrent uploads cannot both take the last room
+                (None: no limit).
 
         Raises:
             ValueError: empty tenant or filename, filename longer than 512 characters, unknown purpose,
                 content not bytes.
+            StorageLimitError: the file does not fit in `byte_budget`; nothing is stored.
         """
         check_tenant(tenant)
         if not isinstance(filename, str) or not filename or len(filename) > MAX_FILENAME:
@@ -49,14 +53,20 @@ class FileTable:
         # Outside the lock: a large upload must not stall every other call; the id is fresh, so no race.
         self._db.blobs.write(record.id, content)
         try:
-            self._insert_file_row(record)
+            self._insert_file_row(record, byte_budget)
         except BaseException:
             self._db.blobs.remove(record.id)
             raise
         return record
 
-    def _insert_file_row(self, record: FileRecord) -> None:
+    def _insert_file_row(self, record: FileRecord, byte_budget: int | None) -> None:
         with self._db.write() as conn:
+            if byte_budget is not None:
+                held = conn.execute("SELECT COALESCE(SUM(bytes), 0) FROM files WHERE tenant = ? AND deleted = 0",
+                                    (record.tenant,)).fetchone()[0]
+                if held + record.bytes > byte_budget:
+                    raise StorageLimitError(f"{held} bytes of files held, {record.bytes} more exceed the "
+                                            f"budget of {byte_budget}")
             conn.execute("INSERT INTO files (id, tenant, bytes, created_at, filename, purpose, status) "
                          "VALUES (?, ?, ?, ?, ?, ?, ?)",
                          (record.id, record.tenant, record.bytes, record.created_at, record.filename,

@@ -1,13 +1,16 @@
 """Servable models: base models (no tenant, visible to everyone) and tenants' fine-tuned adapters.
 
 A deleted model keeps its row (flagged): its id is never handed out again, because engines cache
-adapters by name and a reused name could serve the old weights (ref. D3).
+adapters by name and a reused name could serve the old weights (ref. D3). Its adapter folder goes from
+disk: the row is flagged first, then the folder removed, so a crash in between leaves only a folder no
+row serves, which the next open removes (`UsageTable.sweep_deleted`).
 """
 
 from __future__ import annotations
 
 from coserve.actors.store._base import Database, check_tenant, from_row
 from coserve.actors.store.records import ModelRecord
+from coserve.actors.store.usage import UsageTable
 
 _NO_JSON: frozenset[str] = frozenset()
 _MODEL_CONVERT = {"deleted": bool}
@@ -16,8 +19,8 @@ _MODEL_CONVERT = {"deleted": bool}
 class ModelTable:
     """Register, read, list and delete models."""
 
-    def __init__(self, db: Database) -> None:
-        self._db = db
+    def __init__(self, db: Database, usage: UsageTable) -> None:
+        self._db, self._usage = db, usage
 
     def register(self, model_id: str, *, tenant: str | None, base_model: str | None = None,
                        adapter_path: str | None = None, job_id: str | None = None) -> ModelRecord:
@@ -80,8 +83,13 @@ class ModelTable:
         return [from_row(ModelRecord, row, _NO_JSON, _MODEL_CONVERT) for row in rows]
 
     def delete(self, tenant: str, model_id: str) -> bool:
-        """Delete `tenant`'s fine-tuned model; False when `tenant` has no such model (base models included)."""
+        """Delete `tenant`'s fine-tuned model and its adapter folder; False when `tenant` has no such model
+        (base models included)."""
         with self._db.write() as conn:
-            changed = conn.execute("UPDATE models SET deleted = 1 WHERE id = ? AND tenant = ? AND deleted = 0",
-                                   (model_id, tenant)).rowcount
-        return bool(changed)
+            row = conn.execute("SELECT adapter_path FROM models WHERE id = ? AND tenant = ? AND deleted = 0",
+                               (model_id, tenant)).fetchone()
+            if row is None:
+                return False
+            conn.execute("UPDATE models SET deleted = 1 WHERE id = ?", (model_id,))
+        self._usage.remove_adapter(row[0])
+        return True

@@ -91,6 +91,11 @@ class NotFoundError(LookupError):
     """An id the caller names does not exist (or belongs to another tenant): the gateway answers 404."""
 
 
+class StorageLimitError(Exception):
+    """A write would take a tenant's live files past the byte budget it was given (another upload of the
+    same tenant took the room first); nothing was stored."""
+
+
 @dataclass(slots=True)
 class FileRecord:
     """An uploaded file (OpenAI `FileObject` without `object`); the bytes live in `<data>/files/<id>`."""

@@ -12,12 +12,14 @@ from coserve.actors.store.events import EventTable
 from coserve.actors.store.files import FileTable
 from coserve.actors.store.jobs import JobTable
 from coserve.actors.store.models import ModelTable
+from coserve.actors.store.usage import UsageTable
 
 
 class MetadataStore:
     """Durable metadata of the platform in `<data_dir>/metadata.sqlite3`, upload bytes in `<data_dir>/files/`.
 
-    One object per table (`files`, `jobs`, `events`, `checkpoints`, `models`) over one `Database`. Every
+    One object per table (`files`, `jobs`, `events`, `checkpoints`, `models`) over one `Database`, and
+    `usage`: what each tenant stores (for the storage quotas). Every
     method is safe to call from many threads, and from several processes on the data dir's host: the
     gateway and the scheduler's job manager each open the store (SQLite's file lock serialises their writes,
     see `Database`). Every tenant-facing read takes the tenant and treats another tenant's object as absent
@@ -40,10 +42,12 @@ class MetadataStore:
         self.jobs = JobTable(self.db)
         self.events = EventTable(self.db)
         self.checkpoints = CheckpointTable(self.db)
-        self.models = ModelTable(self.db)
+        self.usage = UsageTable(self.db)
+        self.models = ModelTable(self.db, self.usage)
         # A crash between writing an upload's bytes and its row (or between a delete's row and its bytes)
         # leaves bytes that no row reaches; nothing can serve them, and this reclaims the space.
         self.orphans_removed = self.db.blobs.sweep(self.files.live_ids())
+        self.deleted_adapters_removed = self.usage.sweep_deleted()
 
     def close(self) -> None:
         """Close the database; the store must not be used afterwards."""

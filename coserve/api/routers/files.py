@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from coserve.api.auth import Tenant
 from coserve.api.protocol.files import FileDeleted, FileList, FileObject, FilePurpose, UploadPurpose
 from coserve.api.serving.files import FilesService
+from coserve.api.serving.storage_errors import tenant_limits
 from coserve.api.state import GatewayState, get_state
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -18,9 +19,9 @@ router = APIRouter(prefix="/v1/files", tags=["files"])
 MAX_LIST_LIMIT = 10_000
 
 
-def get_files_service(state: Annotated[GatewayState, Depends(get_state)]) -> FilesService:
-    """FastAPI dependency: the files service over the app's store."""
-    return FilesService(state.store, state.max_upload_bytes)
+def get_files_service(state: Annotated[GatewayState, Depends(get_state)], tenant: Tenant) -> FilesService:
+    """FastAPI dependency: the files service over the app's store, with the caller's limits."""
+    return FilesService(state.store, state.max_upload_bytes, tenant_limits(state.tenants, tenant))
 
 
 Service = Annotated[FilesService, Depends(get_files_service)]

@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import BinaryIO, Literal
 
-from coserve.actors.store import FileRecord, MetadataStore
+from coserve.actors.store import FileRecord, MetadataStore, StorageLimitError
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.files import (SUPPORTED_UPLOAD_PURPOSES, FileDeleted, FileList, FileObject,
                                         validate_finetune_jsonl)
+from coserve.api.serving.storage_errors import storage_quota_error
+from coserve.policies.quotas import Refusal, TenantLimits
+from coserve.policies.storage_quota import admit_upload
 
 # What each purpose's content must satisfy, checked before anything is stored (raises ProtocolError).
 _CONTENT_CHECKS: dict[str, Callable[[bytes], object]] = {"fine-tune": validate_finetune_jsonl}
@@ -50,18 +53,22 @@ class FilesService:
     Args:
         store: where files live.
         max_upload_bytes: the largest upload accepted (413 beyond).
+        limits: the tenant's limits (`max_stored_bytes` is checked here); default: none.
     """
 
-    def __init__(self, store: MetadataStore, max_upload_bytes: int) -> None:
+    def __init__(self, store: MetadataStore, max_upload_bytes: int,
+                 limits: TenantLimits | None = None) -> None:
         self.store = store
         self.max_upload_bytes = max_upload_bytes
+        self.limits = limits or TenantLimits()
 
     def create(self, tenant: str, filename: str, purpose: str, stream: BinaryIO) -> FileObject:
         """Validate and store an upload.
 
         Raises:
             ProtocolError: 400 for an unsupported purpose (param `purpose`), a bad fine-tuning JSONL (param
-                `file`, naming the first bad line) or an unusable filename; 413 over the size limit.
+                `file`, naming the first bad line) or an unusable filename; 413 over the size limit; 403
+                `storage_quota_exceeded` (param `file`) when it would take the tenant over `max_stored_bytes`.
         """
         if purpose not in SUPPORTED_UPLOAD_PURPOSES:
             supported = ", ".join(sorted(SUPPORTED_UPLOAD_PURPOSES))
@@ -71,12 +78,34 @@ class FilesService:
         check = _CONTENT_CHECKS.get(purpose)
         if check is not None:
             check(content)
+        budget = self._byte_budget(tenant, len(content))
         try:
-            record = self.store.files.create(tenant, filename, purpose, content)
+            record = self.store.files.create(tenant, filename, purpose, content, byte_budget=budget)
+        except StorageLimitError:
+            # Another upload of the tenant took the room since `_byte_budget` measured it.
+            raise storage_quota_error(self._refusal_now(tenant, len(content)), "file") from None
         except ValueError as exc:
             # Purpose and content are checked above, so what the store can still refuse is the filename.
             raise ProtocolError(f"Invalid file name: {exc}", param="file", code="invalid_value") from None
         return to_file_object(record)
+
+    def _refusal_now(self, tenant: str, new_bytes: int) -> Refusal:
+        refusal = admit_upload(self.limits, self.store.usage.of(tenant), new_bytes)
+        # The transaction refused, so the files alone no longer fit; adapters only add to that.
+        return refusal or Refusal("max_stored_bytes", f"storing this file ({new_bytes} bytes) would take "
+                                  f"you over max_stored_bytes={self.limits.max_stored_bytes}", None)
+
+    def _byte_budget(self, tenant: str, new_bytes: int) -> int | None:
+        """What the tenant's files may hold together once this upload is in (None: no limit), or the 403
+        when it does not fit now."""
+        cap = self.limits.max_stored_bytes
+        if cap is None:
+            return None
+        usage = self.store.usage.of(tenant)
+        refusal = admit_upload(self.limits, usage, new_bytes)
+        if refusal is not None:
+            raise storage_quota_error(refusal, "file")
+        return cap - usage.adapter_bytes
 
     def list_page(self, tenant: str, *, after: str | None, limit: int, order: Literal["asc", "desc"],
              purpose: str | None) -> FileList:

@@ -21,8 +21,11 @@ from coserve.api.protocol.fine_tuning import (CheckpointMetrics, FineTuningJob, 
                                               Hyperparameters, LORA_TARGET_MODULES, LoRAParams,
                                               Method, SupervisedMethod)
 from coserve.api.protocol.files import validate_finetune_jsonl
-from coserve.platform.trainer.data import MIN_EXAMPLES
+from coserve.actors.store.usage import RESERVED_MODELS_KEY
+from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
+from coserve.platform.trainer.data import MIN_EXAMPLES, auto_n_epochs
 from coserve.policies.quotas import TenantQuota
+from coserve.policies.storage_quota import admit_job, has_storage_limits, models_per_job
 from coserve.policies.tenants import TenantsConfig
 
 
@@ -104,7 +107,9 @@ class FineTuningService:
 
         Raises:
             ProtocolError: 400 naming `model`, `training_file` or `validation_file`; 429 over the
-                tenant's concurrent-jobs limit.
+                tenant's concurrent-jobs limit; 403 `model_quota_exceeded` when the models the job will
+                write (reserved now) do not fit under `max_fine_tuned_models`, or `storage_quota_exceeded`
+                when the tenant has no byte left under `max_stored_bytes`.
         """
         self._check_model(tenant, body.model)
         _check_lora(body.lora, self.max_lora_rank)
@@ -123,11 +128,23 @@ class FineTuningService:
             self._count_examples(tenant, body.validation_file, "validation_file")
         self._check_job_limit(tenant)
         hp = body.requested_hyperparameters()
+        # "auto" resolves from the examples the trainer keeps, which the job manager counts again (and
+        # checks the reservation again) once it has tokenized the file.
+        n_epochs = hp.n_epochs if isinstance(hp.n_epochs, int) else auto_n_epochs(count)
+        reserved = models_per_job(n_epochs)
+        limits = tenant_limits(self.tenants, tenant)
+        if has_storage_limits(limits):  # measuring walks the tenant's adapter folders: only when needed
+            refusal = admit_job(limits, self.store.usage.of(tenant), reserved)
+            if refusal is not None:
+                raise storage_quota_error(refusal, None)
         lora = body.lora.model_dump(exclude_none=True) if body.lora else None
+        extensions: dict[str, object] = {RESERVED_MODELS_KEY: reserved}
+        if lora:
+            extensions["lora"] = lora
         record = self.store.jobs.create(
             tenant, body.model, body.training_file, validation_file=body.validation_file,
             hyperparameters=hp.model_dump(), method={"type": "supervised"}, suffix=body.suffix,
-            seed=body.seed, metadata=body.metadata, extensions={"lora": lora} if lora else {})
+            seed=body.seed, metadata=body.metadata, extensions=extensions)
         self.store.events.add(record.id, f"Created fine-tuning job: {record.id}")
         return to_job(record)
 

@@ -74,11 +74,13 @@ class ModelsService:
         return re.sub(r"[^A-Za-z0-9_.-]", "_", model_id) + ".tar.gz", buffer.getvalue()
 
     def delete(self, tenant: str, model_id: str) -> ModelDeleted:
-        """Delete one of the tenant's fine-tuned models.
+        """Delete one of the tenant's fine-tuned models and its adapter folder (which frees its bytes and
+        its place under the tenant's storage quotas).
 
         Raises:
             ProtocolError: 404 `model_not_found` for an unknown or another tenant's model; 403 for a base
-                model.
+                model; 400 `model_in_use` for a checkpoint of a job still active or the model an active
+                job trains on from (see `_check_unused`).
         """
         record = self.store.models.get(tenant, model_id)
         if record is None:
@@ -87,7 +89,20 @@ class ModelsService:
             raise ProtocolError(f"You do not have permission to delete the model `{model_id}`: only your own "
                                 "fine-tuned models can be deleted.", status=403, param="model",
                                 code="model_not_deletable")
+        self._check_unused(tenant, record)
         if not self.store.models.delete(tenant, model_id):
             # Deleted by a concurrent request between the two calls: gone for this caller too.
             raise model_not_found(model_id)
         return ModelDeleted(id=model_id, deleted=True)
+
+    def _check_unused(self, tenant: str, record: ModelRecord) -> None:
+        """400 `model_in_use` while an active job needs the model's folder: a job resumes from its own
+        latest checkpoint and starts from the adapter of the model it continues. Cancel the job or wait
+        until it ends (a 400, not a 409, which the official client would retry)."""
+        for job in self.store.jobs.active():
+            if job.tenant != tenant or (job.id != record.job_id and job.model != record.id):
+                continue
+            role = "a checkpoint of" if job.id == record.job_id else "the model trained on by"
+            raise ProtocolError(f"The model `{record.id}` is {role} fine-tuning job {job.id}, which is "
+                                f"{job.status.value}: cancel the job or wait until it ends, then delete the "
+                                "model.", param="model", code="model_in_use")
