@@ -1,18 +1,22 @@
 """One server per data dir: a second `coserve serve --local` on a data dir that a running server holds exits
 non-zero before it touches any job, with a message naming the dir and the holder, and the first keeps
 serving (its running job gets no false "Resumed"); once the first is SIGKILLed, a new server starts on the
-dir at once (the OS released the dead holder's lock) and resumes the job."""
+dir at once (the OS released the dead holder's lock) and resumes the job. `coserve serve` on Ray refuses a
+held data dir before it starts Ray."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 from local_server import SERVE_ENV, TERMINAL, free_port, poll_job, serve_command, serve_subprocess
+
+from coserve.actors.data_dir_lock import DataDirLock
 
 KEY = "sk-lock-tenant-0123"
 LINES = [{"messages": [{"role": "user", "content": f"List the numbers from {i} on."},
@@ -58,3 +62,17 @@ def test_a_second_server_on_a_held_data_dir_exits_and_the_first_keeps_serving(ll
             "Resumed" in e.message for e in oa.fine_tuning.jobs.list_events(j.id, limit=100)), timeout=60)
         assert job.status == "running"
         oa.fine_tuning.jobs.cancel(job.id)
+
+
+@pytest.mark.timeout(120)
+def test_coserve_serve_on_ray_refuses_a_held_data_dir_before_starting_ray(llama_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {"acme": {"api_keys": [KEY]}}}))
+    with DataDirLock.acquire(tmp_path / "data"):  # another server (here: this process) holds the dir
+        cmd = [arg for arg in serve_command(llama_dir, tenants, tmp_path / "data", free_port()) if arg != "--local"]
+        second = subprocess.run(cmd, env=SERVE_ENV, capture_output=True, text=True, timeout=90)
+    assert second.returncode == 1, second.stderr[-2000:]
+    assert f"data dir {(tmp_path / 'data').resolve()} is in use by another coserve server" in second.stderr
+    assert f"pid {os.getpid()} on host" in second.stderr
+    assert "Traceback" not in second.stderr and "Ray" not in second.stdout + second.stderr
