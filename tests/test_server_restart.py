@@ -30,7 +30,8 @@ EPOCHS = 3
 def _metric_steps(oa: openai.OpenAI, job_id: str) -> list[int]:
     """The steps of the job's training-metrics events, in order (repeats kept)."""
     events = oa.fine_tuning.jobs.list_events(job_id, limit=100)  # iterating fetches every page
-    return sorted(e.data["step"] for e in events if e.type == "metrics" and "train_loss" in (e.data or {}))
+    return sorted(e.data["step"] for e in events
+                  if e.type == "metrics" and e.data and "train_loss" in e.data and "valid_loss" not in e.data)
 
 
 def _uninterrupted_total(model: Path) -> int:
