@@ -162,6 +162,7 @@ def _register_demo(subparsers: Subparsers) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Handler of `coserve serve`: validate every setting, then serve until interrupted."""
+    from coserve.actors.data_dir_lock import DataDirLocked
     from coserve.serve import ServeOptions, run_local, run_ray
 
     opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
@@ -176,7 +177,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    (run_local if opts.local else run_ray)(opts)
+    try:
+        (run_local if opts.local else run_ray)(opts)
+    except DataDirLocked as error:  # another server serves this data dir: nothing was touched
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -156,17 +156,25 @@ def _check_device(device: str) -> None:
 def build_local_app(opts: ServeOptions) -> Any:
     """The FastAPI app with the scheduler and engine in this process (started by the app's lifespan)."""
     from coserve.actors.client import LocalScheduler
+    from coserve.actors.data_dir_lock import DataDirLock
     from coserve.actors.engine_actor import EngineActor
     from coserve.actors.scheduler import SchedulerActor
     from coserve.actors.store import MetadataStore
     from coserve.api.app import build_app
 
     tenants = opts.load_tenants()
-    engine = EngineActor(opts.engine_config(), ENGINE_ID)
-    scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants))
-    store = MetadataStore(opts.data_dir)
-    return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
-                     max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics)
+    # First, before the model loads and before anything opens the store: a second server on this data
+    # dir stops here (DataDirLocked). The scheduler, which owns the jobs, keeps the lock.
+    lock = DataDirLock.acquire(opts.data_dir)
+    try:
+        engine = EngineActor(opts.engine_config(), ENGINE_ID)
+        scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants), data_lock=lock)
+        store = MetadataStore(opts.data_dir)
+        return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
+                         max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics)
+    except BaseException:
+        lock.release()
+        raise
 
 
 def run_local(opts: ServeOptions) -> None:
@@ -227,6 +235,11 @@ def run_ray(opts: ServeOptions) -> None:
     import ray
     from ray import serve
 
+    from coserve.actors.data_dir_lock import DataDirLock
+
+    # The scheduler actor takes the data dir's lock in its own process; a second server stops here first,
+    # before Ray starts (DataDirLocked), instead of after a failed deployment.
+    DataDirLock.check_free(opts.data_dir)
     ray.init(namespace=RAY_NAMESPACE, log_to_driver=True,
              **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
     deploy_gateway(opts)

@@ -25,6 +25,8 @@ from uvicorn_thread import serve_in_thread
 from coserve.serve import ServeOptions, build_local_app
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+# A server subprocess's environment: one OpenMP thread (the tiny models gain nothing from a second).
+SERVE_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 # Every tenants file written here has this admin key: /metrics needs one.
 ADMIN_KEY = "sk-test-admin-0123456789"
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -86,19 +88,29 @@ def upload_jsonl(oa: openai.OpenAI, lines: list[dict[str, Any]]) -> str:
     return oa.files.create(file=("train.jsonl", io.BytesIO(data)), purpose="fine-tune").id
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_command(model: Path, tenants: Path, data_dir: Path, port: int) -> list[str]:
+    """The `coserve serve --local` command line (float32; run it with `SERVE_ENV`)."""
+    return [sys.executable, "-m", "coserve.cli", "serve", "--local", "--model", str(model), "--tenants",
+            str(tenants), "--data-dir", str(data_dir), "--port", str(port), "--dtype", "float32"]
+
+
 @contextmanager
 def serve_subprocess(model: Path, tenants: Path, data_dir: Path,
                      key: str) -> Iterator[tuple[subprocess.Popen, openai.OpenAI]]:
     """`coserve serve --local` in a subprocess; yields it and a client (API key `key`) once it answers.
     On exit a server still running gets SIGINT (Ctrl-C: a clean stop), and is killed after 30 s."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     log = data_dir.parent / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "coserve.cli", "serve", "--local", "--model", str(model), "--tenants",
-           str(tenants), "--data-dir", str(data_dir), "--port", str(port), "--dtype", "float32"]
+    cmd = serve_command(model, tenants, data_dir, port)
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=SERVE_ENV)
     try:
         oa = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=30)
         deadline = time.monotonic() + 90

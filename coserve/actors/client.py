@@ -65,6 +65,7 @@ class LocalScheduler:
         await self.scheduler.shutdown()
         self.engine.close()  # an engine whose loop never started ends its thread here
         await asyncio.to_thread(self.engine.join, 30.0)
+        self.scheduler.release_data_dir()  # the engine's last result is recorded: another server may start
 
     async def submit(self, sub: ChatSubmission) -> Admission:
         return await self.scheduler.submit(sub)

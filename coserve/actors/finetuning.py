@@ -5,7 +5,8 @@ The gateway only writes intents into the store (a new job in `validating_files`,
 the policy in line with them: it validates and tokenizes new jobs, starts queued ones, pauses,
 resumes and cancels, and after a restart resumes `running` jobs from their last checkpoint. The
 store is the source of truth, so a restart and a normal start take the same path.
-`JobManager.record_events` writes what the jobs did back: metrics events per optimizer step,
+`JobManager.record_events` writes what the jobs did back: metrics events per optimizer step (once per
+step: a resumed job redoes the steps after its checkpoint, and its counters continue from the checkpoint's),
 checkpoints (registered as servable models `ft:...:ckpt-step-N` the moment they exist), the final
 model, failures with their reason.
 """
@@ -17,17 +18,17 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coserve.actors.job_host import JobHost
+from coserve.actors.job_resume import resume_spec
 from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobRecord, JobStatus
 from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
-from coserve.platform.trainer.checkpoint import STATE_FILE
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
 from coserve.policies.quotas import TenantLimits, TenantQuota
@@ -247,12 +248,7 @@ class JobManager:
             code, param = _failure(err)
             self._fail(record, code, str(err), param=param)
             return []
-        checkpoints, _ = self._store.checkpoints.page(record.tenant, record.id, limit=1)
-        if checkpoints and checkpoints[0].adapter_path:
-            path = Path(checkpoints[0].adapter_path)
-            state = json.loads((path / STATE_FILE).read_text())
-            prepared.spec = replace(prepared.spec, resume_from=str(path),
-                                    start_position=DataPosition.from_dict(state["position"]))
+        prepared.spec = resume_spec(self._store, record, prepared.spec)
         return [Intent(record, prepared)]
 
     def _start(self, record: JobRecord, prepared: PreparedJob) -> None:
@@ -319,8 +315,13 @@ class JobManager:
             self._on_trained(running.record.tenant, event.num_tokens)
         data = {"step": event.step, "train_loss": event.loss, "total_steps": running.job.total_steps}
         total = f"/{running.job.total_steps}"
-        self._store.events.add(event.job_id, f"Step {event.step}{total}: training loss={event.loss:.4g}",
-                               type="metrics", data=data)
+        stored = self._store.events.add_once(
+            event.job_id, f"step-{event.step}", f"Step {event.step}{total}: training loss={event.loss:.4g}",
+            type="metrics", data=data)
+        if stored is None:
+            # A step after the last checkpoint, redone by a resumed job: recorded before the restart,
+            # with these counters (a rerun of a step trains the same tokens); the count never goes back.
+            return
         elapsed = self._clock() - running.started_at
         steps_done = max(1, event.step - (running.job.spec.start_position or DataPosition(0)).step)
         remaining = (running.job.total_steps - event.step) * elapsed / steps_done
@@ -355,8 +356,9 @@ class JobManager:
         data = {"step": event.step, "valid_loss": event.loss, "total_steps": running.job.total_steps}
         if running.last_loss is not None:
             data["train_loss"] = running.last_loss
-        self._store.events.add(event.job_id, f"Step {event.step}/{running.job.total_steps}: validation "
-                               f"loss={event.loss:.4g}", type="metrics", data=data)
+        self._store.events.add_once(event.job_id, f"validation-step-{event.step}",
+                                    f"Step {event.step}/{running.job.total_steps}: validation "
+                                    f"loss={event.loss:.4g}", type="metrics", data=data)
 
     def _on_succeeded(self, running: _Running, event: JobEvent) -> None:
         if not self._keep_adapter(running, event):

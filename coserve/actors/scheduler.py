@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from coserve.actors.admission import QuotaBook, context_rejection
+from coserve.actors.data_dir_lock import DataDirLock
 from coserve.actors.finetuning import FineTuningSettings, JobManager, open_job_manager
 from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, EngineFailure, Rejection, StreamBatch
 from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
@@ -41,6 +42,11 @@ logger = logging.getLogger(__name__)
 
 # The longest wait before planning again after an empty plan (work that cannot run yet).
 EMPTY_PLAN_WAIT_S = 0.05
+
+
+# How long a scheduler that takes the data dir's lock itself (on Ray) waits for it: a replaced Serve
+# replica's scheduler may still be exiting when the new one starts. A second server fails after it.
+DATA_DIR_HANDOVER_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +76,23 @@ class SchedulerActor:
     Args:
         settings: see `SchedulerSettings`.
         policy_factory: builds the policy once the engine's layout is known.
+        data_lock: the data dir's lock, when this process took it already (`--local`); None: with a
+            `settings.data_dir` it is taken here, waiting up to `DATA_DIR_HANDOVER_S` for a previous
+            scheduler's process to end. It is released by `release_data_dir` (or when the process ends).
+
+    Raises:
+        DataDirLocked: another server holds `settings.data_dir` (before any job is touched).
     """
 
-    def __init__(self, settings: SchedulerSettings, policy_factory: PolicyFactory = fcfs_policy) -> None:
+    def __init__(self, settings: SchedulerSettings, policy_factory: PolicyFactory = fcfs_policy,
+                 data_lock: DataDirLock | None = None) -> None:
         from transformers import AutoTokenizer
 
         from coserve.platform.config import ModelConfig
 
+        if data_lock is None and settings.data_dir is not None:
+            data_lock = DataDirLock.acquire(settings.data_dir, wait_s=DATA_DIR_HANDOVER_S)
+        self._data_lock = data_lock
         self._settings = settings
         self._policy_factory = policy_factory
         self._tokenizer = AutoTokenizer.from_pretrained(settings.model)
@@ -277,6 +293,12 @@ class SchedulerActor:
             if task is not None:
                 task.cancel()
         self._fail_live("The server is shutting down.")
+
+    def release_data_dir(self) -> None:
+        """Give the data dir's lock back, once `shutdown` is done and the engine's loop has ended (its last
+        result may still record a job's step); on Ray the process's end releases it."""
+        if self._data_lock is not None:
+            self._data_lock.release()
 
     def _fail_live(self, message: str) -> None:
         """End every live submission with `message` as its stream's error; wake the engine loops."""

@@ -7,6 +7,9 @@ scheduler to end the streams in flight, and Ray ends the actors with their owner
 starts fresh actors, and the job manager resumes running jobs from their last checkpoint (the store
 and the adapters are in the data dir).
 
+The data dir is locked by the scheduler actor (`coserve.actors.data_dir_lock`): an application started
+while another server serves the same data dir fails to deploy, its error naming the dir and the holder.
+
 `app_builder` is Serve's application-builder entry point: `import_path: coserve.api.ray_app:app_builder`
 with `args` named like `coserve serve`'s flags (`model`, `tenants`, `data_dir`, `max_num_seqs`, ...).
 Host and port are Serve's `http_options`, not arguments.
@@ -47,8 +50,10 @@ class GatewayIngress:
 
         self._opts = opts
         self._tenants = opts.load_tenants()
-        self._store = MetadataStore(opts.data_dir)
+        # The scheduler actor takes the data dir's lock first (DataDirLocked, inside the actor's creation
+        # error, when another server holds it): the store is opened only once this server owns the dir.
         self._scheduler_actor, self._engine_actor, self._layout = start_ray_actors(opts, self._tenants)
+        self._store = MetadataStore(opts.data_dir)
         self._scheduler = RayScheduler(self._scheduler_actor)
 
     def __serve_build_asgi_app__(self) -> Any:

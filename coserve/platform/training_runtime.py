@@ -243,7 +243,7 @@ class TrainingRuntime:
                 job.lora.save_pretrained(path, job.base_model_name_or_path)
             else:
                 save_checkpoint(path, job.lora, job.optimizer, DataPosition.from_dict(save.position),
-                                job.base_model_name_or_path)
+                                job.base_model_name_or_path, save.trained_tokens)
         except OSError as err:
             if save.position is None:
                 shutil.rmtree(path, ignore_errors=True)

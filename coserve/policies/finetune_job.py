@@ -89,7 +89,10 @@ class FinetuneJob:
         self._to_free: list[str] = []  # sequences whose backward completes in the planned step
         self._stop_sent = False
         self._last_planned = -1  # step id of the last plan this job put work into
-        self.trained_tokens = 0  # trained tokens of completed optimizer steps
+        # Trained tokens of completed optimizer steps, from the checkpoint's count on a resume (so the
+        # job's count continues); and of the steps planned so far, which a checkpoint keeps.
+        self.trained_tokens = spec.start_trained_tokens
+        self._planned_tokens = spec.start_trained_tokens
         self._eval_pending = False  # an epoch ended: evaluate the validation set next
         self._eval_losses: dict[str, tuple[float, int]] = {}  # validation sequence -> (sum, tokens)
         self._eval_report_step = -1  # plan whose result completes the validation pass
@@ -338,10 +341,11 @@ class FinetuneJob:
         spec, before = self.spec, self.position
         plan.training.optimizer_steps.append(OptimizerStep(
             self.job_id, batch.after.step, len(batch.sequences), batch.normalizer))
+        self._planned_tokens += batch.normalizer
         if batch.after.epoch > before.epoch:  # an epoch ends with this step: checkpoint, evaluate
             path = f"{spec.output_dir}/ckpt-step-{batch.after.step}"
             plan.training.saves.append(SaveAdapter(self.job_id, path, batch.after.step,
-                                                   batch.after.to_dict()))
+                                                   batch.after.to_dict(), self._planned_tokens))
             self._eval_pending = bool(spec.validation_examples)
         self.position = batch.after
         self._batch = None

@@ -77,6 +77,7 @@ class FinetuneJobSpec:
     resume_from: str | None = None  # checkpoint folder to resume from, with `start_position`
     init_adapter: str | None = None  # PEFT folder to start from instead of PEFT's init
     start_position: DataPosition | None = None
+    start_trained_tokens: int = 0  # trained tokens of the steps before `start_position` (a resume's count)
     base_model_name_or_path: str | None = None
     validation_examples: list[TrainingExample] = field(default_factory=list)  # evaluated each epoch
 
@@ -97,8 +98,19 @@ class FinetuneJobSpec:
                 raise ValueError(f"job {self.job_id}: example {i} has no trained token")
         if (self.resume_from is None) != (self.start_position is None):
             raise ValueError("resume_from and start_position go together")
+        if self.start_trained_tokens < 0 or (self.start_trained_tokens and self.start_position is None):
+            raise ValueError(f"start_trained_tokens {self.start_trained_tokens}: must be >= 0, and 0 "
+                             f"without a start position")
 
 
 def trained_tokens(example: TrainingExample) -> int:
     """Positions with a target: token p is the target of p - 1, so token 0 never counts."""
     return sum(example.trained[1:])
+
+
+def trained_tokens_before(examples: list[TrainingExample], position: DataPosition) -> int:
+    """Trained tokens of the steps a job did before `position` (each epoch visits every example once,
+    in `position.order`): the count to resume from when a checkpoint predates keeping it."""
+    per_epoch = sum(trained_tokens(e) for e in examples)
+    done = position.order(len(examples))[:position.index]
+    return position.epoch * per_epoch + sum(trained_tokens(examples[i]) for i in done)

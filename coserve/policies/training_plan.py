@@ -96,6 +96,7 @@ class SaveAdapter:
     path: str
     step: int
     position: dict[str, int] | None = None  # DataPosition.to_dict(): save a resumable checkpoint
+    trained_tokens: int | None = None  # the job's trained tokens up to `position` (kept in the checkpoint)
     final: bool = False  # the job's last save: the engine drops the job's state after it
 
 

@@ -18,6 +18,7 @@ from coserve.actors.store.records import JobStatus
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate
 from coserve.api.serving.fine_tuning import FineTuningService
+from coserve.platform.trainer.checkpoint import STATE_FILE
 from coserve.policies.tenants import parse_tenants
 
 BASE = "tiny-llama"
@@ -174,9 +175,13 @@ def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataSt
     assert err.value.param == "model"
 
 
-def test_a_restarted_scheduler_resumes_to_the_uninterrupted_adapter(llama_dir: Path, tmp_path: Path
-                                                                     ) -> None:
-    finals = []
+@pytest.mark.parametrize("counted", [True, False], ids=["checkpoint-with-count", "older-checkpoint"])
+def test_a_restarted_scheduler_resumes_to_the_uninterrupted_adapter(llama_dir: Path, tmp_path: Path,
+                                                                     counted: bool) -> None:
+    # ... and to its history: trained_tokens continues from the checkpoint's count (never going back),
+    # and the metrics of the steps redone after the checkpoint are stored once. A checkpoint written
+    # before the count was kept (`counted` False) resumes with the count its position implies.
+    finals, tokens, steps = [], [], []
     for restart in (False, True):
         store = MetadataStore(tmp_path / f"data{restart}")
         store.models.ensure_base(BASE)
@@ -187,12 +192,25 @@ def test_a_restarted_scheduler_resumes_to_the_uninterrupted_adapter(llama_dir: P
         if restart:  # run past the first epoch's checkpoint, then lose the scheduler and engine
             while not store.checkpoints.page("acme", job_id)[0]:
                 _run(manager, llm, iterations=1)
-            _run(manager, llm, iterations=5)
+            checkpoint = store.checkpoints.page("acme", job_id)[0][0].step_number
+            while _metric_steps(store, job_id)[-1] <= checkpoint:  # a step the resume redoes is stored
+                _run(manager, llm, iterations=1)
             assert store.jobs.get("acme", job_id).status == JobStatus.RUNNING
+            before = store.jobs.get("acme", job_id).trained_tokens
+            state_file = Path(store.checkpoints.page("acme", job_id)[0][0].adapter_path) / STATE_FILE
+            state = json.loads(state_file.read_text())
+            assert 0 < state.pop("trained_tokens") < before
+            if not counted:
+                state_file.write_text(json.dumps(state))
             llm = _llm(llama_dir)
             manager = _manager(store, llm, tmp_path / f"data{restart}")
+            while store.jobs.get("acme", job_id).status == JobStatus.RUNNING:
+                _run(manager, llm, iterations=1)
+                assert store.jobs.get("acme", job_id).trained_tokens >= before
         _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=job_id)
         job = store.jobs.get("acme", job_id)
+        tokens.append(job.trained_tokens)
+        steps.append(_metric_steps(store, job_id))
         assert job.status == JobStatus.SUCCEEDED, job.error
         path = store.models.get("acme", job.fine_tuned_model).adapter_path
         finals.append(load_file(str(Path(path) / "adapter_model.safetensors")))
@@ -200,6 +218,15 @@ def test_a_restarted_scheduler_resumes_to_the_uninterrupted_adapter(llama_dir: P
         assert restart == any("Resumed" in e.message for e in events)
     assert finals[0].keys() == finals[1].keys()
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+    assert tokens[0] == tokens[1] > 0
+    assert steps[0] == steps[1] == list(range(1, 7))  # 12 examples / 4 x 2 epochs, each step once
+
+
+def _metric_steps(store: MetadataStore, job_id: str) -> list[int]:
+    """The steps of the job's training-metrics events, oldest first (repeats kept)."""
+    events, _ = store.events.page("acme", job_id, limit=1000)
+    return sorted(e.data["step"] for e in events if e.type == "metrics" and "train_loss" in e.data
+                  and "valid_loss" not in e.data)
 
 
 def test_lora_settings_the_trainer_cannot_honour_are_refused_at_creation(store: MetadataStore) -> None:

@@ -35,6 +35,7 @@ class RayServer:
     base: str
     scheduler: Any
     engine: Any
+    data_dir: Path
 
 
 def _free_port() -> int:
@@ -65,7 +66,7 @@ def ray_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         serve.run(builder(args), name=app["name"], route_prefix=app["route_prefix"])
         yield RayServer(url=f"http://127.0.0.1:{port}", base=llama_dir.name,
                         scheduler=ray.get_actor(SCHEDULER_ACTOR, namespace=RAY_NAMESPACE),
-                        engine=ray.get_actor(ENGINE_ACTOR, namespace=RAY_NAMESPACE))
+                        engine=ray.get_actor(ENGINE_ACTOR, namespace=RAY_NAMESPACE), data_dir=root / "data")
         serve.shutdown()
     finally:
         ray.shutdown()
@@ -230,6 +231,32 @@ def test_killed_engine_comes_back_and_loses_no_job(ray_server: RayServer) -> Non
     assert "Resumed from the last checkpoint" in events, events
 
 
+def _data_dir_holder(srv: RayServer) -> int:
+    """The pid that holds the server's data dir lock (another server would be refused, naming it)."""
+    from coserve.actors.data_dir_lock import DataDirLock, DataDirLocked
+
+    with pytest.raises(DataDirLocked) as refused:
+        DataDirLock.acquire(srv.data_dir)
+    match = re.match(r"pid (\d+) on host ", refused.value.holder)
+    assert match, refused.value.holder
+    return int(match.group(1))
+
+
+def _scheduler_pid() -> int:
+    """The pid of the live scheduler actor's process."""
+    import os
+
+    import ray
+
+    scheduler = ray.get_actor(SCHEDULER_ACTOR, namespace=RAY_NAMESPACE)
+    return int(ray.get(scheduler.__ray_call__.remote(lambda _: os.getpid())))
+
+
+def test_the_scheduler_actor_holds_the_data_dir(ray_server: RayServer) -> None:
+    # The lock lives with the jobs' owner, the scheduler actor's process: not the driver, not the replica.
+    assert _data_dir_holder(ray_server) == _scheduler_pid()
+
+
 def test_restarted_gateway_replica_resumes_jobs(ray_server: RayServer) -> None:
     """Last in this module: it kills the Serve replica that owns the actors. Serve starts a new one, which
     starts fresh actors; a job that was training resumes from its last checkpoint and succeeds."""
@@ -245,6 +272,7 @@ def test_restarted_gateway_replica_resumes_jobs(ray_server: RayServer) -> None:
     running = poll_job(oa, job.id, lambda j: j.status in TERMINAL or j.status == "running"
                        and bool(oa.fine_tuning.jobs.checkpoints.list(j.id).data), timeout=120, interval=0.2)
     assert running.status == "running", running
+    first_holder = _data_dir_holder(ray_server)
     (replica,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if "SERVE_REPLICA" in a["name"]]
     ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
 
@@ -259,6 +287,8 @@ def test_restarted_gateway_replica_resumes_jobs(ray_server: RayServer) -> None:
         assert time.monotonic() < deadline, "no replica answered in 180 s"
         time.sleep(0.5)
     assert reply.choices[0].finish_reason in ("stop", "length")
+    # The new replica's scheduler took the data dir over from the killed one's (the OS released its lock).
+    assert _data_dir_holder(ray_server) == _scheduler_pid() != first_holder
     done = poll_job(oa, job.id, timeout=180, interval=0.5)
     assert done.status == "succeeded", done
     events = [e.message for e in oa.fine_tuning.jobs.list_events(job.id, limit=100).data]

@@ -296,6 +296,46 @@ def test_events_newest_first_paginated_and_isolated(store: MetadataStore) -> Non
         store.events.add(job_id, "x", data={"loss": float("nan")})
 
 
+def test_a_keyed_event_is_stored_once_per_job_across_reopens(tmp_path: Path) -> None:
+    # A resumed job redoes the steps after its checkpoint: their metrics events must not be stored twice.
+    with MetadataStore(tmp_path, clock=FakeClock()) as store:
+        job_id, other = _job(store), _job(store)
+        first = store.events.add_once(job_id, "step-3", "Step 3/6", type="metrics", data={"step": 3})
+        assert first is not None
+        assert store.events.add_once(job_id, "step-3", "Step 3/6 again", type="metrics", data={"step": 3}) is None
+        assert store.events.add_once(other, "step-3", "Step 3/6", type="metrics") is not None  # per job
+        store.events.add(job_id, "unkeyed")
+        store.events.add(job_id, "unkeyed")  # events without a key are never merged
+        with pytest.raises(ValueError, match="key"):
+            store.events.add_once(job_id, "", "x")
+    with MetadataStore(tmp_path) as store:
+        assert store.events.add_once(job_id, "step-3", "Step 3/6 after a restart") is None
+        events, _ = store.events.page("acme", job_id)
+        assert [e.message for e in events] == ["unkeyed", "unkeyed", "Step 3/6"] and events[-1] == first
+
+
+def test_a_version_1_data_dir_is_migrated_and_keeps_its_events(tmp_path: Path) -> None:
+    from coserve.actors.store.schema import MIGRATIONS
+
+    conn = sqlite3.connect(tmp_path / MetadataStore.DB_NAME)  # what a data dir of schema version 1 holds
+    with conn:
+        for statement in MIGRATIONS[0].split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO schema_version (version) VALUES (1)")
+    conn.close()
+    with MetadataStore(tmp_path) as store:
+        job_id = _job(store)
+        store.events.add(job_id, "old")
+        assert store.events.add_once(job_id, "step-1", "Step 1") is not None
+        assert store.events.add_once(job_id, "step-1", "Step 1") is None
+        assert [e.message for e in store.events.page("acme", job_id)[0]] == ["Step 1", "old"]
+    conn = sqlite3.connect(tmp_path / MetadataStore.DB_NAME)
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    conn.close()
+
+
 def test_checkpoints_highest_step_first_and_isolated(store: MetadataStore) -> None:
     job_id = _job(store)
     name = "ft:tiny:acme::abc:ckpt-step-{}"

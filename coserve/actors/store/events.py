@@ -31,6 +31,22 @@ class EventTable:
             NotFoundError: no job `job_id`.
             ValueError: bad level or type, `data` not a JSON-able dict, `message` not a string.
         """
+        event = self._insert(job_id, message, level, type, data, None)
+        assert event is not None  # only a keyed event can already be there
+        return event
+
+    def add_once(self, job_id: str, key: str, message: str, *, level: str = "info", type: str = "message",
+                 data: dict[str, Any] | None = None) -> EventRecord | None:
+        """Append an event that job `job_id` has at most once per `key` (e.g. `step-7`): the metrics of a
+        step that a resumed job redoes are stored once. Returns None, storing nothing, when the job
+        already has an event with this key. Arguments and errors as `add`, plus a non-string key.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key must be a non-empty string, got {key!r}")
+        return self._insert(job_id, message, level, type, data, key)
+
+    def _insert(self, job_id: str, message: str, level: str, type: str, data: dict[str, Any] | None,
+                key: str | None) -> EventRecord | None:
         check_choice("level", level, EVENT_LEVELS)
         check_choice("type", type, EVENT_TYPES)
         if not isinstance(message, str):
@@ -42,9 +58,14 @@ class EventTable:
         encoded = to_json("data", data)
         with self._db.write() as conn:
             require_job(conn, job_id)
-            conn.execute("INSERT INTO events (id, job_id, created_at, level, message, type, data) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (event.id, job_id, event.created_at, level, message, type, encoded))
+            # Checked in the write transaction: two writers of one key cannot both pass (the unique
+            # index backs it).
+            if key is not None and conn.execute("SELECT 1 FROM events WHERE job_id = ? AND dedup_key = ?",
+                                                (job_id, key)).fetchone() is not None:
+                return None
+            conn.execute("INSERT INTO events (id, job_id, created_at, level, message, type, data, dedup_key) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (event.id, job_id, event.created_at, level, message, type, encoded, key))
         return event
 
     def page(self, tenant: str, job_id: str, *, after: str | None = None,

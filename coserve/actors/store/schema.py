@@ -80,7 +80,14 @@ CREATE TABLE models (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+# Events that must be stored once per job whatever the number of resumes (a step's metrics: the steps
+# after the last checkpoint are redone by a resumed job) carry a key; NULL keys never collide.
+_V2 = """
+ALTER TABLE events ADD COLUMN dedup_key TEXT;
+CREATE UNIQUE INDEX events_job_dedup ON events (job_id, dedup_key);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 """MIGRATIONS[i] takes the schema from version i to version i + 1."""
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -6,7 +6,9 @@ Layout of a checkpoint folder:
   the folder itself loads in `peft` and in the engine's adapter bank (checkpoints are servable).
 * `optimizer.pt`: `LoRAOptimizer.state_dict()` (AdamW moments as tensors), `torch.save`d; read back
   with `weights_only=True`, so a checkpoint cannot run code.
-* `trainer_state.json`: the format version and the `DataPosition` (seed, epoch, index, step).
+* `trainer_state.json`: the format version, the `DataPosition` (seed, epoch, index, step) and the job's
+  counters that a resume must continue rather than restart: `trained_tokens` (trained tokens of the
+  steps up to this checkpoint; absent in checkpoints written before it was kept, `TrainerState`).
 
 The data order is a rule, not stored data: epoch e of a job with seed s visits the examples in
 `DataPosition.order` = a permutation drawn from (s, e) (`coserve.policies.data_position`). A position (epoch, index) plus the seed is
@@ -26,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,6 +41,36 @@ from coserve.policies.data_position import DataPosition
 CHECKPOINT_FORMAT = 1
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerState:
+    """What `trainer_state.json` says: where the job is in its data and its counters at that point.
+
+    `trained_tokens` is None for a checkpoint written before the counter was kept (format 1 without it).
+    """
+
+    position: DataPosition
+    trained_tokens: int | None = None
+
+
+def read_trainer_state(path: str | Path) -> TrainerState:
+    """The data position and counters of the checkpoint folder `path` (no torch load: the scheduler
+    reads it to resume a job).
+
+    Raises:
+        FileNotFoundError: no `trainer_state.json` in `path`.
+        ValueError: another format, or a malformed position or counter.
+    """
+    path = Path(path)
+    state = json.loads((path / STATE_FILE).read_text())
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {path}: format {state.get('format')!r}, "
+                         f"expected {CHECKPOINT_FORMAT}")
+    tokens = state.get("trained_tokens")
+    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0):
+        raise ValueError(f"checkpoint {path}: trained_tokens must be an integer >= 0, got {tokens!r}")
+    return TrainerState(DataPosition.from_dict(state["position"]), tokens)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -58,16 +91,23 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def _write_contents(folder: Path, lora: TrainableLoRA, optimizer: LoRAOptimizer,
-                    position: DataPosition, base_model_name_or_path: str | None) -> None:
+                    position: DataPosition, base_model_name_or_path: str | None,
+                    trained_tokens: int | None) -> None:
     lora.save_pretrained(folder, base_model_name_or_path)
     torch.save(optimizer.state_dict(), folder / OPTIMIZER_FILE)
-    state = {"format": CHECKPOINT_FORMAT, "position": position.to_dict()}
+    state: dict[str, object] = {"format": CHECKPOINT_FORMAT, "position": position.to_dict()}
+    if trained_tokens is not None:
+        state["trained_tokens"] = trained_tokens
     (folder / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
 def save_checkpoint(path: str | Path, lora: TrainableLoRA, optimizer: LoRAOptimizer,
-                    position: DataPosition, base_model_name_or_path: str | None = None) -> Path:
+                    position: DataPosition, base_model_name_or_path: str | None = None,
+                    trained_tokens: int | None = None) -> Path:
     """Write a checkpoint folder at `path` atomically (replacing one that is there); returns `path`.
+
+    `trained_tokens`: the job's trained tokens up to `position` (kept so that a resume continues the
+    count instead of restarting it from 0).
 
     Raises:
         ValueError: the optimizer is not over `lora`, or the position's step disagrees with the
@@ -83,7 +123,7 @@ def save_checkpoint(path: str | Path, lora: TrainableLoRA, optimizer: LoRAOptimi
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     old: Path | None = None
     try:
-        _write_contents(tmp, lora, optimizer, position, base_model_name_or_path)
+        _write_contents(tmp, lora, optimizer, position, base_model_name_or_path, trained_tokens)
         _fsync_tree(tmp)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
@@ -116,11 +156,7 @@ def load_checkpoint(path: str | Path, model_config: ModelConfig, device: torch.d
                                  "adapter_model.safetensors") if not (path / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{path} is not a complete checkpoint: missing {missing}")
-    state = json.loads((path / STATE_FILE).read_text())
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {path}: format {state.get('format')!r}, "
-                         f"expected {CHECKPOINT_FORMAT}")
-    position = DataPosition.from_dict(state["position"])
+    position = read_trainer_state(path).position
     lora = TrainableLoRA.from_pretrained(path, model_config, device)
     optimizer_state = torch.load(path / OPTIMIZER_FILE, map_location=device, weights_only=True)
     optimizer = LoRAOptimizer.from_state_dict(lora, optimizer_state)
