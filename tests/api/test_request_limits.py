@@ -130,3 +130,16 @@ def _tiny_encoder(model: Path) -> PromptEncoder:
 
         _TINY[model] = PromptEncoder(AutoTokenizer.from_pretrained(model), threads=1)
     return _TINY[model]
+
+
+def test_max_request_bytes_is_a_serve_flag(llama_dir: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from coserve.cli import build_parser, main
+
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {"acme": {"api_keys": [KEY]}}}))
+    args = ["serve", "--model", str(llama_dir), "--tenants", str(tenants), "--local"]
+    assert build_parser().parse_args(args).max_request_bytes == 4 * 1024 * 1024
+    assert build_parser().parse_args([*args, "--max-request-bytes", "1000"]).max_request_bytes == 1000
+    assert main([*args, "--max-request-bytes", "0"]) == 2
+    assert "--max-request-bytes must be >= 1" in capsys.readouterr().err
