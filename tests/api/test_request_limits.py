@@ -8,6 +8,7 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -25,7 +26,7 @@ HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def served(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer, object]]:
+def served(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer, Any]]:
     app, opts = local_app(llama_dir, tmp_path_factory.mktemp("limits"), {"acme": {"api_keys": [KEY]}},
                           max_request_bytes=CAP)
     with serve_in_thread(app) as url:
@@ -33,7 +34,7 @@ def served(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.fixture
-def server(served: tuple[LocalServer, object]) -> LocalServer:
+def server(served: tuple[LocalServer, Any]) -> LocalServer:
     return served[0]
 
 
@@ -74,15 +75,15 @@ def test_uploads_keep_their_own_larger_cap(server: LocalServer) -> None:
 
 
 def test_a_prompt_certainly_over_the_context_is_refused_before_encoding(
-        served: tuple[LocalServer, object]) -> None:
+        served: tuple[LocalServer, Any]) -> None:
     server, app = served
-    scheduler = app.state.gateway.scheduler.scheduler  # type: ignore[attr-defined]
+    scheduler = app.state.gateway.scheduler.scheduler
     encoded: list[int] = []
     tokenizer = scheduler._tokenizer  # noqa: SLF001 - count what the real tokenizer is asked to encode
     real_encode = tokenizer.encode
     tokenizer.encode = lambda text, **kw: encoded.append(len(text)) or real_encode(text, **kw)
     try:
-        content = "word " * (CAP // 6)  # under the body cap, far over 2048 tokens by the bound
+        content = "word " * (CAP // 6)  # under the body cap; by the bound >= 3200 tokens, over 2048
         with pytest.raises(openai.BadRequestError) as info:
             server.client(KEY).chat.completions.create(model=server.base, max_tokens=2,
                                                        messages=[{"role": "user", "content": content}])
@@ -104,8 +105,8 @@ TEXTS = st.lists(st.sampled_from(["a", "b", " ", "  ", "\n", "\t", "é", "漢", 
 @settings(max_examples=150, deadline=None)
 @given(text=TEXTS)
 def test_the_token_bound_never_exceeds_the_real_count(llama_dir: Path, text: str) -> None:
-    encoder = _tiny_encoder(llama_dir)
-    assert encoder.min_tokens(text) <= len(encoder._tokenizer.encode(text, add_special_tokens=False))  # noqa: SLF001
+    encoder, tokenizer = _tiny_encoder(llama_dir)
+    assert encoder.min_tokens(text) <= len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def test_the_token_bound_holds_on_smollm2(smollm2_dir: Path) -> None:
@@ -121,14 +122,16 @@ def test_the_token_bound_holds_on_smollm2(smollm2_dir: Path) -> None:
         encoder.close()
 
 
-_TINY: dict[Path, PromptEncoder] = {}
+_TINY: dict[Path, tuple[PromptEncoder, Any]] = {}
 
 
-def _tiny_encoder(model: Path) -> PromptEncoder:
+def _tiny_encoder(model: Path) -> tuple[PromptEncoder, Any]:
+    """The tiny model's encoder and tokenizer, loaded once (hypothesis calls the test many times)."""
     if model not in _TINY:
         from transformers import AutoTokenizer
 
-        _TINY[model] = PromptEncoder(AutoTokenizer.from_pretrained(model), threads=1)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        _TINY[model] = PromptEncoder(tokenizer, threads=1), tokenizer
     return _TINY[model]
 
 

@@ -18,8 +18,9 @@ HEAVY_TOKENS = 32
 
 def fan_out(policy: CoServingPolicy, parent: str, tenant: str, n: int, now: float,
             max_tokens: int = HEAVY_TOKENS) -> list[Request]:
-    children = expand_request(parent, list(range(1, 9)), SamplingParams(n=n, max_tokens=max_tokens, ignore_eos=True),
-                              EosIds(None, ()), tenant=tenant, arrival_time=now)
+    sampling = SamplingParams(n=n, max_tokens=max_tokens, ignore_eos=True)
+    children = expand_request(parent, list(range(1, 9)), sampling, EosIds(None, ()), tenant=tenant,
+                              arrival_time=now)
     for child in children:
         policy.add_request(child)
     return children
