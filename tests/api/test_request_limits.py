@@ -1,6 +1,7 @@
 """Request size limits through the real `--local` server: the JSON body cap (`--max-request-bytes`, 413,
 declared or chunked; uploads keep their own cap), and a prompt certainly over the context refused as
-`context_length_exceeded` from its length alone, without being encoded."""
+`context_length_exceeded` from its length alone, without being encoded (the bound itself:
+tests/actors/test_prompt_encoder.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from local_server import LocalServer, local_app
 from uvicorn_thread import serve_in_thread
-
-from coserve.actors.prompt_encoder import PromptEncoder
 
 KEY = "sk-acme-limits-0123"
 CAP = 64 * 1024  # the server's --max-request-bytes here
@@ -95,44 +92,6 @@ def test_a_prompt_certainly_over_the_context_is_refused_before_encoding(
         assert reply.usage.prompt_tokens > 0 and len(encoded) == 1
     finally:
         tokenizer.encode = real_encode
-
-
-TEXTS = st.lists(st.sampled_from(["a", "b", " ", "  ", "\n", "\t", "é", "漢", "😀", "ab", "the",
-                                   "<|im_start|>", "<|im_end|>", "----", "0", "12"]),
-                 max_size=400).map("".join) | st.text(max_size=200)
-
-
-@settings(max_examples=150, deadline=None)
-@given(text=TEXTS)
-def test_the_token_bound_never_exceeds_the_real_count(llama_dir: Path, text: str) -> None:
-    encoder, tokenizer = _tiny_encoder(llama_dir)
-    assert encoder.min_tokens(text) <= len(tokenizer.encode(text, add_special_tokens=False))
-
-
-def test_the_token_bound_holds_on_smollm2(smollm2_dir: Path) -> None:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    encoder = PromptEncoder(tokenizer, threads=1)
-    try:
-        # Whitespace runs are SmolLM2's longest tokens (81 characters): the worst case of the bound.
-        for text in (" " * 5000, "\n" + " " * 4000, "word " * 1000, "漢字😀" * 300, "<|im_start|>" * 50):
-            assert encoder.min_tokens(text) <= len(tokenizer.encode(text, add_special_tokens=False))
-    finally:
-        encoder.close()
-
-
-_TINY: dict[Path, tuple[PromptEncoder, Any]] = {}
-
-
-def _tiny_encoder(model: Path) -> tuple[PromptEncoder, Any]:
-    """The tiny model's encoder and tokenizer, loaded once (hypothesis calls the test many times)."""
-    if model not in _TINY:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        _TINY[model] = PromptEncoder(tokenizer, threads=1), tokenizer
-    return _TINY[model]
 
 
 def test_max_request_bytes_is_a_serve_flag(llama_dir: Path, tmp_path: Path,
