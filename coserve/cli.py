@@ -171,7 +171,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         ttft_slo_ms=args.ttft_slo_ms, adapter_slots=args.adapter_slots, dtype=args.dtype,
                         device=args.device, latency_profile=args.latency_profile,
                         max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
-                        public_metrics=args.public_metrics)
+                        public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes)
     try:
         opts.validate()
     except ValueError as error:
@@ -212,6 +212,9 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--public-metrics", action="store_true",
                        help="serve /metrics without an admin key, tenant labels summed away (default: "
                             "admin keys only)")
+    serve.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
+                       help="largest JSON request body; larger ones get 413 (default: 4194304, 4 MiB; uploads "
+                            "to /v1/files have their own limit)")
     serve.add_argument("--adapter-slots", type=int, default=4, help="LoRA adapters resident at once (default: 4)")
     serve.add_argument("--latency-profile", default=None,
                        help="latency model fitted by `coserve profile --json` (default: learned online)")

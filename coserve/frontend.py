@@ -55,7 +55,8 @@ def expand_request(request_id: str, prompt_token_ids: list[int], params: Samplin
     """The `params.n` scheduler requests of one prompt, ids `{request_id}-{i}`.
 
     Child i samples with `seed + i` (a seeded request with n > 1 gives n different, reproducible
-    completions) and stops on the model's extra EOS ids unless `ignore_eos`.
+    completions) and stops on the model's extra EOS ids unless `ignore_eos`. With n > 1 the children
+    name `request_id` as their `parent_id` (a fan-out, `coserve.policies.fanouts`).
     """
     arrival = time.monotonic() if arrival_time is None else arrival_time
     children = []
@@ -65,7 +66,7 @@ def expand_request(request_id: str, prompt_token_ids: list[int], params: Samplin
             child.stop_token_ids = child.stop_token_ids + list(eos.extra)
         children.append(Request(request_id=f"{request_id}-{index}", prompt_token_ids=list(prompt_token_ids),
                                 sampling=child, eos_token_id=eos.eos, adapter=adapter, tenant=tenant,
-                                arrival_time=arrival))
+                                arrival_time=arrival, parent_id=request_id if params.n > 1 else None))
     return children
 
 

@@ -51,6 +51,7 @@ class ServeOptions:
     max_stall_ms: float | None = None  # fine-tuning bursts spending TPOT slack (CoServingConfig)
     finetune_floor_every: int = 8  # liveness floor (CoServingConfig.finetune_floor_every)
     public_metrics: bool = False  # /metrics without an admin key, tenant labels summed away
+    max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
 
     @property
     def base_model_id(self) -> str:
@@ -64,7 +65,8 @@ class ServeOptions:
             ValueError: the first bad setting, named as on the command line.
         """
         positive = {"--max-num-seqs": self.max_num_seqs, "--max-batch-tokens": self.max_batch_tokens,
-                    "--adapter-slots": self.adapter_slots, "--finetune-floor-every": self.finetune_floor_every}
+                    "--adapter-slots": self.adapter_slots, "--finetune-floor-every": self.finetune_floor_every,
+                    "--max-request-bytes": self.max_request_bytes}
         for flag, value in positive.items():
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -171,7 +173,8 @@ def build_local_app(opts: ServeOptions) -> Any:
         scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants), data_lock=lock)
         store = MetadataStore(opts.data_dir)
         return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
-                         max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics)
+                         max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics,
+                         max_request_bytes=opts.max_request_bytes)
     except BaseException:
         lock.release()
         raise

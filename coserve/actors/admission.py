@@ -14,16 +14,19 @@ from coserve.actors.messages import Rejection
 from coserve.policies.quotas import TenantLimits, TenantQuota
 
 
-def context_rejection(prompt_len: int, max_tokens: int | None, max_model_len: int) -> Rejection | None:
+def context_rejection(prompt_len: int, max_tokens: int | None, max_model_len: int, *,
+                      at_least: bool = False) -> Rejection | None:
     """400 `context_length_exceeded` when the prompt plus the requested output (at least one token)
-    does not fit the context; None when it does."""
+    does not fit the context; None when it does. `at_least`: `prompt_len` is a lower bound (the prompt
+    was too long to be worth encoding), and the message says so."""
     wanted = prompt_len + (max_tokens or 1)
     if wanted <= max_model_len:
         return None
-    detail = f"{prompt_len} in the messages" + (f", {max_tokens} in the completion" if max_tokens else "")
+    some = "at least " if at_least else ""
+    detail = f"{some}{prompt_len} in the messages" + (f", {max_tokens} in the completion" if max_tokens else "")
     return Rejection(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
-                          f"requested {wanted} tokens ({detail}). Please reduce the length of the messages "
-                          "or completion.", param="messages", code="context_length_exceeded")
+                          f"requested {some}{wanted} tokens ({detail}). Please reduce the length of the "
+                          "messages or completion.", param="messages", code="context_length_exceeded")
 
 
 class QuotaBook:

@@ -32,7 +32,8 @@ from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
 from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
-from coserve.frontend import AdapterChecker, EosIds, OutputTracker, encode_chat, expand_request
+from coserve.actors.prompt_encoder import PromptEncoder
+from coserve.frontend import AdapterChecker, EosIds, OutputTracker, expand_request
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.quotas import TenantLimits
@@ -98,6 +99,7 @@ class SchedulerActor:
         self._tokenizer = AutoTokenizer.from_pretrained(settings.model)
         self._model_config = ModelConfig.from_pretrained(settings.model)
         self._eos = EosIds.resolve(self._tokenizer, self._model_config.eos_token_ids)
+        self._encoder = PromptEncoder(self._tokenizer)
         self._quotas = QuotaBook(settings.tenant_limits)
         self.metrics = SchedulerMetrics(settings.slo)
         self._engines: dict[str, EngineLayout] = {}
@@ -221,16 +223,26 @@ class SchedulerActor:
     # ---------------------------------------------------------------------------- requests
 
     async def submit(self, sub: ChatSubmission) -> Admission:
-        """Tokenize, check context length, adapter and quota, then queue the `n` child requests."""
+        """Tokenize (off the loop), check context length, adapter and quota, then queue the `n` child
+        requests."""
         if self._policy is None or self._closed:
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
+        sampling = sub.sampling
+        room = self._max_model_len - (sampling.max_tokens or 1)
         try:
-            _, prompt = encode_chat(self._tokenizer, sub.messages)
+            # In the encoder's threads: the loop (every other request, /health) goes on meanwhile.
+            encoded = await self._encoder.encode(sub.messages, room)
         except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault
             return _reject(400, f"The messages cannot be rendered by the model's chat template: {error}",
                            param="messages")
-        sampling = sub.sampling
+        if self._policy is None or self._closed:  # the engine went away while the prompt was encoded
+            return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
+                                                 type="server_error"))
+        if encoded.ids is None:
+            return Admission(rejection=context_rejection(encoded.min_tokens, sampling.max_tokens,
+                                                         self._max_model_len, at_least=True))
+        prompt = encoded.ids
         too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len)
         if too_long is not None:
             return Admission(rejection=too_long)
@@ -289,6 +301,7 @@ class SchedulerActor:
     async def shutdown(self) -> None:
         """Fail what is in flight, then end the engines' loops (their next exchange returns None)."""
         self._closed = True
+        self._encoder.close()
         for task in (self._job_task, self._supervisor):
             if task is not None:
                 task.cancel()

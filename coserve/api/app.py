@@ -17,15 +17,17 @@ from fastapi import APIRouter, FastAPI
 from coserve.actors.store import MetadataStore
 from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_error_handlers
 from coserve.api.routers import chat, files, fine_tuning, metrics, models
-from coserve.api.state import DEFAULT_MAX_UPLOAD_BYTES, GatewayState
+from coserve.api.state import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
 from coserve.policies.tenants import TenantsConfig
 
+UPLOAD_PATH = "/v1/files"  # the one endpoint whose body is a file (multipart), not JSON
 ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, chat.router,
                                   fine_tuning.router)
 
 
 def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequence[str], *,
-              max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, scheduler: Any = None,
+              max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, scheduler: Any = None,
               max_lora_rank: int | None = None, public_metrics: bool = False) -> FastAPI:
     """The OpenAI-compatible gateway over `store`.
 
@@ -35,6 +37,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
         base_models: ids of the base models served; registered in the store (idempotent) so that every
             tenant lists them.
         max_upload_bytes: the largest file `POST /v1/files` accepts (413 beyond).
+        max_request_bytes: the largest body of every other endpoint (413 `request_too_large` beyond,
+            also for chunked bodies without a Content-Length).
         scheduler: the `SchedulerClient` behind `/v1/chat/completions` and `/metrics`; started and
             closed with the app (its lifespan). None: no chat (503).
         max_lora_rank: the engine's largest adapter rank: a fine-tuning job asking for more is a 400
@@ -43,10 +47,11 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
             (False: an admin key is required).
 
     Raises:
-        ValueError: an empty or fine-tuned model id in `base_models`, or `max_upload_bytes` < 1.
+        ValueError: an empty or fine-tuned model id in `base_models`, or a byte limit < 1.
     """
-    if isinstance(max_upload_bytes, bool) or not isinstance(max_upload_bytes, int) or max_upload_bytes < 1:
-        raise ValueError(f"max_upload_bytes must be a positive integer, got {max_upload_bytes!r}")
+    for name, value in (("max_upload_bytes", max_upload_bytes), ("max_request_bytes", max_request_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     for model_id in base_models:
         store.models.ensure_base(model_id)
 
@@ -63,11 +68,14 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
     app = FastAPI(title="coserve", summary="OpenAI-compatible co-serving of inference and LoRA fine-tuning",
                   lifespan=lifespan)
     app.state.gateway = GatewayState(store=store, tenants=tenants, base_models=tuple(base_models),
-                                     max_upload_bytes=max_upload_bytes, scheduler=scheduler,
+                                     max_upload_bytes=max_upload_bytes, max_request_bytes=max_request_bytes,
+                                     scheduler=scheduler,
                                      max_lora_rank=max_lora_rank, public_metrics=public_metrics)
     install_error_handlers(app)
-    # The whole body is capped, not only files: no endpoint needs more than an upload plus its framing.
-    app.add_middleware(BodySizeLimit, max_bytes=max_upload_bytes + MULTIPART_OVERHEAD_BYTES)
+    # Every body is capped before it is parsed: JSON bodies at max_request_bytes (a big one would stall the
+    # event loop in parsing), the upload endpoint at its file limit plus the multipart framing.
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes,
+                       path_limits={UPLOAD_PATH: max_upload_bytes + MULTIPART_OVERHEAD_BYTES})
     for router in ROUTERS:
         app.include_router(router)
     return app

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -104,7 +105,7 @@ class _BodyTooLarge(Exception):
 
 
 class BodySizeLimit:
-    """ASGI middleware: requests whose body exceeds `max_bytes` get 413 in OpenAI's shape.
+    """ASGI middleware: requests whose body exceeds their path's limit get 413 in OpenAI's shape.
 
     A declared `Content-Length` over the limit is refused before any byte is read. A chunked body is
     counted as it arrives; past the limit, reading stops and whatever the app would have answered
@@ -112,20 +113,23 @@ class BodySizeLimit:
 
     Args:
         app: the wrapped ASGI app.
-        max_bytes: the largest body accepted.
+        max_bytes: the largest body accepted (JSON endpoints).
+        path_limits: exact path -> its own limit (the upload endpoint's, larger than a JSON body's).
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, path_limits: Mapping[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits.get(scope.get("path", ""), self.max_bytes)
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._too_large(scope, receive, send)
+        if declared is not None and declared > limit:
+            await self._too_large(limit, scope, receive, send)
             return
         received = 0
         exceeded = False
@@ -135,7 +139,7 @@ class BodySizeLimit:
             nonlocal received, exceeded
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_bytes:
+            if received > limit:
                 exceeded = True
                 raise _BodyTooLarge()
             return message
@@ -152,10 +156,11 @@ class BodySizeLimit:
         except _BodyTooLarge:
             pass
         if exceeded and not response_started:
-            await self._too_large(scope, receive, send)
+            await self._too_large(limit, scope, receive, send)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_json(413, f"Request body too large: the limit is {self.max_bytes} bytes.",
+    @staticmethod
+    async def _too_large(limit: int, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_json(413, f"Request body too large: the limit is {limit} bytes.",
                               code="request_too_large")
         await response(scope, receive, send)
 

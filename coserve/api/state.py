@@ -17,6 +17,11 @@ from coserve.policies.tenants import TenantsConfig
 # The largest upload accepted. OpenAI allows 512 MB, but an upload is validated and stored from memory,
 # so the default is lower; operators raise it with `build_app(..., max_upload_bytes=...)`.
 DEFAULT_MAX_UPLOAD_BYTES = 128 * 1024 * 1024
+# The largest JSON body (chat completions, fine-tuning jobs, ...). The longest prompt a 128k-token model
+# takes is about 512 KB of text (~4 characters a token); JSON escapes (`\uXXXX`, 6 bytes for a 2- or
+# 3-byte character) at most multiply that by 6: about 3 MB. So 4 MiB refuses no prompt a model can take,
+# and bounds what one request makes the gateway parse (json.loads of 4 MiB: tens of ms).
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +33,7 @@ class GatewayState:
         tenants: API keys and tenants.
         base_models: ids of the base models this server serves (visible to every tenant).
         max_upload_bytes: the largest file accepted by `POST /v1/files`.
+        max_request_bytes: the largest body accepted by every other endpoint (JSON bodies).
         scheduler: the `coserve.actors.client.SchedulerClient` chat completions go to (None: the
             gateway serves no chat, e.g. in tests of the other endpoints).
         max_lora_rank: the engine's largest adapter rank (None: fine-tuning requests are not checked
@@ -39,6 +45,7 @@ class GatewayState:
     tenants: TenantsConfig
     base_models: tuple[str, ...]
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     scheduler: Any = None
     max_lora_rank: int | None = None
     public_metrics: bool = False

@@ -5,7 +5,9 @@ latency model. How much fine-tuning work an iteration gets is each policy's own 
 
 TTFT guard: a request that has waited `ttft_guard_fraction * ttft_slo_ms` is admitted before every
 other waiting request whatever the counters, and while one is waiting no fine-tuning work is added, so
-the running batch drains into it instead of into training windows.
+the running batch drains into it instead of into training windows. For a fan-out (n > 1) the guard acts
+for one sequence until one is admitted; the others wait in VTC order like separate requests
+(`fanouts.py`: otherwise one big `n` took every free slot past the counters).
 
 KV memory: when a running or admitted request needs blocks and none are free, fine-tuning gives back
 the blocks of its sequences in flight (most-served tenant first) before any inference request is
@@ -24,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.fanouts import FanOuts
 from coserve.policies.fcfs import Budget, FCFSPolicy
 from coserve.policies.finetune_job import JobEvent
 from coserve.policies.hybrid_config import CoServingConfig
@@ -77,6 +80,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._overrun = 1.0
         self._now = clock()
         self._overdue: list[Request] = []  # this plan's overdue waiting requests, oldest last
+        self._fanouts = FanOuts()  # the guard acts for one sequence of a fan-out (n > 1), not all of them
         self._floor = FinetuneFloor(config.finetune_floor_every, config.finetune_floor_tokens,
                                     config.scheduler.max_batch_tokens)
         self.slo_warning: str | None = None  # set when the SLO cannot hold for a full decode batch
@@ -131,6 +135,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         """Queue a request in its tenant's sub-queue (an unknown tenant gets the default weight)."""
         self._ensure_tenant(request.tenant)
         super().add_request(request)
+        self._fanouts.added(request)
 
     def add_job(self, job: TrainingJob) -> None:
         """Schedule a fine-tuning job's work from the next plan on. Raises ValueError on a duplicate."""
@@ -179,7 +184,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         waiting = self._waiting
         assert isinstance(waiting, TenantQueues)
         # Oldest last: _overdue_waiting pops admitted (or aborted) ones off the end.
-        self._overdue = waiting.arrived_by(self._now - self._co.ttft_guard_s)[::-1]
+        self._overdue = self._fanouts.guarded(waiting.arrived_by(self._now - self._co.ttft_guard_s))[::-1]
         plan = self._new_plan()
         self._roster.apply_control(plan)
         runnable = self._floor_enabled and self._has_runnable_job()
@@ -264,6 +269,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         if request.request_id not in self._input_charged:
             self._input_charged.add(request.request_id)
             self._vtc.charge_input(request.tenant, len(request.prompt_token_ids))
+        self._fanouts.admitted(request)
 
     def _reclaim_kv(self, plan: IterationPlan) -> bool:
         return self._roster.reclaim_kv(plan)
@@ -312,3 +318,4 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
     def _finish(self, request: Request, status: RequestStatus) -> None:
         super()._finish(request, status)
         self._input_charged.discard(request.request_id)
+        self._fanouts.finished(request)

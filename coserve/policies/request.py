@@ -146,6 +146,9 @@ class Request:
     adapter: AdapterRef | None = None
     tenant: str = "default"
     arrival_time: float = 0.0
+    # The request this one is a sequence of when it asked for n > 1 (its siblings share it); None: a
+    # request of its own. The TTFT guard acts for one sequence of a fan-out, not all (`fanouts.py`).
+    parent_id: str | None = None
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     _output_token_ids: list[int] = field(default_factory=list)

@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from local_server import local_server, poll_job, upload_jsonl
+from local_server import local_server, poll_job
 
 from coserve.actors.store import MetadataStore
 

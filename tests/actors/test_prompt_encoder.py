@@ -1,0 +1,88 @@
+"""`PromptEncoder`: the token lower bound never exceeds the real count (tiny model, and SmolLM2's long
+whitespace tokens), and rendering and encoding run off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coserve.actors.prompt_encoder import PromptEncoder
+
+
+TEXTS = st.lists(st.sampled_from(["a", "b", " ", "  ", "\n", "\t", "é", "漢", "😀", "ab", "the",
+                                   "<|im_start|>", "<|im_end|>", "----", "0", "12"]),
+                 max_size=400).map("".join) | st.text(max_size=200)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=TEXTS)
+def test_the_token_bound_never_exceeds_the_real_count(llama_dir: Path, text: str) -> None:
+    encoder, tokenizer = _tiny_encoder(llama_dir)
+    assert encoder.min_tokens(text) <= len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_the_token_bound_holds_on_smollm2(smollm2_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    encoder = PromptEncoder(tokenizer, threads=1)
+    try:
+        # Whitespace runs are SmolLM2's longest tokens (81 characters): the worst case of the bound.
+        for text in (" " * 5000, "\n" + " " * 4000, "word " * 1000, "漢字😀" * 300, "<|im_start|>" * 50):
+            assert encoder.min_tokens(text) <= len(tokenizer.encode(text, add_special_tokens=False))
+    finally:
+        encoder.close()
+
+
+_TINY: dict[Path, tuple[PromptEncoder, Any]] = {}
+
+
+def _tiny_encoder(model: Path) -> tuple[PromptEncoder, Any]:
+    """The tiny model's encoder and tokenizer, loaded once (hypothesis calls the test many times)."""
+    if model not in _TINY:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        _TINY[model] = PromptEncoder(tokenizer, threads=1), tokenizer
+    return _TINY[model]
+
+
+def test_encoding_runs_off_the_event_loop(llama_dir: Path) -> None:
+    """A prompt that takes a second to encode leaves the loop free: a ticker keeps its 5 ms period."""
+    encoder, _ = _tiny_encoder(llama_dir)
+    text = "lorem ipsum dolor sit amet " * 80_000  # 2 MB: about a second to render and encode here
+    lags: list[float] = []
+
+    async def main() -> tuple[float, Any]:
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            while not done.is_set():
+                start = time.perf_counter()
+                await asyncio.sleep(0.005)
+                lags.append(time.perf_counter() - start - 0.005)
+
+        task = asyncio.create_task(ticker())
+        start = time.perf_counter()
+        encoded = await encoder.encode([{"role": "user", "content": text}], max_prompt_tokens=10**9)
+        took = time.perf_counter() - start
+        done.set()
+        await task
+        return took, encoded
+
+    took, encoded = asyncio.run(main())
+    assert encoded.ids is not None and len(encoded.ids) >= encoder.min_tokens(text)
+    assert took > 0.2 and len(lags) >= took / 0.05, (took, len(lags))  # the loop kept ticking
+    assert sorted(lags)[len(lags) // 2] < 0.05, f"median loop lag {sorted(lags)[len(lags) // 2]:.3f} s"
+
+
+def test_a_prompt_over_the_room_is_not_encoded(llama_dir: Path) -> None:
+    encoder, _ = _tiny_encoder(llama_dir)
+    text = "word " * 20_000
+    encoded = asyncio.run(encoder.encode([{"role": "user", "content": text}], max_prompt_tokens=100))
+    assert encoded.ids is None and encoded.min_tokens > 100 and encoded.min_tokens >= encoder.min_tokens(text)
