@@ -186,10 +186,12 @@ def _stream_outcome(srv: RayServer) -> str:
     with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=120,
                       headers={"Authorization": f"Bearer {KEY}"}) as response:
         for line in response.iter_lines():
-            if line.startswith("data: ") and '"error"' in line:
-                return json.loads(line[6:])["error"]["message"]
             if line == "data: [DONE]":
                 return "done"
+            if line.startswith("data: ") and '"error"' in line:
+                event = json.loads(line[6:])
+                if "error" in event:  # an error event, not a chunk that merely mentions the word
+                    return event["error"]["message"]
     return "closed without [DONE]"
 
 
