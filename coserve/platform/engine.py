@@ -209,7 +209,8 @@ class Engine:
         constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
         mask, stuck = None, [False] * len(seqs)
         if constrained:
-            # On a GPU the forward is still running here: the masks are computed on the CPU meanwhile.
+            # CUDA kernels run asynchronously, so on a GPU the CPU can fill the masks while the
+            # forward may still be running (not measured here: this machine has no GPU).
             fill = self.grammars.fill_masks(constrained, [seqs[i].grammar for i in constrained])
             mask = fill.mask
             for i, is_stuck in zip(constrained, fill.stuck):
