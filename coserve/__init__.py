@@ -6,6 +6,7 @@ The offline API mirrors vLLM's: `from coserve import LLM, SamplingParams, LoRARe
 from coserve.lora_request import LoRARequest
 from coserve.outputs import CompletionOutput, Logprob, RequestOutput
 from coserve.policies.request import SamplingParams
+from coserve.policies.structured_output import StructuredOutput
 
 
 def __getattr__(name: str) -> object:
@@ -17,4 +18,4 @@ def __getattr__(name: str) -> object:
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "LoRARequest", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutput", "LoRARequest", "RequestOutput", "CompletionOutput", "Logprob"]

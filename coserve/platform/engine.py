@@ -3,7 +3,8 @@
 It makes no scheduling decision: which tokens run, which KV blocks they use, which adapter lives in
 which slot, and when state is dropped all come from the plan. What it keeps between iterations is
 the minimum to execute plans: each sequence's token ids (the newest sampled token is the next
-decode's input), its sampling settings and its adapter slot.
+decode's input), its sampling settings, its adapter slot and, for structured output, its grammar
+matcher (`coserve.platform.grammar`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import llguidance
 import torch
 
 from coserve.platform.attention import ChunkSpan, build_metadata, row_wise_limit
 from coserve.platform.config import ModelConfig, resolve_dtype
+from coserve.platform.grammar import GrammarCompiler
 from coserve.platform.kv_cache import KVCache
 from coserve.platform.lora import LoRABank, LoRASegment
 from coserve.platform.model import Transformer
@@ -78,6 +81,7 @@ class _Sequence:
     sampling: SamplingParams
     adapter_slot: int
     num_outputs: int
+    grammar: llguidance.LLMatcher | None = None  # structured output: advanced with every sampled token
 
 
 class Engine:
@@ -107,6 +111,7 @@ class Engine:
                                     max_lora_rank=config.max_lora_rank)
         self._seqs: dict[str, _Sequence] = {}
         self.training = TrainingRuntime(self.model, self.cache, self.bank)
+        self.grammars = GrammarCompiler(config.model, cfg.vocab_size, cfg.eos_token_ids)
 
     def _blocks_for_memory(self) -> int:
         cfg, c = self.model_config, self.config
@@ -136,7 +141,7 @@ class Engine:
         for request_id in plan.freed:
             self._seqs.pop(request_id, None)
         for new in plan.new_sequences:
-            self._seqs[new.request_id] = _new_sequence(new)
+            self._seqs[new.request_id] = self._new_sequence(new)
         result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
         self.training.apply_control(plan.training, result.training)
         windows = self.training.window_rows(plan.training)
@@ -201,11 +206,32 @@ class Engine:
                 result: IterationResult) -> None:
         seqs = [self._seqs[c.request_id] for c in chunks]
         rows = [_row_sampling(s) for s in seqs]
-        token_ids, logprobs = self.sampler(logits, rows)
-        for chunk, seq, token, lp in zip(chunks, seqs, token_ids, logprobs):
+        constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        mask, stuck = None, [False] * len(seqs)
+        if constrained:
+            # CUDA kernels run asynchronously, so on a GPU the CPU can fill the masks while the
+            # forward may still be running (not measured here: this machine has no GPU).
+            fill = self.grammars.fill_masks(constrained, [seqs[i].grammar for i in constrained])
+            mask = fill.mask
+            for i, is_stuck in zip(constrained, fill.stuck):
+                stuck[i] = is_stuck
+        token_ids, logprobs = self.sampler(logits, rows, mask)
+        for chunk, seq, token, lp, is_stuck in zip(chunks, seqs, token_ids, logprobs, stuck):
             seq.tokens.append(token)
             seq.num_outputs += 1
-            result.sampled.append(SampledToken(chunk.request_id, token, lp))
+            if seq.grammar is not None and not is_stuck:
+                seq.grammar.consume_token(token)  # allowed by the mask, so it parses
+            result.sampled.append(SampledToken(chunk.request_id, token, lp, grammar_error=is_stuck))
+
+    def _new_sequence(self, new: NewSequence) -> _Sequence:
+        seq = _Sequence(tokens=list(new.token_ids), sampling=new.sampling, adapter_slot=new.adapter_slot,
+                        num_outputs=new.num_output_tokens)
+        spec = new.sampling.structured_output
+        if spec is not None:
+            # After a preemption the outputs so far are in token_ids: replay them into the matcher.
+            outputs = seq.tokens[len(seq.tokens) - seq.num_outputs:] if seq.num_outputs else []
+            seq.grammar = self.grammars.matcher(spec, outputs)
+        return seq
 
 
 def _row_sampling(seq: _Sequence) -> RowSampling:
@@ -220,11 +246,6 @@ def _row_sampling(seq: _Sequence) -> RowSampling:
         split = len(seq.tokens) - seq.num_outputs
         row.prompt_ids, row.output_ids = seq.tokens[:split], seq.tokens[split:]
     return row
-
-
-def _new_sequence(new: NewSequence) -> _Sequence:
-    return _Sequence(tokens=list(new.token_ids), sampling=new.sampling, adapter_slot=new.adapter_slot,
-                     num_outputs=new.num_output_tokens)
 
 
 def _extend_segments(segments: list[LoRASegment], slot: int, start: int, end: int) -> None:

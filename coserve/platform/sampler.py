@@ -20,8 +20,12 @@ Semantics (documented because callers and tests rely on them):
 - **Logits processors** (`coserve.platform.logits_processors`): logit bias and the repetition,
   frequency and presence penalties change the logits before the greedy or random choice; min-p masks
   after the temperature, before top-k/top-p.
+- **Token masks** (`coserve.platform.token_mask`, structured output): tokens a row's grammar forbids
+  get -inf after the logits processors, before the greedy or random choice, so every sampled token is
+  allowed; unmasked rows are untouched (one `masked_fill` over the masked rows).
 - **Logprobs** are those of the raw model distribution, `log_softmax(logits)` in float32, before
-  temperature, top-k and top-p (vLLM's default "raw_logprobs"). `rank` is 1 + the number of tokens
+  the mask, temperature, top-k and top-p (vLLM's default "raw_logprobs"): under a grammar,
+  `top_logprobs` can list tokens the grammar forbade. `rank` is 1 + the number of tokens
   with a strictly larger logprob.
 """
 
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from coserve.platform.logits_processors import mask_min_p, process_logits
+from coserve.platform.token_mask import TokenMask, apply_token_mask
 from coserve.policies.plan import TokenLogprobs
 
 # Below this a positive temperature is clamped: logits / 1e-5 stays far inside float32's range, and
@@ -109,13 +114,14 @@ class Sampler:
         self._generators: dict[torch.device, torch.Generator] = {}
 
     def __call__(
-        self, logits: torch.Tensor, rows: list[RowSampling]
+        self, logits: torch.Tensor, rows: list[RowSampling], mask: TokenMask | None = None
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """Sample `logits[i]` according to `rows[i]`.
 
         Args:
             logits: `[N, V]`, any float dtype and device; computed in float32. Not modified.
             rows: N sampling settings, in row order.
+            mask: the tokens some rows may sample (each of those rows must allow at least one).
 
         Returns:
             The N sampled token ids, and per row a `TokenLogprobs` (or None where not asked).
@@ -126,6 +132,10 @@ class Sampler:
             return [], []
         x = logits.detach().float()
         processed = process_logits(x, rows)  # x itself when no row asks: logprobs stay raw
+        if mask is not None and mask.rows:
+            if processed is x:
+                processed = x.clone()
+            apply_token_mask(processed, mask)
         n, device = len(rows), x.device
         greedy = [i for i, r in enumerate(rows) if r.greedy]
         random = [i for i, r in enumerate(rows) if not r.greedy]

@@ -341,7 +341,7 @@ class FCFSPolicy:
         """
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} applied to plan {plan.step_id}")
-        sampled = {token.request_id: token.token_id for token in result.sampled}
+        sampled = {token.request_id: token for token in result.sampled}
         touched: list[Request] = []
         for chunk in plan.chunks:
             request = self._requests.get(chunk.request_id)
@@ -351,12 +351,13 @@ class FCFSPolicy:
             self._cache_new_full_blocks(request, chunk)
             if not chunk.sample:
                 continue
-            token_id = sampled.get(chunk.request_id)
-            if token_id is None:
+            token = sampled.get(chunk.request_id)
+            if token is None:
                 raise ValueError(f"step {result.step_id}: no sampled token for {chunk.request_id!r}")
-            request.append_output_token(token_id)
+            request.append_output_token(token.token_id)
             touched.append(request)
-            status = check_stop(request, token_id, self._config.max_model_len)
+            status = RequestStatus.FINISHED_GRAMMAR_ERROR if token.grammar_error else \
+                check_stop(request, token.token_id, self._config.max_model_len)
             if status is not None:
                 self._finish(request, status)
         return touched

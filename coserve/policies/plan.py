@@ -95,9 +95,17 @@ class TokenLogprobs:
 
 @dataclass(slots=True)
 class SampledToken:
+    """The token sampled for one sequence.
+
+    `grammar_error` is set when the sequence's structured-output grammar could not go on (no token
+    allowed, or its matcher failed, e.g. a parser resource limit): `token_id` is then the EOS the engine
+    put in its place, and the scheduler ends the request with finish reason `grammar_error`.
+    """
+
     request_id: str
     token_id: int
     logprobs: TokenLogprobs | None = None
+    grammar_error: bool = False
 
 
 @dataclass(slots=True)

@@ -10,6 +10,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from coserve.policies.structured_output import StructuredOutput
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -34,6 +36,9 @@ class SamplingParams:
         min_p: drop tokens less likely than `min_p` x the most likely one, in [0, 1].
         logit_bias: token id -> bias added to its logit, in [-100, 100].
         (Exact definitions: `coserve.platform.logits_processors`.)
+        structured_output: a grammar every output token must follow (JSON object or JSON Schema),
+            checked here; it cannot be combined with `ignore_eos` or `min_tokens` (the grammar ends the
+            output with EOS once the JSON is complete).
     """
 
     n: int = 1
@@ -54,6 +59,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     logit_bias: dict[int, float] | None = None
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -85,6 +91,17 @@ class SamplingParams:
         for ok, param, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.structured_output is not None:
+            self._check_structured_output()
+
+    def _check_structured_output(self) -> None:
+        if self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with structured_output: the grammar ends the "
+                             "output with EOS once it is complete")
+        if self.min_tokens:
+            raise ValueError("min_tokens cannot be combined with structured_output: EOS is the only token "
+                             "the grammar allows once the output is complete")
+        self.structured_output.check()
 
     @property
     def greedy(self) -> bool:
@@ -107,6 +124,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH_CAPPED = 4
     FINISHED_ABORTED = 5
+    FINISHED_GRAMMAR_ERROR = 6  # the structured-output grammar allowed no token (engine-side failure)
 
     @property
     def is_finished(self) -> bool:
@@ -118,6 +136,7 @@ FINISH_REASONS: dict[RequestStatus, str] = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_GRAMMAR_ERROR: "grammar_error",
 }
 
 

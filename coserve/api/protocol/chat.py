@@ -14,10 +14,12 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error
+from coserve.api.protocol.response_format import ResponseFormat
 from coserve.policies.request import SamplingParams
 
 MessageRole = Literal["system", "user", "assistant", "developer", "tool"]
-FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
+# grammar_error (coserve's): the response_format grammar could not go on (a parser limit was hit).
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call", "grammar_error"]
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
@@ -82,6 +84,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     n: Annotated[int, Field(ge=1, le=128)] | None = 1
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
+    response_format: ResponseFormat | None = None
     seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
     stop: Annotated[str, Field(min_length=1)] | Annotated[
         list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
@@ -146,6 +149,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_output=self.response_format.to_structured_output() if self.response_format else None,
         )
 
 

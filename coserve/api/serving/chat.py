@@ -151,8 +151,8 @@ def _to_error(rejection: Rejection) -> ProtocolError:
 
 
 def _finish(reason: str | None) -> str:
-    # Only an aborted request has neither; nobody reads it (its client is gone).
-    return reason if reason in ("stop", "length") else "stop"
+    # Only an aborted request has none of these; nobody reads it (its client is gone).
+    return reason if reason in ("stop", "length", "grammar_error") else "stop"
 
 
 def _usage(batch: StreamBatch) -> UsageInfo:

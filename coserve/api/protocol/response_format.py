@@ -1,0 +1,61 @@
+"""`response_format` of `POST /v1/chat/completions`: structured output on the wire.
+
+Reference: https://platform.openai.com/docs/api-reference/chat/create#chat-create-response_format.
+`{"type": "text"}` (the default), `{"type": "json_object"}` and `{"type": "json_schema", "json_schema":
+{"name", "description", "schema", "strict"}}` are accepted. The schema is compiled here, at validation
+time, with the grammar library the engine uses: a schema it cannot enforce is a 400 naming
+`response_format.json_schema.schema` and the feature, before anything is queued.
+
+`strict` is accepted either way and changes nothing: coserve enforces every schema it accepts, token by
+token (OpenAI's `strict: false` is best effort; coserve's is never weaker).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from coserve.api.protocol.base import OpenAIBaseModel, param_error
+from coserve.policies.structured_output import StructuredOutput, StructuredOutputError
+
+
+class JsonSchemaFormat(OpenAIBaseModel):
+    """The `json_schema` object of a `json_schema` response format."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """What the assistant's content must be: text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ResponseFormat:
+        if self.type != "json_schema":
+            if self.json_schema is not None:
+                raise param_error("json_schema", f"'json_schema' is only allowed with type 'json_schema', "
+                                                 f"not '{self.type}'")
+            return self
+        if self.json_schema is None:
+            raise param_error("json_schema", "type 'json_schema' needs a 'json_schema' object")
+        if self.json_schema.schema_ is None:
+            raise param_error("json_schema.schema", "type 'json_schema' needs 'json_schema.schema'")
+        try:
+            self.to_structured_output().check()
+        except StructuredOutputError as error:
+            raise param_error("json_schema.schema", str(error)) from None
+        return self
+
+    def to_structured_output(self) -> StructuredOutput | None:
+        """The engine's spec (None for plain text)."""
+        if self.type == "json_object":
+            return StructuredOutput.json_object()
+        if self.type == "json_schema":
+            return StructuredOutput.json_schema(self.json_schema.schema_)
+        return None

@@ -1,0 +1,99 @@
+"""The structured-output spec: a plain value, checked where the request is made, refusing what the
+grammar library cannot enforce with a message that names it."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coserve.policies.request import SamplingParams
+from coserve.policies.structured_output import OutputFormat, StructuredOutput, StructuredOutputError
+
+
+def test_equal_schemas_give_equal_hashable_specs_that_survive_pickling() -> None:
+    a = StructuredOutput.json_schema({"type": "object", "properties": {"b": {}, "a": {}}})
+    b = StructuredOutput.json_schema('{"type": "object",  "properties": {"b": {}, "a": {}}}')
+    assert a == b and hash(a) == hash(b)
+    assert a.schema_json == '{"type":"object","properties":{"b":{},"a":{}}}'  # property order kept
+    assert pickle.loads(pickle.dumps(a)) == a
+    assert StructuredOutput.json_object().format is OutputFormat.JSON_OBJECT
+    assert StructuredOutput.json_object().grammar()
+
+
+@pytest.mark.parametrize("schema, named", [
+    ({"not": {"type": "string"}}, 'Unimplemented keys: ["not"]'),
+    ({"if": {"type": "string"}, "then": {}}, "Unimplemented keys"),
+    ({"type": "string", "pattern": "(?<=a)b"}, "look-around"),
+    ({"type": "wat"}, "Invalid type: wat"),
+    ({"$ref": "#/$defs/missing"}, "/$defs/missing"),
+    ({"type": "string", "format": "no-such-format"}, "Unknown format: no-such-format"),
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 5, "maxLength": 2}},
+      "required": ["a"]}, "Unsatisfiable"),
+])
+def test_unsupported_or_invalid_schemas_are_refused_naming_the_feature(schema: dict, named: str) -> None:
+    spec = StructuredOutput.json_schema(schema)
+    with pytest.raises(StructuredOutputError, match="schema") as info:
+        spec.check()
+    assert named in str(info.value)
+    with pytest.raises(ValueError, match=named.replace("[", r"\[").replace("$", r"\$")):
+        SamplingParams(structured_output=spec)
+
+
+@pytest.mark.parametrize("schema", ["not json", "[1, 2]", "true"])
+def test_a_schema_that_is_not_a_json_object_is_refused(schema: str) -> None:
+    with pytest.raises(StructuredOutputError):
+        StructuredOutput.json_schema(schema).check()
+
+
+def test_supported_features_pass() -> None:
+    StructuredOutput.json_schema({
+        "type": "object", "additionalProperties": False, "required": ["a", "b", "c"],
+        "$defs": {"item": {"type": "object", "properties": {"x": {"type": "number"}}}},
+        "properties": {"a": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1},
+                       "b": {"anyOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"type": "null"}]},
+                       "c": {"enum": ["x", "y"]}, "d": {"type": "string", "format": "date-time"}},
+    }).check()
+
+
+def test_options_the_grammar_cannot_honour_are_refused() -> None:
+    spec = StructuredOutput.json_object()
+    with pytest.raises(ValueError, match="ignore_eos"):
+        SamplingParams(structured_output=spec, ignore_eos=True)
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(structured_output=spec, min_tokens=3)
+
+
+def test_a_panic_inside_the_grammar_library_is_a_refusal() -> None:
+    # Found by the fuzz below: llguidance panicked (pyo3's PanicException, a BaseException) while
+    # cutting an error message inside a multi-byte character. It must be a refusal, never a 500.
+    schema = ('{"minimum":{"minLength":{},"$ref":{"prefixItems":[6333069285652632,1501556]},'
+              r'"\ud828\uded5\udad2\ude25\u000f":[{"\uda84\uded0\u00f9":"7\u00ed\ud986\udd93",'
+              r'"enum":"\u00c2\udb1f\udd4f\u00afS\u00d9\u00c4\u00fd\udacb\udea5"},{},'
+              r'"\u00a6\u0085\ud99f\udfa6\u00cc\u00bfX\u0005\u0081"],"enum":{}},"anyOf":-52396}')
+    with pytest.raises(StructuredOutputError, match="failed on it"):
+        StructuredOutput.json_schema(schema).check()
+
+
+_KEYS = st.sampled_from(["type", "properties", "items", "required", "enum", "const", "anyOf", "oneOf",
+                         "allOf", "$ref", "$defs", "pattern", "minLength", "maxLength", "minimum", "maximum",
+                         "format", "additionalProperties", "minItems", "maxItems", "prefixItems", "not",
+                         "multipleOf"])
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False),
+                  st.text(max_size=8), st.sampled_from(["string", "object", "array", "integer", "number",
+                                                        "null", "#/$defs/a", "#", "^a+$", "date-time",
+                                                        "(?=a)"]))
+_VALUES = st.recursive(_LEAF, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.one_of(_KEYS, st.text(max_size=3)), inner, max_size=4)),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, max_size=5))
+def test_any_schema_is_either_accepted_or_refused_cleanly(schema: dict) -> None:
+    try:
+        StructuredOutput.json_schema(schema).check()
+    except StructuredOutputError:
+        pass
