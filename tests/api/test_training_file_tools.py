@@ -187,6 +187,14 @@ def test_a_tools_job_on_a_template_without_tool_support_fails_clearly(servers: d
     assert job.error.message.startswith("training example 4: the base model's chat template does not render")
     assert job.trained_tokens is None or job.trained_tokens == 0
 
+    # The same row in the validation file fails the job naming that file.
+    job = oa.fine_tuning.jobs.create(model=servers["llama"].base, training_file=upload_jsonl(oa, plain),
+                                     validation_file=upload_jsonl(oa, [_row()]))
+    job = poll_job(oa, job.id, timeout=60)
+    assert job.status == "failed" and job.error is not None
+    assert (job.error.code, job.error.param) == ("invalid_validation_file", "validation_file")
+    assert job.error.message.startswith("validation example 1: the base model's chat template does not")
+
 
 def test_a_malformed_tool_row_is_refused_at_upload(servers: dict[str, LocalServer]) -> None:
     oa = servers["qwen2"].client(KEY)

@@ -198,11 +198,17 @@ def _indices_text(indices: list[int]) -> str:
 Example = Mapping[str, Any] | Sequence[Mapping[str, Any]]  # a JSONL object or a bare message list
 
 
-def prepare_dataset(tokenizer: Any, examples: Sequence[Example], max_len: int) -> PreparedDataset:
+def prepare_dataset(tokenizer: Any, examples: Sequence[Example], max_len: int,
+                    what: str = "training example") -> PreparedDataset:
     """Encode every example (a JSONL object with `messages` and optional `tools`, or a bare message list).
 
     Truncated examples are kept and warned about; examples without a trained token are skipped,
     counted and warned about. Indices in warnings are 0-based positions in `examples`.
+
+    Raises:
+        TemplateError: as `encode_example`, its message starting with `what` and the example's
+            1-based position ("training example 4: ...").
+        ValueError: as `encode_example`.
     """
     sequences: list[TrainingSequence] = []
     kept: list[int] = []
@@ -214,7 +220,7 @@ def prepare_dataset(tokenizer: Any, examples: Sequence[Example], max_len: int) -
         try:
             encoded = encode_example(tokenizer, messages, max_len, tools)
         except TemplateError as err:  # name the example: the file may hold thousands
-            raise TemplateError(f"training example {index + 1}: {err}") from err
+            raise TemplateError(f"{what} {index + 1}: {err}") from err
         if encoded.truncated:
             truncated.append(index)
         if encoded.skipped:
