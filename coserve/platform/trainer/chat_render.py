@@ -29,7 +29,7 @@ _PROBE_TOOL = "coserve_probe_tool"
 _PROBE_ARGUMENT = "coserve_probe_value"
 _NO_TOOL_SUPPORT = ("the base model's chat template does not render {what}: training on this data "
                     "would drop them from the training text. Fine-tune a model whose chat template "
-                    "supports tools (Qwen2.5 and Qwen3 do), or remove the tools from the training file")
+                    "supports tools (Qwen2.5's does), or remove the tools from the training file")
 
 
 class TemplateError(ValueError):
