@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from transformers import AutoTokenizer
 
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.files import validate_finetune_jsonl
+from coserve.platform.chat_templates import CHATML_TEMPLATE
 from coserve.platform.trainer import encode_example
 from local_server import LocalServer, local_server, poll_job, upload_jsonl
 
@@ -147,13 +149,25 @@ def test_malformed_tool_rows_name_the_line_and_field(path: str, value: Any, reas
 # ----------------------------------------------------------------------------- through the server
 
 
+# ChatML that refuses two messages of one role in a row, as Mistral's and Llama 2's templates do.
+ALTERNATING_TEMPLATE = CHATML_TEMPLATE.replace(
+    "{%- for message in messages %}",
+    "{%- for message in messages %}{%- if not loop.first and message['role'] == messages[loop.index0 - 1]"
+    "['role'] %}{{- raise_exception('Conversation roles must alternate') }}{%- endif %}")
+
+
 @pytest.fixture(scope="module")
 def servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[dict[str, LocalServer]]:
     tenants = {"acme": {"api_keys": [KEY]}}
+    strict = tmp_path_factory.mktemp("alternating") / "llama"
+    shutil.copytree(model_dirs["llama"], strict)
+    config = json.loads((strict / "tokenizer_config.json").read_text())
+    (strict / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": ALTERNATING_TEMPLATE}))
     with local_server(model_dirs["qwen2"], tmp_path_factory.mktemp("tools-qwen2"), tenants) as qwen, \
-            local_server(model_dirs["llama"], tmp_path_factory.mktemp("tools-llama"), tenants) as llama:
-        yield {"qwen2": qwen, "llama": llama}
+            local_server(model_dirs["llama"], tmp_path_factory.mktemp("tools-llama"), tenants) as llama, \
+            local_server(strict, tmp_path_factory.mktemp("tools-strict"), tenants) as alternating:
+        yield {"qwen2": qwen, "llama": llama, "alternating": alternating}
 
 
 def test_a_tools_job_trains_the_masked_tokens(servers: dict[str, LocalServer],
@@ -194,6 +208,26 @@ def test_a_tools_job_on_a_template_without_tool_support_fails_clearly(servers: d
     assert job.status == "failed" and job.error is not None
     assert (job.error.code, job.error.param) == ("invalid_validation_file", "validation_file")
     assert job.error.message.startswith("validation example 1: the base model's chat template does not")
+
+
+def test_a_template_that_raises_fails_the_job_and_not_the_job_loop(servers: dict[str, LocalServer]) -> None:
+    """A template's own exception (a jinja error, not a ValueError) used to escape the job manager:
+    every reconcile failed on it, the job stayed in validating_files and no other job started."""
+    oa = servers["alternating"].client(KEY)
+    rows = [{"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": "Hello"}]}
+            for i in range(10)]
+    twice = {"messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi again"},
+                          {"role": "assistant", "content": "Hello"}]}
+    bad = oa.fine_tuning.jobs.create(model=servers["alternating"].base,
+                                     training_file=upload_jsonl(oa, rows[:5] + [twice] + rows[5:]))
+    good = oa.fine_tuning.jobs.create(model=servers["alternating"].base, training_file=upload_jsonl(oa, rows),
+                                      hyperparameters={"n_epochs": 1})
+    bad = poll_job(oa, bad.id, timeout=30)
+    assert bad.status == "failed" and bad.error is not None
+    assert (bad.error.code, bad.error.param) == ("invalid_training_file", "training_file")
+    assert bad.error.message == ("training example 6: the chat template cannot render this conversation: "
+                                 "Conversation roles must alternate")
+    assert poll_job(oa, good.id, timeout=60).status == "succeeded"
 
 
 def test_a_malformed_tool_row_is_refused_at_upload(servers: dict[str, LocalServer]) -> None:
