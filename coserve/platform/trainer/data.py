@@ -162,8 +162,8 @@ def encode_example(tokenizer: Any, messages: Sequence[Mapping[str, Any]], max_le
     full, spans = trained_char_spans(tokenizer, messages, tools)
     encoding = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
-    reference = tokenizer.apply_chat_template(template_messages(messages), tools=list(tools) if tools else None,
-                                              tokenize=True, return_dict=False)
+    reference = tokenizer.apply_chat_template(template_messages(messages), tokenize=True, return_dict=False,
+                                              tools=list(tools) if tools else None)
     if list(ids) != list(reference):
         raise TemplateError("tokenizing the rendered text does not give apply_chat_template's ids; "
                             "the character offsets would not map onto the trained tokens")
