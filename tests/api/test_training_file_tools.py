@@ -57,7 +57,12 @@ def test_tool_rows_are_accepted() -> None:
                                   "tool_calls": [_call("x", "{}", "get-time_2")]}],
                     "tools": TOOLS, "parallel_tool_calls": False}
     no_tools = {"messages": _row()["messages"][:4] + [{"role": "assistant", "content": "ok"}]}
-    assert validate_finetune_jsonl(b"\n".join(_line(r) for r in (_row(), ends_on_call, no_tools))) == 3
+    # Null optional keys are absent (the official client's `message.model_dump()` writes them).
+    dumped = {"messages": [{"role": "user", "content": "Hi"},
+                           {"role": "assistant", "content": "Hello", "tool_calls": None, "function_call": None,
+                            "refusal": None, "name": None}]}
+    rows = (_row(), ends_on_call, no_tools, dumped)
+    assert validate_finetune_jsonl(b"\n".join(_line(r) for r in rows)) == 4
 
 
 def _edit(path: str, value: Any) -> dict[str, Any]:

@@ -31,6 +31,8 @@ _MESSAGE_KEYS = frozenset({"role", "content", "name", "weight", "tool_calls", "t
 _ROW_KEYS = frozenset({"messages", "tools", "parallel_tool_calls"})
 # The deprecated function-calling shapes: the trainer would drop them, so they are refused with a hint.
 _LEGACY_KEYS = {"functions": "'tools'", "function_call": "'tool_calls'"}
+# Keys whose null means absent, as the official client writes them when dumping a reply's message.
+_NULLABLE_KEYS = frozenset({"function_call", "tool_calls", "name", "refusal"})
 
 
 class FileObject(OpenAIBaseModel):
@@ -78,6 +80,7 @@ def _check_message(msg: Any, number: int) -> str | None:
     role = msg.get("role")
     if role not in TRAINING_ROLES:
         return f"message {number} has an invalid 'role' {role!r}; expected one of {sorted(TRAINING_ROLES)}"
+    msg = {key: value for key, value in msg.items() if value is not None or key not in _NULLABLE_KEYS}
     if "function_call" in msg:
         return f"message {number} has the deprecated 'function_call'; use {_LEGACY_KEYS['function_call']}"
     extra = sorted(set(msg) - _MESSAGE_KEYS)
