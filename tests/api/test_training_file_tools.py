@@ -15,6 +15,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessage
 from transformers import AutoTokenizer
 
 from coserve.api.protocol.base import ProtocolError
@@ -58,9 +59,9 @@ def test_tool_rows_are_accepted() -> None:
                     "tools": TOOLS, "parallel_tool_calls": False}
     no_tools = {"messages": _row()["messages"][:4] + [{"role": "assistant", "content": "ok"}]}
     # Null optional keys are absent (the official client's `message.model_dump()` writes them).
-    dumped = {"messages": [{"role": "user", "content": "Hi"},
-                           {"role": "assistant", "content": "Hello", "tool_calls": None, "function_call": None,
-                            "refusal": None, "name": None}]}
+    reply = ChatCompletionMessage(role="assistant", content="Hello").model_dump()
+    assert {"tool_calls", "function_call", "refusal", "annotations", "audio"} <= set(reply)
+    dumped = {"messages": [{"role": "user", "content": "Hi", "name": None}, reply]}
     rows = (_row(), ends_on_call, no_tools, dumped)
     assert validate_finetune_jsonl(b"\n".join(_line(r) for r in rows)) == 4
 

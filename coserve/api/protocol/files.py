@@ -32,7 +32,7 @@ _ROW_KEYS = frozenset({"messages", "tools", "parallel_tool_calls"})
 # The deprecated function-calling shapes: the trainer would drop them, so they are refused with a hint.
 _LEGACY_KEYS = {"functions": "'tools'", "function_call": "'tool_calls'"}
 # Keys whose null means absent, as the official client writes them when dumping a reply's message.
-_NULLABLE_KEYS = frozenset({"function_call", "tool_calls", "name", "refusal"})
+_NULLABLE_KEYS = frozenset({"function_call", "tool_calls", "name", "refusal", "annotations", "audio"})
 
 
 class FileObject(OpenAIBaseModel):
