@@ -35,6 +35,10 @@ from coserve.policies.vtc import VirtualTokenCounter, VTCWeights
 FIRST_TRAINING_ADAPTER_ID = 2**40
 
 
+class ValidationFileError(ValueError):
+    """The validation file cannot be tokenized (its job fails with `invalid_validation_file`)."""
+
+
 @dataclass(slots=True)
 class PreparedJob:
     """A job ready to schedule, and what preparing its data found."""
@@ -55,13 +59,18 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
 
     Raises:
         ValueError: fewer than 10 usable examples, bad hyperparameters or LoRA settings (the message
-            names the setting), or a conversation the template cannot mask exactly.
+            names the setting), or a conversation the template cannot mask exactly
+            (`ValidationFileError` when it is in the validation file).
     """
     dataset = prepare_dataset(tokenizer, examples, max_len)
     resolved = resolve_hyperparameters(dict(hyperparameters or {}), len(dataset.sequences),
                                        dataset.trained_tokens)
     lora_config = LoRATrainConfig(**_lora_arguments(lora or {}))
-    held_out = prepare_dataset(tokenizer, validation, max_len).sequences if validation else []
+    try:
+        held_out = (prepare_dataset(tokenizer, validation, max_len, what="validation example").sequences
+                    if validation else [])
+    except ValueError as err:
+        raise ValidationFileError(str(err)) from err
     spec = FinetuneJobSpec(
         job_id=job_id, tenant=tenant, adapter_id=adapter_id,
         examples=[TrainingExample(seq.token_ids.tolist(), seq.trained.tolist())

@@ -173,8 +173,9 @@ class LLM:
         """Start a LoRA fine-tuning job on chat examples; returns its id at once.
 
         The job trains in the same iterations as every later `generate`/`chat` call; `wait`
-        finishes it. Examples are OpenAI fine-tuning lines (`{"messages": [...]}`) or message lists;
-        the loss is on assistant tokens (messages with `"weight": 0` excluded). Hyperparameters:
+        finishes it. Examples are OpenAI fine-tuning lines (`{"messages": [...], "tools": [...]}`,
+        tool calls included: README "Training files") or message lists; the loss is on assistant
+        tokens (messages with `"weight": 0` excluded). Hyperparameters:
         `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
         `resolve_hyperparameters`); LoRA settings with PEFT's names (`r`, `lora_alpha`,
         `target_modules`; default r=16, alpha=32, all seven projections). Checkpoints are written

@@ -28,7 +28,7 @@ from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobRecord, JobStatus
-from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
+from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, ValidationFileError, prepare_job
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
 from coserve.policies.quotas import TenantLimits, TenantQuota
@@ -64,6 +64,8 @@ def _failure(err: ValueError) -> tuple[str, str | None]:
     """The `error.code` and `error.param` of a job whose preparation raised `err`."""
     if isinstance(err, JobRefused):
         return err.code, err.param
+    if isinstance(err, ValidationFileError):
+        return "invalid_validation_file", "validation_file"
     return ("invalid_n_examples" if "at least" in str(err) else "invalid_training_file"), "training_file"
 
 

@@ -26,6 +26,7 @@ from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, GenerationConfig, LlamaConfig, MistralConfig,
                           PretrainedConfig, Qwen2Config, Qwen3Config)
 
+from coserve.platform.chat_templates import chat_template_for
 from coserve.platform.tokenizer_train import (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, save_tokenizer,
                                               special_token_ids, train_tokenizer)
 
@@ -91,7 +92,8 @@ def create_tiny_model(path: str | Path, arch: str = "llama", preset: str = "tiny
     model.generation_config = _generation_config(config)
     model.save_pretrained(path, safe_serialization=True)
     _add_legacy_keys(path / "config.json")
-    save_tokenizer(tokenizer, path, model_max_length=config.max_position_embeddings)
+    save_tokenizer(tokenizer, path, model_max_length=config.max_position_embeddings,
+                   chat_template=chat_template_for(arch))
     return path
 
 

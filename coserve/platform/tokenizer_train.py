@@ -3,7 +3,7 @@
 There is no model hub on the machines coserve is tested on, so the tokenizer is trained at model
 creation time from `data/corpus.txt` (shipped in the package) with the `tokenizers` library and saved
 in the files `transformers.AutoTokenizer` reads: `tokenizer.json`, `tokenizer_config.json` (with a
-ChatML chat template) and `special_tokens_map.json`.
+chat template from `chat_templates.py`) and `special_tokens_map.json`.
 
 Conventions (shared with `tiny_model.py`, which writes the same ids into config.json):
 - the special tokens take ids 0..4 in the order of `SPECIAL_TOKENS`;
@@ -21,6 +21,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from coserve.platform.chat_templates import CHATML_TEMPLATE
+
 BOS_TOKEN = "<|begin_of_text|>"
 END_OF_TEXT_TOKEN = "<|end_of_text|>"
 IM_START_TOKEN = "<|im_start|>"
@@ -30,18 +32,8 @@ EOS_TOKEN = IM_END_TOKEN
 # Order fixes the ids: BpeTrainer assigns special tokens the first ids.
 SPECIAL_TOKENS = (BOS_TOKEN, END_OF_TEXT_TOKEN, IM_START_TOKEN, IM_END_TOKEN, PAD_TOKEN)
 
-# ChatML, as Qwen uses it. String content or OpenAI-style lists of {"type": "text", "text": ...} parts.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+# The llama/mistral tiny models' template (qwen2/qwen3 get Qwen's tool format: chat_templates.py).
+CHAT_TEMPLATE = CHATML_TEMPLATE
 
 
 def special_token_ids() -> dict[str, int]:
@@ -90,7 +82,8 @@ def _token_entry(token: str) -> dict[str, object]:
             "single_word": False, "special": True}
 
 
-def save_tokenizer(tokenizer: Tokenizer, path: str | Path, model_max_length: int) -> None:
+def save_tokenizer(tokenizer: Tokenizer, path: str | Path, model_max_length: int,
+                   chat_template: str = CHATML_TEMPLATE) -> None:
     """Write the tokenizer files of an HF model folder (`AutoTokenizer.from_pretrained(path)` loads them)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -108,7 +101,7 @@ def save_tokenizer(tokenizer: Tokenizer, path: str | Path, model_max_length: int
         "add_bos_token": False,
         "add_eos_token": False,
         "padding_side": "left",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "added_tokens_decoder": {str(i): _token_entry(t) for t, i in special_token_ids().items()},
     }
     _write_json(path / "tokenizer_config.json", config)

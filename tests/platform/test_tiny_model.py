@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from coserve import cli
 from coserve.platform import tiny_model
+from coserve.platform.chat_templates import CHATML_TEMPLATE, QWEN_TOOLS_TEMPLATE
 from coserve.platform.tiny_model import ARCHS, count_parameters, create_tiny_model
 from coserve.platform.tokenizer_train import (CHAT_TEMPLATE, SPECIAL_TOKENS, _trained_tokenizer_json,
                                               train_tokenizer)
@@ -117,6 +118,35 @@ def test_tokenizer_round_trip_and_chat_template(models: dict[str, Path]) -> None
     config = json.loads((models["llama"] / "tokenizer_config.json").read_text())
     assert config["chat_template"] == CHAT_TEMPLATE and config["model_max_length"] == 2048
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+def test_qwen_tiny_models_render_tools_and_match_chatml_without(models: dict[str, Path]) -> None:
+    """qwen2/qwen3 get Qwen's tool format (fine-tuning with tools needs it); llama/mistral keep ChatML,
+    and every arch renders a conversation without tools to the same text."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]}]
+    texts = {arch: AutoTokenizer.from_pretrained(path).apply_chat_template(messages, tokenize=False)
+             for arch, path in models.items()}
+    assert len(set(texts.values())) == 1
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    call = {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": {"q": "x"}}}]}
+    for arch in ("qwen2", "qwen3"):
+        tokenizer = AutoTokenizer.from_pretrained(models[arch])
+        assert tokenizer.chat_template == QWEN_TOOLS_TEMPLATE
+        text = tokenizer.apply_chat_template([*messages[:2], call, {"role": "tool", "tool_call_id": "c1",
+                                                                    "content": "found"}], tools=tools,
+                                             tokenize=False, add_generation_prompt=True)
+        assert text == (
+            "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with "
+            "the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:"
+            "\n<tools>\n" + json.dumps(tools[0]) + "\n</tools>\n\nFor each function call, return a json "
+            "object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>"
+            '\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+            "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
+            '{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call><|im_end|>\n'
+            "<|im_start|>user\n<tool_response>\nfound\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert AutoTokenizer.from_pretrained(models["mistral"]).chat_template == CHAT_TEMPLATE == CHATML_TEMPLATE
 
 
 def test_tokenizer_training_is_cached_and_deterministic() -> None:

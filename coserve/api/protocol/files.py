@@ -4,6 +4,9 @@ Objects follow https://platform.openai.com/docs/api-reference/files/object. The 
 chat format of https://platform.openai.com/docs/guides/supervised-fine-tuning: every line a JSON object
 with a non-empty `messages` list; valid roles; string contents; at least one assistant message; an
 optional `weight` of 0 or 1 on assistant messages only. Numbers in error messages are 1-based.
+Rows may also carry OpenAI's function-calling shapes (`tools`, `parallel_tool_calls`, assistant
+`tool_calls` with a null or absent content, `tool` messages with `tool_call_id`), checked strictly by
+`training_tools.py`. The deprecated `functions` / `function_call` shapes are refused, not dropped.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from coserve.api.protocol.base import OpenAIBaseModel, ProtocolError, now
+from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow, check_tools
 
 FilePurpose = Literal["assistants", "assistants_output", "batch", "batch_output", "fine-tune",
                       "fine-tune-results", "vision", "user_data"]
@@ -23,8 +27,12 @@ SUPPORTED_UPLOAD_PURPOSES: frozenset[str] = frozenset({"fine-tune"})
 
 TRAINING_ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "developer", "tool"})
 # Keys a training message may carry (the cookbook validator's list plus the newer tool keys).
-_MESSAGE_KEYS = frozenset({"role", "content", "name", "weight", "tool_calls", "tool_call_id", "refusal",
-                           "function_call"})
+_MESSAGE_KEYS = frozenset({"role", "content", "name", "weight", "tool_calls", "tool_call_id", "refusal"})
+_ROW_KEYS = frozenset({"messages", "tools", "parallel_tool_calls"})
+# The deprecated function-calling shapes: the trainer would drop them, so they are refused with a hint.
+_LEGACY_KEYS = {"functions": "'tools'", "function_call": "'tool_calls'"}
+# Keys whose null means absent, as the official client writes them when dumping a reply's message.
+_NULLABLE_KEYS = frozenset({"function_call", "tool_calls", "name", "refusal", "annotations", "audio"})
 
 
 class FileObject(OpenAIBaseModel):
@@ -72,11 +80,18 @@ def _check_message(msg: Any, number: int) -> str | None:
     role = msg.get("role")
     if role not in TRAINING_ROLES:
         return f"message {number} has an invalid 'role' {role!r}; expected one of {sorted(TRAINING_ROLES)}"
+    msg = {key: value for key, value in msg.items() if value is not None or key not in _NULLABLE_KEYS}
+    if "function_call" in msg:
+        return f"message {number} has the deprecated 'function_call'; use {_LEGACY_KEYS['function_call']}"
     extra = sorted(set(msg) - _MESSAGE_KEYS)
     if extra:
         return f"message {number} has unrecognized keys {extra}"
-    if not isinstance(msg.get("content"), str):
-        return f"message {number} needs a string 'content'"
+    reason = _check_tool_keys(msg, number)
+    if reason:
+        return reason
+    has_calls = "tool_calls" in msg
+    if not isinstance(msg.get("content"), str) and not (has_calls and msg.get("content") is None):
+        return f"message {number} needs a string 'content'" + (" or null" if has_calls else "")
     if "weight" in msg:
         if role != "assistant":
             return f"message {number} has a 'weight' but only assistant messages may have one"
@@ -87,6 +102,35 @@ def _check_message(msg: Any, number: int) -> str | None:
     return None
 
 
+def _check_tool_keys(msg: dict[str, Any], number: int) -> str | None:
+    """Why the tool keys of message `number` are invalid: `tool_calls` on assistant messages only
+    (checked by `training_tools`), a string `tool_call_id` on every `tool` message and only there."""
+    role = msg["role"]
+    if "tool_calls" in msg:
+        if role != "assistant":
+            return f"message {number} has 'tool_calls' but only assistant messages may have them"
+        return check_tool_calls(msg["tool_calls"], number)
+    if role == "tool":
+        if not isinstance(msg.get("tool_call_id"), str) or not msg["tool_call_id"]:
+            return f"message {number} is a 'tool' message and needs a string 'tool_call_id'"
+    elif "tool_call_id" in msg:
+        return f"message {number} has a 'tool_call_id' but only 'tool' messages may have one"
+    return None
+
+
+def _check_row_tools(example: dict[str, Any]) -> str | None:
+    """Why the row's `tools` / `parallel_tool_calls` and its calls do not fit, or None."""
+    tools = example.get("tools")
+    if "tools" in example:
+        reason = check_tools(tools)
+        if reason:
+            return reason
+    parallel = example.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        return f"'parallel_tool_calls' must be true or false, not {parallel!r}"
+    return check_tool_flow(example["messages"], tools, parallel)
+
+
 def _check_example(example: Any) -> str | None:
     """Why one parsed JSONL line is not a valid chat training example, or None."""
     if not isinstance(example, dict):
@@ -94,13 +138,19 @@ def _check_example(example: Any) -> str | None:
     messages = example.get("messages")
     if not isinstance(messages, list) or not messages:
         return "expected a non-empty 'messages' list"
+    for key, replacement in _LEGACY_KEYS.items():
+        if key in example:
+            return f"the row has the deprecated {key!r}; use {replacement}"
+    extra = sorted(set(example) - _ROW_KEYS)
+    if extra:
+        return f"the row has unrecognized keys {extra}"
     for number, msg in enumerate(messages, start=1):
         reason = _check_message(msg, number)
         if reason:
             return reason
     if not any(m["role"] == "assistant" for m in messages):
         return "the example has no assistant message"
-    return None
+    return _check_row_tools(example)
 
 
 def validate_finetune_jsonl(data: bytes) -> int:

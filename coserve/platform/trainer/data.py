@@ -10,13 +10,19 @@ message whose `weight` is not 0:
   stops at eos. Template text after the marker (ChatML's newline) and every role header
   (`<|im_start|>assistant\\n`) are untrained: the server writes them, the model never generates them.
   A template whose turn has no eos after the content trains the content only.
+* Tool calls (issue 20 item 5): an assistant message with `tool_calls` trains the whole turn the
+  template writes after the generation prompt: its content if any, the call text (Qwen's
+  `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`) and the end-of-turn marker (or the
+  turn's text to its end when it has none). The row's `tools` list is passed to the template; a
+  template that drops tools, calls or tool results is refused (`chat_render.py`).
 
 System, user, tool and developer messages are never trained. How spans are found: the template is
 rendered for each prefix of the conversation (`messages[:i]` with the generation prompt, then
 `messages[:i+1]`); the assistant content starts where the generation prompt ends. Every prefix
 rendering must be a prefix of the full rendering (raise `TemplateError` otherwise: a template that
-rewrites earlier turns, e.g. one that drops reasoning of past turns, has no fixed token mask), and the
-content must appear verbatim there. Character spans become token masks through the fast tokenizer's
+rewrites earlier turns, e.g. one that drops reasoning of past turns, has no fixed token mask), except
+a cut between two `tool` messages, which templates write as one turn; the content must appear
+verbatim there. Character spans become token masks through the fast tokenizer's
 offsets on the full rendering, whose ids are checked equal to `apply_chat_template(tokenize=True)`.
 A BPE token straddling a span edge (e.g. the header's newline merged with a content that starts with
 newlines) is trained: every content character is then learned, at the cost of one header character.
@@ -33,16 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.utils.chat_template_utils import render_jinja_template
 
+from coserve.platform.trainer.chat_render import (TemplateError, Tools, content_text, render,
+                                                  require_calls_rendered, require_tool_results_rendered,
+                                                  require_tool_support, require_tools_rendered,
+                                                  template_messages, tool_calls)
 from coserve.platform.trainer.optimizer import BASE_LEARNING_RATE, OptimizerConfig, TrainingSequence
 
 MIN_EXAMPLES = 10  # OpenAI refuses smaller training files
 MAX_WARNED_INDICES = 20  # a warning names at most this many example indices
-
-
-class TemplateError(ValueError):
-    """The chat template cannot give an exact loss mask for this conversation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,30 +74,6 @@ class EncodedExample:
         return TrainingSequence(self.token_ids, self.trained)
 
 
-def _content_text(message: Mapping[str, Any]) -> str:
-    """A message's text: a string, or the `text` parts of an OpenAI content list, joined."""
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part["text"] for part in content if part.get("type") == "text")
-
-
-def _render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], generation_prompt: bool) -> str:
-    """The template's text for `messages` (an empty conversation renders to the empty string)."""
-    if not messages:
-        if not generation_prompt:
-            return ""
-        # apply_chat_template refuses an empty conversation; the generation prompt that opens a
-        # conversation starting with an assistant message still exists, so render it directly.
-        rendered, _ = render_jinja_template([[]], chat_template=tokenizer.get_chat_template(),
-                                            add_generation_prompt=True, **tokenizer.special_tokens_map)
-        return rendered[0]
-    return tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                         add_generation_prompt=generation_prompt)
-
-
 def _is_trained(message: Mapping[str, Any], index: int) -> bool:
     """Assistant messages train unless `weight` is 0; any other weight value is an error."""
     if message.get("role") != "assistant":
@@ -109,57 +90,80 @@ def _require_prefix(prefix: str, text: str, what: str) -> None:
                             "prefix of the longer conversation's rendering; no exact loss mask exists")
 
 
-def trained_char_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]]
-                       ) -> tuple[str, list[tuple[int, int]]]:
+def _cut_inside_tool_group(messages: Sequence[Mapping[str, Any]], i: int) -> bool:
+    """Whether the cut after message i falls between two `tool` messages: templates write a group of
+    tool results as one turn (Qwen's one `user` turn), so the shorter rendering closes a turn the
+    longer one keeps open; such a cut is not a turn boundary and no span ends there."""
+    return (messages[i].get("role") == "tool" and i + 1 < len(messages)
+            and messages[i + 1].get("role") == "tool")
+
+
+def trained_char_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
+                       tools: Tools | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The full rendering and the [start, end) character spans to train (module docstring: the rule).
 
     Raises:
-        TemplateError: a prefix rendering is not a prefix of the full one, or an assistant content
-            does not appear verbatim where its turn starts.
-        ValueError: an assistant `weight` other than 0 or 1.
+        TemplateError: a prefix rendering is not a prefix of the full one, an assistant content
+            does not appear verbatim where its turn starts, the template fails on the conversation,
+            or it drops tools, tool calls or tool results (`chat_render`).
+        ValueError: an assistant `weight` other than 0 or 1, tool-call arguments that are not JSON.
     """
-    full = _render(tokenizer, messages, generation_prompt=False)
+    messages = template_messages(messages)
+    if tools or any(tool_calls(m) for m in messages):
+        require_tool_support(tokenizer, with_tools=bool(tools))
+    full = render(tokenizer, messages, False, tools)
+    if tools:
+        require_tools_rendered(tokenizer, messages, tools, full)
+    require_tool_results_rendered(messages, full)
     eos = getattr(tokenizer, "eos_token", None)
     spans: list[tuple[int, int]] = []
-    previous = ""
     for i, message in enumerate(messages):
-        upto = _render(tokenizer, messages[:i + 1], generation_prompt=False)
-        _require_prefix(previous, upto, f"messages[:{i}]")
-        _require_prefix(upto, full, f"messages[:{i + 1}]")
-        previous = upto
-        if not _is_trained(message, i):
+        if _cut_inside_tool_group(messages, i):
             continue
-        prompt = _render(tokenizer, messages[:i], generation_prompt=True)
+        upto = render(tokenizer, messages[:i + 1], False, tools)
+        _require_prefix(upto, full, f"messages[:{i + 1}]")
+        trained = _is_trained(message, i)
+        calls = tool_calls(message) if message.get("role") == "assistant" else []
+        if not trained and not calls:  # an untrained tool-call turn is still checked to render
+            continue
+        prompt = render(tokenizer, messages[:i], True, tools)
         _require_prefix(prompt, upto, f"messages[:{i}] with the generation prompt")
-        content = _content_text(message)
+        content = content_text(message)
         start, end = len(prompt), len(prompt) + len(content)
         if upto[start:end] != content:
             raise TemplateError(f"message {i}: the chat template does not write the assistant content "
                                 "verbatim after the generation prompt")
         # The end-of-turn marker: the first eos inside this turn's own text after the content.
         marker = upto.find(eos, end) if eos else -1
-        if marker >= 0:
+        if calls:  # the calls are trained up to the marker, or to the end of the turn without one
+            turn_end = marker + len(eos) if marker >= 0 else len(upto)
+            require_calls_rendered(tokenizer, messages[:i + 1], tools, upto, end, turn_end)
+            end = turn_end
+        elif marker >= 0:
             end = marker + len(eos)
-        if end > start:
+        if trained and end > start:
             spans.append((start, end))
     return full, spans
 
 
-def encode_example(tokenizer: Any, messages: Sequence[Mapping[str, Any]], max_len: int) -> EncodedExample:
+def encode_example(tokenizer: Any, messages: Sequence[Mapping[str, Any]], max_len: int,
+                   tools: Tools | None = None) -> EncodedExample:
     """Tokenize one conversation with the chat template and mask it to its trained assistant tokens.
 
-    Returns an `EncodedExample`; `.skipped` is true when no trained target is left (all assistant
-    messages have weight 0, or truncation cut them off), and the caller counts it.
+    `tools` is the row's `tools` list (OpenAI's format), passed to the template. Returns an
+    `EncodedExample`; `.skipped` is true when no trained target is left (all assistant messages have
+    weight 0, or truncation cut them off), and the caller counts it.
 
     Raises:
         TemplateError, ValueError: see `trained_char_spans`; also a tokenizer without offsets.
     """
     if max_len < 2:
         raise ValueError(f"max_len must be >= 2 (a target needs a preceding token), got {max_len}")
-    full, spans = trained_char_spans(tokenizer, messages)
+    full, spans = trained_char_spans(tokenizer, messages, tools)
     encoding = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
-    reference = tokenizer.apply_chat_template(list(messages), tokenize=True, return_dict=False)
+    reference = tokenizer.apply_chat_template(template_messages(messages), tokenize=True, return_dict=False,
+                                              tools=list(tools) if tools else None)
     if list(ids) != list(reference):
         raise TemplateError("tokenizing the rendered text does not give apply_chat_template's ids; "
                             "the character offsets would not map onto the trained tokens")
@@ -194,11 +198,17 @@ def _indices_text(indices: list[int]) -> str:
 Example = Mapping[str, Any] | Sequence[Mapping[str, Any]]  # a JSONL object or a bare message list
 
 
-def prepare_dataset(tokenizer: Any, examples: Sequence[Example], max_len: int) -> PreparedDataset:
-    """Encode every example (a JSONL object with `messages`, or a bare message list).
+def prepare_dataset(tokenizer: Any, examples: Sequence[Example], max_len: int,
+                    what: str = "training example") -> PreparedDataset:
+    """Encode every example (a JSONL object with `messages` and optional `tools`, or a bare message list).
 
     Truncated examples are kept and warned about; examples without a trained token are skipped,
     counted and warned about. Indices in warnings are 0-based positions in `examples`.
+
+    Raises:
+        TemplateError: as `encode_example`, its message starting with `what` and the example's
+            1-based position ("training example 4: ...").
+        ValueError: as `encode_example`.
     """
     sequences: list[TrainingSequence] = []
     kept: list[int] = []
@@ -206,7 +216,11 @@ def prepare_dataset(tokenizer: Any, examples: Sequence[Example], max_len: int) -
     skipped: list[int] = []
     for index, example in enumerate(examples):
         messages = example["messages"] if isinstance(example, Mapping) else example
-        encoded = encode_example(tokenizer, messages, max_len)
+        tools = example.get("tools") if isinstance(example, Mapping) else None
+        try:
+            encoded = encode_example(tokenizer, messages, max_len, tools)
+        except TemplateError as err:  # name the example: the file may hold thousands
+            raise TemplateError(f"{what} {index + 1}: {err}") from err
         if encoded.truncated:
             truncated.append(index)
         if encoded.skipped:
