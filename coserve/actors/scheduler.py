@@ -31,7 +31,8 @@ from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
 from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
-from coserve.frontend import AdapterChecker, EosIds, OutputTracker, encode_chat, expand_request
+from coserve.frontend import (AdapterChecker, EosIds, OutputTracker, chat_template_refusal, encode_chat,
+                              expand_request)
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.quotas import TenantLimits
@@ -212,8 +213,8 @@ class SchedulerActor:
         try:
             _, prompt = encode_chat(self._tokenizer, sub.messages)
         except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault
-            return _reject(400, f"The messages cannot be rendered by the model's chat template: {error}",
-                           param="messages")
+            logger.info("chat template refused a request of tenant %s: %r", sub.tenant, error)
+            return _reject(400, chat_template_refusal(error), param="messages", code="invalid_value")
         sampling = sub.sampling
         too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len)
         if too_long is not None:

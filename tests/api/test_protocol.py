@@ -126,6 +126,9 @@ def test_request_as_the_openai_client_sends_it() -> None:
     ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
     ({"presence_penalty": 3}, "presence_penalty", "invalid_value"),
+    ({"logit_bias": {"5": 1.5}}, "logit_bias", "invalid_type"),
+    ({"stream": "yes"}, "stream", "invalid_type"),
+    ({"max_tokens": True}, "max_tokens", "invalid_type"),
 ])
 def test_bad_chat_request_names_param(patch: dict[str, Any], param: str, code: str) -> None:
     body = {"messages": [USER], "model": "m", **patch}

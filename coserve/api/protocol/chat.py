@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error
+from coserve.api.protocol.strict import RequestBody, RequestModel
 from coserve.policies.request import SamplingParams
 
 MessageRole = Literal["system", "user", "assistant", "developer", "tool"]
@@ -23,14 +24,14 @@ MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
 
 
-class ChatCompletionContentPartText(OpenAIBaseModel):
+class ChatCompletionContentPartText(RequestModel):
     """A text part of a message's content; the only part type a text-only model accepts."""
 
     type: Literal["text"]
     text: str
 
 
-class ChatCompletionMessageParam(OpenAIBaseModel):
+class ChatCompletionMessageParam(RequestModel):
     """One input message. One model for every role (not a tagged union) so errors name plain params.
 
     `tool_calls` is accepted on assistant history messages and passed to the chat template as is.
@@ -59,18 +60,19 @@ class ChatCompletionMessageParam(OpenAIBaseModel):
         return "\n".join(part.text for part in self.content)
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(RequestModel):
     """Options of a streamed response."""
 
     include_usage: bool | None = None
 
 
-class ChatCompletionRequest(OpenAIBaseModel):
+class ChatCompletionRequest(RequestBody):
     """The body of `POST /v1/chat/completions`.
 
     `presence_penalty`, `frequency_penalty` and `logit_bias` are validated but NOT honoured: the engine
     has no penalty or bias stage. Only the values that leave sampling unchanged (0, empty) are exact.
-    `max_completion_tokens` wins over the deprecated `max_tokens` when both are sent.
+    `max_completion_tokens` wins over the deprecated `max_tokens` when both are sent. Types are strict
+    (`coserve.api.protocol.strict`): `"stream": "yes"` is a 400.
     """
 
     messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
