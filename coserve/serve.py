@@ -51,6 +51,7 @@ class ServeOptions:
     max_stall_ms: float | None = None  # fine-tuning bursts spending TPOT slack (CoServingConfig)
     finetune_floor_every: int = 8  # liveness floor (CoServingConfig.finetune_floor_every)
     public_metrics: bool = False  # /metrics without an admin key, tenant labels summed away
+    max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128
 
     @property
     def base_model_id(self) -> str:
@@ -78,6 +79,8 @@ class ServeOptions:
             if not tpot <= self.max_stall_ms < float("inf"):
                 raise ValueError(f"--max-stall-ms must be a number >= the TPOT SLO ({tpot:g} ms), "
                                  f"got {self.max_stall_ms}")
+        if not 1 <= self.max_n <= 128:
+            raise ValueError(f"--max-n must be in 1..128 (OpenAI's bound on n), got {self.max_n}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.dtype not in DTYPES:
@@ -166,7 +169,8 @@ def build_local_app(opts: ServeOptions) -> Any:
     scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants))
     store = MetadataStore(opts.data_dir)
     return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
-                     max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics)
+                     max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics,
+                     max_n=opts.max_n)
 
 
 def run_local(opts: ServeOptions) -> None:

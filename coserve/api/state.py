@@ -17,6 +17,10 @@ from coserve.policies.tenants import TenantsConfig
 # The largest upload accepted. OpenAI allows 512 MB, but an upload is validated and stored from memory,
 # so the default is lower; operators raise it with `build_app(..., max_upload_bytes=...)`.
 DEFAULT_MAX_UPLOAD_BYTES = 128 * 1024 * 1024
+# The most completions one chat request may ask for (`n`). OpenAI allows 128; each one is a sequence
+# that holds KV blocks and a batch slot, so one request could take the whole engine. `coserve serve
+# --max-n` raises it (up to the protocol's 128).
+DEFAULT_MAX_N = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +37,7 @@ class GatewayState:
         max_lora_rank: the engine's largest adapter rank (None: fine-tuning requests are not checked
             against it).
         public_metrics: `/metrics` without an admin key, tenant labels summed away (False: admin only).
+        max_n: the most completions (`n`) one chat request may ask for; more is a 400 naming `n`.
     """
 
     store: MetadataStore
@@ -42,6 +47,7 @@ class GatewayState:
     scheduler: Any = None
     max_lora_rank: int | None = None
     public_metrics: bool = False
+    max_n: int = DEFAULT_MAX_N
 
 
 def get_state(request: Request) -> GatewayState:

@@ -175,6 +175,7 @@ def test_fine_tuned_model_is_served_to_its_tenant_only(server: Server) -> None:
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"max_tokens": 0}, "max_tokens"),
+    ({"n": 17}, "n"),  # over the server's --max-n (16 by default), under OpenAI's 128
 ])
 def test_bad_parameters_are_400_naming_the_param(server: Server, body: dict, param: str) -> None:
     payload = {"model": server.base, "messages": HELLO, **body}
@@ -183,6 +184,15 @@ def test_bad_parameters_are_400_naming_the_param(server: Server, body: dict, par
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_n_is_capped_by_max_n(server: Server) -> None:
+    oa = client(server)
+    with pytest.raises(openai.BadRequestError) as info:
+        oa.chat.completions.create(model=server.base, messages=HELLO, max_tokens=1, n=17)
+    assert info.value.param == "n" and "at most 16" in info.value.message
+    out = oa.chat.completions.create(model=server.base, messages=HELLO, max_tokens=1, n=16)
+    assert len(out.choices) == 16
 
 
 def test_context_length_and_auth_errors(server: Server) -> None:

@@ -173,6 +173,16 @@ def test_lone_surrogate_is_not_valid_unicode(server: LocalServer, path: str, bod
         assert ok.status_code == 200, ok.text
 
 
+def test_max_n_sets_the_cap_on_n(llama_dir: Path, tmp_path: Path) -> None:
+    with local_server(llama_dir, tmp_path, {"strict": {"api_keys": [KEY]}}, max_n=3) as srv:
+        oa = srv.client(KEY)
+        with pytest.raises(openai.BadRequestError) as info:
+            oa.chat.completions.create(model=srv.base, messages=HELLO, max_tokens=1, n=4)
+        assert info.value.param == "n" and info.value.body["message"] == (
+            "Invalid 'n': this server generates at most 3 completions per request, got 4.")
+        assert len(oa.chat.completions.create(model=srv.base, messages=HELLO, max_tokens=1, n=3).choices) == 3
+
+
 def test_chat_template_refusals_in_the_clients_terms(server: LocalServer) -> None:
     oa = server.client(KEY)
     two_systems = [{"role": "system", "content": "a"}, {"role": "system", "content": "b"}, *HELLO]

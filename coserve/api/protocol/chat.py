@@ -22,6 +22,7 @@ FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "functi
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
+MAX_N = 128  # OpenAI's bound on `n`; a server may cap it lower (`coserve serve --max-n`)
 
 
 class ChatCompletionContentPartText(RequestModel):
@@ -82,7 +83,7 @@ class ChatCompletionRequest(RequestBody):
     logprobs: bool | None = False
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    n: Annotated[int, Field(ge=1, le=128)] | None = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = 1
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
     seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
     stop: Annotated[str, Field(min_length=1)] | Annotated[
