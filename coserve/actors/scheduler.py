@@ -206,10 +206,15 @@ class SchedulerActor:
     # ---------------------------------------------------------------------------- requests
 
     async def submit(self, sub: ChatSubmission) -> Admission:
-        """Tokenize, check context length, adapter and quota, then queue the `n` child requests."""
+        """Check `logit_bias` against the vocabulary, tokenize, check context length, adapter and quota,
+        then queue the `n` child requests."""
         if self._policy is None or self._closed:
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
+        try:  # before the template: a cheap refusal first
+            sub.sampling.check_vocab(self._model_config.vocab_size)
+        except ValueError as error:
+            return _reject(400, f"{error}.", param="logit_bias", code="invalid_value")
         try:
             _, prompt = encode_chat(self._tokenizer, sub.messages)
         except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault

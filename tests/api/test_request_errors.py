@@ -78,6 +78,7 @@ def _error(response: httpx.Response, status: int = 400) -> dict[str, Any]:
     # coserve's extensions are as strict
     ({"top_k": "3"}, "top_k", "an integer", "a string"),
     ({"ignore_eos": 1}, "ignore_eos", "a boolean", "an integer"),
+    ({"min_p": "0.1"}, "min_p", "a number", "a string"),
 ])
 def test_chat_types_are_strict(server: LocalServer, patch: dict[str, Any], param: str, expected: str,
                                got: str) -> None:

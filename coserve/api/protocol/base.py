@@ -126,6 +126,11 @@ def param_error(param: str, message: str) -> PydanticCustomError:
                                {"param": param})
 
 
+def value_error(message: str) -> PydanticCustomError:
+    """A validation error for a field validator's own field (its location already names the param)."""
+    return PydanticCustomError("invalid_value", message.replace("{", "(").replace("}", ")"))
+
+
 # Location items that pydantic inserts for union members ('str', "literal['auto']", 'constrained-int',
 # 'list[TextPart]', model class names): none of them is one of our snake_case field names.
 _FIELD_NAME = re.compile(r"[a-z_][a-z0-9_]*")
