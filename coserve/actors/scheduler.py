@@ -302,7 +302,9 @@ class SchedulerActor:
             self._adapters.check(adapter_id, spec.path)
         except (OSError, ValueError) as error:
             logger.warning("adapter of %s at %s cannot be served: %s", spec.name, spec.path, error)
-            return None, Rejection(400, f"The model `{spec.name}` cannot be served: {error}", param="model",
+            # The reason names the server's folders: it goes to the log above, not to the client.
+            return None, Rejection(400, f"The model `{spec.name}` cannot be served: its adapter on this server "
+                                        "is missing or does not fit the base model.", param="model",
                                    code="model_not_available")
         return AdapterRef(adapter_id=adapter_id, name=spec.name, path=spec.path), None
 

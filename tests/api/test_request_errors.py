@@ -20,6 +20,8 @@ import pytest
 
 from local_server import LocalServer, local_server
 
+from coserve.actors.store import MetadataStore
+
 KEY = "sk-strict-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 HELLO = [{"role": "user", "content": "Hello there"}]
@@ -32,8 +34,12 @@ TEMPLATE = (
 
 
 @pytest.fixture(scope="module")
-def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    root = tmp_path_factory.mktemp("request-errors")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("request-errors")
+
+
+@pytest.fixture(scope="module")
+def server(llama_dir: Path, root: Path) -> Iterator[LocalServer]:
     model = shutil.copytree(llama_dir, root / "tiny-strict")
     config_path = model / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
@@ -199,3 +205,16 @@ def test_chat_template_refusals_in_the_clients_terms(server: LocalServer) -> Non
     assert info.value.param == "messages" and "object" not in info.value.message
     assert info.value.body["message"].startswith("The model's chat template cannot render these messages")
     assert oa.chat.completions.create(model=server.base, messages=HELLO, max_tokens=2).choices
+
+
+def test_unservable_adapter_does_not_show_server_paths(server: LocalServer, root: Path) -> None:
+    model = f"ft:{server.base}:strict:gone:ab12cd34"
+    # A fine-tuned model whose adapter folder is not there (deleted by hand, a disk not mounted).
+    MetadataStore(root / "data").models.register(model, tenant="strict", base_model=server.base,
+                                                 adapter_path="adapters/gone")
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client(KEY).chat.completions.create(model=model, messages=HELLO, max_tokens=2)
+    assert (info.value.param, info.value.code) == ("model", "model_not_available")
+    assert str(root) not in info.value.message and "adapters/gone" not in info.value.message
+    assert info.value.body["message"] == (f"The model `{model}` cannot be served: its adapter on this server is "
+                                          "missing or does not fit the base model.")
