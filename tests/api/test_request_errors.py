@@ -148,6 +148,8 @@ def test_file_upload_form_types(server: LocalServer) -> None:
      "invalid_type"),
     (b'{"model": "m"}', None,
      "The request body must be a JSON object sent with 'Content-Type: application/json'.", "invalid_json"),
+    (b'{"model": "\xff\xfe"}', "application/json",
+     "The request body is not valid UTF-8 text; send JSON encoded as UTF-8.", "invalid_json"),
 ])
 def test_body_that_is_not_a_json_object(server: LocalServer, path: str, content: bytes,
                                         content_type: str | None, message: str, code: str) -> None:
