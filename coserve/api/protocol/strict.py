@@ -12,6 +12,7 @@ reply). `RequestBody` refuses such a body at once, naming the param that holds i
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -46,6 +47,15 @@ class RequestBody(RequestModel):
 def find_invalid_text(value: Any) -> list[int | str] | None:
     """The path (`['messages', 0, 'content']`) of the first string or object key in a parsed JSON
     value that holds a lone surrogate; None when all of its text is valid Unicode."""
+    try:
+        # The common case at C speed (a 4 MB body of 100k messages: ~20 ms, where the walk below takes
+        # ~240 ms): UTF-8 can encode the whole value, so no string in it holds a surrogate.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass  # there is one: find where
+    except (TypeError, ValueError):
+        pass  # not plain JSON (a test's Python objects): walk it
     stack: list[tuple[Any, list[int | str]]] = [(value, [])]
     while stack:  # iterative: the depth of a client's JSON is the client's choice
         item, path = stack.pop()
