@@ -220,3 +220,10 @@ def test_unservable_adapter_does_not_show_server_paths(server: LocalServer, root
     assert str(root) not in info.value.message and "adapters/gone" not in info.value.message
     assert info.value.body["message"] == (f"The model `{model}` cannot be served: its adapter on this server is "
                                           "missing or does not fit the base model.")
+
+
+@pytest.mark.parametrize("path", ["/v1/files?limit=ten", "/v1/fine_tuning/jobs?limit=2.5"])
+def test_query_parameter_of_the_wrong_type(server: LocalServer, path: str) -> None:
+    error = _error(httpx.get(f"{server.url}{path}", headers=AUTH))
+    assert (error["param"], error["code"]) == ("limit", "invalid_type")
+    assert error["message"] == "Invalid type for 'limit': expected an integer, but got a string instead."
