@@ -171,7 +171,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         ttft_slo_ms=args.ttft_slo_ms, adapter_slots=args.adapter_slots, dtype=args.dtype,
                         device=args.device, latency_profile=args.latency_profile,
                         max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
-                        public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes)
+                        public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes,
+                        max_n=args.max_n)
     try:
         opts.validate()
     except ValueError as error:
@@ -215,6 +216,8 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
                        help="largest JSON request body; larger ones get 413 (default: 4194304, 4 MiB; uploads "
                             "to /v1/files have their own limit)")
+    serve.add_argument("--max-n", type=int, default=16,
+                       help="the most completions one chat request may ask for with `n` (1..128; default: 16)")
     serve.add_argument("--adapter-slots", type=int, default=4, help="LoRA adapters resident at once (default: 4)")
     serve.add_argument("--latency-profile", default=None,
                        help="latency model fitted by `coserve profile --json` (default: learned online)")

@@ -3,7 +3,8 @@
 - `expand_request`: one prompt with `n` completions -> `n` scheduler requests (seeds `seed + i`,
   the model's extra EOS ids as stop tokens).
 - `OutputTracker`: per child request, incremental text, stop strings, logprobs and the stop reason.
-- `encode_chat`: messages -> prompt text and token ids through the tokenizer's chat template.
+- `encode_chat`: messages -> prompt text and token ids through the tokenizer's chat template;
+  `chat_template_refusal` says why in the client's terms when that fails.
 - `AdapterChecker`: reads a LoRA adapter once on the CPU, so that a bad adapter is refused at submit
   time with its own error instead of failing an engine iteration.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+import jinja2
 
 from coserve.detokenizer import TextTracker, to_logprob_dict
 from coserve.outputs import SampleLogprobs
@@ -47,6 +50,20 @@ def encode_chat(tokenizer: object, messages: list[dict], chat_template: str | No
     text = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
                                          add_generation_prompt=add_generation_prompt)
     return text, tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_template_refusal(error: Exception) -> str:
+    """What to tell a client whose messages `encode_chat` could not render.
+
+    A template's own `raise_exception(...)` (jinja2's plain `TemplateError`) is written for users
+    ("Conversation roles must alternate user/assistant/...") and is passed on. Anything else (a missing
+    key or a type error inside the template, the tokenizer) would show the server's internals
+    (`'dict object' has no attribute ...`), so it is described instead; the caller logs the details.
+    """
+    if type(error) is jinja2.exceptions.TemplateError:
+        return f"The model's chat template does not accept these messages: {error}"
+    return ("The model's chat template cannot render these messages: this model expects another "
+            "conversation (check the roles, their order and the fields of each message).")
 
 
 def expand_request(request_id: str, prompt_token_ids: list[int], params: SamplingParams, eos: EosIds,

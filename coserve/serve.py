@@ -52,6 +52,7 @@ class ServeOptions:
     finetune_floor_every: int = 8  # liveness floor (CoServingConfig.finetune_floor_every)
     public_metrics: bool = False  # /metrics without an admin key, tenant labels summed away
     max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
+    max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128
 
     @property
     def base_model_id(self) -> str:
@@ -80,6 +81,8 @@ class ServeOptions:
             if not tpot <= self.max_stall_ms < float("inf"):
                 raise ValueError(f"--max-stall-ms must be a number >= the TPOT SLO ({tpot:g} ms), "
                                  f"got {self.max_stall_ms}")
+        if not 1 <= self.max_n <= 128:
+            raise ValueError(f"--max-n must be in 1..128 (OpenAI's bound on n), got {self.max_n}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.dtype not in DTYPES:
@@ -174,7 +177,7 @@ def build_local_app(opts: ServeOptions) -> Any:
         store = MetadataStore(opts.data_dir)
         return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
                          max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics,
-                         max_request_bytes=opts.max_request_bytes)
+                         max_request_bytes=opts.max_request_bytes, max_n=opts.max_n)
     except BaseException:
         lock.release()
         raise

@@ -30,6 +30,8 @@ def tenants_file(tmp_path: Path) -> Path:
     (["--max-stall-ms", "30", "--tpot-slo-ms", "50"], "--max-stall-ms must be a number >= the TPOT SLO (50 ms)"),
     (["--max-stall-ms", "80"], "--max-stall-ms must be a number >= the TPOT SLO (100 ms)"),
     (["--port", "70000"], "--port must be in 0..65535"),
+    (["--max-n", "0"], "--max-n must be in 1..128"),
+    (["--max-n", "129"], "--max-n must be in 1..128 (OpenAI's bound on n), got 129"),
     (["--dtype", "float8"], "--dtype must be one of"),
     (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
 ])

@@ -33,7 +33,7 @@ from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFac
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.actors.prompt_encoder import PromptEncoder
-from coserve.frontend import AdapterChecker, EosIds, OutputTracker, expand_request
+from coserve.frontend import AdapterChecker, EosIds, OutputTracker, chat_template_refusal, expand_request
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.quotas import TenantLimits
@@ -223,19 +223,23 @@ class SchedulerActor:
     # ---------------------------------------------------------------------------- requests
 
     async def submit(self, sub: ChatSubmission) -> Admission:
-        """Tokenize (off the loop), check context length, adapter and quota, then queue the `n` child
-        requests."""
+        """Check `logit_bias` against the vocabulary, tokenize (off the loop), check context length,
+        adapter and quota, then queue the `n` child requests."""
         if self._policy is None or self._closed:
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
+        try:  # before the template: a cheap refusal first
+            sub.sampling.check_vocab(self._model_config.vocab_size)
+        except ValueError as error:
+            return _reject(400, f"{error}.", param="logit_bias", code="invalid_value")
         sampling = sub.sampling
         room = self._max_model_len - (sampling.max_tokens or 1)
         try:
             # In the encoder's threads: the loop (every other request, /health) goes on meanwhile.
             encoded = await self._encoder.encode(sub.messages, room)
         except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault
-            return _reject(400, f"The messages cannot be rendered by the model's chat template: {error}",
-                           param="messages")
+            logger.info("chat template refused a request of tenant %s: %r", sub.tenant, error)
+            return _reject(400, chat_template_refusal(error), param="messages", code="invalid_value")
         if self._policy is None or self._closed:  # the engine went away while the prompt was encoded
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
@@ -331,7 +335,9 @@ class SchedulerActor:
             self._adapters.check(adapter_id, spec.path)
         except (OSError, ValueError) as error:
             logger.warning("adapter of %s at %s cannot be served: %s", spec.name, spec.path, error)
-            return None, Rejection(400, f"The model `{spec.name}` cannot be served: {error}", param="model",
+            # The reason names the server's folders: it goes to the log above, not to the client.
+            return None, Rejection(400, f"The model `{spec.name}` cannot be served: its adapter on this server "
+                                        "is missing or does not fit the base model.", param="model",
                                    code="model_not_available")
         return AdapterRef(adapter_id=adapter_id, name=spec.name, path=spec.path), None
 

@@ -17,7 +17,8 @@ from fastapi import APIRouter, FastAPI
 from coserve.actors.store import MetadataStore
 from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_error_handlers
 from coserve.api.routers import chat, files, fine_tuning, metrics, models
-from coserve.api.state import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
+from coserve.api.protocol.chat import MAX_N
+from coserve.api.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
 from coserve.policies.tenants import TenantsConfig
 
 UPLOAD_PATH = "/v1/files"  # the one endpoint whose body is a file (multipart), not JSON
@@ -28,7 +29,8 @@ ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, c
 def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequence[str], *,
               max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, scheduler: Any = None,
-              max_lora_rank: int | None = None, public_metrics: bool = False) -> FastAPI:
+              max_lora_rank: int | None = None, public_metrics: bool = False,
+              max_n: int = DEFAULT_MAX_N) -> FastAPI:
     """The OpenAI-compatible gateway over `store`.
 
     Args:
@@ -45,13 +47,17 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
             (None: not checked here; the engine then fails the job).
         public_metrics: serve `/metrics` to scrapes without an admin key, tenant labels summed away
             (False: an admin key is required).
+        max_n: the most completions (`n`) one chat request may ask for, 1..128 (400 above it).
 
     Raises:
-        ValueError: an empty or fine-tuned model id in `base_models`, or a byte limit < 1.
+        ValueError: an empty or fine-tuned model id in `base_models`, a byte limit < 1, or `max_n`
+            outside 1..128.
     """
     for name, value in (("max_upload_bytes", max_upload_bytes), ("max_request_bytes", max_request_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(max_n, bool) or not isinstance(max_n, int) or not 1 <= max_n <= MAX_N:
+        raise ValueError(f"max_n must be an integer in 1..{MAX_N}, got {max_n!r}")
     for model_id in base_models:
         store.models.ensure_base(model_id)
 
@@ -69,8 +75,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
                   lifespan=lifespan)
     app.state.gateway = GatewayState(store=store, tenants=tenants, base_models=tuple(base_models),
                                      max_upload_bytes=max_upload_bytes, max_request_bytes=max_request_bytes,
-                                     scheduler=scheduler,
-                                     max_lora_rank=max_lora_rank, public_metrics=public_metrics)
+                                     scheduler=scheduler, max_lora_rank=max_lora_rank,
+                                     public_metrics=public_metrics, max_n=max_n)
     install_error_handlers(app)
     # Every body is capped before it is parsed: JSON bodies at max_request_bytes (a big one would stall the
     # event loop in parsing), the upload endpoint at its file limit plus the multipart framing.

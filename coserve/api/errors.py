@@ -78,12 +78,16 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    code = None
     if exc.status_code in (404, 405):
         # OpenAI's answer for a path or method it does not serve.
         message = f"Invalid URL ({request.method} {request.url.path})"
+    elif exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        # FastAPI's "There was an error parsing the body" for a JSON body whose bytes are not text.
+        message, code = "The request body is not valid UTF-8 text; send JSON encoded as UTF-8.", "invalid_json"
     else:
         message = str(exc.detail)
-    return error_json(exc.status_code, message, headers=dict(exc.headers or {}))
+    return error_json(exc.status_code, message, code=code, headers=dict(exc.headers or {}))
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -22,6 +22,10 @@ DEFAULT_MAX_UPLOAD_BYTES = 128 * 1024 * 1024
 # 3-byte character) at most multiply that by 6: about 3 MB. So 4 MiB refuses no prompt a model can take,
 # and bounds what one request makes the gateway parse (json.loads of 4 MiB: tens of ms).
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+# The most completions one chat request may ask for (`n`). OpenAI allows 128; each one is a sequence
+# that holds KV blocks and a batch slot, so one request could take the whole engine. `coserve serve
+# --max-n` raises it (up to the protocol's 128).
+DEFAULT_MAX_N = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,7 @@ class GatewayState:
         max_lora_rank: the engine's largest adapter rank (None: fine-tuning requests are not checked
             against it).
         public_metrics: `/metrics` without an admin key, tenant labels summed away (False: admin only).
+        max_n: the most completions (`n`) one chat request may ask for; more is a 400 naming `n`.
     """
 
     store: MetadataStore
@@ -49,6 +54,7 @@ class GatewayState:
     scheduler: Any = None
     max_lora_rank: int | None = None
     public_metrics: bool = False
+    max_n: int = DEFAULT_MAX_N
 
 
 def get_state(request: Request) -> GatewayState:

@@ -112,7 +112,7 @@ class SamplingParams:
         bad = sorted(t for t in (self.logit_bias or {}) if not 0 <= t < vocab_size)
         if bad:
             raise ValueError(f"logit_bias: token id(s) {bad[:5]} are not in the model's vocabulary "
-                             f"(0..{vocab_size - 1})")
+                             f"(ids 0..{vocab_size - 1})")
 
 
 class RequestStatus(enum.IntEnum):

@@ -98,6 +98,27 @@ def test_chat_on_ray_matches_offline_and_streams(ray_server: RayServer, llama_di
     assert [c.index for c in two.choices] == [0, 1]
 
 
+def test_sampling_controls_cross_the_actors(ray_server: RayServer, llama_dir: Path) -> None:
+    # The new SamplingParams fields travel gateway -> SchedulerActor -> EngineActor (plain dataclasses).
+    oa = client(ray_server)
+    forced = oa.chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=4, temperature=0,
+                                        logit_bias={"300": 100}, logprobs=True)
+    assert [t.token for t in forced.choices[0].logprobs.content] == ["as"] * 4
+    penalised = oa.chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=24, temperature=0,
+                                           frequency_penalty=2.0, extra_body={"repetition_penalty": 1.5,
+                                                                              "ignore_eos": True})
+    params = SamplingParams(temperature=0, max_tokens=24, frequency_penalty=2.0, repetition_penalty=1.5,
+                            ignore_eos=True)
+    ref = LLM(model=str(llama_dir), dtype="float32").chat(HELLO, params)[0]
+    assert penalised.choices[0].message.content == ref.outputs[0].text
+    with pytest.raises(openai.BadRequestError) as info:  # refused by the scheduler actor's admission
+        oa.chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=2, logit_bias={"99999": 1})
+    assert info.value.param == "logit_bias"
+    with pytest.raises(openai.BadRequestError) as info:  # deploy/serve.yaml's max_n: 16
+        oa.chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=1, n=17)
+    assert info.value.param == "n"
+
+
 def test_concurrent_streams_on_ray(ray_server: RayServer) -> None:
     """Many live streams share one poll per iteration; requests that arrive while the pump runs get
     every batch (the gateway registers them before submitting)."""

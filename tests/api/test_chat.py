@@ -175,6 +175,15 @@ def test_fine_tuned_model_is_served_to_its_tenant_only(server: Server) -> None:
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"max_tokens": 0}, "max_tokens"),
+    ({"n": 17}, "n"),  # over the server's --max-n (16 by default), under OpenAI's 128
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"presence_penalty": -3}, "presence_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"abc": 5}}, "logit_bias"),
+    ({"logit_bias": {"5": "1"}}, "logit_bias"),
+    ({"logit_bias": {"2048": 1}}, "logit_bias"),  # the tiny model's vocabulary is 0..2047: the scheduler says so
 ])
 def test_bad_parameters_are_400_naming_the_param(server: Server, body: dict, param: str) -> None:
     payload = {"model": server.base, "messages": HELLO, **body}
@@ -183,6 +192,57 @@ def test_bad_parameters_are_400_naming_the_param(server: Server, body: dict, par
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_n_is_capped_by_max_n(server: Server) -> None:
+    oa = client(server)
+    with pytest.raises(openai.BadRequestError) as info:
+        oa.chat.completions.create(model=server.base, messages=HELLO, max_tokens=1, n=17)
+    assert info.value.param == "n" and "at most 16" in info.value.message
+    out = oa.chat.completions.create(model=server.base, messages=HELLO, max_tokens=1, n=16)
+    assert len(out.choices) == 16
+
+
+def test_logit_bias_forces_a_token(server: Server, offline: LLM) -> None:
+    token = 300  # 'as' in the tiny model's vocabulary
+    out = client(server).chat.completions.create(model=server.base, messages=HELLO, max_tokens=6, temperature=0,
+                                                 logit_bias={str(token): 100}, logprobs=True)
+    assert out.choices[0].message.content == offline.tokenizer.decode([token] * 6)
+    assert [t.token for t in out.choices[0].logprobs.content] == ["as"] * 6
+    banned = client(server).chat.completions.create(model=server.base, messages=HELLO, max_tokens=6,
+                                                    temperature=0, logit_bias={str(token): -100})
+    assert "as" not in banned.choices[0].message.content
+
+
+@pytest.mark.parametrize("controls", [
+    {"frequency_penalty": 2.0},
+    {"presence_penalty": 2.0},
+    {"repetition_penalty": 1.8},
+])
+def test_penalties_change_a_repeating_greedy_reply(server: Server, offline: LLM, controls: dict) -> None:
+    oa = client(server)
+    plain = oa.chat.completions.create(model=server.base, messages=HELLO, max_tokens=40, temperature=0,
+                                       extra_body={"ignore_eos": True}, logprobs=True)
+    tokens = [t.token for t in plain.choices[0].logprobs.content]
+    assert len(set(tokens)) < len(tokens)  # the tiny model's greedy reply repeats itself
+    # The two OpenAI penalties go in as arguments, repetition_penalty (vLLM's) through extra_body.
+    openai_args = {k: v for k, v in controls.items() if k != "repetition_penalty"}
+    extra = {"ignore_eos": True, **{k: v for k, v in controls.items() if k == "repetition_penalty"}}
+    penalised = oa.chat.completions.create(model=server.base, messages=HELLO, max_tokens=40, temperature=0,
+                                           extra_body=extra, **openai_args)
+    assert penalised.choices[0].message.content != plain.choices[0].message.content
+    # Exactly the offline engine's answer with the same SamplingParams (whose sampler is checked
+    # against a direct computation in tests/platform/test_logits_processors.py).
+    ref = offline.chat(HELLO, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **controls))[0]
+    assert penalised.choices[0].message.content == ref.outputs[0].text
+
+
+def test_min_p_with_a_seed_is_the_offline_answer(server: Server, offline: LLM) -> None:
+    out = client(server).chat.completions.create(model=server.base, messages=HELLO, max_tokens=20, temperature=1.5,
+                                                 seed=5, extra_body={"min_p": 0.3, "ignore_eos": True})
+    ref = offline.chat(HELLO, SamplingParams(temperature=1.5, max_tokens=20, seed=5, min_p=0.3, ignore_eos=True))
+    plain = offline.chat(HELLO, SamplingParams(temperature=1.5, max_tokens=20, seed=5, ignore_eos=True))
+    assert out.choices[0].message.content == ref[0].outputs[0].text != plain[0].outputs[0].text
 
 
 def test_context_length_and_auth_errors(server: Server) -> None:

@@ -51,6 +51,8 @@ def test_every_config_argument_is_accepted(llama_dir: Path, tenants_file: Path, 
     ({"max_num_seqs": "64"}, "max_num_seqs must be int"),
     ({"tpot_slo_ms": True}, "tpot_slo_ms must be float"),
     ({"max_num_seqs": 0}, "--max-num-seqs must be >= 1"),
+    ({"max_n": 200}, "--max-n must be in 1..128"),
+    ({"max_n": "16"}, "max_n must be int"),
     ({"device": "tpu"}, "device"),
 ])
 def test_bad_arguments_are_named(llama_dir: Path, tenants_file: Path, tmp_path: Path, change: dict[str, Any],

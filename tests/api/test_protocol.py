@@ -109,6 +109,18 @@ def test_request_as_the_openai_client_sends_it() -> None:
     plain = validate_request(ChatCompletionRequest, {"messages": [USER], "model": "m", "top_p": 0})
     sp = plain.to_sampling_params(default_max_tokens=50)
     assert (sp.max_tokens, sp.logprobs, sp.top_k, sp.top_p) == (50, None, 1, 1.0)
+    assert (sp.frequency_penalty, sp.presence_penalty, sp.repetition_penalty, sp.min_p, sp.logit_bias) == \
+        (0.0, 0.0, 1.0, 0.0, None)
+
+
+def test_sampling_controls_reach_the_sampling_params() -> None:
+    # What the client posts for create(..., frequency_penalty=0.5, presence_penalty=-1, logit_bias={"7": -100},
+    # extra_body={"repetition_penalty": 1.2, "min_p": 0.05}).
+    body = {"messages": [USER], "model": "m", "frequency_penalty": 0.5, "presence_penalty": -1,
+            "logit_bias": {"7": -100, "12": 3}, "repetition_penalty": 1.2, "min_p": 0.05}
+    sp = validate_request(ChatCompletionRequest, body).to_sampling_params(default_max_tokens=8)
+    assert (sp.frequency_penalty, sp.presence_penalty, sp.repetition_penalty, sp.min_p) == (0.5, -1.0, 1.2, 0.05)
+    assert sp.logit_bias == {7: -100.0, 12: 3.0}
 
 
 @pytest.mark.parametrize(("patch", "param", "code"), [
@@ -126,6 +138,16 @@ def test_request_as_the_openai_client_sends_it() -> None:
     ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
     ({"presence_penalty": 3}, "presence_penalty", "invalid_value"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty", "invalid_value"),
+    ({"repetition_penalty": float("inf")}, "repetition_penalty", "invalid_value"),
+    ({"repetition_penalty": -1}, "repetition_penalty", "invalid_value"),
+    ({"min_p": -0.1}, "min_p", "invalid_value"),
+    ({"logit_bias": {"5 ": 1}}, "logit_bias", "invalid_value"),
+    ({"logit_bias": {"-1": 1}}, "logit_bias", "invalid_value"),
+    ({"logit_bias": {"5": -101}}, "logit_bias", "invalid_value"),
+    ({"logit_bias": {"5": 1.5}}, "logit_bias", "invalid_type"),
+    ({"stream": "yes"}, "stream", "invalid_type"),
+    ({"max_tokens": True}, "max_tokens", "invalid_type"),
 ])
 def test_bad_chat_request_names_param(patch: dict[str, Any], param: str, code: str) -> None:
     body = {"messages": [USER], "model": "m", **patch}

@@ -1,9 +1,11 @@
-"""Shared protocol pieces: the base model, OpenAI's error body, usage, and validation-error mapping.
+"""Shared protocol pieces: the base models, OpenAI's error body, usage, and validation-error mapping.
 
-Every request and response model of the gateway derives from `OpenAIBaseModel`. Validation failures
-never reach users in FastAPI's 422 shape: `error_from_validation` turns a pydantic `ValidationError`
-into a `ProtocolError` (400 `invalid_request_error` naming the offending param), and `ProtocolError`
-renders as OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+Every request and response model of the gateway derives from `OpenAIBaseModel`; request models derive
+from `RequestModel` (strict JSON types: `"stream": "yes"` or `"max_tokens": "4"` are refused, as OpenAI
+refuses them) and whole request bodies from `RequestBody` (also refused: text that is not valid Unicode).
+Validation failures never reach users in FastAPI's 422 shape: `error_from_validation` turns a pydantic
+`ValidationError` into a `ProtocolError` (400 `invalid_request_error` naming the offending param), and
+`ProtocolError` renders as OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 Reference: https://platform.openai.com/docs/guides/error-codes
 """
 
@@ -124,6 +126,11 @@ def param_error(param: str, message: str) -> PydanticCustomError:
                                {"param": param})
 
 
+def value_error(message: str) -> PydanticCustomError:
+    """A validation error for a field validator's own field (its location already names the param)."""
+    return PydanticCustomError("invalid_value", message.replace("{", "(").replace("}", ")"))
+
+
 # Location items that pydantic inserts for union members ('str', "literal['auto']", 'constrained-int',
 # 'list[TextPart]', model class names): none of them is one of our snake_case field names.
 _FIELD_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -145,7 +152,8 @@ def format_param(loc: list[int | str]) -> str | None:
 
 
 def _is_type_mismatch(err_type: str) -> bool:
-    return err_type.endswith("_type") or err_type in _TYPE_MISMATCH
+    # `*_parsing`: a query parameter (always text) that does not read as the type, e.g. `limit=abc`.
+    return err_type.endswith(("_type", "_parsing")) or err_type in _TYPE_MISMATCH
 
 
 def _rank(err_type: str) -> int:
@@ -164,10 +172,70 @@ def _pick_error(errors: list[Any]) -> Any:
     return min(same, key=lambda e: (-len(_clean_loc(e["loc"])), _rank(e["type"])))
 
 
+# What each pydantic type error expected, in JSON's terms (OpenAI's wording: "expected an integer").
+_EXPECTED = {"int_type": "an integer", "bool_type": "a boolean", "float_type": "a number",
+             "string_type": "a string", "list_type": "an array", "dict_type": "an object",
+             "model_type": "an object", "model_attributes_type": "an object", "int_parsing": "an integer",
+             "float_parsing": "a number", "bool_parsing": "a boolean"}
+
+
+def json_type_name(value: Any) -> str:
+    """What a parsed JSON value is, as OpenAI names it in "but got ... instead"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before int: bool is an int subclass
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    # A multipart form's file part (Starlette's UploadFile) where a plain field was expected.
+    return "a file" if hasattr(value, "filename") else "a value of another kind"
+
+
+def _expected(err: Any) -> str:
+    """What one error (one branch of a union) wanted: a JSON type, or a literal's values ('auto')."""
+    if err["type"] == "literal_error":
+        return str((err.get("ctx") or {}).get("expected", ""))
+    return _EXPECTED.get(err["type"], "")
+
+
+def _type_error(param: str, err: Any, errors: list[Any]) -> ProtocolError | None:
+    """OpenAI's `Invalid type for 'max_tokens': expected an integer, but got a string instead.`, listing
+    what every branch of a union expected; None when no branch names a JSON type (a pure literal
+    mismatch such as an unknown `role` stays an `invalid_value`)."""
+    loc = _clean_loc(err["loc"])
+    here = [other for other in errors if _clean_loc(other["loc"]) == loc]
+    if not any(other["type"] in _EXPECTED for other in here):
+        return None
+    wanted = " or ".join(dict.fromkeys(e for e in map(_expected, here) if e))
+    return ProtocolError(f"Invalid type for '{param}': expected {wanted}, but got "
+                         f"{json_type_name(err.get('input'))} instead.", param=param, code="invalid_type")
+
+
+def _body_error(err: Any) -> ProtocolError:
+    """An error about the body as a whole: empty, not JSON, or JSON that is not an object."""
+    if err["type"] == "missing":
+        return ProtocolError("The request body is empty; expected a JSON object.", code="invalid_json")
+    body = err.get("input")
+    if isinstance(body, bytes):  # FastAPI parses JSON only when the content type says JSON
+        return ProtocolError("The request body must be a JSON object sent with 'Content-Type: "
+                             "application/json'.", code="invalid_json")
+    return ProtocolError(f"The request body must be a JSON object, but got {json_type_name(body)} "
+                         "instead.", code="invalid_type")
+
+
 def error_from_validation(exc: ValidationError) -> ProtocolError:
     """Turn a pydantic `ValidationError` into a 400 `invalid_request_error` naming the offending param.
 
-    Codes follow OpenAI's: `missing_required_parameter`, `invalid_type`, `invalid_value`.
+    Codes follow OpenAI's: `missing_required_parameter`, `invalid_type`, `invalid_value` (and
+    `invalid_json` for a body that is empty or not JSON).
     """
     errors = exc.errors(include_url=False)
     if not errors:
@@ -180,15 +248,35 @@ def error_from_validation(exc: ValidationError) -> ProtocolError:
         loc.append(ctx["param"])
     param = format_param(loc)
     msg = str(err["msg"]).rstrip(".")
+    if err["type"] == "json_invalid":
+        return ProtocolError(f"The request body is not valid JSON: {msg}.", code="invalid_json")
+    if param is None and (err["type"] == "missing" or _is_type_mismatch(err["type"])):
+        return _body_error(err)
     if err["type"] == "missing":
         return ProtocolError(f"Missing required parameter: '{param}'.", param=param,
                              code="missing_required_parameter")
-    if err["type"] == "json_invalid":
-        return ProtocolError(f"The request body is not valid JSON: {msg}.", code="invalid_json")
+    if err["type"] == "string_unicode":
+        return invalid_unicode_error(param)
+    if param is not None and _is_type_mismatch(err["type"]):
+        typed = _type_error(param, err, errors)
+        if typed is not None:
+            return typed
     code = "invalid_type" if _is_type_mismatch(err["type"]) and err["type"] != "literal_error" \
         else "invalid_value"
     where = f"Invalid '{param}'" if param else "Invalid request body"
     return ProtocolError(f"{where}: {msg}.", param=param, code=code)
+
+
+def invalid_unicode_message(param: str | None) -> str:
+    """What to tell a client whose text holds a lone surrogate (`"\\ud800"` in its JSON)."""
+    where = f"Invalid '{param}': the text" if param else "The request body"
+    return (f"{where} is not valid Unicode: it contains a lone surrogate (a JSON escape between "
+            "\\ud800 and \\udfff without its pair), which no UTF-8 text can hold.")
+
+
+def invalid_unicode_error(param: str | None) -> ProtocolError:
+    """400 `invalid_value` naming the param whose text is not valid Unicode."""
+    return ProtocolError(invalid_unicode_message(param), param=param, code="invalid_value")
 
 
 def validate_request(model: type[ModelT], data: Any) -> ModelT:

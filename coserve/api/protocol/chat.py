@@ -8,13 +8,15 @@ engine parameters.
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error
+from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error, value_error
 from coserve.api.protocol.response_format import ResponseFormat
+from coserve.api.protocol.strict import RequestBody, RequestModel
 from coserve.policies.request import SamplingParams
 
 MessageRole = Literal["system", "user", "assistant", "developer", "tool"]
@@ -23,16 +25,18 @@ FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "functi
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
+MAX_N = 128  # OpenAI's bound on `n`; a server may cap it lower (`coserve serve --max-n`)
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
 
-class ChatCompletionContentPartText(OpenAIBaseModel):
+class ChatCompletionContentPartText(RequestModel):
     """A text part of a message's content; the only part type a text-only model accepts."""
 
     type: Literal["text"]
     text: str
 
 
-class ChatCompletionMessageParam(OpenAIBaseModel):
+class ChatCompletionMessageParam(RequestModel):
     """One input message. One model for every role (not a tagged union) so errors name plain params.
 
     `tool_calls` is accepted on assistant history messages and passed to the chat template as is.
@@ -61,18 +65,21 @@ class ChatCompletionMessageParam(OpenAIBaseModel):
         return "\n".join(part.text for part in self.content)
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(RequestModel):
     """Options of a streamed response."""
 
     include_usage: bool | None = None
 
 
-class ChatCompletionRequest(OpenAIBaseModel):
+class ChatCompletionRequest(RequestBody):
     """The body of `POST /v1/chat/completions`.
 
-    `presence_penalty`, `frequency_penalty` and `logit_bias` are validated but NOT honoured: the engine
-    has no penalty or bias stage. Only the values that leave sampling unchanged (0, empty) are exact.
-    `max_completion_tokens` wins over the deprecated `max_tokens` when both are sent.
+    Every sampling control is honoured, per sequence inside the batched sampler:
+    `frequency_penalty` and `presence_penalty` (OpenAI's, -2..2), `logit_bias` (token id as a string ->
+    -100..100; an id outside the model's vocabulary is refused at admission, param `logit_bias`) and
+    the vLLM extensions `repetition_penalty` (> 0, 1 is off) and `min_p` (0..1). Exact definitions:
+    `coserve.platform.logits_processors`. `max_completion_tokens` wins over the deprecated `max_tokens`
+    when both are sent. Types are strict (`coserve.api.protocol.strict`): `"stream": "yes"` is a 400.
     """
 
     messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
@@ -82,7 +89,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     logprobs: bool | None = False
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    n: Annotated[int, Field(ge=1, le=128)] | None = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = 1
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
     response_format: ResponseFormat | None = None
     seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
@@ -102,7 +109,19 @@ class ChatCompletionRequest(OpenAIBaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    repetition_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None  # vLLM's
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # vLLM's
     # --- end of coserve extensions ---
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, int] | None) -> dict[str, int] | None:
+        # JSON object keys are strings: OpenAI's keys are token ids written in decimal ("50256").
+        for key in bias or {}:
+            if not _TOKEN_ID.fullmatch(key):
+                raise value_error(f"keys must be token ids (integers written as strings, such as "
+                                  f"\"50256\"), got {key[:40]!r}")
+        return bias
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> ChatCompletionRequest:
@@ -150,6 +169,12 @@ class ChatCompletionRequest(OpenAIBaseModel):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_output=self.response_format.to_structured_output() if self.response_format else None,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_p=self.min_p or 0.0,
+            logit_bias={int(token): float(bias) for token, bias in self.logit_bias.items()}
+            if self.logit_bias else None,
         )
 
 

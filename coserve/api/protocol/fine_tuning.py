@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from coserve.api.protocol.base import OpenAIBaseModel, now, param_error
+from coserve.api.protocol.strict import RequestBody, RequestModel
 
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled",
                     "paused"]  # "paused" is not in the SDK's Literal; its lenient parser accepts it
@@ -23,7 +24,7 @@ BatchSize = Auto | Annotated[int, Field(ge=1, le=256)]
 LearningRateMultiplier = Auto | Annotated[float, Field(gt=0.0, le=10.0)]
 
 
-class Hyperparameters(OpenAIBaseModel):
+class Hyperparameters(RequestModel):
     """Training hyperparameters; "auto" lets coserve choose (resolved values are echoed in the job)."""
 
     batch_size: BatchSize | None = "auto"
@@ -31,13 +32,13 @@ class Hyperparameters(OpenAIBaseModel):
     n_epochs: NEpochs | None = "auto"
 
 
-class SupervisedMethod(OpenAIBaseModel):
+class SupervisedMethod(RequestModel):
     """Configuration of supervised fine-tuning."""
 
     hyperparameters: Hyperparameters | None = None
 
 
-class Method(OpenAIBaseModel):
+class Method(RequestModel):
     """The fine-tuning method; coserve implements `supervised` only."""
 
     type: Literal["supervised", "dpo", "reinforcement"]
@@ -54,7 +55,7 @@ class Method(OpenAIBaseModel):
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class LoRAParams(OpenAIBaseModel):
+class LoRAParams(RequestModel):
     """coserve extension: the LoRA adapter to train, in PEFT's `LoraConfig` names. None = server default."""
 
     r: Annotated[int, Field(ge=1, le=256)] | None = None
@@ -68,7 +69,7 @@ MetadataKey = Annotated[str, Field(min_length=1, max_length=64)]
 MetadataValue = Annotated[str, Field(max_length=512)]
 
 
-class FineTuningJobCreate(OpenAIBaseModel):
+class FineTuningJobCreate(RequestBody):
     """The body of `POST /v1/fine_tuning/jobs`.
 
     `suffix` is restricted to `[A-Za-z0-9_-]{1,64}` because it becomes part of a model id

@@ -16,11 +16,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from coserve.api.protocol.base import OpenAIBaseModel, param_error
+from coserve.api.protocol.base import param_error
+from coserve.api.protocol.strict import RequestModel
 from coserve.policies.structured_output import StructuredOutput, StructuredOutputError
 
 
-class JsonSchemaFormat(OpenAIBaseModel):
+class JsonSchemaFormat(RequestModel):
     """The `json_schema` object of a `json_schema` response format."""
 
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -29,7 +30,7 @@ class JsonSchemaFormat(OpenAIBaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(OpenAIBaseModel):
+class ResponseFormat(RequestModel):
     """What the assistant's content must be: text, any JSON object, or JSON following a schema."""
 
     type: Literal["text", "json_object", "json_schema"]

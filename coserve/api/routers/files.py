@@ -6,8 +6,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 from fastapi.responses import Response
+from pydantic import WithJsonSchema
 
 from coserve.api.auth import Tenant
+from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.files import FileDeleted, FileList, FileObject, FilePurpose, UploadPurpose
 from coserve.api.serving.files import FilesService
 from coserve.api.serving.storage_errors import tenant_limits
@@ -26,13 +28,21 @@ def get_files_service(state: Annotated[GatewayState, Depends(get_state)], tenant
 
 Service = Annotated[FilesService, Depends(get_files_service)]
 
+# A `file` part sent as a plain form field arrives as a string: taken here, so that it is refused in the
+# client's terms (FastAPI's own refusal names Python classes); the published schema still says binary.
+FilePart = Annotated[UploadFile | str, File(),
+                     WithJsonSchema({"type": "string", "contentMediaType": "application/octet-stream"})]
+
 # Handlers are plain `def`: the store blocks (SQLite, fsync), so FastAPI runs them in its thread pool.
 
 
 @router.post("", response_model=FileObject)
-def create_file(tenant: Tenant, service: Service, file: Annotated[UploadFile, File()],
+def create_file(tenant: Tenant, service: Service, file: FilePart,
                 purpose: Annotated[str, Form()]) -> FileObject:
     """Upload a file (multipart `file` + `purpose`); fine-tuning JSONL is validated before it is stored."""
+    if isinstance(file, str):
+        raise ProtocolError("Invalid type for 'file': expected a file (a multipart part with a filename), "
+                            "but got a plain form field instead.", param="file", code="invalid_type")
     return service.create(tenant, file.filename or "", purpose, file.file)
 
 

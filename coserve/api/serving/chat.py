@@ -45,9 +45,13 @@ class ChatService:
         """Resolve the model, build the submission and queue it; returns the completion id.
 
         Raises:
-            ProtocolError: unknown model (404), bad parameters (400), context too long (400
-                `context_length_exceeded`), quota (429 with `retry-after`).
+            ProtocolError: unknown model (404), bad parameters or `n` over the server's cap (400),
+                context too long (400 `context_length_exceeded`), quota (429 with `retry-after`).
         """
+        n = request.n or 1
+        if n > self.state.max_n:
+            raise ProtocolError(f"Invalid 'n': this server generates at most {self.state.max_n} completions "
+                                f"per request, got {n}.", param="n", code="invalid_value")
         adapter = self._resolve_model(tenant, request.model)
         try:
             sampling = request.to_sampling_params(default_max_tokens=None)
