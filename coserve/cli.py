@@ -163,7 +163,7 @@ def _register_demo(subparsers: Subparsers) -> None:
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Handler of `coserve serve`: validate every setting, then serve until interrupted."""
     from coserve.actors.data_dir_lock import DataDirLocked
-    from coserve.serve import ServeOptions, run_local, run_ray
+    from coserve.serve import PortUnavailable, ServeOptions, run_local, run_ray
 
     opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
                         port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,
@@ -172,7 +172,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         device=args.device, latency_profile=args.latency_profile,
                         max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
                         public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes,
-                        max_n=args.max_n)
+                        max_n=args.max_n, max_upload_bytes=args.max_upload_bytes)
     try:
         opts.validate()
     except ValueError as error:
@@ -180,7 +180,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         (run_local if opts.local else run_ray)(opts)
-    except DataDirLocked as error:  # another server serves this data dir: nothing was touched
+    except (DataDirLocked, PortUnavailable) as error:  # another server has it: nothing was touched
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
@@ -216,6 +216,9 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
                        help="largest JSON request body; larger ones get 413 (default: 4194304, 4 MiB; uploads "
                             "to /v1/files have their own limit)")
+    serve.add_argument("--max-upload-bytes", type=int, default=128 * 1024 * 1024,
+                       help="largest file POST /v1/files accepts; larger ones get 413 (default: 134217728, "
+                            "128 MiB: an upload is checked in memory)")
     serve.add_argument("--max-n", type=int, default=16,
                        help="the most completions one chat request may ask for with `n` (1..128; default: 16)")
     serve.add_argument("--adapter-slots", type=int, default=4, help="LoRA adapters resident at once (default: 4)")

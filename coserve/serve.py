@@ -30,6 +30,10 @@ ENGINE_MAX_RESTARTS = 10  # crashes an engine actor comes back from (then /healt
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+class PortUnavailable(RuntimeError):
+    """The host and port cannot be listened on (in use, or not an address of this machine)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
     """Settings of `coserve serve` (plain data: the Serve deployment receives them)."""
@@ -53,6 +57,7 @@ class ServeOptions:
     public_metrics: bool = False  # /metrics without an admin key, tenant labels summed away
     max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
     max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128
+    max_upload_bytes: int = 128 * 1024 * 1024  # POST /v1/files (api.state.DEFAULT_MAX_UPLOAD_BYTES: why)
 
     @property
     def base_model_id(self) -> str:
@@ -67,7 +72,7 @@ class ServeOptions:
         """
         positive = {"--max-num-seqs": self.max_num_seqs, "--max-batch-tokens": self.max_batch_tokens,
                     "--adapter-slots": self.adapter_slots, "--finetune-floor-every": self.finetune_floor_every,
-                    "--max-request-bytes": self.max_request_bytes}
+                    "--max-request-bytes": self.max_request_bytes, "--max-upload-bytes": self.max_upload_bytes}
         for flag, value in positive.items():
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -177,19 +182,37 @@ def build_local_app(opts: ServeOptions) -> Any:
         store = MetadataStore(opts.data_dir)
         return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
                          max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics,
-                         max_request_bytes=opts.max_request_bytes, max_n=opts.max_n)
+                         max_request_bytes=opts.max_request_bytes, max_n=opts.max_n,
+                         max_upload_bytes=opts.max_upload_bytes)
     except BaseException:
         lock.release()
         raise
 
 
 def run_local(opts: ServeOptions) -> None:
-    """Serve with uvicorn until interrupted."""
+    """Serve with uvicorn until interrupted. The socket is bound first, so the banner names the port that
+    is actually listening (`--port 0` picks a free one) and a port in use fails before the model loads."""
+    import socket
+
     import uvicorn
 
+    family = socket.AF_INET6 if ":" in opts.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((opts.host, opts.port))
+    except OSError as error:
+        sock.close()
+        raise PortUnavailable(f"--host {opts.host} --port {opts.port}: cannot listen there "
+                              f"({error.strerror})") from None
+    sock.listen(2048)
+    port = sock.getsockname()[1]
     app = build_local_app(opts)
-    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (local mode)", flush=True)
-    uvicorn.run(app, host=opts.host, port=opts.port, log_level="warning")
+    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{port}/v1 (local mode)", flush=True)
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly (uvicorn.run too)
+        pass
 
 
 # ------------------------------------------------------------------------------------- Ray mode

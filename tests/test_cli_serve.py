@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
+import socket
+import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
-from local_server import serve_subprocess
+from local_server import SERVE_ENV, serve_command, serve_subprocess
 
 from coserve.cli import main
 
@@ -31,6 +36,7 @@ def tenants_file(tmp_path: Path) -> Path:
     (["--max-stall-ms", "80"], "--max-stall-ms must be a number >= the TPOT SLO (100 ms)"),
     (["--port", "70000"], "--port must be in 0..65535"),
     (["--max-n", "0"], "--max-n must be in 1..128"),
+    (["--max-upload-bytes", "0"], "--max-upload-bytes must be >= 1"),
     (["--max-n", "129"], "--max-n must be in 1..128 (OpenAI's bound on n), got 129"),
     (["--dtype", "float8"], "--dtype must be one of"),
     (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
@@ -102,3 +108,46 @@ def test_serve_loads_a_latency_profile_fitted_here_and_refuses_another(
     (tmp_path / "broken.json").write_text("{")
     assert main([*args, "--latency-profile", str(tmp_path / "broken.json")]) == 2
     assert "--latency-profile" in capsys.readouterr().err
+
+
+def test_the_banner_names_the_port_actually_bound(llama_dir: Path, tenants_file: Path, tmp_path: Path) -> None:
+    """`--port 0` listens on a free port, and the banner says which; uploads over `--max-upload-bytes` get
+    413 (a flag, like the JSON body cap)."""
+    cmd = [*serve_command(llama_dir, tenants_file, tmp_path / "data", 0), "--max-upload-bytes", "2048"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=SERVE_ENV, text=True)
+    try:
+        banner = ""
+        while "coserve: serving" not in banner:
+            line = proc.stdout.readline()
+            assert line, f"the server exited: {banner}"
+            banner += line
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", banner).group(1))
+        assert port != 0
+        headers = {"Authorization": f"Bearer {KEY}"}
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                models = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=headers, timeout=10)
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert models.status_code == 200
+        upload = httpx.post(f"http://127.0.0.1:{port}/v1/files", headers=headers, data={"purpose": "fine-tune"},
+                            files={"file": ("t.jsonl", b"x" * 4096)}, timeout=30)
+        assert upload.status_code == 413 and upload.json()["error"]["code"] == "file_too_large"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_port_in_use_fails_before_the_model_loads(llama_dir: Path, tenants_file: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code = main(["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local",
+                     "--data-dir", str(tmp_path / "data"), "--port", str(port)])
+    assert code == 1 and f"--port {port}: cannot listen there" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()  # nothing was touched

@@ -61,7 +61,8 @@ class GatewayIngress:
 
         return build_app(self._store, self._tenants, [self._opts.base_model_id], scheduler=self._scheduler,
                          max_lora_rank=self._layout.max_lora_rank, public_metrics=self._opts.public_metrics,
-                         max_request_bytes=self._opts.max_request_bytes, max_n=self._opts.max_n)
+                         max_request_bytes=self._opts.max_request_bytes, max_n=self._opts.max_n,
+                         max_upload_bytes=self._opts.max_upload_bytes)
 
     def __del__(self) -> None:
         # Serve calls this on a graceful shutdown (and Python may again at collection): fail the streams
