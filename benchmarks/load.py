@@ -106,10 +106,12 @@ def ensure_model(model: Path) -> None:
                         "llama", "--preset", "tiny"], check=True)
 
 
-def start_server(root: Path, model: Path, port: int, ray: bool) -> subprocess.Popen:
-    """`coserve serve` in its own process group; returns once /health answers."""
+def start_server(root: Path, model: Path, port: int, ray: bool,
+                 tenants_file: dict[str, object] | None = None) -> subprocess.Popen:
+    """`coserve serve` in its own process group; returns once /health answers. `tenants_file` is the
+    tenants file's content (default: the one tenant `load`, key `KEY`)."""
     tenants = root / "tenants.yaml"
-    tenants.write_text(json.dumps({"tenants": {"load": {"api_keys": [KEY]}}}))
+    tenants.write_text(json.dumps(tenants_file or {"tenants": {"load": {"api_keys": [KEY]}}}))
     cmd = [sys.executable, "-m", "coserve.cli", "serve", "--model", str(model), "--tenants", str(tenants),
            "--data-dir", str(root / "data"), "--port", str(port), *([] if ray else ["--local"])]
     log = open(root / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
