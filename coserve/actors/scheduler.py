@@ -27,7 +27,7 @@ from pathlib import Path
 from coserve.actors.admission import QuotaBook, context_rejection
 from coserve.actors.data_dir_lock import DataDirLock
 from coserve.actors.finetuning import FineTuningSettings, JobManager, open_job_manager
-from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, EngineFailure, Rejection, StreamBatch
+from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, Rejection, StreamBatch
 from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
 from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.actors.stream_hub import StreamHub
@@ -35,6 +35,7 @@ from coserve.actors.streams import SubmissionState
 from coserve.actors.prompt_encoder import PromptEncoder
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, expand_request
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.engine_contract import EngineFailure
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.quotas import TenantLimits
 from coserve.policies.request import AdapterRef, RequestStatus
