@@ -153,10 +153,6 @@ class EngineCore:
             raise StepFailed(plan, result.message)
         return self._apply(plan, result)
 
-    def abandon(self) -> None:
-        """Forget the plan in flight: its engine is gone and will never answer."""
-        self._in_flight = None
-
     def _plan(self) -> IterationPlan:
         plan = self.source.plan()
         if self._jobs is not None:
