@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from coserve.bench.calibration import JobPieces, add_requests, fcfs_policy
+from coserve.bench.calibration import add_requests, fcfs_policy
 from coserve.bench.coserving import NUM_KV_BLOCKS, bench_job_spec
 from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.trainer import ensure_model
 from coserve.platform.engine import Engine, EngineConfig
 from coserve.policies.engine_core import EngineCore
 from coserve.policies.finetune_job import FinetuneJob
+from coserve.policies.job_pieces import JobPieces
 
 DECODE_BATCH, PROMPT_LEN = 8, 256
 

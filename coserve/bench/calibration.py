@@ -42,10 +42,10 @@ from coserve.policies.engine_contract import Engine, RuntimeLayout, StepExecutor
 from coserve.policies.engine_core import EngineCore, Step
 from coserve.policies.fcfs import FCFSPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
+from coserve.policies.job_pieces import JobPieces
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample
 from coserve.policies.latency_features import PlanFeatures
-from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.request import Request, SamplingParams
 
 TPOT_MULTIPLE = 3.0
@@ -118,34 +118,6 @@ def _run_inference(engine: StepExecutor, layout: RuntimeLayout, settings: SweepS
             add_requests(policy, layout, f"p{prompt_len}b{batch}", batch, prompt_len, settings.decode_steps)
             while core.has_work():
                 _record(core.step(engine), tracker, samples)
-
-
-class JobPieces:
-    """A fine-tuning job beside an FCFS policy (EngineCore's `JobSide`), given the piece its driver
-    sets before each step: `budget` is (forward tokens, backward token-layers), None for no piece.
-    `cancel` cancels the job in the next plan.
-
-    Args:
-        job: the job (allocating from the policy's KV blocks and adapter slots).
-    """
-
-    def __init__(self, job: FinetuneJob) -> None:
-        self._job = job
-        self.budget: tuple[int, int] | None = None
-        self._cancel = False
-
-    def cancel(self) -> None:
-        self._cancel, self.budget = True, None
-
-    def schedule(self, plan: IterationPlan) -> None:
-        if self._cancel:
-            self._job.cancel(plan)
-            self._cancel = False
-        elif self.budget is not None:
-            self._job.schedule(plan, *self.budget)
-
-    def update(self, plan: IterationPlan, result: IterationResult) -> None:
-        self._job.update(plan, result)
 
 
 def _run_finetune(engine: StepExecutor, layout: RuntimeLayout, job_spec: FinetuneJobSpec,
