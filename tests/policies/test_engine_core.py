@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from coserve.policies.adapter_slots import AdapterSlots
@@ -178,3 +181,10 @@ def test_stopping_a_request_from_the_outputs_takes_effect_in_the_next_plan() -> 
     policy.abort("a", RequestStatus.FINISHED_STOPPED)  # a stop string, seen by the output side
     plan = core.step(engine).plan
     assert plan.freed == ["a"] and not plan.chunks and not core.has_work()
+
+
+def test_the_loop_and_the_contract_import_no_torch() -> None:
+    code = ("import sys, coserve.policies.engine_core, coserve.policies.job_pieces; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
