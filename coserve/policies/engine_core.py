@@ -115,6 +115,7 @@ class EngineCore:
         """Plan, execute on `engine` in this process, and apply the result.
 
         Raises:
+            PlanMismatch: the engine answered with another step's result (nothing is applied).
             Exception: what the engine's step raised; nothing is left in flight and the policy is
                 not updated for that plan.
         """
@@ -145,10 +146,9 @@ class EngineCore:
             StepFailed: the engine could not execute the plan (`EngineFailure`).
         """
         plan, self._in_flight = self._in_flight, None
-        if plan is None or plan.step_id != result.step_id:
-            expected = "none" if plan is None else plan.step_id
-            raise PlanMismatch(f"result of step {result.step_id} does not answer the plan in flight "
-                               f"({expected})")
+        if plan is None:
+            raise PlanMismatch(f"result of step {result.step_id}, but no plan is in flight")
+        _check_answers(plan, result)
         if isinstance(result, EngineFailure):
             raise StepFailed(plan, result.message)
         return self._apply(plan, result)
@@ -160,6 +160,12 @@ class EngineCore:
         return plan
 
     def _apply(self, plan: IterationPlan, result: IterationResult) -> Step:
+        _check_answers(plan, result)
         if self._jobs is not None:
             self._jobs.update(plan, result)
         return Step(plan, result, self.source.update(plan, result))
+
+
+def _check_answers(plan: IterationPlan, result: IterationResult | EngineFailure) -> None:
+    if result.step_id != plan.step_id:
+        raise PlanMismatch(f"result of step {result.step_id} does not answer plan {plan.step_id}")

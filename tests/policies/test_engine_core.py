@@ -142,15 +142,28 @@ def test_the_halves_keep_one_plan_in_flight_until_its_result_is_applied() -> Non
 def test_a_result_for_the_wrong_plan_is_refused_and_the_policy_is_not_updated() -> None:
     source = LoggingSource([])
     core = EngineCore(source)
-    with pytest.raises(PlanMismatch):
+    with pytest.raises(PlanMismatch, match="no plan is in flight"):
         core.apply(IterationResult(step_id=1))  # nothing was handed out
     plan = core.next_plan()
     assert plan is not None
-    with pytest.raises(PlanMismatch, match="step 99"):
+    with pytest.raises(PlanMismatch, match="step 99 does not answer plan 1"):
         core.apply(IterationResult(step_id=99))
     assert source.updates == [] and core.in_flight is None  # the plan is dropped: its engine answered wrong
     with pytest.raises(PlanMismatch):
         core.apply(answer(plan))  # a late answer to the dropped plan is refused too
+
+
+def test_an_in_process_engine_answering_another_step_is_refused_before_any_update() -> None:
+    log: list[str] = []
+    source, jobs = LoggingSource(log), LoggingJobs(log)
+
+    class Confused:
+        def step(self, plan: IterationPlan) -> IterationResult:
+            return answer(IterationPlan(step_id=plan.step_id + 1))
+
+    with pytest.raises(PlanMismatch, match="step 2 does not answer plan 1"):
+        EngineCore(source, jobs).step(Confused())
+    assert source.updates == [] and "jobs update 2" not in log and "jobs update 1" not in log
 
 
 def test_an_engine_failure_fails_the_plan_in_flight_without_an_update() -> None:
