@@ -29,32 +29,28 @@ from coserve.bench.coserving import NUM_KV_BLOCKS, bench_job_spec
 from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.trainer import ensure_model
 from coserve.platform.engine import Engine, EngineConfig
-from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.engine_core import EngineCore
 from coserve.policies.finetune_job import FinetuneJob
+from coserve.policies.job_pieces import JobPieces
 
 DECODE_BATCH, PROMPT_LEN = 8, 256
 
 
-def _step(engine: Engine, policy: FCFSPolicy, tracker: AdapterSlotTracker, job: FinetuneJob | None = None,
-          budget: tuple[int, int] = (0, 0)) -> tuple[float, tuple[str, int] | None]:
-    """One iteration (with the job's piece when given); returns its time and the piece, as (kind,
-    units), when the iteration decoded the whole batch next to exactly one kind of piece."""
-    plan = policy.plan()
-    if job is not None:
-        job.schedule(plan, *budget)
-    features = tracker.features(plan)
-    result = engine.step(plan)
-    policy.update(plan, result)
-    if job is not None:
-        job.update(plan, result)
-    work = plan.training
+def _step(engine: Engine, core: EngineCore, pieces: JobPieces, tracker: AdapterSlotTracker,
+          budget: tuple[int, int] | None = None) -> tuple[float, tuple[str, int] | None]:
+    """One iteration (with the job's piece when a budget is given); returns its time and the piece, as
+    (kind, units), when the iteration decoded the whole batch next to exactly one kind of piece."""
+    pieces.budget = budget
+    step = core.step(engine)
+    features = tracker.features(step.plan)
+    work = step.plan.training
     piece = None
-    if len(plan.chunks) == DECODE_BATCH and not work.optimizer_steps:
+    if len(step.plan.chunks) == DECODE_BATCH and not work.optimizer_steps:
         if work.forward_windows and not work.backward_tasklets:
             piece = ("forward window, tokens", int(features.ft_forward_tokens))
         elif work.backward_tasklets and not work.forward_windows and len(work.backward_tasklets) == 1:
             piece = ("backward tasklet, token-layers", int(features.ft_backward_token_layers))
-    return result.timings.total_s, piece
+    return step.result.timings.total_s, piece
 
 
 def main() -> None:
@@ -70,19 +66,20 @@ def main() -> None:
                                  block_size=16, max_loras=2, max_lora_rank=16, seed=0))
     spec = bench_job_spec(AutoTokenizer.from_pretrained(str(model_dir)), engine.model_config.num_layers,
                           engine.layout.max_model_len, Path(tempfile.mkdtemp()), seed=0)
-    policy = fcfs_policy(engine, 2048, DECODE_BATCH)
-    job, tracker = FinetuneJob(spec, policy.kv, policy.adapters), AdapterSlotTracker()
-    add_requests(policy, engine, "decode", DECODE_BATCH, PROMPT_LEN, 1_000_000)
+    policy = fcfs_policy(engine.layout, 2048, DECODE_BATCH)
+    pieces, tracker = JobPieces(FinetuneJob(spec, policy.kv, policy.adapters)), AdapterSlotTracker()
+    core = EngineCore(policy, pieces)
+    add_requests(policy, engine.layout, "decode", DECODE_BATCH, PROMPT_LEN, 1_000_000)
     for _ in range(20):  # prefills, and a warm decode path
-        _step(engine, policy, tracker)
+        _step(engine, core, pieces, tracker)
     layers = engine.model_config.num_layers
     budgets = ([(int(w), 64 * layers) for w in args.windows.split(",")]
                + [(64, int(n)) for n in args.tasklets.split(",")])
     costs: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         for budget in budgets:
-            alone, _ = _step(engine, policy, tracker)
-            mixed, piece = _step(engine, policy, tracker, job, budget)
+            alone, _ = _step(engine, core, pieces, tracker)
+            mixed, piece = _step(engine, core, pieces, tracker, budget)
             if piece is not None:
                 costs.setdefault(piece, []).append((alone, mixed - alone))
     print(f"{DECODE_BATCH} decodes at ~{PROMPT_LEN} tokens, small preset, float32, {args.threads} threads")

@@ -132,9 +132,10 @@ class _Tracked:
 
 
 class OfflineJobs:
-    """Fine-tuning jobs attached to one policy and engine; the `LLM` loop calls `schedule` after the
-    policy plans an iteration and `update` after the engine ran it. It is also a `JobHost` for the
-    server's `JobManager` (add, cancel, pause, resume jobs; pop their events).
+    """Fine-tuning jobs attached to one policy and engine: the `LLM`'s `EngineCore` `JobSide` (the
+    core calls `schedule` after the policy plans an iteration and `update` after the engine ran it).
+    It is also a `JobHost` for the server's `JobManager` (add, cancel, pause, resume jobs; pop their
+    events).
 
     The jobs live in a `JobRoster`, as in the co-serving policies (deferred control, jobs taken in
     virtual-token-counter order); offline there is no SLO, so the allowance is what the inference

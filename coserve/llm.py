@@ -5,8 +5,9 @@
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
     print(outs[0].outputs[0].text)
 
-One loop drives everything: the policy plans an iteration, the engine executes it, the policy
-applies the result, and this front end turns token ids into text (stop strings, logprobs).
+The iteration loop is `EngineCore.step` (the policy plans, the offline jobs add their work, the
+engine executes, the result is applied); this front end turns the token ids of the requests that
+advanced into text (stop strings, logprobs).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from coserve.outputs import CompletionOutput, RequestOutput
 from coserve.platform.engine import Engine, EngineConfig
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.engine_core import EngineCore
 from coserve.policies.fcfs import FCFSPolicy
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import TokenLogprobs
@@ -83,6 +85,7 @@ class LLM:
         self.jobs = OfflineJobs(self.policy.kv, self.policy.adapters,
                                 self.scheduler_config.max_batch_tokens,
                                 self.engine.model_config.num_layers)
+        self.core = EngineCore(self.policy, self.jobs)
 
     def get_tokenizer(self) -> object:
         return self.tokenizer
@@ -210,7 +213,7 @@ class LLM:
 
     def _run_to_completion(self, tracked: list[OutputTracker]) -> None:
         by_id = {t.request.request_id: t for t in tracked}
-        while self.policy.has_work():
+        while self.core.has_work():
             self._iteration(by_id)
 
     def step(self) -> None:
@@ -220,12 +223,9 @@ class LLM:
 
     def _iteration(self, by_id: dict[str, OutputTracker]) -> None:
         """One iteration: inference first, fine-tuning in what is left, then the outputs."""
-        plan = self.policy.plan()
-        self.jobs.schedule(plan)
-        result = self.engine.step(plan)
-        self.jobs.update(plan, result)
-        logprobs = {s.request_id: s.logprobs for s in result.sampled}
-        for request in self.policy.update(plan, result):
+        step = self.core.step(self.engine)
+        logprobs = step.logprobs()
+        for request in step.advanced:
             item = by_id.get(request.request_id)
             if item is not None:
                 self._on_token(item, logprobs.get(request.request_id))

@@ -3,7 +3,7 @@
 gateway -> SchedulerActor: `ChatSubmission` (answered by `Admission`), then `StreamBatch`es until one
 has `done`: from `stream(request_id)` in-process, or over Ray from `poll(origin)`, which returns the
 batches of all of one gateway replica's requests in one call. EngineActor <-> SchedulerActor: `IterationPlan` and
-`IterationResult` (policies/plan.py), or `EngineFailure` when a step raised.
+`IterationResult` (policies/plan.py), or `EngineFailure` (policies/engine_contract.py) when a step raised.
 """
 
 from __future__ import annotations
@@ -86,11 +86,3 @@ class StreamBatch:
     error: str | None = None  # the request failed (after it was admitted)
     prompt_tokens: int = 0
     completion_tokens: int = 0  # totals so far, over all choices
-
-
-@dataclass(slots=True)
-class EngineFailure:
-    """An engine step raised: the requests of that plan fail, the engine goes on."""
-
-    step_id: int
-    message: str

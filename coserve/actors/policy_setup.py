@@ -16,23 +16,21 @@ from typing import Protocol
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.engine_core import PlanSource
 from coserve.policies.fcfs import FCFSPolicy
 from coserve.policies.hybrid import HybridTokenPolicy
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
-from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.request import Request, RequestStatus
 
 
-class InferencePolicy(Protocol):
-    """The policy surface the scheduler drives (FCFSPolicy; the hybrid token policy)."""
+class InferencePolicy(PlanSource, Protocol):
+    """The policy surface the scheduler drives (FCFSPolicy; the hybrid token policy): what its
+    `EngineCore` plans with (`plan`, `update`, `has_work`), plus admission and queue state."""
 
     def add_request(self, request: Request) -> None: ...
     def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool: ...
-    def plan(self) -> IterationPlan: ...
-    def update(self, plan: IterationPlan, result: IterationResult) -> list[Request]: ...
-    def has_work(self) -> bool: ...
 
     @property
     def num_waiting(self) -> int: ...

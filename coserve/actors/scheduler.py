@@ -9,7 +9,8 @@ checkpoints on the restarted engine (`engine_lost`, then `register_engine` again
 A plain class: `ray.remote(SchedulerActor)` makes it an async Ray actor in cluster mode; with `--local`
 it lives in the gateway's process and its coroutines run on the gateway's event loop. Either way every
 method runs on one event loop thread, so no state here needs a lock. Engines talk to it through
-`exchange(engine_id, result) -> next plan` (one round trip per iteration).
+`exchange(engine_id, result) -> next plan` (one round trip per iteration), the two halves of the
+iteration loop `EngineCore` (`apply` the result, `next_plan`).
 
 The policy sits behind `PolicyFactory`: anything with FCFSPolicy's surface (`add_request`, `abort`,
 `plan`, `update`, `has_work`, `num_waiting`, `num_running`, `kv`) plugs in.
@@ -27,7 +28,7 @@ from pathlib import Path
 from coserve.actors.admission import QuotaBook, context_rejection
 from coserve.actors.data_dir_lock import DataDirLock
 from coserve.actors.finetuning import FineTuningSettings, JobManager, open_job_manager
-from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, EngineFailure, Rejection, StreamBatch
+from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, Rejection, StreamBatch
 from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
 from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.actors.stream_hub import StreamHub
@@ -35,6 +36,8 @@ from coserve.actors.streams import SubmissionState
 from coserve.actors.prompt_encoder import PromptEncoder
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, chat_template_refusal, expand_request
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.engine_contract import EngineFailure
+from coserve.policies.engine_core import EngineCore, Step, StepFailed
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.quotas import TenantLimits
 from coserve.policies.request import AdapterRef, RequestStatus
@@ -104,12 +107,12 @@ class SchedulerActor:
         self.metrics = SchedulerMetrics(settings.slo)
         self._engines: dict[str, EngineLayout] = {}
         self._policy: InferencePolicy | None = None
+        self._core: EngineCore | None = None  # the iteration loop over the policy (one plan in flight)
         self._max_model_len = 0
         self._adapters: AdapterChecker | None = None
         self._adapter_ids: dict[str, int] = {}  # adapter folder -> engine adapter id (>= 1)
         self._streams = StreamHub()
         self._owner: dict[str, tuple[SubmissionState, int]] = {}  # child request id -> (submission, index)
-        self._inflight: IterationPlan | None = None
         self._work = asyncio.Event()
         self._closed = False
         self._jobs: JobManager | None = None
@@ -135,6 +138,7 @@ class SchedulerActor:
                                  block_size=layout.block_size,
                                  enable_prefix_caching=self._settings.enable_prefix_caching)
         self._policy = self._policy_factory(config, layout)
+        self._core = EngineCore(self._policy)
         self._engines[engine_id] = layout
         self._max_model_len = layout.max_model_len
         self._adapters = AdapterChecker(self._model_config, layout.max_lora_rank)
@@ -154,12 +158,11 @@ class SchedulerActor:
             return
         logger.error("engine %s lost: %s", engine_id, reason)
         self._generation += 1
-        self._inflight = None
         if self._job_task is not None:
             self._job_task.cancel()
         self._fail_live(f"The engine stopped before this request finished ({reason}); it is being "
                         "restarted. Retry the request.")
-        self._job_task, self._jobs, self._policy = None, None, None
+        self._job_task, self._jobs, self._policy, self._core = None, None, None, None
 
     async def supervise(self, engine_id: str, handle: object, link: object) -> None:
         """Watch the Ray engine actor `handle` and bring it back after a crash
@@ -191,21 +194,14 @@ class SchedulerActor:
         if engine_id not in self._engines:
             raise ValueError(f"unknown engine {engine_id!r}")
         if result is not None:
-            plan, self._inflight = self._inflight, None
-            try:
-                self._apply(plan, result)
-            except Exception as error:  # noqa: BLE001 - a bug here must not stop the engine loop
-                logger.exception("applying the result of step %d failed", result.step_id)
-                if plan is not None:
-                    self._fail_plan(plan, f"internal error: {type(error).__name__}: {error}")
+            self._apply(result)
         self._start_job_loop()
         idle_s = 0.0
         generation = self._generation
         while not self._closed and generation == self._generation:
-            if self._policy.has_work():
-                plan = self._policy.plan()
-                if not plan.is_empty:
-                    self._inflight = plan
+            if self._core.has_work():
+                plan = self._core.next_plan()
+                if plan is not None:
                     return plan
                 # Work that cannot run yet (no free blocks): back off, up to EMPTY_PLAN_WAIT_S, unless
                 # something new arrives (the watchdog reports a job that stays stuck).
@@ -358,17 +354,26 @@ class SchedulerActor:
         self.metrics.count_tokens("prompt", state.tenant, state.prompt_tokens)
         self._work.set()
 
-    def _apply(self, plan: IterationPlan | None, result: IterationResult | EngineFailure) -> None:
-        if plan is None or plan.step_id != result.step_id:
-            raise ValueError(f"result of step {result.step_id} does not answer the plan in flight")
-        if isinstance(result, EngineFailure):
-            self._fail_plan(plan, result.message)
-            return
+    def _apply(self, result: IterationResult | EngineFailure) -> None:
+        """The engine's answer to the plan in flight, then the outputs. A failed step fails the plan's
+        requests; so does a bug here, and the engine loop goes on."""
+        plan = self._core.in_flight
+        try:
+            self._emit(self._core.apply(result))
+        except StepFailed as failed:
+            self._fail_plan(failed.plan, failed.message)
+        except Exception as error:  # noqa: BLE001 - a bug here must not stop the engine loop
+            logger.exception("applying the result of step %d failed", result.step_id)
+            if plan is not None:
+                self._fail_plan(plan, f"internal error: {type(error).__name__}: {error}")
+
+    def _emit(self, step: Step) -> None:
+        """The outputs of an applied step: stop strings, streams, first tokens, metrics, job events."""
         self.metrics.iterations.inc()
-        logprobs = {s.request_id: s.logprobs for s in result.sampled}
+        logprobs = step.logprobs()
         changed: dict[int, SubmissionState] = {}
         now = time.monotonic()
-        for request in self._policy.update(plan, result):
+        for request in step.advanced:
             owner = self._owner.get(request.request_id)
             if owner is None:
                 continue

@@ -32,23 +32,21 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from coserve.bench.metrics import SLO
 from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.engine_contract import Engine, RuntimeLayout, StepExecutor
+from coserve.policies.engine_core import EngineCore, Step
 from coserve.policies.fcfs import FCFSPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
+from coserve.policies.job_pieces import JobPieces
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample
 from coserve.policies.latency_features import PlanFeatures
-from coserve.policies.plan import IterationPlan
 from coserve.policies.request import Request, SamplingParams
-
-if TYPE_CHECKING:
-    from coserve.platform.engine import Engine
 
 TPOT_MULTIPLE = 3.0
 TTFT_MULTIPLE = 40.0
@@ -70,9 +68,8 @@ class SweepSettings:
     max_batch_tokens: int = 512
 
 
-def fcfs_policy(engine: Engine, max_batch_tokens: int, max_num_seqs: int) -> FCFSPolicy:
-    """A first-come-first-served policy over `engine`'s blocks and slots (no prefix caching)."""
-    layout = engine.layout
+def fcfs_policy(layout: RuntimeLayout, max_batch_tokens: int, max_num_seqs: int) -> FCFSPolicy:
+    """A first-come-first-served policy over an engine's blocks and slots (no prefix caching)."""
     config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
                              max_batch_tokens=max_batch_tokens, block_size=layout.block_size,
                              enable_prefix_caching=False)
@@ -80,75 +77,71 @@ def fcfs_policy(engine: Engine, max_batch_tokens: int, max_num_seqs: int) -> FCF
     return FCFSPolicy(config, kv, AdapterSlots(layout.num_adapter_slots))
 
 
-def add_requests(policy: FCFSPolicy, engine: Engine, tag: str, count: int, prompt_len: int,
-                  output_len: int) -> list[str]:
+def add_requests(policy: FCFSPolicy, layout: RuntimeLayout, tag: str, count: int, prompt_len: int,
+                 output_len: int) -> list[str]:
     """Add `count` greedy requests of random prompts; returns their ids."""
     ids = []
     for i in range(count):
         spec = RequestSpec(f"{tag}-{i}", 0.0, prompt_len, output_len)
-        policy.add_request(Request(spec.request_id, prompt_token_ids(spec, engine.layout.vocab_size),
+        policy.add_request(Request(spec.request_id, prompt_token_ids(spec, layout.vocab_size),
                                    SamplingParams(temperature=0.0, max_tokens=output_len,
                                                   ignore_eos=True)))
         ids.append(spec.request_id)
     return ids
 
 
-def _abort_and_drain(policy: FCFSPolicy, engine: Engine, request_ids: list[str],
-                     plan: IterationPlan | None = None) -> None:
-    """Abort `request_ids` and run the policy's plans (from `plan`, else a new one) until it has
-    nothing left, so the engine drops every sequence."""
+def _abort_and_drain(policy: FCFSPolicy, core: EngineCore, engine: StepExecutor,
+                     request_ids: list[str]) -> None:
+    """Abort `request_ids` and step until the policy has nothing left, so the engine drops every
+    sequence; the first step runs whatever else is due (a job's cancel)."""
     for request_id in request_ids:
         policy.abort(request_id)
-    plan = policy.plan() if plan is None else plan
-    while policy.has_work() or not plan.is_empty:
-        policy.update(plan, engine.step(plan))
-        plan = policy.plan()
+    core.step(engine)
+    while policy.has_work():
+        core.step(engine)
 
 
-def _run_inference(engine: Engine, settings: SweepSettings, samples: list[Sample]) -> None:
+def _record(step: Step, tracker: AdapterSlotTracker, samples: list[Sample]) -> None:
+    """Keep the step's (features, seconds) when it computed anything."""
+    features = tracker.features(step.plan)
+    if features.num_sequences or features.ft_forward_tokens:
+        samples.append((features, step.result.timings.total_s))
+
+
+def _run_inference(engine: StepExecutor, layout: RuntimeLayout, settings: SweepSettings,
+                   samples: list[Sample]) -> None:
     """Prefill chunks and decode batches, FCFS, every (batch, prompt length) pair."""
     for prompt_len in settings.prompt_lens:
         for batch in settings.decode_batches:
-            policy = fcfs_policy(engine, settings.max_batch_tokens, max(settings.decode_batches))
-            tracker = AdapterSlotTracker()
-            add_requests(policy, engine, f"p{prompt_len}b{batch}", batch, prompt_len,
-                          settings.decode_steps)
-            while policy.has_work():
-                plan = policy.plan()
-                features = tracker.features(plan)
-                result = engine.step(plan)
-                policy.update(plan, result)
-                if features.num_sequences or features.ft_forward_tokens:
-                    samples.append((features, result.timings.total_s))
+            policy = fcfs_policy(layout, settings.max_batch_tokens, max(settings.decode_batches))
+            core, tracker = EngineCore(policy), AdapterSlotTracker()
+            add_requests(policy, layout, f"p{prompt_len}b{batch}", batch, prompt_len, settings.decode_steps)
+            while core.has_work():
+                _record(core.step(engine), tracker, samples)
 
 
-def _run_finetune(engine: Engine, job_spec: FinetuneJobSpec, settings: SweepSettings,
-                  samples: list[Sample]) -> None:
+def _run_finetune(engine: StepExecutor, layout: RuntimeLayout, job_spec: FinetuneJobSpec,
+                  settings: SweepSettings, samples: list[Sample]) -> None:
     """Forward windows and backward runs of several sizes, alone and next to a decode batch."""
-    policy = fcfs_policy(engine, settings.max_batch_tokens + max(settings.forward_windows),
-                   settings.mixed_decode_batch)
-    job = FinetuneJob(job_spec, policy.kv, policy.adapters)
-    tracker = AdapterSlotTracker()
+    policy = fcfs_policy(layout, settings.max_batch_tokens + max(settings.forward_windows),
+                         settings.mixed_decode_batch)
     layers = job_spec.num_layers
     budgets = [(w, 0) for w in settings.forward_windows] + [(0, b) for b in settings.backward_budgets]
+    pieces = JobPieces(FinetuneJob(job_spec, policy.kv, policy.adapters))
+    core, tracker = EngineCore(policy, pieces), AdapterSlotTracker()
     mix: list[str] = []
     for mixed in (False, True):
         if mixed:
-            mix = add_requests(policy, engine, "mix", settings.mixed_decode_batch, 64, 10_000)
+            mix = add_requests(policy, layout, "mix", settings.mixed_decode_batch, 64, 10_000)
         for k in range(3 * len(budgets)):
             forward, backward = budgets[k % len(budgets)]
             # The job takes whatever its phase allows: a full-depth budget for the other phase keeps
             # it moving through sequences when the rotation asks for work it cannot do now.
-            plan = policy.plan()
-            job.schedule(plan, forward or 64, backward or 64 * layers)
-            features = tracker.features(plan)
-            result = engine.step(plan)
-            policy.update(plan, result)
-            job.update(plan, result)
-            samples.append((features, result.timings.total_s))
-    plan = policy.plan()
-    job.cancel(plan)
-    _abort_and_drain(policy, engine, mix, plan)
+            pieces.budget = (forward or 64, backward or 64 * layers)
+            step = core.step(engine)
+            samples.append((tracker.features(step.plan), step.result.timings.total_s))
+    pieces.cancel()
+    _abort_and_drain(policy, core, engine, mix)
 
 
 def profile_engine(engine: Engine, job_spec: FinetuneJobSpec,
@@ -156,8 +149,8 @@ def profile_engine(engine: Engine, job_spec: FinetuneJobSpec,
     """Measured (features, seconds) of a sweep of real iterations on `engine` (module docstring)."""
     settings = settings or SweepSettings()
     samples: list[Sample] = []
-    _run_inference(engine, settings, samples)
-    _run_finetune(engine, job_spec, settings, samples)
+    _run_inference(engine, engine.layout, settings, samples)
+    _run_finetune(engine, engine.layout, job_spec, settings, samples)
     return [(f, s) for f, s in samples if s > 0]
 
 
@@ -204,16 +197,15 @@ def measure_decode_step_s(engine: Engine, batch: int = SLO_DECODE_BATCH, context
     """Median wall time of `steps` iterations that decode all of `batch` base-model requests whose
     prompts are `context` tokens long (FCFS; the first `warmup` such iterations are not counted). The
     requests are aborted and drained from the engine afterwards."""
-    policy = fcfs_policy(engine, SweepSettings().max_batch_tokens, batch)
-    ids = add_requests(policy, engine, "slo-step", batch, context, 10_000)
+    policy = fcfs_policy(engine.layout, SweepSettings().max_batch_tokens, batch)
+    core = EngineCore(policy)
+    ids = add_requests(policy, engine.layout, "slo-step", batch, context, 10_000)
     times: list[float] = []
     while len(times) < warmup + steps:
-        plan = policy.plan()
-        result = engine.step(plan)
-        policy.update(plan, result)
-        if len(plan.chunks) == batch and all(c.num_tokens == 1 for c in plan.chunks):
-            times.append(result.timings.total_s)
-    _abort_and_drain(policy, engine, ids)
+        step = core.step(engine)
+        if len(step.plan.chunks) == batch and all(c.num_tokens == 1 for c in step.plan.chunks):
+            times.append(step.result.timings.total_s)
+    _abort_and_drain(policy, core, engine, ids)
     return statistics.median(times[warmup:])
 
 

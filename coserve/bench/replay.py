@@ -1,7 +1,7 @@
 """Replay a trace against a policy and an executor, recording what every request and iteration did.
 
-One loop (`drive`) serves both the real benchmark and the simulator; they differ only in the clock and
-the executor:
+One driver (`drive`, iterations by `EngineCore.step`) serves both the real benchmark and the
+simulator; they differ only in the clock and the executor (a `StepExecutor`):
 
 * `replay` (this module): the wall clock and a real `Engine` in this process. A request is added to the
   policy once its arrival time has passed; when the policy has nothing to run, the loop sleeps in
@@ -28,6 +28,8 @@ from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.coserving import CoServingPolicy
+from coserve.policies.engine_contract import StepExecutor
+from coserve.policies.engine_core import EngineCore
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency_features import PlanFeatures, plan_features
 from coserve.policies.plan import IterationPlan, IterationResult
@@ -46,12 +48,6 @@ class Clock(Protocol):
 
     def wait_until(self, t: float) -> None:
         """Let time pass to `t` (sleep, or jump a virtual clock)."""
-
-
-class Executor(Protocol):
-    """Runs an iteration plan: `Engine.step`, or the simulator's latency-model stand-in."""
-
-    def step(self, plan: IterationPlan) -> IterationResult: ...
 
 
 class WallClock:
@@ -158,20 +154,38 @@ def make_request(spec: RequestSpec, vocab_size: int, t0: float) -> Request:
                    tenant=spec.tenant, arrival_time=t0 + spec.arrival_s)
 
 
+class _Observed:
+    """The lane's executor as the engine core sees it: notes each plan's features before the step
+    and when the step ended (a token's time is the end of the engine's step, not of the update)."""
+
+    def __init__(self, executor: StepExecutor, now: Callable[[], float]) -> None:
+        self._executor, self._now = executor, now
+        self._slots = AdapterSlotTracker()
+        self.features = PlanFeatures()
+        self.end = 0.0
+
+    def step(self, plan: IterationPlan) -> IterationResult:
+        self.features = self._slots.features(plan)
+        result = self._executor.step(plan)
+        self.end = self._now()
+        return result
+
+
 class EngineLane:
     """One engine's side of a run: its policy, executor and clock, and what it recorded.
 
     `drive` runs one lane to the end; the simulator's cluster mode interleaves several.
     """
 
-    def __init__(self, policy: CoServingPolicy, executor: Executor, clock: Clock, *, vocab_size: int,
+    def __init__(self, policy: CoServingPolicy, executor: StepExecutor, clock: Clock, *, vocab_size: int,
                  t0: float, on_iteration: Callable[[IterationRecord], None] | None = None) -> None:
         self.policy, self.executor, self.clock = policy, executor, clock
         self.vocab_size, self.t0 = vocab_size, t0
         self.records: dict[str, RequestRecord] = {}
         self.iterations: list[IterationRecord] = []
         self.unfinished = 0
-        self._slots = AdapterSlotTracker()
+        self.core = EngineCore(policy)
+        self._observed = _Observed(executor, self.now)
         self._on_iteration = on_iteration
 
     def now(self) -> float:
@@ -188,25 +202,24 @@ class EngineLane:
     def iterate(self) -> IterationRecord:
         """Plan, execute and apply one iteration; token times are the iteration's end."""
         start = self.now()
-        plan = self.policy.plan()
-        features = self._slots.features(plan)
-        result = self.executor.step(plan)
-        end = self.now()
-        for request in self.policy.update(plan, result):
+        step = self.core.step(self._observed)
+        end = self._observed.end
+        for request in step.advanced:
             record = self.records[request.request_id]
             record.token_times.append(end)
             if request.is_finished:
                 record.finished = True
                 self.unfinished -= 1
+        result = step.result
         trained = sum(s.num_tokens for s in result.training.steps)
-        iteration = IterationRecord(start, end, result.timings.total_s, features, trained)
+        iteration = IterationRecord(start, end, result.timings.total_s, self._observed.features, trained)
         self.iterations.append(iteration)
         if self._on_iteration is not None:
             self._on_iteration(iteration)
         return iteration
 
 
-def drive(policy: CoServingPolicy, executor: Executor, clock: Clock, trace: Sequence[RequestSpec],
+def drive(policy: CoServingPolicy, executor: StepExecutor, clock: Clock, trace: Sequence[RequestSpec],
           limits: RunLimits, *, vocab_size: int, num_layers: int, job: FinetuneJob | None = None,
           policy_name: str = "", rate: float = 0.0,
           on_iteration: Callable[[IterationRecord], None] | None = None) -> RunRecord:
@@ -227,7 +240,7 @@ def drive(policy: CoServingPolicy, executor: Executor, clock: Clock, trace: Sequ
             next_arrival += 1
         if _should_stop(now, limits, bool(pending), lane.unfinished, next_arrival == len(pending)):
             break
-        if policy.has_work():
+        if lane.core.has_work():
             if not lane.iterate().has_work:
                 # The policy has work it cannot place now (a job whose next piece does not fit the
                 # budget, a request waiting for blocks): wait a slice instead of spinning on empty plans.
@@ -250,7 +263,7 @@ def _should_stop(now: float, limits: RunLimits, has_trace: bool, unfinished: int
     return now >= limits.window_s and all_arrived and unfinished == 0
 
 
-def finish_run(policy: CoServingPolicy, executor: Executor, request_ids: Sequence[str],
+def finish_run(policy: CoServingPolicy, executor: StepExecutor, request_ids: Sequence[str],
                job_id: str | None, max_plans: int = 4) -> None:
     """Abort unfinished requests and cancel the job, then run the plans that tell the engine to drop
     their state (frees and job stops), so the next run on the same engine starts clean."""
@@ -258,11 +271,11 @@ def finish_run(policy: CoServingPolicy, executor: Executor, request_ids: Sequenc
         policy.abort(request_id)  # False (a no-op) for finished ones
     if job_id is not None:
         policy.remove_job(job_id)
+    core = EngineCore(policy)
     for _ in range(max_plans):
-        if not policy.has_work():
+        if not core.has_work():
             return
-        plan = policy.plan()
-        policy.update(plan, executor.step(plan))
+        core.step(executor)
     raise RuntimeError("the policy still has work after aborting every request and cancelling the job")
 
 

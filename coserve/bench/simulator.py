@@ -169,7 +169,7 @@ def simulate_cluster(make_policy: PolicyFactory, trace: Sequence[RequestSpec], l
         done = next_arrival == len(pending) and all(x.unfinished == 0 for x in lanes)
         if t >= stop or (t >= limits.window_s and (done or not pending)):
             continue  # this lane is finished; the others run on
-        if lane.policy.has_work():
+        if lane.core.has_work():
             if not lane.iterate().has_work:  # as `replay.drive`: no spinning on empty plans
                 lane.clock.wait_until(lane.clock.now() + IDLE_SLEEP_S)
         else:  # idle: sleep until the next arrival, or the window's end

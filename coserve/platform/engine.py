@@ -27,6 +27,7 @@ from coserve.platform.native import load_paged_decode
 from coserve.platform.sampler import RowSampling, Sampler
 from coserve.platform.training_runtime import TrainingRuntime, WindowRows
 from coserve.platform.weights import load_weights
+from coserve.policies.engine_contract import RuntimeLayout
 from coserve.policies.plan import (IterationPlan, IterationResult, NewSequence, SampledToken,
                                    ScheduledChunk, StepTimings)
 from coserve.policies.request import SamplingParams
@@ -48,18 +49,6 @@ class EngineConfig:
     max_lora_rank: int = 64
     seed: int = 0
     native_kernels: bool = True  # the C paged-decode kernel on CPU/fp32 (falls back to torch without gcc)
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeLayout:
-    """What the scheduler needs to know about a built engine."""
-
-    num_kv_blocks: int
-    block_size: int
-    max_model_len: int
-    vocab_size: int
-    num_adapter_slots: int
-    max_lora_rank: int
 
 
 @dataclass(slots=True)
@@ -85,7 +74,8 @@ class _Sequence:
 
 
 class Engine:
-    """Base model + paged KV cache + LoRA bank + sampler, driven by plans."""
+    """Base model + paged KV cache + LoRA bank + sampler, driven by plans: coserve's implementation of
+    the `Engine` protocol (`coserve.policies.engine_contract`)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

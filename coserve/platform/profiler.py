@@ -1,6 +1,6 @@
 """The latency profiler: a designed sweep of real engine iterations, fitted and checked on held-out ones.
 
-Each measured iteration is built by hand (no policy): some decodes at chosen contexts, at most one
+Each measured iteration is built by hand (no policy: `DesignedPlans` is the `EngineCore`'s plan source): some decodes at chosen contexts, at most one
 prefill chunk at a chosen start, sequences spread over 0..`adapters` LoRA adapters, and a fine-tuning
 job's forward window or backward tasklets of chosen sizes. The measured iteration does exactly the
 work its features count (`plan_features`): its sequences get KV blocks for their earlier tokens, and
@@ -19,17 +19,20 @@ on the first and `heldout_mape` on the second.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from coserve.platform.engine import Engine
 from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.engine_core import EngineCore, Step
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec, JobPhase
+from coserve.policies.job_pieces import JobPieces
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample, plan_features
-from coserve.policies.plan import IterationPlan, NewSequence, ScheduledChunk
-from coserve.policies.request import AdapterRef, SamplingParams
+from coserve.policies.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
+from coserve.policies.request import AdapterRef, Request, SamplingParams
 from coserve.policies.training_plan import TrainingExample
 
 SETUP_TOKENS = 1024  # fine-tuning tokens per iteration that brings the job to a phase
@@ -119,8 +122,35 @@ class ProfileReport:
                 "skipped_optimizer_iterations": self.skipped_optimizer_iterations}
 
 
+class DesignedPlans:
+    """The profiler's plan source for `EngineCore`, in place of a policy: it yields the plan the harness
+    designed (an empty one when none is queued). Results change nothing here: the sweep reads times."""
+
+    def __init__(self) -> None:
+        self._step_ids = itertools.count()
+        self._queued: IterationPlan | None = None
+
+    def new(self) -> IterationPlan:
+        """An empty plan with the next step id, for the harness to fill and `queue`."""
+        return IterationPlan(step_id=next(self._step_ids))
+
+    def queue(self, plan: IterationPlan) -> None:
+        self._queued = plan
+
+    def plan(self) -> IterationPlan:
+        plan, self._queued = self._queued, None
+        return plan if plan is not None else self.new()
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> list[Request]:
+        return []
+
+    def has_work(self) -> bool:
+        return self._queued is not None
+
+
 class _Harness:
-    """Builds and runs the iterations of the sweep on one engine (policy-free, see module docstring)."""
+    """Builds the iterations of the sweep and runs them on one engine through an `EngineCore` over
+    `DesignedPlans`, the job beside them as `JobPieces` (policy-free, see module docstring)."""
 
     def __init__(self, engine: Engine, adapter_dirs: list[str], settings: SweepSettings) -> None:
         self.engine = engine
@@ -129,7 +159,6 @@ class _Harness:
         self.slots = AdapterSlots(layout.num_adapter_slots)
         self.adapters = [AdapterRef(i, f"profile-{i}", path) for i, path in enumerate(adapter_dirs)]
         self.rng = random.Random(settings.seed + 1)
-        self.step_id = 0
         self.slot_of: dict[str, int] = {}
         vocab = engine.model_config.vocab_size
         length = min(settings.finetune_length, layout.max_model_len)
@@ -139,24 +168,23 @@ class _Harness:
                                examples=examples, n_epochs=10**6, batch_size=2, seed=settings.seed,
                                num_layers=engine.model_config.num_layers, output_dir="/nonexistent",
                                min_tasklet_tokens=1, lora={"r": 8, "lora_alpha": 16})
-        self.job = FinetuneJob(spec, self.kv, self.slots)
+        self.job = JobPieces(FinetuneJob(spec, self.kv, self.slots))
+        self.plans = DesignedPlans()
+        self.core = EngineCore(self.plans, self.job)
         self._load_adapters()
 
-    def _plan(self) -> IterationPlan:
-        plan = IterationPlan(step_id=self.step_id)
-        self.step_id += 1
-        return plan
-
-    def _run(self, plan: IterationPlan) -> float:
-        result = self.engine.step(plan)
-        self.job.update(plan, result)
-        if result.training.failures:
-            failure = result.training.failures[0]
+    def _run(self, plan: IterationPlan, job_budget: tuple[int, int] | None = None) -> Step:
+        """Run `plan`, with the job's piece of `job_budget` (forward tokens, backward token-layers)."""
+        self.plans.queue(plan)
+        self.job.budget = job_budget
+        step = self.core.step(self.engine)
+        if step.result.training.failures:
+            failure = step.result.training.failures[0]
             raise RuntimeError(f"the profiling job failed: {failure.code}: {failure.message}")
-        return result.timings.total_s
+        return step
 
     def _load_adapters(self) -> None:
-        plan = self._plan()
+        plan = self.plans.new()
         for ref in self.adapters:
             grant = self.slots.acquire(ref)  # pinned for the whole sweep
             if grant is None:
@@ -168,16 +196,14 @@ class _Harness:
     def _bring_job_to(self, phase: JobPhase) -> None:
         """Unmeasured iterations until the job's sequence in flight is in `phase`."""
         for _ in range(10_000):
-            if self.job.phase is phase:
+            if self.job.job.phase is phase:
                 return
-            plan = self._plan()
             # Only the other phase's work: a backward budget would finish a completed forward's
             # backward in the same iteration and the job would never rest in its backward phase.
             if phase is JobPhase.BACKWARD:
-                self.job.schedule(plan, SETUP_TOKENS, 0)
+                self._run(self.plans.new(), (SETUP_TOKENS, 0))
             else:
-                self.job.schedule(plan, 0, SETUP_TOKENS * self.engine.model_config.num_layers)
-            self._run(plan)
+                self._run(self.plans.new(), (0, SETUP_TOKENS * self.engine.model_config.num_layers))
         raise RuntimeError(f"the profiling job never reached its {phase.name} phase")
 
     def _setup_sequences(self, scenario: Scenario) -> list[ScheduledChunk]:
@@ -186,9 +212,9 @@ class _Harness:
         specs = [(c, 1) for c in scenario.decode_contexts]
         if scenario.prefill is not None:
             specs.append(scenario.prefill)
-        measured, setup = [], self._plan()
+        measured, setup = [], self.plans.new()
         for i, (start, count) in enumerate(specs):
-            rid = f"p{self.step_id}-{i}"
+            rid = f"p{setup.step_id + 1}-{i}"
             slot = self.slots.slot_of(self.adapters[i % scenario.adapters].adapter_id) \
                 if scenario.adapters else -1
             self.slot_of[rid] = -1 if slot is None else slot
@@ -208,20 +234,18 @@ class _Harness:
         elif scenario.backward_tokens:
             self._bring_job_to(JobPhase.BACKWARD)
         chunks = self._setup_sequences(scenario)
-        plan = self._plan()
+        plan = self.plans.new()
         plan.chunks = chunks
-        self.job.schedule(plan, scenario.forward_tokens,
-                          scenario.backward_tokens * scenario.backward_layers)
+        step = self._run(plan, (scenario.forward_tokens, scenario.backward_tokens * scenario.backward_layers))
         features = plan_features(plan, self.slot_of)
-        seconds = self._run(plan)
         ids = [c.request_id for c in chunks]
-        teardown = self._plan()
+        teardown = self.plans.new()
         teardown.freed = ids
         self._run(teardown)
         for rid in ids:
             self.kv.free(rid)
             del self.slot_of[rid]
-        return (features, seconds), bool(plan.training.optimizer_steps)
+        return (features, step.result.timings.total_s), bool(plan.training.optimizer_steps)
 
 
 def iterate_samples(engine: Engine, adapter_dirs: list[str],

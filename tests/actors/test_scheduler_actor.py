@@ -15,6 +15,7 @@ from coserve.actors.messages import ChatSubmission, StreamBatch
 from coserve.actors.policy_setup import PolicyFactory, fcfs_policy
 from coserve.actors.scheduler import SchedulerActor, SchedulerSettings
 from coserve.platform.engine import EngineConfig
+from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.quotas import TenantLimits
 from coserve.policies.request import SamplingParams
 
@@ -125,3 +126,27 @@ def test_abort_refunds_the_quota(llama_dir: Path, engine_config: EngineConfig) -
         assert 'coserve_requests_total{outcome="rejected",tenant="q"} 1.0' in metrics
 
     run(llama_dir, engine_config, body, tenant_limits={"q": TenantLimits(tokens_per_minute=300)})
+
+
+def test_a_failed_engine_step_fails_its_requests_and_the_loop_goes_on(llama_dir: Path,
+                                                                      engine_config: EngineConfig) -> None:
+    async def body(local: LocalScheduler) -> None:
+        engine = local.engine.engine
+        real_step, calls = engine.step, []
+
+        def failing_once(plan: IterationPlan) -> IterationResult:
+            calls.append(plan.step_id)
+            if len(calls) == 1:
+                raise RuntimeError("device lost")
+            return real_step(plan)
+
+        engine.step = failing_once  # type: ignore[method-assign]
+        assert (await local.submit(submission("doomed", max_tokens=4))).rejection is None
+        _, last = await collect(local.stream("doomed"))
+        assert last.done and "The engine failed while generating: RuntimeError: device lost" in last.error
+        assert (await local.submit(submission("next", max_tokens=4))).rejection is None
+        _, after = await collect(local.stream("next"))
+        assert after.done and after.error is None and after.completion_tokens == 4
+        assert 'coserve_requests_total{outcome="error",tenant="t"} 1.0' in await local.metrics_text()
+
+    run(llama_dir, engine_config, body)

@@ -10,8 +10,9 @@ import pytest
 
 from coserve.cli import main
 from coserve.platform.engine import Engine, EngineConfig
-from coserve.platform.profiler import Scenario, SweepSettings, _Harness, design
+from coserve.platform.profiler import DesignedPlans, Scenario, SweepSettings, _Harness, design
 from coserve.policies.latency import COEFFICIENT_NAMES, LatencyModel
+from coserve.policies.plan import IterationResult
 
 
 def test_design_is_seeded_and_fits_the_context() -> None:
@@ -59,3 +60,15 @@ def test_profile_cli_rejects_bad_arguments(tmp_path: Path) -> None:
                  "--iterations", "2"]) == 2
     with pytest.raises(SystemExit):
         main(["profile", "--json", "x.json"])
+
+
+def test_designed_plans_yield_the_queued_plan_once_then_empty_ones() -> None:
+    plans = DesignedPlans()
+    first = plans.new()
+    first.freed.append("x")
+    assert not plans.has_work()
+    plans.queue(first)
+    assert plans.has_work() and plans.plan() is first and not plans.has_work()
+    empty = plans.plan()
+    assert empty.is_empty and empty.step_id > first.step_id
+    assert plans.update(first, IterationResult(step_id=first.step_id)) == []

@@ -1,0 +1,63 @@
+"""The engine side of the scheduler/engine contract: what any backend implements (no torch here).
+
+An engine executes plans; it decides nothing. Everything it is told arrives in the `IterationPlan`:
+which tokens run and in which KV blocks, adapter loads and unloads into bank slots
+(`plan.adapter_loads` / `plan.adapter_unloads`, applied before the forward), which sequences are
+dropped, and the fine-tuning work (`plan.training`: forward windows, backward tasklets, optimizer
+steps, saves), which the engine's own trainer runs against the base weights it holds. So a second
+backend (vLLM next) implements `Engine` (`layout` and `step`) and the scheduler does not change.
+
+`EngineCore` (`coserve/policies/engine_core.py`) drives an engine through this contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from coserve.policies.plan import IterationPlan, IterationResult
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLayout:
+    """What the scheduler needs to know about a built engine (plain data: it crosses a Ray call)."""
+
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    num_adapter_slots: int
+    max_lora_rank: int
+
+
+@dataclass(slots=True)
+class EngineFailure:
+    """An engine step raised: the requests of that plan fail, the engine goes on."""
+
+    step_id: int
+    message: str
+
+
+class StepExecutor(Protocol):
+    """What the iteration loop needs of an engine: execute one plan. The simulator's latency-model
+    stand-in (`coserve.bench.simulator.LatencyExecutor`) is one too."""
+
+    def step(self, plan: IterationPlan) -> IterationResult:
+        """Execute `plan` and report what was done (sampled tokens, timings, training reports).
+
+        Raises:
+            Exception: any failure of the step; the plan's requests are then failed by the caller.
+        """
+        ...
+
+
+class Engine(StepExecutor, Protocol):
+    """A serving backend: its layout (sizes the scheduler plans with) and `step`.
+
+    coserve's torch engine (`coserve.platform.engine.Engine`) implements it.
+    """
+
+    @property
+    def layout(self) -> RuntimeLayout:
+        """KV blocks, context length, vocabulary, adapter slots and the largest LoRA rank."""
+        ...
