@@ -68,7 +68,7 @@ def test_streamed_calls_reassemble_to_the_same_calls(qwen: LocalServer) -> None:
     with oa.chat.completions.stream(**options) as stream:
         events = [event.type for event in stream]
         streamed = stream.get_final_completion().choices[0]
-    assert streamed.finish_reason == "tool_calls"
+    assert streamed.finish_reason == "tool_calls" and streamed.message.content is None
     assert _valid_calls(streamed.message.tool_calls) == _valid_calls(whole.message.tool_calls)
     assert "tool_calls.function.arguments.done" in events
     raw = httpx.post(f"{qwen.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
@@ -98,6 +98,17 @@ def test_the_whole_loop_call_result_next_reply(qwen: LocalServer) -> None:
                                          max_completion_tokens=1)
     # The template rendered the call and the result into the prompt.
     assert second.usage.prompt_tokens > shorter.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_a_streamed_call_goes_back_as_the_client_reassembled_it(qwen: LocalServer) -> None:
+    oa = qwen.client(KEY)
+    with oa.chat.completions.stream(model=qwen.base, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,
+                                    parallel_tool_calls=False, seed=4, max_completion_tokens=100) as stream:
+        message = stream.get_final_completion().choices[0].message
+    assert message.tool_calls[0].index == 0  # the helper's own field: accepted back, ignored
+    history = [*MESSAGES, message, {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "18C"}]
+    reply = oa.chat.completions.create(model=qwen.base, messages=history, tools=TOOLS, max_completion_tokens=4)
+    assert reply.choices[0].finish_reason in ("stop", "length")
 
 
 def test_tools_are_rendered_with_auto_and_none(qwen: LocalServer) -> None:

@@ -53,6 +53,15 @@ class ChatCompletionMessageParam(RequestModel):
     tool_calls: list[dict[str, object]] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("tool_calls", mode="before")
+    @classmethod
+    def _drop_client_fields(cls, calls: Any) -> Any:
+        # The official client's stream helper adds `index` to each call and `parsed_arguments` to its
+        # function; a message it reassembled is sent back as is. They say nothing new: ignore them.
+        if not isinstance(calls, list):
+            return calls
+        return [_without_client_fields(call) for call in calls]
+
     @model_validator(mode="after")
     def _check_role_fields(self) -> ChatCompletionMessageParam:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
@@ -70,6 +79,15 @@ class ChatCompletionMessageParam(RequestModel):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+
+def _without_client_fields(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    call = {key: value for key, value in call.items() if key != "index"}
+    if isinstance(call.get("function"), dict):
+        call["function"] = {k: v for k, v in call["function"].items() if k != "parsed_arguments"}
+    return call
 
 
 class StreamOptions(RequestModel):

@@ -117,9 +117,9 @@ class ChatService:
         completion_id = submitted.id
         chunk = ChatCompletionChunk(id=completion_id, model=request.model, choices=[])
         tools = None if submitted.tool_family is None else ToolStream(submitted.tool_family, request.n or 1)
+        first = ChoiceDelta(role="assistant", content="" if tools is None else None)  # as OpenAI's streams
         for index in range(request.n or 1):
-            yield _event(chunk, [ChatCompletionChunkChoice(index=index,
-                                                           delta=ChoiceDelta(role="assistant", content=""))])
+            yield _event(chunk, [ChatCompletionChunkChoice(index=index, delta=first)])
         async for batch in self.scheduler.stream(completion_id):
             for delta in batch.deltas:
                 if tools is not None:
