@@ -80,6 +80,7 @@ class StreamingToolParser:
         self._close = family.close_tag
         self._pending = ""  # outside a call: undecided text; inside: the call's text so far
         self._inside = False
+        self._scanned = 0  # inside: where in `_pending` the close tag may still start (no rescans)
         self._gap = ""  # the whitespace before the open tag: kept if the block is no call
         self._after_call = False  # whitespace right after a call is dropped
         self.calls: list[ParsedCall] = []  # every call so far
@@ -91,9 +92,11 @@ class StreamingToolParser:
         calls: list[ParsedCall] = []
         while True:
             if self._inside:
-                end = self._pending.find(self._close)
+                end = self._pending.find(self._close, self._scanned)
                 if end < 0:
+                    self._scanned = max(0, len(self._pending) - len(self._close) + 1)
                     break
+                self._scanned = 0
                 block, self._pending = self._pending[:end], self._pending[end + len(self._close):]
                 self._inside = False
                 call = read_call(block.strip())

@@ -62,17 +62,19 @@ def test_required_and_named_replies_are_valid_calls(qwen: LocalServer) -> None:
 
 def test_streamed_calls_reassemble_to_the_same_calls(qwen: LocalServer) -> None:
     oa = qwen.client(KEY)
-    options = {"model": qwen.base, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+    options = {"model": qwen.base, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "n": 2,
                "seed": 11, "temperature": 1.0, "max_completion_tokens": 400}
-    whole = oa.chat.completions.create(**options).choices[0]
+    whole = oa.chat.completions.create(**options).choices
     with oa.chat.completions.stream(**options) as stream:
         events = [event.type for event in stream]
-        streamed = stream.get_final_completion().choices[0]
-    assert streamed.finish_reason == "tool_calls" and streamed.message.content is None
-    assert _valid_calls(streamed.message.tool_calls) == _valid_calls(whole.message.tool_calls)
+        streamed = stream.get_final_completion().choices
+    assert len(streamed) == 2
+    for one, other in zip(streamed, whole, strict=True):
+        assert one.finish_reason == "tool_calls" and one.message.content is None
+        assert _valid_calls(one.message.tool_calls) == _valid_calls(other.message.tool_calls)  # same seeds
     assert "tool_calls.function.arguments.done" in events
     raw = httpx.post(f"{qwen.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                     json={**options, "stream": True, "tool_choice": NAMED, "parallel_tool_calls": False},
+                     json={**options, "n": 1, "stream": True, "tool_choice": NAMED, "parallel_tool_calls": False},
                      timeout=60).text
     pieces = [json.loads(line[6:])["choices"][0]["delta"] for line in raw.splitlines()
               if line.startswith("data: {")]
