@@ -18,7 +18,7 @@ from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_err
 from coserve.api.protocol.response_format import ResponseFormat
 from coserve.api.protocol.strict import RequestBody, RequestModel
 from coserve.api.protocol.tools import (ChatCompletionMessageToolCall, ChoiceDeltaToolCall, ToolChoice,
-                                        check_tool_request)
+                                        check_tool_request, refuse_legacy_functions)
 from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow
 from coserve.policies.request import SamplingParams
 from coserve.tools.spec import ToolSpec
@@ -157,6 +157,7 @@ class ChatCompletionRequest(RequestBody):
             raise param_error("top_logprobs", "'top_logprobs' requires 'logprobs' to be true")
         if self.stream_options is not None and not self.stream:
             raise param_error("stream_options", "'stream_options' is only allowed when 'stream' is true")
+        refuse_legacy_functions(self.model_extra)
         spec = check_tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
         if spec is not None and spec.constrained and self.response_format and self.response_format.type != "text":
             raise param_error("response_format", "'response_format' cannot be combined with a 'tool_choice' "
