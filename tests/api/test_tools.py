@@ -184,3 +184,12 @@ def test_a_template_without_tool_support_refuses_tools(model_dirs: dict[str, Pat
             chatml.client(KEY).chat.completions.create(model=chatml.base, messages=MESSAGES, tools=[_tool()],
                                                        tool_choice="required")
         assert info.value.param == "tools"
+
+
+def test_history_may_call_functions_no_longer_offered(qwen: LocalServer) -> None:
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_old", "type": "function", "function": {"name": "retired", "arguments": "{\"a\": 1}"}}]},
+               {"role": "tool", "tool_call_id": "call_old", "content": "done"}]
+    reply = qwen.client(KEY).chat.completions.create(model=qwen.base, messages=history, tools=TOOLS,
+                                                     max_completion_tokens=2)
+    assert reply.choices[0].finish_reason in ("stop", "length")

@@ -174,7 +174,8 @@ class ChatCompletionRequest(RequestBody):
                     raise param_error(f"messages[{index}].tool_calls", f"Invalid 'tool_calls': {problem}")
         if any(m.role == "tool" or m.tool_calls for m in self.messages):
             dumped = [m.model_dump(include={"role", "tool_calls", "tool_call_id"}) for m in self.messages]
-            problem = check_tool_flow(dumped, self.tools, parallel=True)
+            # An earlier call of a function this request no longer offers is history, not an error.
+            problem = check_tool_flow(dumped, None, parallel=True)
             if problem is not None:
                 raise param_error("messages", f"Invalid tool calls in 'messages': {problem}")
 
