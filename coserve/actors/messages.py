@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coserve.policies.request import SamplingParams
+from coserve.tools.family import ToolFamily
+from coserve.tools.spec import ToolSpec
 
 
 @dataclass(slots=True)
@@ -35,6 +37,7 @@ class ChatSubmission:
     sampling: SamplingParams
     adapter: AdapterSpec | None = None
     origin: str = ""  # the gateway replica that submitted it: `poll(origin)` returns its batches
+    tools: ToolSpec | None = None  # the request's tools (rendered by the chat template)
 
 
 @dataclass(slots=True)
@@ -51,10 +54,15 @@ class Rejection:
 
 @dataclass(slots=True)
 class Admission:
-    """The answer to a submission: accepted (`prompt_tokens` set) or `rejection`."""
+    """The answer to a submission: accepted (`prompt_tokens` set) or `rejection`.
+
+    `tool_family` is the model's tool-call format when the gateway must read calls out of the replies
+    (tools given, `tool_choice` not `none`, a known family); None otherwise.
+    """
 
     prompt_tokens: int = 0
     rejection: Rejection | None = None
+    tool_family: ToolFamily | None = None
 
 
 @dataclass(slots=True)

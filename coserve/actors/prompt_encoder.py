@@ -66,11 +66,13 @@ class PromptEncoder:
             text = self._normalizer.normalize_str(text)
         return math.ceil(len(text) / self._longest)
 
-    async def encode(self, messages: list[dict], max_prompt_tokens: int) -> EncodedPrompt:
+    async def encode(self, messages: list[dict], max_prompt_tokens: int,
+                     tools: list[dict] | None = None) -> EncodedPrompt:
         """Render `messages` with the chat template and encode them, in the pool.
 
         Args:
             messages: the conversation.
+            tools: the request's tools, which the template shows the model (None: none).
             max_prompt_tokens: the most prompt tokens the caller can take: a prompt certainly longer is
                 not encoded (`ids` None, `min_tokens` > `max_prompt_tokens`).
 
@@ -78,10 +80,11 @@ class PromptEncoder:
             whatever the template raises for messages it does not accept (see `encode_chat`).
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._encode, messages, max_prompt_tokens)
+        return await loop.run_in_executor(self._pool, self._encode, messages, max_prompt_tokens, tools)
 
-    def _encode(self, messages: list[dict], max_prompt_tokens: int) -> EncodedPrompt:
-        text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def _encode(self, messages: list[dict], max_prompt_tokens: int, tools: list[dict] | None) -> EncodedPrompt:
+        text = self._tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                   add_generation_prompt=True)
         bound = self.min_tokens(text)
         if bound > max_prompt_tokens:
             return EncodedPrompt(ids=None, min_tokens=bound)

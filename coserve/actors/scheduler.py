@@ -34,6 +34,7 @@ from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFac
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.actors.prompt_encoder import PromptEncoder
+from coserve.actors.tool_admission import PreparedChat, ToolSupport
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, chat_template_refusal, expand_request
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_contract import EngineFailure
@@ -103,6 +104,7 @@ class SchedulerActor:
         self._model_config = ModelConfig.from_pretrained(settings.model)
         self._eos = EosIds.resolve(self._tokenizer, self._model_config.eos_token_ids)
         self._encoder = PromptEncoder(self._tokenizer)
+        self._tools = ToolSupport(self._tokenizer)
         self._quotas = QuotaBook(settings.tenant_limits)
         self.metrics = SchedulerMetrics(settings.slo)
         self._engines: dict[str, EngineLayout] = {}
@@ -228,11 +230,14 @@ class SchedulerActor:
             sub.sampling.check_vocab(self._model_config.vocab_size)
         except ValueError as error:
             return _reject(400, f"{error}.", param="logit_bias", code="invalid_value")
-        sampling = sub.sampling
+        prepared = self._tools.prepare(sub)
+        if not isinstance(prepared, PreparedChat):
+            return Admission(rejection=prepared)
+        sampling = prepared.sampling
         room = self._max_model_len - (sampling.max_tokens or 1)
         try:
             # In the encoder's threads: the loop (every other request, /health) goes on meanwhile.
-            encoded = await self._encoder.encode(sub.messages, room)
+            encoded = await self._encoder.encode(prepared.messages, room, prepared.tools)
         except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault
             logger.info("chat template refused a request of tenant %s: %r", sub.tenant, error)
             return _reject(400, chat_template_refusal(error), param="messages", code="invalid_value")
@@ -266,7 +271,7 @@ class SchedulerActor:
             self._queue(sub.request_id, state)
         except ValueError as error:
             return _reject(400, str(error), param="messages")
-        return Admission(prompt_tokens=len(prompt))
+        return Admission(prompt_tokens=len(prompt), tool_family=prepared.family)
 
     def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
         """The request's output, batch by batch, until a batch with `done`."""

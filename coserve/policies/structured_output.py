@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-# llguidance's JSON compiler options (see its JsonCompileOptions).
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# llguidance's JSON compiler options (see its JsonCompileOptions): the one layout of generated JSON.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # Distinct specs whose check (and grammar text) is remembered; each is a few KB.
 _CHECK_CACHE_SIZE = 256
 # Schemas larger than this are refused before compiling (bytes of canonical JSON).
@@ -34,10 +34,12 @@ MAX_SCHEMA_BYTES = 256 * 1024
 
 
 class OutputFormat(enum.Enum):
-    """What the output must be: any JSON object, or JSON that validates against a schema."""
+    """What the output must be: any JSON object, JSON that validates against a schema, or text that a
+    Lark grammar (llguidance's dialect, JSON schemas embedded with `%json`) derives (tool calls)."""
 
     JSON_OBJECT = "json_object"
     JSON_SCHEMA = "json_schema"
+    LARK = "lark"
 
 
 class StructuredOutputError(ValueError):
@@ -46,13 +48,14 @@ class StructuredOutputError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
-    """The grammar of one request's output. Build it with `json_object()` or `json_schema(schema)`.
+    """The grammar of one request's output. Build it with `json_object()`, `json_schema(schema)` or
+    `lark(grammar)`.
 
     Args:
-        format: JSON_OBJECT or JSON_SCHEMA.
+        format: JSON_OBJECT, JSON_SCHEMA or LARK.
         schema_json: the JSON Schema as compact JSON text (key order kept: it is the order properties
-            are generated in); empty for JSON_OBJECT. Equal schemas give equal specs, so the engine's
-            cache of compiled grammars is keyed by the spec itself.
+            are generated in); empty for JSON_OBJECT; the Lark grammar's text for LARK. Equal schemas
+            give equal specs, so the engine's cache of compiled grammars is keyed by the spec itself.
     """
 
     format: OutputFormat
@@ -78,6 +81,12 @@ class StructuredOutput:
         if not isinstance(schema, dict):
             raise StructuredOutputError("the schema must be a JSON object")
         return cls(OutputFormat.JSON_SCHEMA, json.dumps(schema, separators=(",", ":")))
+
+    @classmethod
+    def lark(cls, grammar: str) -> StructuredOutput:
+        """Text derived by `grammar`, a Lark grammar in llguidance's dialect (its `start` rule is the
+        whole output; `%json {...}` embeds a JSON schema, laid out as `json_object` is)."""
+        return cls(OutputFormat.LARK, grammar)
 
     def check(self) -> None:
         """Raise `StructuredOutputError` naming what cannot be enforced (e.g. `Unimplemented keys:
@@ -108,7 +117,10 @@ def _compile(output_format: OutputFormat, schema_json: str) -> tuple[str, str | 
     elif len(schema_json.encode()) > MAX_SCHEMA_BYTES:
         return "", f"the schema is larger than {MAX_SCHEMA_BYTES} bytes"
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=_JSON_OPTIONS)
+        if output_format is OutputFormat.LARK:
+            grammar = llguidance.LLMatcher.grammar_from_lark(schema_json)
+        else:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=JSON_LAYOUT)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     except ValueError as error:  # not an object schema (e.g. `true`), or not JSON
         return "", f"invalid JSON schema: {error}"

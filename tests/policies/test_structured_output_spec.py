@@ -97,3 +97,12 @@ def test_any_schema_is_either_accepted_or_refused_cleanly(schema: dict) -> None:
         StructuredOutput.json_schema(schema).check()
     except StructuredOutputError:
         pass
+
+
+def test_lark_grammars_are_checked_like_schemas() -> None:
+    good = StructuredOutput.lark('start: "<a>" body\nbody: %json {"type": "object"}\n')
+    assert good.format is OutputFormat.LARK and good.grammar()
+    assert pickle.loads(pickle.dumps(good)) == good
+    for bad in ("start: undefined_rule\n", 'start: "a" (\n', 'start: %json {"not": {}}\n'):
+        with pytest.raises(StructuredOutputError):
+            StructuredOutput.lark(bad).check()

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error, value_error
 from coserve.api.protocol.response_format import ResponseFormat
 from coserve.api.protocol.strict import RequestBody, RequestModel
+from coserve.api.protocol.tools import (ChatCompletionMessageToolCall, ChoiceDeltaToolCall, ToolChoice,
+                                        check_tool_request, refuse_legacy_functions)
+from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow
 from coserve.policies.request import SamplingParams
+from coserve.tools.spec import ToolSpec
 
 MessageRole = Literal["system", "user", "assistant", "developer", "tool"]
 # grammar_error (coserve's): the response_format grammar could not go on (a parser limit was hit).
@@ -39,7 +43,8 @@ class ChatCompletionContentPartText(RequestModel):
 class ChatCompletionMessageParam(RequestModel):
     """One input message. One model for every role (not a tagged union) so errors name plain params.
 
-    `tool_calls` is accepted on assistant history messages and passed to the chat template as is.
+    `tool_calls` (assistant messages only) are checked as fine-tuning rows' are and rendered by the
+    chat template; `tool` messages answer them by `tool_call_id`.
     """
 
     role: MessageRole
@@ -48,12 +53,23 @@ class ChatCompletionMessageParam(RequestModel):
     tool_calls: list[dict[str, object]] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("tool_calls", mode="before")
+    @classmethod
+    def _drop_client_fields(cls, calls: Any) -> Any:
+        # The official client's stream helper adds `index` to each call and `parsed_arguments` to its
+        # function; a message it reassembled is sent back as is. They say nothing new: ignore them.
+        if not isinstance(calls, list):
+            return calls
+        return [_without_client_fields(call) for call in calls]
+
     @model_validator(mode="after")
     def _check_role_fields(self) -> ChatCompletionMessageParam:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise param_error("content", f"a '{self.role}' message needs 'content'")
         if self.role == "tool" and not self.tool_call_id:
             raise param_error("tool_call_id", "a 'tool' message needs 'tool_call_id'")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise param_error("tool_calls", f"only 'assistant' messages may have 'tool_calls', not '{self.role}'")
         return self
 
     def text(self) -> str:
@@ -63,6 +79,15 @@ class ChatCompletionMessageParam(RequestModel):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+
+def _without_client_fields(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    call = {key: value for key, value in call.items() if key != "index"}
+    if isinstance(call.get("function"), dict):
+        call["function"] = {k: v for k, v in call["function"].items() if k != "parsed_arguments"}
+    return call
 
 
 class StreamOptions(RequestModel):
@@ -90,6 +115,7 @@ class ChatCompletionRequest(RequestBody):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = 1
+    parallel_tool_calls: bool | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
     response_format: ResponseFormat | None = None
     seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
@@ -98,6 +124,8 @@ class ChatCompletionRequest(RequestBody):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = 1.0
+    tool_choice: ToolChoice | None = None
+    tools: list[dict[str, Any]] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = 1.0
     user: str | None = None
@@ -129,7 +157,31 @@ class ChatCompletionRequest(RequestBody):
             raise param_error("top_logprobs", "'top_logprobs' requires 'logprobs' to be true")
         if self.stream_options is not None and not self.stream:
             raise param_error("stream_options", "'stream_options' is only allowed when 'stream' is true")
+        refuse_legacy_functions(self.model_extra)
+        spec = check_tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
+        if spec is not None and spec.constrained and self.response_format and self.response_format.type != "text":
+            raise param_error("response_format", "'response_format' cannot be combined with a 'tool_choice' "
+                                                 "that forces a call: the reply is the call")
+        self._check_tool_history()
         return self
+
+    def _check_tool_history(self) -> None:
+        """Earlier calls and their results fit together (the fine-tuning rows' rules)."""
+        for index, message in enumerate(self.messages):
+            if message.tool_calls is not None:
+                problem = check_tool_calls(message.tool_calls, index + 1)
+                if problem is not None:
+                    raise param_error(f"messages[{index}].tool_calls", f"Invalid 'tool_calls': {problem}")
+        if any(m.role == "tool" or m.tool_calls for m in self.messages):
+            dumped = [m.model_dump(include={"role", "tool_calls", "tool_call_id"}) for m in self.messages]
+            # An earlier call of a function this request no longer offers is history, not an error.
+            problem = check_tool_flow(dumped, None, parallel=True)
+            if problem is not None:
+                raise param_error("messages", f"Invalid tool calls in 'messages': {problem}")
+
+    def tool_spec(self) -> ToolSpec | None:
+        """The tools the model is given and how it must use them (None without `tools`)."""
+        return check_tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     @property
     def include_usage(self) -> bool:
@@ -212,6 +264,7 @@ class ChatCompletionMessage(OpenAIBaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ChatCompletionMessageToolCall] | None = None
 
 
 class ChatCompletionChoice(OpenAIBaseModel):
@@ -236,11 +289,12 @@ class ChatCompletion(OpenAIBaseModel):
 
 
 class ChoiceDelta(OpenAIBaseModel):
-    """What a chunk adds to a choice: the role in the first chunk, then content pieces."""
+    """What a chunk adds to a choice: the role in the first chunk, then content pieces or tool calls."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ChoiceDeltaToolCall] | None = None
 
 
 class ChatCompletionChunkChoice(OpenAIBaseModel):

@@ -17,7 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from coserve.api.auth import Tenant
 from coserve.api.errors import error_json
 from coserve.api.protocol.chat import ChatCompletion, ChatCompletionRequest
-from coserve.api.serving.chat import ChatService
+from coserve.api.serving.chat import ChatService, SubmittedChat
 from coserve.api.state import GatewayState, get_state
 
 router = APIRouter(prefix="/v1", tags=["chat"])
@@ -37,11 +37,12 @@ Service = Annotated[ChatService, Depends(get_chat_service)]
 async def create_chat_completion(tenant: Tenant, service: Service, body: ChatCompletionRequest,
                                  http: Request) -> ChatCompletion | Response:
     """A `chat.completion`, or with `stream: true` an SSE stream of `chat.completion.chunk`s."""
-    completion_id = await service.submit(tenant, body)
+    submitted = await service.submit(tenant, body)
+    completion_id = submitted.id
     if body.stream:
-        return StreamingResponse(_abort_on_exit(service, completion_id, body), media_type="text/event-stream",
+        return StreamingResponse(_abort_on_exit(service, submitted, body), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})
-    work = asyncio.ensure_future(service.complete(completion_id, body))
+    work = asyncio.ensure_future(service.complete(submitted, body))
     watcher = asyncio.ensure_future(_wait_disconnect(http))
     try:
         await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -56,17 +57,17 @@ async def create_chat_completion(tenant: Tenant, service: Service, body: ChatCom
     return work.result()
 
 
-async def _abort_on_exit(service: ChatService, completion_id: str,
+async def _abort_on_exit(service: ChatService, submitted: SubmittedChat,
                          body: ChatCompletionRequest) -> AsyncIterator[str]:
     finished = False
     try:
-        async for event in service.stream_events(completion_id, body):
+        async for event in service.stream_events(submitted, body):
             yield event
         finished = True
     finally:
         if not finished:
             with anyio.CancelScope(shield=True):
-                await service.abort(completion_id)
+                await service.abort(submitted.id)
 
 
 async def _wait_disconnect(http: Request) -> None:

@@ -13,6 +13,7 @@ import json
 import math
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from coserve.actors.messages import (AdapterSpec, ChatSubmission, LogprobEntry, OutputDelta, Rejection,
@@ -22,9 +23,19 @@ from coserve.api.protocol.chat import (ChatCompletion, ChatCompletionChoice, Cha
                                        ChatCompletionChunkChoice, ChatCompletionMessage, ChatCompletionRequest,
                                        ChatCompletionTokenLogprob, ChoiceDelta, ChoiceLogprobs, TopLogprob)
 from coserve.api.serving.models import model_not_found
+from coserve.api.serving.tool_output import ToolStream, finish_with_calls, tool_message
 from coserve.api.state import GatewayState
+from coserve.tools.family import ToolFamily
 
 DONE_EVENT = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittedChat:
+    """A queued completion: its id, and the tool-call format its replies are read with (None: plain text)."""
+
+    id: str
+    tool_family: ToolFamily | None = None
 
 
 class ChatService:
@@ -41,8 +52,8 @@ class ChatService:
         self.state = state
         self.scheduler = state.scheduler
 
-    async def submit(self, tenant: str, request: ChatCompletionRequest) -> str:
-        """Resolve the model, build the submission and queue it; returns the completion id.
+    async def submit(self, tenant: str, request: ChatCompletionRequest) -> SubmittedChat:
+        """Resolve the model, build the submission and queue it.
 
         Raises:
             ProtocolError: unknown model (404), bad parameters or `n` over the server's cap (400),
@@ -61,16 +72,17 @@ class ChatService:
         messages = [_message_dict(m) for m in request.messages]
         admission = await self.scheduler.submit(ChatSubmission(request_id=completion_id, tenant=tenant,
                                                                messages=messages, sampling=sampling,
-                                                               adapter=adapter))
+                                                               adapter=adapter, tools=request.tool_spec()))
         if admission.rejection is not None:
             raise _to_error(admission.rejection)
-        return completion_id
+        return SubmittedChat(completion_id, admission.tool_family)
 
     async def abort(self, completion_id: str) -> None:
         await self.scheduler.abort(completion_id)
 
-    async def complete(self, completion_id: str, request: ChatCompletionRequest) -> ChatCompletion:
-        """Wait for every choice and build the `chat.completion`.
+    async def complete(self, submitted: SubmittedChat, request: ChatCompletionRequest) -> ChatCompletion:
+        """Wait for every choice and build the `chat.completion` (tool calls read out of each reply
+        when the request has tools).
 
         Raises:
             ProtocolError: 500 `server_error` when generation failed.
@@ -80,6 +92,7 @@ class ChatService:
         logprobs: list[list[LogprobEntry] | None] = [[] if request.logprobs else None for _ in range(n)]
         finish: list[str | None] = [None] * n
         last = StreamBatch()
+        completion_id = submitted.id
         async for batch in self.scheduler.stream(completion_id):
             last = batch
             for delta in batch.deltas:
@@ -89,20 +102,32 @@ class ChatService:
                 finish[delta.index] = delta.finish_reason or finish[delta.index]
         if last.error is not None or not last.done:
             raise ProtocolError(last.error or "The stream ended early.", status=500, type="server_error")
-        choices = [ChatCompletionChoice(index=i, message=ChatCompletionMessage(content=texts[i]),
-                                        finish_reason=_finish(finish[i]),
+        family = submitted.tool_family
+        messages = [ChatCompletionMessage(content=text) if family is None else tool_message(text, family)
+                    for text in texts]
+        choices = [ChatCompletionChoice(index=i, message=messages[i],
+                                        finish_reason=finish_with_calls(_finish(finish[i]),
+                                                                        bool(messages[i].tool_calls)),
                                         logprobs=_choice_logprobs(logprobs[i]))
                    for i in range(n)]
         return ChatCompletion(id=completion_id, model=request.model, choices=choices, usage=_usage(last))
 
-    async def stream_events(self, completion_id: str, request: ChatCompletionRequest) -> AsyncIterator[str]:
+    async def stream_events(self, submitted: SubmittedChat, request: ChatCompletionRequest) -> AsyncIterator[str]:
         """The SSE events of a streamed completion, `data: [DONE]` last (an error event instead on failure)."""
+        completion_id = submitted.id
         chunk = ChatCompletionChunk(id=completion_id, model=request.model, choices=[])
+        tools = None if submitted.tool_family is None else ToolStream(submitted.tool_family, request.n or 1)
+        first = ChoiceDelta(role="assistant", content="" if tools is None else None)  # as OpenAI's streams
         for index in range(request.n or 1):
-            yield _event(chunk, [ChatCompletionChunkChoice(index=index,
-                                                           delta=ChoiceDelta(role="assistant", content=""))])
+            yield _event(chunk, [ChatCompletionChunkChoice(index=index, delta=first)])
         async for batch in self.scheduler.stream(completion_id):
             for delta in batch.deltas:
+                if tools is not None:
+                    finish = None if delta.finish_reason is None else _finish(delta.finish_reason)
+                    logprobs = _choice_logprobs(delta.logprobs) if delta.logprobs else None
+                    for choice in tools.choices(delta, logprobs, finish):
+                        yield _event(chunk, [choice])
+                    continue
                 choice = _chunk_choice(delta)
                 if choice is not None:
                     yield _event(chunk, [choice])

@@ -1,0 +1,63 @@
+"""What each chat template can do with tools, as the scheduler probes it: the tiny qwen2/qwen3 models
+(Qwen's tool template) take tools and calls in the hermes format; ChatML and SmolLM2's template take
+neither, so requests with them are refused rather than rendered without them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from coserve.actors.messages import ChatSubmission, Rejection
+from coserve.actors.tool_admission import PreparedChat, ToolSupport
+from coserve.policies.request import SamplingParams
+from coserve.policies.structured_output import OutputFormat
+from coserve.tools.family import HERMES
+from coserve.tools.spec import ToolChoiceMode, ToolSpec
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+    "x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}}}
+HISTORY = [{"role": "user", "content": "hi"},
+           {"role": "assistant", "content": "", "tool_calls": [
+               {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+           {"role": "tool", "tool_call_id": "call_1", "content": "2"}]
+
+
+def _submission(tools: ToolSpec | None, messages: list[dict] | None = None, **sampling: object) -> ChatSubmission:
+    return ChatSubmission("r", "t", messages or [{"role": "user", "content": "hi"}],
+                          SamplingParams(max_tokens=8, **sampling), tools=tools)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_templates_take_tools_and_force_calls(model_dirs: dict[str, Path], arch: str) -> None:
+    support = ToolSupport(AutoTokenizer.from_pretrained(model_dirs[arch]))
+    assert support.renders_calls and support.renders_tools and support.family is HERMES
+    prepared = support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.REQUIRED), HISTORY))
+    assert isinstance(prepared, PreparedChat) and prepared.family is HERMES and prepared.tools == [TOOL]
+    assert prepared.sampling.structured_output.format is OutputFormat.LARK
+    assert prepared.messages[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}  # as templates take it
+    auto = support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.AUTO)))
+    assert auto.family is HERMES and auto.sampling.structured_output is None
+    assert support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.NONE))).family is None
+    refused = support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.REQUIRED), min_tokens=2))
+    assert isinstance(refused, Rejection) and refused.param == "tool_choice" and "min_tokens" in refused.message
+
+
+def _refuses_tools(tokenizer: object) -> None:
+    support = ToolSupport(tokenizer)
+    assert not support.renders_calls and not support.renders_tools and support.family is None
+    refused = support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.AUTO)))
+    assert isinstance(refused, Rejection) and refused.status == 400 and refused.param == "tools"
+    refused = support.prepare(_submission(None, HISTORY))
+    assert isinstance(refused, Rejection) and refused.param == "messages"
+    assert isinstance(support.prepare(_submission(None)), PreparedChat)  # no tools: served as before
+
+
+def test_chatml_refuses_tools(model_dirs: dict[str, Path]) -> None:
+    _refuses_tools(AutoTokenizer.from_pretrained(model_dirs["llama"]))
+
+
+@pytest.mark.real_model
+def test_smollm2_refuses_tools(smollm2_dir: Path) -> None:
+    _refuses_tools(AutoTokenizer.from_pretrained(smollm2_dir))
