@@ -32,7 +32,7 @@ from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
 from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
-from coserve.actors.prompt_encoder import PromptEncoder
+from coserve.actors.prompt_encoder import PromptEncoder, PromptRefused
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, chat_template_refusal, expand_request
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.plan import IterationPlan, IterationResult
@@ -223,8 +223,8 @@ class SchedulerActor:
     # ---------------------------------------------------------------------------- requests
 
     async def submit(self, sub: ChatSubmission) -> Admission:
-        """Check `logit_bias` against the vocabulary, tokenize (off the loop), check context length,
-        adapter and quota, then queue the `n` child requests."""
+        """Check `logit_bias` against the vocabulary, render and tokenize the chat (or take the raw
+        prompt) off the loop, check context length, adapter and quota, then queue the `n` children."""
         if self._policy is None or self._closed:
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
@@ -236,7 +236,10 @@ class SchedulerActor:
         room = self._max_model_len - (sampling.max_tokens or 1)
         try:
             # In the encoder's threads: the loop (every other request, /health) goes on meanwhile.
-            encoded = await self._encoder.encode(sub.messages, room)
+            encoded = await (self._encoder.encode(sub.messages, room) if sub.raw is None else
+                             self._encoder.encode_raw(sub.raw, room, self._model_config.vocab_size))
+        except PromptRefused as error:
+            return _reject(400, str(error), param="prompt", code="invalid_value")
         except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault
             logger.info("chat template refused a request of tenant %s: %r", sub.tenant, error)
             return _reject(400, chat_template_refusal(error), param="messages", code="invalid_value")
@@ -270,7 +273,7 @@ class SchedulerActor:
             self._queue(sub.request_id, state)
         except ValueError as error:
             return _reject(400, str(error), param="messages")
-        return Admission(prompt_tokens=len(prompt))
+        return Admission(prompt_tokens=len(prompt), prompt_text=encoded.text)
 
     def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
         """The request's output, batch by batch, until a batch with `done`."""
