@@ -4,6 +4,8 @@ logprobs, stop, streaming with usage, a fine-tuned model, and the 400s."""
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from local_server import local_app
+from local_server import local_app, scrape
 from uvicorn_thread import serve_in_thread
 
 from coserve import LLM, SamplingParams
@@ -231,3 +233,29 @@ def test_bad_requests_are_400s_naming_the_param(server: Server, extra: dict, par
 def test_best_of_equal_to_n_is_accepted(server: Server) -> None:
     out = server.client().completions.create(model=server.base, prompt=PROMPT, n=2, best_of=2, max_tokens=2)
     assert len(out.choices) == 2
+
+
+def _metric(srv: Server, name: str, **labels: str) -> float:
+    """The value of one sample of /metrics (0 when absent)."""
+    for line in scrape(srv.url).splitlines():
+        match = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
+        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
+            return float(match.group(2))
+    return 0.0
+
+
+def test_client_disconnect_aborts_every_prompt(server: Server) -> None:
+    before = _metric(server, "coserve_requests_total", tenant="globex", outcome="abort")
+    body = {"model": server.base, "prompt": ["Hello", "there"], "max_tokens": 1500, "ignore_eos": True,
+            "stream": True}
+    headers = {"Authorization": f"Bearer {GLOBEX_KEY}"}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=headers) as response:
+        assert next(response.iter_lines()).startswith("data: ")
+    body["stream"] = False
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, headers=headers, timeout=0.5)
+    deadline = time.monotonic() + 10
+    while _metric(server, "coserve_requests_total", tenant="globex", outcome="abort") < before + 4:
+        assert time.monotonic() < deadline, "the disconnected prompts were not all aborted"
+        time.sleep(0.05)
+    assert _metric(server, "coserve_queue_requests", state="running") == 0
