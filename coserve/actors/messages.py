@@ -51,6 +51,7 @@ class ChatSubmission:
     adapter: AdapterSpec | None = None
     origin: str = ""  # the gateway replica that submitted it: `poll(origin)` returns its batches
     raw: RawPrompt | None = None
+    counts_request: bool = True  # False: a later prompt of one completions request (counted once)
 
 
 @dataclass(slots=True)

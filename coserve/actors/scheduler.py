@@ -234,6 +234,7 @@ class SchedulerActor:
             return _reject(400, f"{error}.", param="logit_bias", code="invalid_value")
         sampling = sub.sampling
         room = self._max_model_len - (sampling.max_tokens or 1)
+        source = "messages" if sub.raw is None else "prompt"  # the param a refusal names
         try:
             # In the encoder's threads: the loop (every other request, /health) goes on meanwhile.
             encoded = await (self._encoder.encode(sub.messages, room) if sub.raw is None else
@@ -248,9 +249,9 @@ class SchedulerActor:
                                                  type="server_error"))
         if encoded.ids is None:
             return Admission(rejection=context_rejection(encoded.min_tokens, sampling.max_tokens,
-                                                         self._max_model_len, at_least=True))
+                                                         self._max_model_len, at_least=True, param=source))
         prompt = encoded.ids
-        too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len)
+        too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len, param=source)
         if too_long is not None:
             return Admission(rejection=too_long)
         if sampling.max_tokens is None:
@@ -260,7 +261,7 @@ class SchedulerActor:
             return Admission(rejection=rejection)
         estimate = self._quotas.estimate(sub.tenant, len(prompt), sampling.n, sampling.max_tokens,
                                          client_limit=sub.sampling.max_tokens)
-        rejection = self._quotas.admit(sub.tenant, estimate)
+        rejection = self._quotas.admit(sub.tenant, estimate, requests=int(sub.counts_request))
         if rejection is not None:
             self.metrics.finished(sub.tenant, "rejected", None)
             return Admission(rejection=rejection)

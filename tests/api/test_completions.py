@@ -22,6 +22,7 @@ from coserve import LLM, SamplingParams
 
 ACME_KEY = "sk-acme-0123456789"
 GLOBEX_KEY = "sk-globex-0123456789"
+SLOW_KEY = "sk-slow-0123456789"
 PROMPT = "The quick brown fox"
 
 
@@ -41,8 +42,10 @@ def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     from coserve.platform.tiny_model import create_random_adapter
 
     root = tmp_path_factory.mktemp("completions")
-    app, opts = local_app(llama_dir, root, {"acme": {"api_keys": [ACME_KEY]},
-                                            "globex": {"api_keys": [GLOBEX_KEY]}}, max_batch_tokens=1024)
+    app, opts = local_app(llama_dir, root, {
+        "acme": {"api_keys": [ACME_KEY]}, "globex": {"api_keys": [GLOBEX_KEY]},
+        "slow": {"api_keys": [SLOW_KEY], "limits": {"requests_per_minute": 2}},
+    }, max_batch_tokens=1024)
     adapter = create_random_adapter(llama_dir, root / "data" / "adapters" / "acme-ft", seed=3, b_std=0.05,
                                     r=8, lora_alpha=16, target_modules="all-linear")
     ft = f"ft:{opts.base_model_id}:acme:demo:ab12cd34"
@@ -215,7 +218,9 @@ def test_model_details(server: Server) -> None:
     ({"prompt": ""}, "prompt", "invalid_value"),
     ({"max_tokens": "4"}, "max_tokens", "invalid_type"),
     ({"n": 5, "prompt": ["a", "b", "c", "d"]}, "n", "invalid_value"),
-    ({"max_tokens": 100000}, None, "context_length_exceeded"),
+    ({"max_tokens": 100000}, "prompt", "context_length_exceeded"),
+    ({"prompt": ["Hi", "word " * 5000]}, "prompt", "context_length_exceeded"),
+    ({"prompt": [[5] * 3000]}, "prompt", "context_length_exceeded"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
 ])
 def test_bad_requests_are_400s_naming_the_param(server: Server, extra: dict, param: str | None,
@@ -259,3 +264,13 @@ def test_client_disconnect_aborts_every_prompt(server: Server) -> None:
         assert time.monotonic() < deadline, "the disconnected prompts were not all aborted"
         time.sleep(0.05)
     assert _metric(server, "coserve_queue_requests", state="running") == 0
+
+
+def test_a_request_of_several_prompts_counts_once_against_requests_per_minute(server: Server) -> None:
+    oa = server.client(SLOW_KEY)
+    out = oa.completions.create(model=server.base, prompt=["a", "b", "c"], max_tokens=1)
+    assert len(out.choices) == 3
+    oa.completions.create(model=server.base, prompt="a", max_tokens=1)
+    with pytest.raises(openai.RateLimitError) as info:
+        oa.completions.create(model=server.base, prompt=["a", "b"], max_tokens=1)
+    assert int(info.value.response.headers["retry-after"]) >= 1

@@ -2,8 +2,10 @@
 
 Reference: https://platform.openai.com/docs/api-reference/completions. Each prompt is its own
 scheduler submission with `n` children; choice `index` = prompt index x `n` + i, as OpenAI. Model
-resolution, quotas and refusals are `coserve.api.serving.generation`'s, as for chat; if a later prompt
-is refused, the earlier ones are aborted and the request fails as a whole. Usage sums the prompts.
+resolution, quotas and refusals are `coserve.api.serving.generation`'s, as for chat (the request counts
+once against `requests_per_minute`; every prompt's tokens count against `tokens_per_minute`); if a
+later prompt is refused, the earlier ones are aborted and the request fails as a whole. Usage sums the
+prompts.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class CompletionService:
                 request_id = f"{handle.id}-{k}"
                 admission = await self.generation.submit(ChatSubmission(
                     request_id=request_id, tenant=tenant, messages=[], sampling=sampling, adapter=adapter,
-                    raw=prompt))
+                    raw=prompt, counts_request=k == 0))
                 handle.request_ids.append(request_id)
                 echo = (prompt.text if prompt.text is not None else admission.prompt_text) if prompt.echo else ""
                 handle.echoes.append(echo or "")
