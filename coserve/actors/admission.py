@@ -15,18 +15,19 @@ from coserve.policies.quotas import TenantLimits, TenantQuota
 
 
 def context_rejection(prompt_len: int, max_tokens: int | None, max_model_len: int, *,
-                      at_least: bool = False) -> Rejection | None:
+                      at_least: bool = False, param: str = "messages") -> Rejection | None:
     """400 `context_length_exceeded` when the prompt plus the requested output (at least one token)
     does not fit the context; None when it does. `at_least`: `prompt_len` is a lower bound (the prompt
-    was too long to be worth encoding), and the message says so."""
+    was too long to be worth encoding), and the message says so. `param`: where the prompt came from
+    (`messages` for chat, `prompt` for completions)."""
     wanted = prompt_len + (max_tokens or 1)
     if wanted <= max_model_len:
         return None
     some = "at least " if at_least else ""
-    detail = f"{some}{prompt_len} in the messages" + (f", {max_tokens} in the completion" if max_tokens else "")
+    detail = f"{some}{prompt_len} in the {param}" + (f", {max_tokens} in the completion" if max_tokens else "")
     return Rejection(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
                           f"requested {some}{wanted} tokens ({detail}). Please reduce the length of the "
-                          "messages or completion.", param="messages", code="context_length_exceeded")
+                          f"{param} or completion.", param=param, code="context_length_exceeded")
 
 
 class QuotaBook:
@@ -52,11 +53,12 @@ class QuotaBook:
             estimate = min(estimate, max(capacity, prompt_len))
         return estimate
 
-    def admit(self, tenant: str, estimate: int) -> Rejection | None:
-        """Charge one request of `estimate` tokens, or say why not: 429 with `retry_after_s` when
-        waiting helps, 400 when the request can never fit (more tokens than the bucket holds)."""
+    def admit(self, tenant: str, estimate: int, requests: int = 1) -> Rejection | None:
+        """Charge one request of `estimate` tokens (`requests` from the request bucket: 0 for a
+        completions request's later prompts), or say why not: 429 with `retry_after_s` when waiting
+        helps, 400 when the request can never fit (more tokens than the bucket holds)."""
         quota = self._quotas.get(tenant)
-        refusal = None if quota is None else quota.admit_request(estimate, self._clock())
+        refusal = None if quota is None else quota.admit_request(estimate, self._clock(), requests)
         if refusal is None:
             return None
         if refusal.retry_after_s is None:

@@ -1,6 +1,7 @@
 """What the gateway and the actors send each other: plain dataclasses (they cross Ray calls).
 
-gateway -> SchedulerActor: `ChatSubmission` (answered by `Admission`), then `StreamBatch`es until one
+gateway -> SchedulerActor: `ChatSubmission` (answered by `Admission`; a chat conversation, or a
+completions prompt as a `RawPrompt`), then `StreamBatch`es until one
 has `done`: from `stream(request_id)` in-process, or over Ray from `poll(origin)`, which returns the
 batches of all of one gateway replica's requests in one call. EngineActor <-> SchedulerActor: `IterationPlan` and
 `IterationResult` (policies/plan.py), or `EngineFailure` (policies/engine_contract.py) when a step raised.
@@ -24,11 +25,25 @@ class AdapterSpec:
 
 
 @dataclass(slots=True)
-class ChatSubmission:
-    """One chat completion request, already validated by the gateway.
+class RawPrompt:
+    """A completions prompt, sent to the model as is (no chat template): text or token ids, one set.
 
-    `sampling.max_tokens` is the client's limit or None (the scheduler fills in the room left in the
-    context); `sampling.n` completions are generated.
+    Text is tokenized with the tokenizer's special tokens (a BOS where the model has one), as vLLM's
+    completions endpoint does; token ids are taken as they are (checked against the vocabulary).
+    """
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+    echo: bool = False  # the client wants the prompt's text back (`Admission.prompt_text`)
+
+
+@dataclass(slots=True)
+class ChatSubmission:
+    """One chat completion request (or one prompt of a completions request), validated by the gateway.
+
+    The prompt is `messages` rendered with the chat template, or, when `raw` is set, that raw prompt
+    (`messages` is then empty). `sampling.max_tokens` is the client's limit or None (the scheduler
+    fills in the room left in the context); `sampling.n` completions are generated.
     """
 
     request_id: str
@@ -38,6 +53,8 @@ class ChatSubmission:
     adapter: AdapterSpec | None = None
     origin: str = ""  # the gateway replica that submitted it: `poll(origin)` returns its batches
     tools: ToolSpec | None = None  # the request's tools (rendered by the chat template)
+    raw: RawPrompt | None = None
+    counts_request: bool = True  # False: a later prompt of one completions request (counted once)
 
 
 @dataclass(slots=True)
@@ -63,6 +80,7 @@ class Admission:
     prompt_tokens: int = 0
     rejection: Rejection | None = None
     tool_family: ToolFamily | None = None
+    prompt_text: str | None = None  # a `RawPrompt` with `echo`: its text (token ids decoded)
 
 
 @dataclass(slots=True)

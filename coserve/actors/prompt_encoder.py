@@ -1,5 +1,9 @@
 """Chat templating and tokenization off the scheduler's event loop, with a cheap context check first.
 
+Completions prompts (`RawPrompt`) take the same path without the template: text is encoded as is
+(with the tokenizer's special tokens, as vLLM's completions endpoint does), token ids are checked
+against the vocabulary.
+
 Rendering and encoding a prompt costs time linear in its length (about 3 s for 4 MB of text on a
 2-core CPU). On the scheduler's event loop (the gateway's loop with `--local`) that time would stall
 every other request and `/health`; here it runs in a small thread pool, so a big request costs its
@@ -21,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from coserve.actors.messages import RawPrompt
 
 # Prompts rendered and encoded at once: more threads than cores would only slow each other down, but
 # one slow prompt must not hold up every other tenant's.
@@ -34,6 +39,12 @@ class EncodedPrompt:
 
     ids: list[int] | None
     min_tokens: int
+    text: str | None = None  # a raw prompt with `echo`: its text (token ids decoded)
+
+
+class PromptRefused(ValueError):
+    """A raw prompt the model cannot take (empty, or token ids outside its vocabulary): the message
+    is written for the client and names `prompt`."""
 
 
 def longest_token_chars(tokenizer: Any) -> int:
@@ -90,6 +101,35 @@ class PromptEncoder:
             return EncodedPrompt(ids=None, min_tokens=bound)
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         return EncodedPrompt(ids=ids, min_tokens=len(ids))
+
+    async def encode_raw(self, prompt: RawPrompt, max_prompt_tokens: int, vocab_size: int) -> EncodedPrompt:
+        """Encode a completions prompt (no chat template), in the pool; see `encode` for the bound.
+
+        Raises:
+            PromptRefused: an empty prompt, or token ids outside `0..vocab_size - 1`.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._encode_raw, prompt, max_prompt_tokens, vocab_size)
+
+    def _encode_raw(self, prompt: RawPrompt, max_prompt_tokens: int, vocab_size: int) -> EncodedPrompt:
+        if prompt.token_ids is not None:
+            ids = list(prompt.token_ids)
+            bad = [token for token in ids if not 0 <= token < vocab_size]
+            if bad:
+                raise PromptRefused(f"Invalid 'prompt': token id(s) {bad[:5]} are not in the model's "
+                                    f"vocabulary (ids 0..{vocab_size - 1}).")
+            # The exact prompt, special tokens included: it is what the model read.
+            text = self._tokenizer.decode(ids, skip_special_tokens=False) if prompt.echo else None
+        else:
+            text = prompt.text or ""
+            bound = self.min_tokens(text)
+            if bound > max_prompt_tokens:
+                return EncodedPrompt(ids=None, min_tokens=bound)
+            ids = self._tokenizer.encode(text, add_special_tokens=True)
+        if not ids:
+            raise PromptRefused("Invalid 'prompt': it encodes to no tokens; the model needs at least one "
+                                "prompt token.")
+        return EncodedPrompt(ids=ids, min_tokens=len(ids), text=text if prompt.echo else None)
 
     def close(self) -> None:
         """Stop the pool; prompts queued and not started are dropped."""

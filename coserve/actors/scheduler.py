@@ -33,7 +33,7 @@ from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
 from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
-from coserve.actors.prompt_encoder import PromptEncoder
+from coserve.actors.prompt_encoder import PromptEncoder, PromptRefused
 from coserve.actors.tool_admission import PreparedChat, ToolSupport
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, chat_template_refusal, expand_request
 from coserve.policies.config import SchedulerConfig
@@ -221,8 +221,8 @@ class SchedulerActor:
     # ---------------------------------------------------------------------------- requests
 
     async def submit(self, sub: ChatSubmission) -> Admission:
-        """Check `logit_bias` against the vocabulary, tokenize (off the loop), check context length,
-        adapter and quota, then queue the `n` child requests."""
+        """Check `logit_bias` against the vocabulary, render and tokenize the chat (or take the raw
+        prompt) off the loop, check context length, adapter and quota, then queue the `n` children."""
         if self._policy is None or self._closed:
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
@@ -235,9 +235,13 @@ class SchedulerActor:
             return Admission(rejection=prepared)
         sampling = prepared.sampling
         room = self._max_model_len - (sampling.max_tokens or 1)
+        source = "messages" if sub.raw is None else "prompt"  # the param a refusal names
         try:
             # In the encoder's threads: the loop (every other request, /health) goes on meanwhile.
-            encoded = await self._encoder.encode(prepared.messages, room, prepared.tools)
+            encoded = await (self._encoder.encode(prepared.messages, room, prepared.tools) if sub.raw is None
+                             else self._encoder.encode_raw(sub.raw, room, self._model_config.vocab_size))
+        except PromptRefused as error:
+            return _reject(400, str(error), param="prompt", code="invalid_value")
         except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault
             logger.info("chat template refused a request of tenant %s: %r", sub.tenant, error)
             return _reject(400, chat_template_refusal(error), param="messages", code="invalid_value")
@@ -246,9 +250,9 @@ class SchedulerActor:
                                                  type="server_error"))
         if encoded.ids is None:
             return Admission(rejection=context_rejection(encoded.min_tokens, sampling.max_tokens,
-                                                         self._max_model_len, at_least=True))
+                                                         self._max_model_len, at_least=True, param=source))
         prompt = encoded.ids
-        too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len)
+        too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len, param=source)
         if too_long is not None:
             return Admission(rejection=too_long)
         if sampling.max_tokens is None:
@@ -258,7 +262,7 @@ class SchedulerActor:
             return Admission(rejection=rejection)
         estimate = self._quotas.estimate(sub.tenant, len(prompt), sampling.n, sampling.max_tokens,
                                          client_limit=sub.sampling.max_tokens)
-        rejection = self._quotas.admit(sub.tenant, estimate)
+        rejection = self._quotas.admit(sub.tenant, estimate, requests=int(sub.counts_request))
         if rejection is not None:
             self.metrics.finished(sub.tenant, "rejected", None)
             return Admission(rejection=rejection)
@@ -271,7 +275,7 @@ class SchedulerActor:
             self._queue(sub.request_id, state)
         except ValueError as error:
             return _reject(400, str(error), param="messages")
-        return Admission(prompt_tokens=len(prompt), tool_family=prepared.family)
+        return Admission(prompt_tokens=len(prompt), tool_family=prepared.family, prompt_text=encoded.text)
 
     def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
         """The request's output, batch by batch, until a batch with `done`."""

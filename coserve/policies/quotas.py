@@ -197,8 +197,11 @@ class TenantQuota:
     def limits(self) -> TenantLimits:
         return self._limits
 
-    def admit_request(self, est_tokens: int, now: float) -> Refusal | None:
+    def admit_request(self, est_tokens: int, now: float, requests: int = 1) -> Refusal | None:
         """Admit one request estimated at `est_tokens` (prompt + max output), or refuse it.
+
+        `requests` is what it takes from `requests_per_minute`: 0 for the second and later prompts of
+        one completions request, which counts once.
 
         Atomic: when either bucket refuses, neither is charged. When both refuse, the refusal that
         cannot succeed (None) wins, else the longer wait (the request needs both).
@@ -207,14 +210,15 @@ class TenantQuota:
             ValueError: `est_tokens` is negative.
         """
         _check_amount("est_tokens", est_tokens)
+        _check_amount("requests", requests)
         refusals = [bucket.check(amount, now)
-                    for bucket, amount in ((self._requests, 1), (self._tokens, est_tokens))
+                    for bucket, amount in ((self._requests, requests), (self._tokens, est_tokens))
                     if bucket is not None]
         refused = [r for r in refusals if r is not None]
         if refused:
             return max(refused, key=lambda r: math.inf if r.retry_after_s is None else r.retry_after_s)
         if self._requests is not None:
-            self._requests.try_take(1, now)
+            self._requests.try_take(requests, now)
         if self._tokens is not None:
             self._tokens.try_take(est_tokens, now)
         return None

@@ -86,3 +86,29 @@ def test_a_prompt_over_the_room_is_not_encoded(llama_dir: Path) -> None:
     text = "word " * 20_000
     encoded = asyncio.run(encoder.encode([{"role": "user", "content": text}], max_prompt_tokens=100))
     assert encoded.ids is None and encoded.min_tokens > 100 and encoded.min_tokens >= encoder.min_tokens(text)
+
+
+def test_raw_prompts_skip_the_template_and_are_checked(llama_dir: Path) -> None:
+    """Text is encoded as is (special tokens added), token ids are taken as they are (decoded for echo),
+    and what the model cannot take is refused naming `prompt`."""
+    import pytest
+
+    from coserve.actors.messages import RawPrompt
+    from coserve.actors.prompt_encoder import PromptRefused
+
+    encoder, tokenizer = _tiny_encoder(llama_dir)
+    vocab = len(tokenizer)
+
+    def run(prompt: RawPrompt, room: int = 1000) -> Any:
+        return asyncio.run(encoder.encode_raw(prompt, room, vocab))
+
+    text = "Hello there, no template"
+    encoded = run(RawPrompt(text=text, echo=True))
+    assert encoded.ids == tokenizer.encode(text, add_special_tokens=True) and encoded.text == text
+    assert run(RawPrompt(text=text)).text is None
+    by_ids = run(RawPrompt(token_ids=encoded.ids, echo=True))
+    assert by_ids.ids == encoded.ids and by_ids.text == tokenizer.decode(encoded.ids)
+    assert run(RawPrompt(text="word " * 500), room=10).ids is None  # certainly too long: not encoded
+    for bad in (RawPrompt(token_ids=[1, vocab]), RawPrompt(text="")):
+        with pytest.raises(PromptRefused, match="Invalid 'prompt'"):
+            run(bad)

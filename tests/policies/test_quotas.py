@@ -94,6 +94,14 @@ def test_admit_request_reports_the_longer_wait_or_never() -> None:
     assert never is not None and never.limit == "tokens_per_minute" and never.retry_after_s is None
 
 
+def test_a_later_prompt_takes_tokens_but_no_request() -> None:
+    quota = TenantQuota(TenantLimits(requests_per_minute=1, tokens_per_minute=100))
+    assert quota.admit_request(30, now=0.0) is None
+    assert quota.admit_request(30, now=0.0, requests=0) is None  # the same completions request
+    assert quota.admit_request(50, now=0.0, requests=0).limit == "tokens_per_minute"
+    assert quota.admit_request(0, now=0.0).limit == "requests_per_minute"
+
+
 def test_refund_returns_unused_tokens() -> None:
     quota = TenantQuota(TenantLimits(tokens_per_minute=100))
     assert quota.admit_request(100, now=0.0) is None

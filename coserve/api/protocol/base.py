@@ -257,6 +257,8 @@ def error_from_validation(exc: ValidationError) -> ProtocolError:
                              code="missing_required_parameter")
     if err["type"] == "string_unicode":
         return invalid_unicode_error(param)
+    if err["type"] == "unsupported":  # `param_support`: the message is whole, the code its own
+        return ProtocolError(str(err["msg"]), param=param, code=str(ctx.get("code") or "invalid_value"))
     if param is not None and _is_type_mismatch(err["type"]):
         typed = _type_error(param, err, errors)
         if typed is not None:

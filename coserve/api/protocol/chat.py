@@ -1,24 +1,24 @@
 """`POST /v1/chat/completions`: the request, the `chat.completion` response and the streamed chunks.
 
-Fields are ordered as in https://platform.openai.com/docs/api-reference/chat/create (messages, model,
-then alphabetical); coserve extensions (sent by the `openai` client through `extra_body=`) sit in a
-marked block. `ChatCompletionRequest.to_sampling_params` is the one place where wire parameters become
-engine parameters.
+Reference: https://platform.openai.com/docs/api-reference/chat/create. The sampling fields (and the
+coserve extensions, sent by the `openai` client through `extra_body=`) are shared with
+`/v1/completions`: `coserve.api.protocol.sampling`. `MAX_N` and `StreamOptions` live there.
 """
 
 from __future__ import annotations
 
-import re
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error, value_error
+from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error
+from coserve.api.protocol.param_support import CHAT_COMPLETIONS, EndpointParams
 from coserve.api.protocol.response_format import ResponseFormat
-from coserve.api.protocol.strict import RequestBody, RequestModel
+from coserve.api.protocol.sampling import MAX_N, MAX_STOP_SEQUENCES, SamplingRequest, StreamOptions  # noqa: F401
+from coserve.api.protocol.strict import RequestModel
 from coserve.api.protocol.tools import (ChatCompletionMessageToolCall, ChoiceDeltaToolCall, ToolChoice,
-                                        check_tool_request, refuse_legacy_functions)
+                                        check_tool_request)
 from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow
 from coserve.policies.request import SamplingParams
 from coserve.tools.spec import ToolSpec
@@ -27,10 +27,7 @@ MessageRole = Literal["system", "user", "assistant", "developer", "tool"]
 # grammar_error (coserve's): the response_format grammar could not go on (a parser limit was hit).
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call", "grammar_error"]
 
-MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
-MAX_N = 128  # OpenAI's bound on `n`; a server may cap it lower (`coserve serve --max-n`)
-_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
 
 class ChatCompletionContentPartText(RequestModel):
@@ -90,74 +87,32 @@ def _without_client_fields(call: Any) -> Any:
     return call
 
 
-class StreamOptions(RequestModel):
-    """Options of a streamed response."""
-
-    include_usage: bool | None = None
-
-
-class ChatCompletionRequest(RequestBody):
+class ChatCompletionRequest(SamplingRequest):
     """The body of `POST /v1/chat/completions`.
 
-    Every sampling control is honoured, per sequence inside the batched sampler:
-    `frequency_penalty` and `presence_penalty` (OpenAI's, -2..2), `logit_bias` (token id as a string ->
-    -100..100; an id outside the model's vocabulary is refused at admission, param `logit_bias`) and
-    the vLLM extensions `repetition_penalty` (> 0, 1 is off) and `min_p` (0..1). Exact definitions:
-    `coserve.platform.logits_processors`. `max_completion_tokens` wins over the deprecated `max_tokens`
-    when both are sent. Types are strict (`coserve.api.protocol.strict`): `"stream": "yes"` is a 400.
+    The sampling fields are `SamplingRequest`'s; what chat adds: `messages`, `logprobs` /
+    `top_logprobs`, `response_format`, `tools` / `tool_choice` / `parallel_tool_calls`, and
+    `max_completion_tokens`, which wins over the deprecated `max_tokens` when both are sent. What
+    coserve refuses (`audio`, `functions`, ...) is listed in
+    `param_support.CHAT_COMPLETIONS`: a 400 naming it. `"stream": "yes"` is a 400 (strict types).
     """
 
+    PARAMS: ClassVar[EndpointParams | None] = CHAT_COMPLETIONS
+
     messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
-    model: str
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
-    logit_bias: dict[str, Annotated[int, Field(ge=-100, le=100)]] | None = None
     logprobs: bool | None = False
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = 1
     parallel_tool_calls: bool | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
     response_format: ResponseFormat | None = None
-    seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
-    stop: Annotated[str, Field(min_length=1)] | Annotated[
-        list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = 1.0
     tool_choice: ToolChoice | None = None
     tools: list[dict[str, Any]] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = 1.0
-    user: str | None = None
-
-    # --- coserve extensions (not in the OpenAI spec; send them with `extra_body=`) ---
-    top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_tokens: Annotated[int, Field(ge=0)] = 0
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    repetition_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None  # vLLM's
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # vLLM's
-    # --- end of coserve extensions ---
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _token_id_keys(cls, bias: dict[str, int] | None) -> dict[str, int] | None:
-        # JSON object keys are strings: OpenAI's keys are token ids written in decimal ("50256").
-        for key in bias or {}:
-            if not _TOKEN_ID.fullmatch(key):
-                raise value_error(f"keys must be token ids (integers written as strings, such as "
-                                  f"\"50256\"), got {key[:40]!r}")
-        return bias
 
     @model_validator(mode="after")
-    def _check_cross_fields(self) -> ChatCompletionRequest:
+    def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise param_error("top_logprobs", "'top_logprobs' requires 'logprobs' to be true")
-        if self.stream_options is not None and not self.stream:
-            raise param_error("stream_options", "'stream_options' is only allowed when 'stream' is true")
-        refuse_legacy_functions(self.model_extra)
         spec = check_tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
         if spec is not None and spec.constrained and self.response_format and self.response_format.type != "text":
             raise param_error("response_format", "'response_format' cannot be combined with a 'tool_choice' "
@@ -183,11 +138,6 @@ class ChatCompletionRequest(RequestBody):
         """The tools the model is given and how it must use them (None without `tools`)."""
         return check_tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
 
-    @property
-    def include_usage(self) -> bool:
-        """Whether a stream ends with a usage chunk (`choices: []`)."""
-        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
-
     def requested_max_tokens(self) -> int | None:
         """The client's output limit, if any: `max_completion_tokens`, else the deprecated `max_tokens`."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -200,34 +150,11 @@ class ChatCompletionRequest(RequestBody):
                 the prompt length. The serving layer checks a client limit against the context itself
                 (400 `context_length_exceeded`); it is not clamped here.
         """
-        top_p = 1.0 if self.top_p is None else self.top_p
-        top_k = -1 if self.top_k is None else self.top_k
-        if top_p == 0.0:
-            # OpenAI allows top_p=0: keep only the most likely token. The engine needs top_p > 0.
-            top_p, top_k = 1.0, 1
         requested = self.requested_max_tokens()
-        return SamplingParams(
-            n=self.n or 1,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=self.seed,
+        return self.sampling_params(
             max_tokens=requested if requested is not None else default_max_tokens,
-            min_tokens=self.min_tokens,
-            stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
-            stop_token_ids=list(self.stop_token_ids or []),
-            ignore_eos=self.ignore_eos,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-            skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output,
-            structured_output=self.response_format.to_structured_output() if self.response_format else None,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            presence_penalty=self.presence_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            min_p=self.min_p or 0.0,
-            logit_bias={int(token): float(bias) for token, bias in self.logit_bias.items()}
-            if self.logit_bias else None,
-        )
+            structured_output=self.response_format.to_structured_output() if self.response_format else None)
 
 
 def _completion_id() -> str:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from coserve.api.protocol.base import OpenAIBaseModel, now, param_error
+from coserve.api.protocol.param_support import FINE_TUNING_JOBS
 from coserve.api.protocol.strict import RequestBody, RequestModel
 
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled",
@@ -89,6 +90,11 @@ class FineTuningJobCreate(RequestBody):
     # --- coserve extensions (not in the OpenAI spec; send them with `extra_body=`) ---
     lora: LoRAParams | None = None
     # --- end of coserve extensions ---
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        return FINE_TUNING_JOBS.validate(data)  # `integrations`
 
     @model_validator(mode="after")
     def _one_hyperparameter_source(self) -> FineTuningJobCreate:

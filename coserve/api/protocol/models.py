@@ -1,6 +1,8 @@
 """`/v1/models`: the model objects (https://platform.openai.com/docs/api-reference/models/object).
 
 Base models are owned by "system"; fine-tuned ones (`ft:...`, `...:ckpt-step-N`) by their tenant.
+`parent` and `root` are vLLM's: for a fine-tuned model or checkpoint both name its base model (vLLM's
+`root` is the adapter's folder, which a client has no use for); for a base model `root` is itself.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ class Model(OpenAIBaseModel):
     owned_by: str
     shutdown_date: str | None = None
 
-    # --- coserve extensions ---
+    # --- extensions, as vLLM's model card ---
     parent: str | None = None  # the base model of a fine-tuned model or checkpoint; None for a base
-    # --- end of coserve extensions ---
+    root: str | None = None  # the base model the weights come from: the model itself for a base
+    # --- end of extensions ---
 
 
 class ModelList(OpenAIBaseModel):

@@ -67,13 +67,6 @@ def check_tool_request(tools: list[dict[str, Any]] | None, tool_choice: ToolChoi
     return ToolSpec(tools, mode, None, parallel is not False)
 
 
-def refuse_legacy_functions(extra: dict[str, Any] | None) -> None:
-    """OpenAI's deprecated `functions` / `function_call` are not implemented: a 400, not ignored."""
-    for name in ("functions", "function_call"):
-        if (extra or {}).get(name) is not None:
-            raise param_error(name, f"'{name}' is deprecated and not supported; use 'tools' and 'tool_choice'")
-
-
 def _check_parameters(parameters: dict[str, Any] | None, param: str) -> None:
     if parameters is None:
         return

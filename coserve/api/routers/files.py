@@ -11,6 +11,7 @@ from pydantic import WithJsonSchema
 from coserve.api.auth import Tenant
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.files import FileDeleted, FileList, FileObject, FilePurpose, UploadPurpose
+from coserve.api.protocol.param_support import FILES
 from coserve.api.serving.files import FilesService
 from coserve.api.serving.storage_errors import tenant_limits
 from coserve.api.state import GatewayState, get_state
@@ -36,10 +37,18 @@ FilePart = Annotated[UploadFile | str, File(),
 # Handlers are plain `def`: the store blocks (SQLite, fsync), so FastAPI runs them in its thread pool.
 
 
+# The official client sends `expires_after={"anchor": ..., "seconds": ...}` as these two form fields.
+ExpiresAfterPart = Annotated[str | None, Form(alias="expires_after[anchor]")]
+ExpiresAfterSeconds = Annotated[str | None, Form(alias="expires_after[seconds]")]
+
+
 @router.post("", response_model=FileObject)
-def create_file(tenant: Tenant, service: Service, file: FilePart,
-                purpose: Annotated[str, Form()]) -> FileObject:
-    """Upload a file (multipart `file` + `purpose`); fine-tuning JSONL is validated before it is stored."""
+def create_file(tenant: Tenant, service: Service, file: FilePart, purpose: Annotated[str, Form()],
+                expires_anchor: ExpiresAfterPart = None, expires_seconds: ExpiresAfterSeconds = None) -> FileObject:
+    """Upload a file (multipart `file` + `purpose`); fine-tuning JSONL is validated before it is stored.
+    What coserve refuses (`expires_after`) is a 400 naming it (`param_support.FILES`)."""
+    if expires_anchor is not None or expires_seconds is not None:
+        FILES.check({"expires_after": {"anchor": expires_anchor, "seconds": expires_seconds}})
     if isinstance(file, str):
         raise ProtocolError("Invalid type for 'file': expected a file (a multipart part with a filename), "
                             "but got a plain form field instead.", param="file", code="invalid_type")

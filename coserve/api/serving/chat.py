@@ -1,33 +1,25 @@
-"""`POST /v1/chat/completions`: model resolution, submission to the scheduler, and the two answers.
+"""`POST /v1/chat/completions`: the submission to the scheduler and the two answers.
 
-Reference: https://platform.openai.com/docs/api-reference/chat. `model` is a served base model or one
-of the tenant's fine-tuned models / checkpoints (the store's models table gives the adapter folder);
-anything else, another tenant's included, is 404 `model_not_found`. The scheduler checks the context
-length and the tenant's quota; its refusals come back as `ProtocolError`s (429 with `retry-after`).
+Reference: https://platform.openai.com/docs/api-reference/chat. Model resolution, quotas and the
+scheduler's refusals are `coserve.api.serving.generation`'s, shared with `/v1/completions`.
 A failure after a stream has started is sent as an error event, then the stream closes.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from coserve.actors.messages import (AdapterSpec, ChatSubmission, LogprobEntry, OutputDelta, Rejection,
-                                     StreamBatch)
-from coserve.api.protocol.base import ErrorBody, ErrorResponse, ProtocolError, UsageInfo
+from coserve.actors.messages import ChatSubmission, LogprobEntry, OutputDelta, StreamBatch
+from coserve.api.protocol.base import ProtocolError, UsageInfo
 from coserve.api.protocol.chat import (ChatCompletion, ChatCompletionChoice, ChatCompletionChunk,
                                        ChatCompletionChunkChoice, ChatCompletionMessage, ChatCompletionRequest,
                                        ChatCompletionTokenLogprob, ChoiceDelta, ChoiceLogprobs, TopLogprob)
-from coserve.api.serving.models import model_not_found
+from coserve.api.serving.generation import DONE_EVENT, Generation, batch_usage, error_event, finish_reason
 from coserve.api.serving.tool_output import ToolStream, finish_with_calls, tool_message
 from coserve.api.state import GatewayState
 from coserve.tools.family import ToolFamily
-
-DONE_EVENT = "data: [DONE]\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +38,7 @@ class ChatService:
     """
 
     def __init__(self, state: GatewayState) -> None:
-        if state.scheduler is None:
-            raise ProtocolError("This server does not serve chat completions.", status=503,
-                                type="server_error")
-        self.state = state
-        self.scheduler = state.scheduler
+        self.generation = Generation(state)
 
     async def submit(self, tenant: str, request: ChatCompletionRequest) -> SubmittedChat:
         """Resolve the model, build the submission and queue it.
@@ -59,26 +47,18 @@ class ChatService:
             ProtocolError: unknown model (404), bad parameters or `n` over the server's cap (400),
                 context too long (400 `context_length_exceeded`), quota (429 with `retry-after`).
         """
-        n = request.n or 1
-        if n > self.state.max_n:
-            raise ProtocolError(f"Invalid 'n': this server generates at most {self.state.max_n} completions "
-                                f"per request, got {n}.", param="n", code="invalid_value")
-        adapter = self._resolve_model(tenant, request.model)
-        try:
-            sampling = request.to_sampling_params(default_max_tokens=None)
-        except ValueError as error:
-            raise ProtocolError(str(error), code="invalid_value") from None
+        self.generation.check_n(request.n or 1)
+        adapter = self.generation.resolve_model(tenant, request.model)
+        sampling = self.generation.sampling(lambda: request.to_sampling_params(default_max_tokens=None))
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         messages = [_message_dict(m) for m in request.messages]
-        admission = await self.scheduler.submit(ChatSubmission(request_id=completion_id, tenant=tenant,
-                                                               messages=messages, sampling=sampling,
-                                                               adapter=adapter, tools=request.tool_spec()))
-        if admission.rejection is not None:
-            raise _to_error(admission.rejection)
+        admission = await self.generation.submit(ChatSubmission(
+            request_id=completion_id, tenant=tenant, messages=messages, sampling=sampling, adapter=adapter,
+            tools=request.tool_spec()))
         return SubmittedChat(completion_id, admission.tool_family)
 
     async def abort(self, completion_id: str) -> None:
-        await self.scheduler.abort(completion_id)
+        await self.generation.abort(completion_id)
 
     async def complete(self, submitted: SubmittedChat, request: ChatCompletionRequest) -> ChatCompletion:
         """Wait for every choice and build the `chat.completion` (tool calls read out of each reply
@@ -93,7 +73,7 @@ class ChatService:
         finish: list[str | None] = [None] * n
         last = StreamBatch()
         completion_id = submitted.id
-        async for batch in self.scheduler.stream(completion_id):
+        async for batch in self.generation.scheduler.stream(completion_id):
             last = batch
             for delta in batch.deltas:
                 texts[delta.index] += delta.text
@@ -106,11 +86,11 @@ class ChatService:
         messages = [ChatCompletionMessage(content=text) if family is None else tool_message(text, family)
                     for text in texts]
         choices = [ChatCompletionChoice(index=i, message=messages[i],
-                                        finish_reason=finish_with_calls(_finish(finish[i]),
+                                        finish_reason=finish_with_calls(finish_reason(finish[i]),
                                                                         bool(messages[i].tool_calls)),
                                         logprobs=_choice_logprobs(logprobs[i]))
                    for i in range(n)]
-        return ChatCompletion(id=completion_id, model=request.model, choices=choices, usage=_usage(last))
+        return ChatCompletion(id=completion_id, model=request.model, choices=choices, usage=batch_usage(last))
 
     async def stream_events(self, submitted: SubmittedChat, request: ChatCompletionRequest) -> AsyncIterator[str]:
         """The SSE events of a streamed completion, `data: [DONE]` last (an error event instead on failure)."""
@@ -120,10 +100,10 @@ class ChatService:
         first = ChoiceDelta(role="assistant", content="" if tools is None else None)  # as OpenAI's streams
         for index in range(request.n or 1):
             yield _event(chunk, [ChatCompletionChunkChoice(index=index, delta=first)])
-        async for batch in self.scheduler.stream(completion_id):
+        async for batch in self.generation.scheduler.stream(completion_id):
             for delta in batch.deltas:
                 if tools is not None:
-                    finish = None if delta.finish_reason is None else _finish(delta.finish_reason)
+                    finish = None if delta.finish_reason is None else finish_reason(delta.finish_reason)
                     logprobs = _choice_logprobs(delta.logprobs) if delta.logprobs else None
                     for choice in tools.choices(delta, logprobs, finish):
                         yield _event(chunk, [choice])
@@ -132,35 +112,14 @@ class ChatService:
                 if choice is not None:
                     yield _event(chunk, [choice])
             if batch.error is not None:
-                yield _error_event(batch.error)
+                yield error_event(batch.error)
                 return
             if batch.done:
                 if request.include_usage:
-                    yield _event(chunk, [], usage=_usage(batch))
+                    yield _event(chunk, [], usage=batch_usage(batch))
                 yield DONE_EVENT
                 return
-        yield _error_event("The stream ended early.")
-
-    def _resolve_model(self, tenant: str, model_id: str) -> AdapterSpec | None:
-        record = self.state.store.models.get(tenant, model_id)
-        if record is None:
-            raise model_not_found(model_id)
-        if record.tenant is None:
-            if model_id not in self.state.base_models:
-                raise model_not_found(model_id)  # registered by an earlier run, not served now
-            return None
-        if record.base_model not in self.state.base_models or not record.adapter_path:
-            raise model_not_found(model_id)
-        return AdapterSpec(name=model_id, path=str(self._adapter_dir(record.adapter_path)))
-
-    def _adapter_dir(self, stored: str) -> Path:
-        data_dir = self.state.store.data_dir.resolve()
-        path = Path(stored)
-        path = (path if path.is_absolute() else data_dir / path).resolve()
-        if not path.is_relative_to(data_dir) and not Path(stored).is_absolute():
-            raise ProtocolError("The model's adapter is outside the data directory.", status=500,
-                                type="server_error")
-        return path
+        yield error_event("The stream ended early.")
 
 
 def _message_dict(message: object) -> dict:
@@ -168,25 +127,6 @@ def _message_dict(message: object) -> dict:
     data = message.model_dump(exclude_none=True)
     data["content"] = message.text()
     return data
-
-
-def _to_error(rejection: Rejection) -> ProtocolError:
-    headers = None
-    if rejection.retry_after_s is not None:
-        headers = {"retry-after": str(max(1, math.ceil(rejection.retry_after_s))),
-                   "retry-after-ms": str(max(1, math.ceil(rejection.retry_after_s * 1000)))}
-    return ProtocolError(rejection.message, status=rejection.status, type=rejection.type,
-                         param=rejection.param, code=rejection.code, headers=headers)
-
-
-def _finish(reason: str | None) -> str:
-    # Only an aborted request has none of these; nobody reads it (its client is gone).
-    return reason if reason in ("stop", "length", "grammar_error") else "stop"
-
-
-def _usage(batch: StreamBatch) -> UsageInfo:
-    return UsageInfo(prompt_tokens=batch.prompt_tokens, completion_tokens=batch.completion_tokens,
-                     total_tokens=batch.prompt_tokens + batch.completion_tokens)
 
 
 def _token_logprob(entry: LogprobEntry) -> ChatCompletionTokenLogprob:
@@ -207,15 +147,10 @@ def _chunk_choice(delta: OutputDelta) -> ChatCompletionChunkChoice | None:
     return ChatCompletionChunkChoice(
         index=delta.index, delta=ChoiceDelta(content=delta.text or None),
         logprobs=_choice_logprobs(delta.logprobs) if delta.logprobs else None,
-        finish_reason=None if delta.finish_reason is None else _finish(delta.finish_reason))
+        finish_reason=None if delta.finish_reason is None else finish_reason(delta.finish_reason))
 
 
 def _event(template: ChatCompletionChunk, choices: list[ChatCompletionChunkChoice],
            usage: UsageInfo | None = None) -> str:
     chunk = template.model_copy(update={"choices": choices, "usage": usage})
     return f"data: {chunk.model_dump_json()}\n\n"
-
-
-def _error_event(message: str) -> str:
-    body = ErrorResponse(error=ErrorBody(message=message, type="server_error", code="generation_failed"))
-    return f"data: {json.dumps(body.model_dump(mode='json'))}\n\n"

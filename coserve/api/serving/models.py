@@ -21,9 +21,10 @@ BASE_MODEL_OWNER = "system"
 
 
 def to_model(record: ModelRecord) -> Model:
-    """The OpenAI `Model` of a stored model: base models are owned by "system", fine-tuned by their tenant."""
+    """The OpenAI `Model` of a stored model: base models are owned by "system", fine-tuned by their tenant;
+    `parent` / `root` as vLLM's (see `coserve.api.protocol.models`)."""
     return Model(id=record.id, created=record.created_at, owned_by=record.tenant or BASE_MODEL_OWNER,
-                 parent=record.base_model)
+                 parent=record.base_model, root=record.base_model or record.id)
 
 
 def model_not_found(model_id: str) -> ProtocolError:

@@ -1,0 +1,209 @@
+"""Which OpenAI request parameters coserve supports, supports with differences, or refuses.
+
+One table per endpoint, keyed by the parameter's name in the official client's request types
+(`openai.types.chat.completion_create_params.CompletionCreateParamsBase`, ...). The same tables
+1. refuse, in the gateway, a parameter coserve cannot honour when it is sent with a value other than
+   the ones that mean "not used" (`Param.accepts`): a 400 naming it, never a silent drop;
+2. are the README's feature table (`markdown()`; a test checks the README holds exactly that text);
+3. are checked by a test against the official client's request types: every field is listed.
+So the behaviour, the README and the list cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic_core import PydanticCustomError
+
+from coserve.api.protocol.base import ProtocolError
+
+
+class Support(enum.Enum):
+    """How coserve treats a parameter."""
+
+    SUPPORTED = "supported"
+    DIFFERS = "supported, with differences"
+    REFUSED = "refused"
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+@dataclass(frozen=True)
+class Param:
+    """One request parameter.
+
+    Args:
+        support: how coserve treats it.
+        note: what differs, or why it is refused (the README's wording).
+        accepts: for a refused or partly supported parameter, which values are taken (the ones that mean
+            "not used"); any other value is a 400 naming the parameter. None: every value the request
+            model validates is taken.
+    """
+
+    support: Support
+    note: str = ""
+    accepts: Callable[[Any], bool] | None = None
+
+
+def supported(note: str = "") -> Param:
+    return Param(Support.SUPPORTED, note)
+
+
+def differs(note: str, accepts: Callable[[Any], bool] | None = None) -> Param:
+    return Param(Support.DIFFERS, note, accepts)
+
+
+def refused(note: str, accepts: Callable[[Any], bool] = _unset) -> Param:
+    return Param(Support.REFUSED, note, accepts)
+
+
+@dataclass(frozen=True)
+class EndpointParams:
+    """The parameters of one endpoint's request body."""
+
+    title: str  # the README table's heading: the endpoint and the client call
+    params: Mapping[str, Param]
+
+    def problem(self, body: Any) -> ProtocolError | None:
+        """The 400 for the first parameter in `body` whose value coserve does not take; None if none.
+
+        It is `unsupported_parameter` for a refused parameter, `unsupported_value` for a value a partly
+        supported one does not take; `param` names it.
+        """
+        if not isinstance(body, Mapping):
+            return None
+        for name, param in self.params.items():
+            if param.accepts is None or name not in body or param.accepts(body[name]):
+                continue
+            note = param.note.replace("`", "")  # README markdown, not for an error message
+            if param.support is Support.REFUSED:
+                return ProtocolError(f"Unsupported parameter: '{name}' is not supported by this server: "
+                                     f"{note}.", param=name, code="unsupported_parameter")
+            return ProtocolError(f"Unsupported value for '{name}': {note}.", param=name,
+                                 code="unsupported_value")
+        return None
+
+    def check(self, body: Any) -> None:
+        """Raise `problem(body)` if there is one (the multipart endpoints, outside pydantic)."""
+        error = self.problem(body)
+        if error is not None:
+            raise error
+
+    def validate(self, body: Any) -> Any:
+        """`check` for a request model's `mode="before"` validator: the same 400, as a validation error
+        (`error_from_validation` keeps its param and code). Returns `body`."""
+        error = self.problem(body)
+        if error is not None:
+            raise PydanticCustomError("unsupported", error.message.replace("{", "(").replace("}", ")"),
+                                      {"param": error.param, "code": error.code})
+        return body
+
+    def markdown(self) -> str:
+        """The README table: one row per parameter, in the order listed."""
+        rows = [f"**{self.title}**", "", "| Parameter | Support | Notes |", "| --- | --- | --- |"]
+        rows += [f"| `{name}` | {param.support.value} | {param.note} |" for name, param in self.params.items()]
+        return "\n".join(rows)
+
+
+def _is(*values: Any) -> Callable[[Any], bool]:
+    return lambda value: value in values
+
+
+_LEGACY_FUNCTIONS = "deprecated by OpenAI: use `tools` and `tool_choice`"
+_IGNORED = "accepted and not used"
+
+CHAT_COMPLETIONS = EndpointParams("`POST /v1/chat/completions` (`client.chat.completions.create`)", {
+    "messages": differs("text only: `content` as a string or `text` parts (joined by newlines); image, audio "
+                        "and file parts are a 400"),
+    "model": supported("the base model or one of the tenant's fine-tuned models / checkpoints"),
+    "audio": refused("audio output is not supported"),
+    "frequency_penalty": supported(),
+    "function_call": refused(_LEGACY_FUNCTIONS),
+    "functions": refused(_LEGACY_FUNCTIONS),
+    "logit_bias": supported("keys are token ids of the model's tokenizer"),
+    "logprobs": supported(),
+    "max_completion_tokens": supported(),
+    "max_tokens": supported("deprecated alias of `max_completion_tokens`"),
+    "metadata": differs(f"{_IGNORED}: nothing is stored (OpenAI keeps it only with `store`)"),
+    "modalities": differs("`[\"text\"]` only", _is(None, ["text"])),
+    "moderation": refused("no moderation is run"),
+    "n": differs("up to `--max-n` (default 16)"),
+    "parallel_tool_calls": differs("enforced when `tool_choice` forces calls (`required`, a named function); "
+                                   "under `auto` the model's calls are returned as it wrote them"),
+    "prediction": refused("predicted outputs are not supported"),
+    "presence_penalty": supported(),
+    "prompt_cache_key": differs(f"{_IGNORED}: prefix caching is automatic"),
+    "prompt_cache_options": differs(f"{_IGNORED}: prefix caching is automatic"),
+    "prompt_cache_retention": differs(f"{_IGNORED}: prefix caching is automatic"),
+    "reasoning_effort": refused("no reasoning model is served"),
+    "response_format": supported("`text`, `json_object`, `json_schema` (see Structured output)"),
+    "safety_identifier": differs(_IGNORED),
+    "seed": supported("the same seed gives the same tokens whatever else is batched"),
+    "service_tier": differs("one tier: `auto` or `default`", _is(None, "auto", "default")),
+    "stop": supported("up to 4 strings"),
+    "store": refused("completions are not stored (false is accepted)", _is(None, False)),
+    "stream": supported(),
+    "stream_options": differs("`include_usage`; `include_obfuscation` is accepted and not used"),
+    "temperature": supported(),
+    "tool_choice": differs("`none`, `auto`, `required`, a named function; `required` and a named function "
+                           "are enforced by a grammar (see Tools)"),
+    "tools": differs("functions; the model's chat template must render tools, and calls are read in the "
+                     "hermes format (Qwen2.5, Qwen3, Hermes templates; see Tools); otherwise a 400"),
+    "top_logprobs": supported(),
+    "top_p": supported(),
+    "user": differs(_IGNORED),
+    "verbosity": refused("no model served takes a verbosity"),
+    "web_search_options": refused("web search is not supported"),
+})
+
+COMPLETIONS = EndpointParams("`POST /v1/completions` (`client.completions.create`)", {
+    "model": supported("the base model or one of the tenant's fine-tuned models / checkpoints"),
+    "prompt": supported("a string, a list of strings, a list of token ids or a list of lists of token ids; "
+                        "no chat template; choice `index` = prompt index x `n` + i"),
+    "best_of": differs("only equal to `n` (no server-side ranking)"),
+    "echo": differs("not with `logprobs` (the engine computes no prompt logprobs): a 400"),
+    "frequency_penalty": supported(),
+    "logit_bias": supported("keys are token ids of the model's tokenizer"),
+    "logprobs": supported("0..5: `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`"),
+    "max_tokens": supported("default 16, as OpenAI"),
+    "n": differs("`n` x the number of prompts up to `--max-n` (default 16)"),
+    "presence_penalty": supported(),
+    "seed": supported(),
+    "stop": supported("up to 4 strings"),
+    "stream": supported(),
+    "stream_options": differs("`include_usage`; `include_obfuscation` is accepted and not used"),
+    "suffix": refused("insertion (text after the completion) is not supported"),
+    "temperature": supported(),
+    "top_p": supported(),
+    "user": differs(_IGNORED),
+})
+
+FILES = EndpointParams("`POST /v1/files` (`client.files.create`)", {
+    "file": supported("fine-tuning JSONL is checked at upload (see Training files)"),
+    "purpose": differs("`fine-tune` only"),
+    "expires_after": refused("files are kept until deleted"),
+})
+
+FINE_TUNING_JOBS = EndpointParams("`POST /v1/fine_tuning/jobs` (`client.fine_tuning.jobs.create`)", {
+    "model": supported("the base model or one of the tenant's fine-tuned models"),
+    "training_file": supported(),
+    "hyperparameters": supported("`n_epochs`, `batch_size`, `learning_rate_multiplier`, or `auto`"),
+    "integrations": refused("no integrations (such as Weights & Biases)"),
+    "metadata": supported(),
+    "method": differs("`supervised` only (another `type` is a 400 naming `method.type`)"),
+    "seed": supported(),
+    "suffix": differs("`[A-Za-z0-9_-]`, 1..64 characters (it is part of the model id)"),
+    "validation_file": supported(),
+})
+
+ENDPOINTS: tuple[EndpointParams, ...] = (CHAT_COMPLETIONS, COMPLETIONS, FILES, FINE_TUNING_JOBS)
+
+
+def markdown() -> str:
+    """Every endpoint's table, as the README holds it."""
+    return "\n\n".join(endpoint.markdown() for endpoint in ENDPOINTS)
