@@ -9,7 +9,6 @@ from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
-from coserve.policies.hybrid import HybridTokenPolicy
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
@@ -20,6 +19,7 @@ from coserve.policies.plan import (
     StepTimings,
 )
 from coserve.policies.request import Request, SamplingParams
+from coserve.policies.share_registry import ShareKind, make_share
 from coserve.policies.training_plan import (
     SavedAdapter,
     StepReport,
@@ -43,7 +43,7 @@ class FakeClock:
         return self.now
 
 
-def make_policy(cls: type[CoServingPolicy] = HybridTokenPolicy, *, num_blocks: int = 64,
+def make_policy(kind: ShareKind = ShareKind.HYBRID, *, num_blocks: int = 64,
                 num_slots: int = 4, coefficients: dict[str, float] | None = None,
                 clock: FakeClock | None = None, scheduler: dict[str, Any] | None = None,
                 **co: Any) -> CoServingPolicy:
@@ -54,7 +54,8 @@ def make_policy(cls: type[CoServingPolicy] = HybridTokenPolicy, *, num_blocks: i
     co.setdefault("safety_margin", 0.0)
     config = CoServingConfig(scheduler=SchedulerConfig(**sched), **co)
     latency = LatencyModel(FP, COEFFICIENTS if coefficients is None else coefficients)
-    return cls(config, kv, AdapterSlots(num_slots), latency, clock=clock or FakeClock())
+    return CoServingPolicy(config, kv, AdapterSlots(num_slots), latency, share=make_share(kind, config),
+                           clock=clock or FakeClock())
 
 
 def make_request(request_id: str, tenant: str = "default", prompt_len: int = 6, max_tokens: int = 4,

@@ -11,7 +11,7 @@ from coserve.policies.kv_blocks import KVBlockManager
 
 
 class JobHost(Protocol):
-    """What the scheduling policy offers for jobs (`HybridTokenPolicy` and the baselines)."""
+    """What the scheduling policy offers for jobs (`CoServingPolicy`, whatever its share)."""
 
     @property
     def kv(self) -> KVBlockManager: ...

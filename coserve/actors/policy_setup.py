@@ -2,7 +2,7 @@
 
 `PolicyFactory(config, layout) -> policy`. Factories are plain picklable callables: in Ray mode the
 scheduler receives them in its own process. `CoServingPolicyFactory` (the default of `coserve serve`)
-builds the hybrid token policy with the latency model of a profile file (`coserve profile --json`),
+builds the co-serving policy with the hybrid share and the latency model of a profile file (`coserve profile --json`),
 refused when it was fitted for another model, machine or dtype, or an unfitted one that learns the
 iteration costs online from every measured iteration.
 """
@@ -17,7 +17,8 @@ from typing import Protocol
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.fcfs import FCFSPolicy
-from coserve.policies.hybrid import HybridTokenPolicy
+from coserve.policies.coserving import CoServingPolicy
+from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
@@ -65,7 +66,7 @@ def fcfs_policy(config: SchedulerConfig, layout: EngineLayout) -> InferencePolic
 
 @dataclass(frozen=True, slots=True)
 class CoServingPolicyFactory:
-    """Builds `HybridTokenPolicy` (inference first, fine-tuning up to the TPOT SLO, VTC fairness).
+    """Builds a `CoServingPolicy` with the `HybridShare` (inference first, fine-tuning up to the TPOT SLO, VTC fairness).
 
     Args:
         fingerprint: the served model, this machine and the dtype (a profile must match it).
@@ -107,4 +108,5 @@ class CoServingPolicyFactory:
                              max_stall_ms=self.max_stall_ms, finetune_floor_every=self.finetune_floor_every,
                              **slos)
         kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
-        return HybridTokenPolicy(co, kv, AdapterSlots(layout.num_adapter_slots), self.latency_model())
+        return CoServingPolicy(co, kv, AdapterSlots(layout.num_adapter_slots), self.latency_model(),
+                               share=HybridShare())

@@ -2,17 +2,19 @@
 
 Names (the `policy` field of the benchmark's JSON):
 
-* ``coserve``: `HybridTokenPolicy`, token-level co-serving (ours), with the setup's `max_stall_ms`
+* ``coserve``: the hybrid share (`HybridShare`), token-level co-serving (ours), with the setup's `max_stall_ms`
   (fine-tuning bursts that spend the requests' TPOT slack).
 * ``coserve-strict``: the same policy with every iteration within the TPOT SLO (no bursts; FlexLLM's
   rule).
-* ``temporal-n{n}``: `TemporalSharingPolicy`, n inference iterations per fine-tuning iteration.
-* ``dynamic-temporal``: `DynamicTemporalSharingPolicy` (FlexLLM Appendix A).
-* ``static-split-{f}``: `StaticSplitPolicy`, a fraction f of every iteration and of the KV cache for
+* ``temporal-n{n}``: temporal sharing (`temporal_share`), n inference iterations per fine-tuning
+  iteration.
+* ``dynamic-temporal``: dynamic temporal sharing (`dynamic_temporal_share`, FlexLLM Appendix A).
+* ``static-split-{f}``: a static split (`StaticSplitShare`), a fraction f of every iteration and of the KV cache for
   fine-tuning.
 
 Every policy gets the same scheduler limits, SLOs and a private copy of the fitted latency model (each
-refines its own copy online).
+refines its own copy online). Every one is a `CoServingPolicy` with a share strategy of
+`share_registry`.
 """
 
 from __future__ import annotations
@@ -25,13 +27,11 @@ from coserve.bench.replay import PolicyFactory
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.dynamic_temporal import DynamicTemporalSharingPolicy
-from coserve.policies.hybrid import HybridTokenPolicy
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel
-from coserve.policies.static_split import StaticSplitPolicy, split_kv
-from coserve.policies.temporal import TemporalSharingPolicy
+from coserve.policies.share_registry import ShareKind, ShareOptions, make_share
+from coserve.policies.static_split import split_kv
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,25 +67,34 @@ def make_factory(name: str, setup: PolicySetup) -> PolicyFactory:
     if name in ("coserve", "coserve-strict"):
         hybrid = setup.config(setup.max_stall_ms) if name == "coserve" else \
             setup.config(safety_margin=setup.strict_safety_margin)
-        return (lambda n, bs, ad, clock: HybridTokenPolicy(
-            hybrid, _kv(n, bs), ad, setup.latency_copy(), clock=clock))
+        return _shared_kv_factory(setup, hybrid, ShareKind.HYBRID, ShareOptions())
     if name == "dynamic-temporal":
-        return (lambda n, bs, ad, clock: DynamicTemporalSharingPolicy(
-            config, _kv(n, bs), ad, setup.latency_copy(), clock=clock))
+        return _shared_kv_factory(setup, config, ShareKind.DYNAMIC_TEMPORAL, ShareOptions())
     if name.startswith("temporal-n"):
-        interval = _parse(name, "temporal-n", int)
-        return (lambda n, bs, ad, clock: TemporalSharingPolicy(
-            config, _kv(n, bs), ad, setup.latency_copy(), inference_iterations=interval, clock=clock))
+        options = ShareOptions(inference_iterations=int(_parse(name, "temporal-n", int)))
+        return _shared_kv_factory(setup, config, ShareKind.TEMPORAL, options)
     if name.startswith("static-split-"):
-        fraction = _parse(name, "static-split-", float)
+        fraction = float(_parse(name, "static-split-", float))
+        options = ShareOptions(finetune_fraction=fraction)
 
         def static(n: int, bs: int, ad: AdapterSlots, clock: Callable[[], float]) -> CoServingPolicy:
             inference, finetune = split_kv(n, bs, fraction)
-            return StaticSplitPolicy(config, inference, finetune, ad, setup.latency_copy(),
-                                     finetune_fraction=fraction, clock=clock)
+            return CoServingPolicy(config, inference, ad, setup.latency_copy(),
+                                   share=make_share(ShareKind.STATIC_SPLIT, config, options),
+                                   finetune_kv=finetune, clock=clock)
         return static
     raise ValueError(f"unknown policy {name!r}: use coserve, coserve-strict, temporal-n<N>, "
                      "dynamic-temporal or static-split-<fraction>")
+
+
+def _shared_kv_factory(setup: PolicySetup, config: CoServingConfig, kind: ShareKind,
+                       options: ShareOptions) -> PolicyFactory:
+    """A factory of policies with a share of `kind` whose jobs and requests share one KV cache."""
+
+    def build(n: int, bs: int, ad: AdapterSlots, clock: Callable[[], float]) -> CoServingPolicy:
+        return CoServingPolicy(config, _kv(n, bs), ad, setup.latency_copy(),
+                               share=make_share(kind, config, options), clock=clock)
+    return build
 
 
 def _parse(name: str, prefix: str, kind: type) -> int | float:

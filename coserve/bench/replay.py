@@ -273,8 +273,7 @@ PolicyFactory = Callable[[int, int, AdapterSlots, Callable[[], float]], CoServin
 
 def job_kv(policy: CoServingPolicy) -> KVBlockManager:
     """The KV blocks a fine-tuning job allocates from: the policy's own, or its fine-tuning range."""
-    finetune_kv = getattr(policy, "finetune_kv", None)  # StaticSplitPolicy keeps jobs apart
-    return finetune_kv if isinstance(finetune_kv, KVBlockManager) else policy.kv
+    return policy.finetune_kv
 
 
 def replay(engine: Engine, make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,

@@ -1,7 +1,8 @@
 """What every co-serving policy shares (`CoServingPolicy`): VTC admission across tenants, fine-tuning
 jobs and their liveness floor, the TTFT guard, KV reclaim from fine-tuning, output charges and the online
-latency model. How much fine-tuning work an iteration gets is each policy's own (`hybrid`, `temporal`,
-`dynamic_temporal`, `static_split`).
+latency model. How much fine-tuning work an iteration gets is its `FinetuneShare` strategy's
+(`finetune_share`: `hybrid`, `temporal`, `dynamic_temporal`, `static_split`, none), built by name in
+`share_registry`.
 
 TTFT guard: a request that has waited `ttft_guard_fraction * ttft_slo_ms` is admitted before every
 other waiting request whatever the counters, and while one is waiting no fine-tuning work is added, so
@@ -19,18 +20,18 @@ refines the latency model online (`LatencyModel.observe`, through its `SampleGua
 
 from __future__ import annotations
 
-import abc
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.fanouts import FanOuts
 from coserve.policies.fcfs import Budget, FCFSPolicy
 from coserve.policies.finetune_job import JobEvent
+from coserve.policies.finetune_share import FinetuneShare
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.job_roster import Allowance, JobRoster, TrainingJob
+from coserve.policies.job_roster import JobRoster, TrainingJob
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
 from coserve.policies.liveness import FinetuneFloor
@@ -48,23 +49,32 @@ OVERRUN_SMOOTHING = 0.1
 MIN_OVERRUN, MAX_OVERRUN = 0.5, 3.0
 
 
-class CoServingPolicy(FCFSPolicy, abc.ABC):
-    """What every co-serving policy shares: VTC admission, fine-tuning jobs, KV reclaim, accounting,
-    the liveness floor (`liveness.FinetuneFloor`).
-
-    Subclasses decide how much fine-tuning work an iteration gets (`plan`). Not used directly.
+class CoServingPolicy(FCFSPolicy):
+    """Co-serving: VTC admission, fine-tuning jobs, KV reclaim, accounting, the liveness floor
+    (`liveness.FinetuneFloor`); how much fine-tuning work an iteration gets is `share`'s.
 
     Args:
         config: budgets, SLOs and fairness weights.
-        kv: the engine's KV block manager (shared by inference requests and training sequences).
+        kv: the engine's KV block manager (shared by inference requests and training sequences, unless
+            `finetune_kv` is given).
         adapters: the engine's adapter bank slots.
         latency: the iteration latency model (refined online from measured iterations).
+        share: the fine-tuning share strategy (`share_registry.make_share` builds one by name).
+        finetune_kv: a KV range of fine-tuning's own (a static split, `split_kv`); None: `kv`.
         clock: seconds on the scale of `Request.arrival_time` (for the TTFT guard).
+
+    Raises:
+        ValueError: `finetune_kv`'s block size differs from `kv`'s, or `kv` disagrees with `config`.
     """
 
     def __init__(self, config: CoServingConfig, kv: KVBlockManager, adapters: AdapterSlots,
-                 latency: LatencyModel, *, clock: Callable[[], float] = time.monotonic) -> None:
+                 latency: LatencyModel, *, share: FinetuneShare, finetune_kv: KVBlockManager | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if finetune_kv is not None and finetune_kv.block_size != kv.block_size:
+            raise ValueError(f"KV block sizes differ: {kv.block_size} and {finetune_kv.block_size}")
         self._co = config
+        self._share = share
+        self._finetune_kv = kv if finetune_kv is None else finetune_kv
         self._latency = latency
         self._clock = clock
         self._vtc = VirtualTokenCounter(config.vtc, config.tenant_weights)
@@ -136,6 +146,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._ensure_tenant(request.tenant)
         super().add_request(request)
         self._fanouts.added(request)
+        self._share.on_request_added(request)
 
     def add_job(self, job: TrainingJob) -> None:
         """Schedule a fine-tuning job's work from the next plan on. Raises ValueError on a duplicate."""
@@ -179,31 +190,33 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
     # ----------------------------------------------------------------------------------- plan
 
     def plan(self) -> IterationPlan:
-        """Decide the next iteration: inference, then the subclass's fine-tuning share."""
+        """Decide the next iteration: inference, then the share strategy's fine-tuning work."""
         self._now = self._clock()
         waiting = self._waiting
         assert isinstance(waiting, TenantQueues)
-        # Oldest last: _overdue_waiting pops admitted (or aborted) ones off the end.
+        # Oldest last: overdue_waiting pops admitted (or aborted) ones off the end.
         self._overdue = self._fanouts.guarded(waiting.arrived_by(self._now - self._co.ttft_guard_s))[::-1]
         plan = self._new_plan()
         self._roster.apply_control(plan)
-        runnable = self._floor_enabled and self._has_runnable_job()
-        floor_due = self._floor_enabled and self._floor.due(plan.step_id, self._roster)
-        if self._begin_iteration():
+        share = self._share
+        floor_on = share.floor_applies
+        runnable = floor_on and self.has_runnable_job()
+        floor_due = floor_on and self._floor.due(plan.step_id, self._roster)
+        if share.begin_iteration(self):
             reserved = self._floor.reserved_tokens(floor_due)
-            self._schedule_inference(plan, Budget(tokens=max(0, self._inference_token_budget() - reserved)))
+            self._schedule_inference(plan, Budget(tokens=max(0, share.inference_token_budget(self) - reserved)))
         base = plan_features(plan, self._slots, distinct_adapters=self._scheduled_adapters(plan))
         if floor_due:  # first, so that the policy's own share cannot take the room it needs
             inference_tokens = int(base.prefill_tokens + base.decode_tokens)
             floor = self._floor.allowance(inference_tokens, self._co.scheduler.max_batch_tokens)
             self._roster.fill_longest_waiting(plan, floor)
-        allowance = self._finetune_allowance(base)
+        allowance = share.allowance(self, base)
         if allowance is not None:
             self._roster.fill(plan, allowance)
         elif runnable:
-            self._floor.hold(f"held back: the {type(self).__name__} gave this iteration to inference",
+            self._floor.hold(f"held back: the {share.label} gave this iteration to inference",
                              unless_said=True)
-        self._floor.after_plan(plan, self._floor_enabled and self._has_runnable_job())
+        self._floor.after_plan(plan, floor_on and self.has_runnable_job())
         training = plan.training
         features = base.with_finetune(training.forward_tokens, training.backward_token_layers,
                                       len(training.forward_windows) + len(training.backward_tasklets))
@@ -219,24 +232,39 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         users = self._slot_users
         return len(users) - (-1 in users)
 
-    _floor_enabled = True  # whether the liveness floor applies (turn-taking baselines have turns)
-
-    def _begin_iteration(self) -> bool:
-        """Start planning an iteration; returns whether it schedules inference (temporal sharing
-        gives some iterations to fine-tuning alone)."""
-        return True
-
-    def _inference_token_budget(self) -> int:
-        """Tokens inference may compute in one iteration (the static split keeps a share back)."""
-        return self._co.scheduler.max_batch_tokens
-
     @property
     def finetune_kv(self) -> KVBlockManager:
         """The block manager fine-tuning jobs allocate from (build `FinetuneJob`s with it)."""
-        return self._kv
+        return self._finetune_kv
 
-    def _has_runnable_job(self) -> bool:
+    @property
+    def share(self) -> FinetuneShare:
+        """The fine-tuning share strategy this policy plans with."""
+        return self._share
+
+    # ------------------------------------------------------- what share strategies read (ShareContext)
+
+    def has_runnable_job(self) -> bool:
         return any(job.runnable for job in self._roster)
+
+    @property
+    def running(self) -> Sequence[Request]:
+        return self._running
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def overrun(self) -> float:
+        return self._overrun
+
+    @property
+    def floor(self) -> FinetuneFloor:
+        return self._floor
+
+    def clock(self) -> float:
+        return self._clock()
 
     @property
     def finetune_held_back(self) -> str | None:
@@ -244,11 +272,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         job is runnable); the scheduler's watchdog reports it on jobs that stopped moving."""
         return self._floor.held_back
 
-    @abc.abstractmethod
-    def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
-        """How much fine-tuning work each job may add to a plan whose inference has `base`; None: none."""
-
-    def _overdue_waiting(self) -> Request | None:
+    def overdue_waiting(self) -> Request | None:
         """The oldest request still waiting that had waited past the TTFT guard when this plan
         started, else None (the overdue list is read once per plan; admitted ones are skipped)."""
         overdue = self._overdue
@@ -257,7 +281,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         return overdue[-1] if overdue else None
 
     def _next_waiting(self) -> Request | None:
-        overdue = self._overdue_waiting()
+        overdue = self.overdue_waiting()
         return overdue if overdue is not None else super()._next_waiting()
 
     def _on_admitted(self, request: Request) -> None:
@@ -272,7 +296,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         self._fanouts.admitted(request)
 
     def _reclaim_kv(self, plan: IterationPlan) -> bool:
-        return self._roster.reclaim_kv(plan)
+        return self._share.reclaims_kv and self._roster.reclaim_kv(plan)
 
     def _check_budgets(self, plan: IterationPlan, features: PlanFeatures) -> None:
         """FCFS's invariants, with inference and forward-window tokens inside the token budget they
@@ -305,6 +329,7 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
                 self._unchecked_decode_samples -= 1
                 if not self._unchecked_decode_samples and self._latency.trusted:
                     self._check_decode_batch_fits()
+        self._share.on_tokens(self, touched)
         return touched
 
     def _release_resources(self, request: Request) -> None:
@@ -319,3 +344,4 @@ class CoServingPolicy(FCFSPolicy, abc.ABC):
         super()._finish(request, status)
         self._input_charged.discard(request.request_id)
         self._fanouts.finished(request)
+        self._share.on_request_finished(request)

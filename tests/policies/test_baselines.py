@@ -7,12 +7,14 @@ from coserving_sim import COEFFICIENTS, FP, BS, FakeClock, make_job, make_policy
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.dynamic_temporal import DynamicInterval, DynamicTemporalSharingPolicy
+from coserve.policies.coserving import CoServingPolicy
+from coserve.policies.dynamic_temporal import DynamicInterval
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel
-from coserve.policies.static_split import StaticSplitPolicy, split_kv
-from coserve.policies.temporal import TemporalSharingPolicy
+from coserve.policies.share_registry import ShareKind
+from coserve.policies.static_split import StaticSplitShare, split_kv
+from coserve.policies.temporal import temporal_share
 
 
 def kinds(policy, steps: int) -> str:
@@ -27,12 +29,11 @@ def kinds(policy, steps: int) -> str:
 
 # ------------------------------------------------------------------------- temporal sharing
 
-def temporal(n: int, **kwargs) -> TemporalSharingPolicy:
+def temporal(n: int, **kwargs) -> CoServingPolicy:
     config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, block_size=BS, max_num_seqs=4,
                                                        max_batch_tokens=64), tpot_slo_ms=20.0, **kwargs)
-    return TemporalSharingPolicy(config, KVBlockManager(64, BS), AdapterSlots(4),
-                                 LatencyModel(FP, COEFFICIENTS), inference_iterations=n,
-                                 clock=FakeClock())
+    return CoServingPolicy(config, KVBlockManager(64, BS), AdapterSlots(4),
+                           LatencyModel(FP, COEFFICIENTS), share=temporal_share(n), clock=FakeClock())
 
 
 def test_temporal_sharing_runs_n_inference_iterations_per_fine_tuning_iteration() -> None:
@@ -89,7 +90,7 @@ def test_dynamic_interval_grows_with_queue_pressure() -> None:
 
 
 def test_dynamic_temporal_policy_switches_after_the_first_interval() -> None:
-    policy = make_policy(DynamicTemporalSharingPolicy, scheduler={"max_num_seqs": 4, "max_model_len": 128})
+    policy = make_policy(ShareKind.DYNAMIC_TEMPORAL, scheduler={"max_num_seqs": 4, "max_model_len": 128})
     policy.add_request(make_request("r", "a", max_tokens=100))
     policy.add_job(make_job(policy, "j", "t", lengths=(200,)))
     pattern = kinds(policy, 66)
@@ -98,13 +99,13 @@ def test_dynamic_temporal_policy_switches_after_the_first_interval() -> None:
 
 # ----------------------------------------------------------------------------- static split
 
-def static(fraction: float = 0.25, num_blocks: int = 32) -> StaticSplitPolicy:
+def static(fraction: float = 0.25, num_blocks: int = 32) -> CoServingPolicy:
     inference_kv, finetune_kv = split_kv(num_blocks, BS, fraction)
     config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, block_size=BS, max_num_seqs=4,
                                                        max_batch_tokens=64), tpot_slo_ms=20.0,
                              max_backward_token_layers=400)
-    return StaticSplitPolicy(config, inference_kv, finetune_kv, AdapterSlots(4),
-                             LatencyModel(FP, COEFFICIENTS), finetune_fraction=fraction, clock=FakeClock())
+    return CoServingPolicy(config, inference_kv, AdapterSlots(4), LatencyModel(FP, COEFFICIENTS),
+                           share=StaticSplitShare(config, fraction), finetune_kv=finetune_kv, clock=FakeClock())
 
 
 def test_split_kv_gives_disjoint_block_ranges() -> None:

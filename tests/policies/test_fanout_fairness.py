@@ -1,6 +1,6 @@
 """A request with large `n` (a fan-out) is served like `n` separate requests under the virtual token
 counters, TTFT guard included: a light tenant's requests are admitted between its sequences. Pure
-policy level: HybridTokenPolicy, a fake engine and a fake clock."""
+policy level: co-serving policy with the hybrid share, a fake engine and a fake clock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HybridTokenPolicy against a fake engine: inference first, fine-tuning up to the SLO, VTC, guards."""
+"""The co-serving policy with the hybrid share against a fake engine: inference first, fine-tuning up to the SLO, VTC, guards."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from coserving_sim import (BS, COEFFICIENTS, FP, FakeClock, execute, keep_busy, 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.finetune_job import JobEventKind, JobPhase
-from coserve.policies.hybrid import HybridTokenPolicy
+from coserve.policies.coserving import CoServingPolicy
+from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
@@ -19,7 +20,7 @@ from coserve.policies.plan import IterationPlan
 from coserve.policies.request import AdapterRef, RequestStatus
 
 
-def predicted(policy: HybridTokenPolicy, plan: IterationPlan, extra: PlanFeatures | None = None) -> float:
+def predicted(policy: CoServingPolicy, plan: IterationPlan, extra: PlanFeatures | None = None) -> float:
     features = plan_features(plan, {c.request_id: -1 for c in plan.chunks})
     return policy.latency.predict(features + (extra or PlanFeatures()))
 
@@ -51,7 +52,8 @@ def test_iterations_that_run_over_their_prediction_shrink_the_fine_tuning_budget
     config = CoServingConfig(scheduler=sched, tpot_slo_ms=20.0, safety_margin=0.0)
     # A model whose online refinement barely moves: only the measured/predicted average corrects.
     stiff = LatencyModel(FP, COEFFICIENTS, prior_variance=1e-12)
-    policy = HybridTokenPolicy(config, KVBlockManager(1024, 4), AdapterSlots(4), stiff, clock=FakeClock())
+    policy = CoServingPolicy(config, KVBlockManager(1024, 4), AdapterSlots(4), stiff, share=HybridShare(),
+                             clock=FakeClock())
     keep_busy(policy, max_tokens=100)  # a running request: the SLO binds
     policy.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400,
                             n_epochs=50))
@@ -280,12 +282,12 @@ def test_token_budget_smaller_than_a_decode_batch_is_refused() -> None:
 def test_slo_below_one_decode_batch_is_warned_about_and_jobs_still_run() -> None:
     config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, max_num_seqs=32,
                                                        block_size=4), tpot_slo_ms=20.0)
-    policy = HybridTokenPolicy(config, KVBlockManager(64, 4), AdapterSlots(2), LatencyModel(FP, COEFFICIENTS),
-                               clock=FakeClock())
+    policy = CoServingPolicy(config, KVBlockManager(64, 4), AdapterSlots(2), LatencyModel(FP, COEFFICIENTS),
+                             share=HybridShare(), clock=FakeClock())
     assert policy.slo_warning is not None  # 32 decodes at 1 ms each
     assert "tpot_slo_ms=20" in policy.slo_warning and "--tpot-slo-ms" in policy.slo_warning
-    ok = HybridTokenPolicy(replace(config, tpot_slo_ms=40.0), KVBlockManager(64, 4), AdapterSlots(2),
-                           LatencyModel(FP, COEFFICIENTS))
+    ok = CoServingPolicy(replace(config, tpot_slo_ms=40.0), KVBlockManager(64, 4), AdapterSlots(2),
+                         LatencyModel(FP, COEFFICIENTS), share=HybridShare())
     assert ok.slo_warning is None
 
 
@@ -351,8 +353,8 @@ def test_distinct_adapters_from_the_running_tally_match_a_count_of_the_plan() ->
     model = _RecordingModel()
     config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=32, block_size=BS, max_num_seqs=8,
                                                        max_batch_tokens=16), tpot_slo_ms=20.0)
-    policy = HybridTokenPolicy(config, KVBlockManager(num_blocks=8, block_size=BS), AdapterSlots(3),
-                               model, clock=FakeClock())
+    policy = CoServingPolicy(config, KVBlockManager(num_blocks=8, block_size=BS), AdapterSlots(3),
+                             model, share=HybridShare(), clock=FakeClock())
     for i in range(12):
         request = make_request(f"r{i}", prompt_len=3 + i % 5, max_tokens=2 + i % 7)
         request.adapter = AdapterRef(i % 4, f"a{i % 4}", f"/a{i % 4}") if i % 3 else None

@@ -1,5 +1,5 @@
-"""FlexLLM Algorithm 4's properties at the policy level (hypothesis): the HybridTokenPolicy is driven by
-a fake engine, and every tenant's service is counted from the plans and results themselves (not read
+"""FlexLLM Algorithm 4's properties at the policy level (hypothesis): the co-serving policy with the
+hybrid share is driven by a fake engine, and every tenant's service is counted from the plans and results themselves (not read
 from the counters): w_p per prompt token when a request is first sent, w_q per sampled token, w_r per
 forward-window token and per backward token-layer / num_layers."""
 
