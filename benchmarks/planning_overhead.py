@@ -19,6 +19,7 @@ import platform
 import statistics
 import time
 
+from coserve.bench.replay import job_host
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
@@ -60,7 +61,7 @@ def build(num_jobs: int) -> CoServingPolicy:
         spec = FinetuneJobSpec(job_id=f"job{k}", tenant=f"t{k * 11}", adapter_id=100 + k,
                                examples=examples, n_epochs=1000, batch_size=2, seed=k,
                                num_layers=NUM_LAYERS, output_dir=f"/tmp/job{k}")
-        policy.add_job(FinetuneJob(spec, kv, policy.adapters))
+        job_host(policy).add_job(FinetuneJob(spec, kv, policy.adapters))
     return policy
 
 

@@ -74,7 +74,7 @@ def make_job(policy: CoServingPolicy, job_id: str, tenant: str, *, lengths: tupl
                            n_epochs=n_epochs, batch_size=len(lengths), seed=0, num_layers=num_layers,
                            output_dir=f"/out/{job_id}", max_window_tokens=max_window_tokens,
                            min_tasklet_tokens=1)
-    return FinetuneJob(spec, policy.finetune_kv, policy.adapters)
+    return FinetuneJob(spec, policy.jobs.kv, policy.adapters)
 
 
 def execute(plan: IterationPlan, total_s: float = 0.0) -> IterationResult:

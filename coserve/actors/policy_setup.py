@@ -20,6 +20,7 @@ from coserve.policies.fcfs import FCFSPolicy
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
+from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
 from coserve.policies.plan import IterationPlan, IterationResult
@@ -27,7 +28,7 @@ from coserve.policies.request import Request, RequestStatus
 
 
 class InferencePolicy(Protocol):
-    """The policy surface the scheduler drives (FCFSPolicy; the hybrid token policy)."""
+    """The policy surface the scheduler drives (FCFSPolicy; CoServingPolicy)."""
 
     def add_request(self, request: Request) -> None: ...
     def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool: ...
@@ -43,6 +44,10 @@ class InferencePolicy(Protocol):
 
     @property
     def kv(self) -> KVBlockManager: ...
+
+    @property
+    def jobs(self) -> JobHost | None:
+        """The fine-tuning jobs the policy runs; None: it runs none (inference only)."""
 
 
 class EngineLayout(Protocol):

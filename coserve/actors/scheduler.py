@@ -12,7 +12,8 @@ method runs on one event loop thread, so no state here needs a lock. Engines tal
 `exchange(engine_id, result) -> next plan` (one round trip per iteration).
 
 The policy sits behind `PolicyFactory`: anything with FCFSPolicy's surface (`add_request`, `abort`,
-`plan`, `update`, `has_work`, `num_waiting`, `num_running`, `kv`) plugs in.
+`plan`, `update`, `has_work`, `num_waiting`, `num_running`, `kv`, `jobs`) plugs in; fine-tuning jobs
+run when its `jobs` is a `JobHost` (not None) and the server has a data dir.
 """
 
 from __future__ import annotations
@@ -138,13 +139,13 @@ class SchedulerActor:
         self._engines[engine_id] = layout
         self._max_model_len = layout.max_model_len
         self._adapters = AdapterChecker(self._model_config, layout.max_lora_rank)
-        if self._settings.data_dir is not None and hasattr(self._policy, "add_job"):
+        jobs = self._policy.jobs
+        if self._settings.data_dir is not None and jobs is not None:
             settings = FineTuningSettings(
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
                 data_dir=Path(self._settings.data_dir), num_layers=self._model_config.num_layers,
                 max_model_len=layout.max_model_len)
-            self._jobs = open_job_manager(settings, self._policy,  # type: ignore[arg-type]
-                                          self._settings.tenant_limits, self._count_finetune)
+            self._jobs = open_job_manager(settings, jobs, self._settings.tenant_limits, self._count_finetune)
 
     def engine_lost(self, engine_id: str, reason: str) -> None:
         """The engine died or its loop stopped: end every live stream with an error that says so, drop

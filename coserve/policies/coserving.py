@@ -28,10 +28,9 @@ from collections.abc import Callable, Sequence
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.fanouts import FanOuts
 from coserve.policies.fcfs import Budget, FCFSPolicy
-from coserve.policies.finetune_job import JobEvent
 from coserve.policies.finetune_share import FinetuneShare
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.job_roster import JobRoster, TrainingJob
+from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
 from coserve.policies.liveness import FinetuneFloor
@@ -74,11 +73,12 @@ class CoServingPolicy(FCFSPolicy):
             raise ValueError(f"KV block sizes differ: {kv.block_size} and {finetune_kv.block_size}")
         self._co = config
         self._share = share
-        self._finetune_kv = kv if finetune_kv is None else finetune_kv
         self._latency = latency
         self._clock = clock
         self._vtc = VirtualTokenCounter(config.vtc, config.tenant_weights)
-        self._roster = JobRoster(self._vtc, self._sync_backlog)
+        self._jobs = JobHost(self._vtc, kv if finetune_kv is None else finetune_kv, adapters,
+                             default_weight=config.default_tenant_weight, also_backlogged=self._waiting_has)
+        self._roster = self._jobs.roster
         self._slots: dict[str, int] = {}  # running request -> adapter slot (for plan_features)
         self._slot_users: Counter[int] = Counter()  # adapter slot -> running requests using it
         self._input_charged: set[str] = set()
@@ -119,7 +119,7 @@ class CoServingPolicy(FCFSPolicy):
                 return
 
     def _new_waiting_queue(self) -> WaitingQueue:
-        return TenantQueues(self._vtc, self._sync_backlog)
+        return TenantQueues(self._vtc, self._jobs.sync_backlog)
 
     # ------------------------------------------------------------------------ tenants and jobs
 
@@ -137,50 +137,22 @@ class CoServingPolicy(FCFSPolicy):
     def latency(self) -> LatencyModel:
         return self._latency
 
-    def _ensure_tenant(self, tenant: str) -> None:
-        if tenant not in self._vtc.tenants:
-            self._vtc.add_tenant(tenant, self._co.default_tenant_weight)
-
     def add_request(self, request: Request) -> None:
         """Queue a request in its tenant's sub-queue (an unknown tenant gets the default weight)."""
-        self._ensure_tenant(request.tenant)
+        self._vtc.ensure_tenant(request.tenant, self._co.default_tenant_weight)
         super().add_request(request)
         self._fanouts.added(request)
         self._share.on_request_added(request)
 
-    def add_job(self, job: TrainingJob) -> None:
-        """Schedule a fine-tuning job's work from the next plan on. Raises ValueError on a duplicate."""
-        self._ensure_tenant(job.tenant)
-        self._roster.add(job)
-
-    def remove_job(self, job_id: str) -> bool:
-        """Cancel a job: the next plan stops it in the engine and frees its memory; False if unknown."""
-        return self._roster.cancel(job_id)
-
-    def pause_job(self, job_id: str) -> bool:
-        """Pause a job in the next plan (its sequence in flight is redone on resume)."""
-        return self._roster.pause(job_id)
-
-    def resume_job(self, job_id: str) -> bool:
-        return self._roster.resume(job_id)
-
-    def get_job(self, job_id: str) -> TrainingJob | None:
-        return self._roster.get(job_id)
-
-    def pop_job_events(self) -> list[JobEvent]:
-        """Job events (steps, checkpoints, success, failure, cancellation) since the last call."""
-        return self._roster.pop_events()
+    @property
+    def jobs(self) -> JobHost | None:
+        """The fine-tuning jobs this policy runs (add, cancel, pause, resume, events); None when its
+        share runs none (`NoFinetuneShare`)."""
+        return self._jobs if self._share.hosts_jobs else None
 
     def has_work(self) -> bool:
         """Unfinished requests, engine state to free, or fine-tuning work."""
-        return super().has_work() or self._roster.has_work
-
-    def _sync_backlog(self, tenant: str) -> None:
-        """Report the tenant's backlog (queued requests or a runnable job) to the counters."""
-        if self._waiting_has(tenant) or self._roster.has_runnable(tenant):
-            self._vtc.on_backlogged(tenant)
-        else:
-            self._vtc.on_idle(tenant)
+        return super().has_work() or self._jobs.has_work
 
     def _waiting_has(self, tenant: str) -> bool:
         waiting = self._waiting
@@ -217,6 +189,7 @@ class CoServingPolicy(FCFSPolicy):
             self._floor.hold(f"held back: the {share.label} gave this iteration to inference",
                              unless_said=True)
         self._floor.after_plan(plan, floor_on and self.has_runnable_job())
+        self._jobs.finetune_held_back = self._floor.held_back
         training = plan.training
         features = base.with_finetune(training.forward_tokens, training.backward_token_layers,
                                       len(training.forward_windows) + len(training.backward_tasklets))
@@ -233,11 +206,6 @@ class CoServingPolicy(FCFSPolicy):
         return len(users) - (-1 in users)
 
     @property
-    def finetune_kv(self) -> KVBlockManager:
-        """The block manager fine-tuning jobs allocate from (build `FinetuneJob`s with it)."""
-        return self._finetune_kv
-
-    @property
     def share(self) -> FinetuneShare:
         """The fine-tuning share strategy this policy plans with."""
         return self._share
@@ -245,7 +213,7 @@ class CoServingPolicy(FCFSPolicy):
     # ------------------------------------------------------- what share strategies read (ShareContext)
 
     def has_runnable_job(self) -> bool:
-        return any(job.runnable for job in self._roster)
+        return self._jobs.has_runnable_job()
 
     @property
     def running(self) -> Sequence[Request]:
@@ -265,12 +233,6 @@ class CoServingPolicy(FCFSPolicy):
 
     def clock(self) -> float:
         return self._clock()
-
-    @property
-    def finetune_held_back(self) -> str | None:
-        """Why the last plan gave the runnable fine-tuning jobs nothing (None: it gave them work, or no
-        job is runnable); the scheduler's watchdog reports it on jobs that stopped moving."""
-        return self._floor.held_back
 
     def overdue_waiting(self) -> Request | None:
         """The oldest request still waiting that had waited past the TTFT guard when this plan

@@ -140,6 +140,11 @@ class FCFSPolicy:
         return self._adapters
 
     @property
+    def jobs(self) -> None:
+        """FCFS runs no fine-tuning jobs (offline fine-tuning plans them itself, `finetune.OfflineJobs`)."""
+        return None
+
+    @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 
