@@ -29,13 +29,14 @@ from coserve.bench.coserving import NUM_KV_BLOCKS, bench_job_spec
 from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.trainer import ensure_model
 from coserve.platform.engine import Engine, EngineConfig
-from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.finetune_job import FinetuneJob
 
 DECODE_BATCH, PROMPT_LEN = 8, 256
 
 
-def _step(engine: Engine, policy: FCFSPolicy, tracker: AdapterSlotTracker, job: FinetuneJob | None = None,
+def _step(engine: Engine, policy: InferenceScheduler, tracker: AdapterSlotTracker,
+          job: FinetuneJob | None = None,
           budget: tuple[int, int] = (0, 0)) -> tuple[float, tuple[str, int] | None]:
     """One iteration (with the job's piece when given); returns its time and the piece, as (kind,
     units), when the iteration decoded the whole batch next to exactly one kind of piece."""

@@ -21,7 +21,7 @@ from coserve.outputs import CompletionOutput, RequestOutput
 from coserve.platform.engine import Engine, EngineConfig
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import TokenLogprobs
 from coserve.policies.request import AdapterRef, Request, RequestStatus, SamplingParams
@@ -73,7 +73,7 @@ class LLM:
             max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
             max_batch_tokens=max_batch_tokens or max_num_batched_tokens or 2048,
             block_size=layout.block_size, enable_prefix_caching=enable_prefix_caching)
-        self.policy = FCFSPolicy(
+        self.policy = InferenceScheduler(
             self.scheduler_config,
             KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching),
             AdapterSlots(layout.num_adapter_slots))

@@ -2,8 +2,8 @@
 
 `PolicyFactory(config, layout) -> policy`. Factories are plain picklable callables: in Ray mode the
 scheduler receives them in its own process. `CoServingPolicyFactory` (the default of `coserve serve`)
-builds the co-serving policy with the hybrid share and the latency model of a profile file (`coserve profile --json`),
-refused when it was fitted for another model, machine or dtype, or an unfitted one that learns the
+builds the co-serving policy with the hybrid share and the latency model of a profile file
+(`coserve profile --json`), refused when it was fitted for another model, machine or dtype, or an unfitted one that learns the
 iteration costs online from every measured iteration.
 """
 
@@ -16,7 +16,7 @@ from typing import Protocol
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
@@ -28,7 +28,7 @@ from coserve.policies.request import Request, RequestStatus
 
 
 class InferencePolicy(Protocol):
-    """The policy surface the scheduler drives (FCFSPolicy; CoServingPolicy)."""
+    """The policy surface the scheduler drives (InferenceScheduler; CoServingPolicy)."""
 
     def add_request(self, request: Request) -> None: ...
     def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool: ...
@@ -66,12 +66,13 @@ PolicyFactory = Callable[[SchedulerConfig, EngineLayout], InferencePolicy]
 def fcfs_policy(config: SchedulerConfig, layout: EngineLayout) -> InferencePolicy:
     """FCFS continuous batching over the engine's KV blocks and adapter slots."""
     kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
-    return FCFSPolicy(config, kv, AdapterSlots(layout.num_adapter_slots))
+    return InferenceScheduler(config, kv, AdapterSlots(layout.num_adapter_slots))
 
 
 @dataclass(frozen=True, slots=True)
 class CoServingPolicyFactory:
-    """Builds a `CoServingPolicy` with the `HybridShare` (inference first, fine-tuning up to the TPOT SLO, VTC fairness).
+    """Builds a `CoServingPolicy` with the `HybridShare` (inference first, fine-tuning up to the TPOT SLO,
+    VTC fairness).
 
     Args:
         fingerprint: the served model, this machine and the dtype (a profile must match it).

@@ -11,9 +11,9 @@ it lives in the gateway's process and its coroutines run on the gateway's event 
 method runs on one event loop thread, so no state here needs a lock. Engines talk to it through
 `exchange(engine_id, result) -> next plan` (one round trip per iteration).
 
-The policy sits behind `PolicyFactory`: anything with FCFSPolicy's surface (`add_request`, `abort`,
-`plan`, `update`, `has_work`, `num_waiting`, `num_running`, `kv`, `jobs`) plugs in; fine-tuning jobs
-run when its `jobs` is a `JobHost` (not None) and the server has a data dir.
+The policy sits behind `PolicyFactory`: anything with the `InferencePolicy` surface (`add_request`,
+`abort`, `plan`, `update`, `has_work`, `num_waiting`, `num_running`, `kv`, `jobs`) plugs in; fine-tuning
+jobs run when its `jobs` is a `JobHost` (not None) and the server has a data dir.
 """
 
 from __future__ import annotations

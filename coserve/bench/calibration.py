@@ -39,7 +39,7 @@ from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample
@@ -70,17 +70,17 @@ class SweepSettings:
     max_batch_tokens: int = 512
 
 
-def fcfs_policy(engine: Engine, max_batch_tokens: int, max_num_seqs: int) -> FCFSPolicy:
+def fcfs_policy(engine: Engine, max_batch_tokens: int, max_num_seqs: int) -> InferenceScheduler:
     """A first-come-first-served policy over `engine`'s blocks and slots (no prefix caching)."""
     layout = engine.layout
     config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
                              max_batch_tokens=max_batch_tokens, block_size=layout.block_size,
                              enable_prefix_caching=False)
     kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching=False)
-    return FCFSPolicy(config, kv, AdapterSlots(layout.num_adapter_slots))
+    return InferenceScheduler(config, kv, AdapterSlots(layout.num_adapter_slots))
 
 
-def add_requests(policy: FCFSPolicy, engine: Engine, tag: str, count: int, prompt_len: int,
+def add_requests(policy: InferenceScheduler, engine: Engine, tag: str, count: int, prompt_len: int,
                   output_len: int) -> list[str]:
     """Add `count` greedy requests of random prompts; returns their ids."""
     ids = []
@@ -93,7 +93,7 @@ def add_requests(policy: FCFSPolicy, engine: Engine, tag: str, count: int, promp
     return ids
 
 
-def _abort_and_drain(policy: FCFSPolicy, engine: Engine, request_ids: list[str],
+def _abort_and_drain(policy: InferenceScheduler, engine: Engine, request_ids: list[str],
                      plan: IterationPlan | None = None) -> None:
     """Abort `request_ids` and run the policy's plans (from `plan`, else a new one) until it has
     nothing left, so the engine drops every sequence."""

@@ -67,7 +67,8 @@ def share_kind(name: str) -> ShareKind:
         raise ValueError(f"unknown fine-tuning share {name!r}: use one of {known}") from None
 
 
-def make_share(kind: ShareKind, config: CoServingConfig, options: ShareOptions = ShareOptions()) -> FinetuneShare:
+def make_share(kind: ShareKind, config: CoServingConfig,
+               options: ShareOptions = ShareOptions()) -> FinetuneShare:
     """A fresh strategy of `kind` for a policy planning with `config` (strategies keep state: one per
     policy).
 

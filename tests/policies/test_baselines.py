@@ -105,7 +105,8 @@ def static(fraction: float = 0.25, num_blocks: int = 32) -> CoServingPolicy:
                                                        max_batch_tokens=64), tpot_slo_ms=20.0,
                              max_backward_token_layers=400)
     return CoServingPolicy(config, inference_kv, AdapterSlots(4), LatencyModel(FP, COEFFICIENTS),
-                           share=StaticSplitShare(config, fraction), finetune_kv=finetune_kv, clock=FakeClock())
+                           share=StaticSplitShare(config, fraction), finetune_kv=finetune_kv,
+                           clock=FakeClock())
 
 
 def test_split_kv_gives_disjoint_block_ranges() -> None:

@@ -29,9 +29,10 @@ CONFIG = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, block_size=
 
 # ------------------------------------------------------------------------------------ registry
 
-@pytest.mark.parametrize(("name", "kind"), [("hybrid", ShareKind.HYBRID), ("temporal", ShareKind.TEMPORAL),
-                                            ("dynamic-temporal", ShareKind.DYNAMIC_TEMPORAL),
-                                            ("static-split", ShareKind.STATIC_SPLIT), ("none", ShareKind.NONE)])
+@pytest.mark.parametrize(("name", "kind"), [
+    ("hybrid", ShareKind.HYBRID), ("temporal", ShareKind.TEMPORAL),
+    ("dynamic-temporal", ShareKind.DYNAMIC_TEMPORAL), ("static-split", ShareKind.STATIC_SPLIT),
+    ("none", ShareKind.NONE)])
 def test_every_share_is_found_by_its_name(name: str, kind: ShareKind) -> None:
     assert share_kind(name) is kind
 

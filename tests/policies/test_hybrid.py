@@ -1,4 +1,5 @@
-"""The co-serving policy with the hybrid share against a fake engine: inference first, fine-tuning up to the SLO, VTC, guards."""
+"""The co-serving policy with the hybrid share against a fake engine: inference first, fine-tuning up to
+the SLO, VTC, guards."""
 
 from __future__ import annotations
 

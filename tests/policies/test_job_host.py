@@ -8,7 +8,7 @@ from coserving_sim import BS, make_job, make_policy, make_request, step
 from coserve.finetune import OfflineJobs
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.finetune_job import JobEventKind
 from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
@@ -62,8 +62,9 @@ def test_the_policy_says_by_its_jobs_attribute_whether_it_runs_jobs() -> None:
     assert isinstance(make_policy(ShareKind.HYBRID).jobs, JobHost)
     assert isinstance(make_policy(ShareKind.STATIC_SPLIT).jobs, JobHost)
     assert make_policy(ShareKind.NONE).jobs is None
-    fcfs = FCFSPolicy(SchedulerConfig(max_model_len=64, block_size=BS), KVBlockManager(64, BS), AdapterSlots(1))
-    assert fcfs.jobs is None
+    inference = InferenceScheduler(SchedulerConfig(max_model_len=64, block_size=BS), KVBlockManager(64, BS),
+                                   AdapterSlots(1))
+    assert inference.jobs is None
 
 
 def test_the_policy_reports_why_it_held_jobs_back_on_its_host() -> None:

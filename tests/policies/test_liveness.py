@@ -116,9 +116,10 @@ def test_a_poisoned_latency_model_recovers_from_what_it_measures() -> None:
     clock = FakeClock()
     policy = make_policy(tpot_slo_ms=20.0, clock=clock, num_blocks=1024, scheduler={"max_batch_tokens": 256,
                                                                    "max_model_len": 512})
-    policy._latency = poisoned  # noqa: SLF001 - the policy's own model, poisoned in place
+    policy._latency.model = poisoned  # noqa: SLF001 - the policy's own model, poisoned in place
     keep_busy(policy, max_tokens=400)
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400, n_epochs=50))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400,
+                                 n_epochs=50))
     sizes = []
     for _ in range(300):
         sizes.append(_work(_run_one(policy, truth, clock)))
@@ -136,7 +137,7 @@ def _drive(tpot_slo_ms: float, max_batch_tokens: int, max_num_seqs: int, arrival
     policy = make_policy(tpot_slo_ms=tpot_slo_ms, clock=clock, num_blocks=4096, finetune_floor_every=8,
                          scheduler={"max_batch_tokens": max(max_batch_tokens, max_num_seqs),
                                     "max_num_seqs": max_num_seqs, "max_model_len": 64})
-    policy._latency = LatencyModel(FP, {k: poison * v for k, v in COEFFICIENTS.items()})  # noqa: SLF001
+    policy._latency.model = LatencyModel(FP, {k: poison * v for k, v in COEFFICIENTS.items()})  # noqa: SLF001
     truth = LatencyModel(FP, COEFFICIENTS)
     jobs = [make_job(policy, f"j{k}", tenant, lengths=(40, 24), adapter_id=10 + k, n_epochs=100)
             for k, tenant in enumerate(("a", "b", "b"))]
