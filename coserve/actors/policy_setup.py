@@ -3,8 +3,8 @@
 `PolicyFactory(config, layout) -> policy`. Factories are plain picklable callables: in Ray mode the
 scheduler receives them in its own process. `CoServingPolicyFactory` (the default of `coserve serve`)
 builds the co-serving policy with the hybrid share and the latency model of a profile file
-(`coserve profile --json`), refused when it was fitted for another model, machine or dtype, or an unfitted one that learns the
-iteration costs online from every measured iteration.
+(`coserve profile --json`), refused when it was fitted for another model, machine or dtype, or an
+unfitted one that learns the iteration costs online from every measured iteration.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from coserve.policies.config import SchedulerConfig
 from coserve.policies.inference import InferenceScheduler
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.hybrid import HybridShare
-from coserve.policies.hybrid_config import CoServingConfig
+from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY, CoServingConfig
 from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
@@ -90,7 +90,7 @@ class CoServingPolicyFactory:
     latency_profile: str | None = None
     max_stall_ms: float | None = None
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
-    finetune_floor_every: int = 8
+    finetune_floor_every: int = DEFAULT_FINETUNE_FLOOR_EVERY
 
     def latency_model(self) -> LatencyModel:
         """The profile's model, checked against this server; or an unfitted one.

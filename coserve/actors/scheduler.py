@@ -35,7 +35,7 @@ from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.actors.prompt_encoder import PromptEncoder
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, expand_request
-from coserve.policies.config import SchedulerConfig
+from coserve.policies.config import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS, SchedulerConfig
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.quotas import TenantLimits
 from coserve.policies.request import AdapterRef, RequestStatus
@@ -63,8 +63,8 @@ class SchedulerSettings:
     """
 
     model: str
-    max_num_seqs: int = 64
-    max_batch_tokens: int = 2048
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     enable_prefix_caching: bool = True
     tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
     slo: Slo = Slo()
