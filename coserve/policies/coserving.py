@@ -74,7 +74,7 @@ class CoServingPolicy:
                                self._jobs.sync_backlog)
         self._inference = InferenceScheduler(config.scheduler, kv, adapters, order=self._order,
                                              reclaim_kv=self._reclaim_kv,
-                                             on_finished=share.on_request_finished)
+                                             on_finished=share.watcher.on_request_finished)
         self._floor = FinetuneFloor(config.finetune_floor_every, config.finetune_floor_tokens,
                                     config.scheduler.max_batch_tokens)
         self._latency = OnlineLatency(config, latency)
@@ -94,7 +94,7 @@ class CoServingPolicy:
             ValueError: as `InferenceScheduler.add_request`.
         """
         self._inference.add_request(request)
-        self._share.on_request_added(request)
+        self._share.watcher.on_request_added(request)
 
     def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool:
         """Finish a request now (`InferenceScheduler.abort`); False when unknown or finished."""
@@ -255,5 +255,5 @@ class CoServingPolicy:
         touched = self._inference.update(plan, result)
         self._jobs.roster.update(plan, result)
         self._latency.observe(plan, result)
-        self._share.on_tokens(self, touched)
+        self._share.watcher.on_tokens(self, touched)
         return touched

@@ -8,6 +8,7 @@ fresh fixed-frequency baseline would: `s = 64` steps to the first switch, `f_p =
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from coserve.policies.finetune_share import ShareContext
@@ -87,7 +88,8 @@ class DynamicInterval:
 
 
 class DynamicTurns:
-    """Algorithm 3's turns: the interval follows the load counted between two plans (a `TurnSchedule`)."""
+    """Algorithm 3's turns: the interval follows the load counted between two plans (a `TurnSchedule`,
+    and the `RequestWatcher` that counts arrivals and completions)."""
 
     def __init__(self) -> None:
         self.interval = DynamicInterval()
@@ -100,6 +102,9 @@ class DynamicTurns:
     def on_request_finished(self, request: Request) -> None:
         self._completions += 1
 
+    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
+        pass
+
     def finetune_turn_due(self, ctx: ShareContext) -> bool:
         due = self.interval.step(ctx.num_waiting, ctx.num_running, self._arrivals, self._completions)
         self._arrivals = self._completions = 0
@@ -108,4 +113,5 @@ class DynamicTurns:
 
 def dynamic_temporal_share() -> TurnTakingShare:
     """Temporal sharing with Algorithm 3's adaptive interval (see the module docstring)."""
-    return TurnTakingShare(DynamicTurns(), "dynamic temporal share")
+    turns = DynamicTurns()
+    return TurnTakingShare(turns, "dynamic temporal share", watcher=turns)

@@ -65,6 +65,34 @@ class ShareContext(Protocol):
     def has_runnable_job(self) -> bool: ...
 
 
+class RequestWatcher(Protocol):
+    """What a share strategy follows of the requests (the hybrid share's bursts, the dynamic turns'
+    load statistics); `IGNORE_REQUESTS` for those that follow nothing."""
+
+    def on_request_added(self, request: Request) -> None:
+        """A request was queued."""
+
+    def on_request_finished(self, request: Request) -> None:
+        """A request finished (stopped, aborted, or at its length limit)."""
+
+    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
+        """The requests in `touched` received a token in the iteration just applied."""
+
+
+class _IgnoreRequests:
+    def on_request_added(self, request: Request) -> None:
+        pass
+
+    def on_request_finished(self, request: Request) -> None:
+        pass
+
+    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
+        pass
+
+
+IGNORE_REQUESTS: RequestWatcher = _IgnoreRequests()
+
+
 class FinetuneShare(Protocol):
     """The fine-tuning share of each iteration (module docstring).
 
@@ -76,12 +104,14 @@ class FinetuneShare(Protocol):
             break their contract).
         reclaims_kv: whether inference may take the KV blocks of fine-tuning's sequences in flight (a
             static split gives fine-tuning a range of its own).
+        watcher: what it follows of the requests.
     """
 
     label: str
     hosts_jobs: bool
     floor_applies: bool
     reclaims_kv: bool
+    watcher: RequestWatcher
 
     def begin_iteration(self, ctx: ShareContext) -> bool:
         """Called once per plan before inference is scheduled: whether this iteration schedules
@@ -94,15 +124,6 @@ class FinetuneShare(Protocol):
         """How much fine-tuning work each job may add to a plan whose inference has `base`; None:
         none (after saying why through `ctx.floor.hold` where there is a specific reason)."""
 
-    def on_request_added(self, request: Request) -> None:
-        """A request was queued."""
-
-    def on_request_finished(self, request: Request) -> None:
-        """A request finished (stopped, aborted, or at its length limit)."""
-
-    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
-        """The requests in `touched` received a token in the iteration just applied."""
-
 
 class NoFinetuneShare:
     """No fine-tuning: the co-serving policy schedules inference alone (VTC order, TTFT guard) and
@@ -112,6 +133,7 @@ class NoFinetuneShare:
     hosts_jobs = False
     floor_applies = False
     reclaims_kv = False
+    watcher = IGNORE_REQUESTS
 
     def begin_iteration(self, ctx: ShareContext) -> bool:
         return True
@@ -121,12 +143,3 @@ class NoFinetuneShare:
 
     def allowance(self, ctx: ShareContext, base: PlanFeatures) -> Allowance | None:
         return None
-
-    def on_request_added(self, request: Request) -> None:
-        pass
-
-    def on_request_finished(self, request: Request) -> None:
-        pass
-
-    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
-        pass

@@ -38,7 +38,7 @@ import math
 from collections.abc import Sequence
 
 from coserve.policies.finetune_job import JobPhase
-from coserve.policies.finetune_share import ShareContext
+from coserve.policies.finetune_share import RequestWatcher, ShareContext
 from coserve.policies.job_roster import Allowance, TrainingJob, fixed_allowance, whole_iteration_allowance
 from coserve.policies.latency import PlanFeatures
 from coserve.policies.plan import IterationPlan
@@ -56,6 +56,26 @@ _FORWARD_TOKEN = PlanFeatures(ft_forward_tokens=1.0)
 _BACKWARD_TOKEN_LAYER = PlanFeatures(ft_backward_token_layers=1.0)
 
 
+class FirstTokenTimes:
+    """When each running request got its first token (a `RequestWatcher`; kept only with bursts)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}  # request id -> when its first token came
+
+    def on_request_added(self, request: Request) -> None:
+        pass
+
+    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
+        if ctx.config.max_stall_ms is not None:
+            now = ctx.clock()
+            for request in touched:
+                if request.num_output_tokens == 1 and not request.is_finished:
+                    self.seconds[request.request_id] = now
+
+    def on_request_finished(self, request: Request) -> None:
+        self.seconds.pop(request.request_id, None)
+
+
 class HybridShare:
     """Token-level co-serving (the default share): fine-tuning fills each iteration up to the TPOT SLO,
     or with `max_stall_ms` fills bursts paid for by the running requests' banked slack."""
@@ -66,27 +86,14 @@ class HybridShare:
     reclaims_kv = True
 
     def __init__(self) -> None:
-        self._first_token_s: dict[str, float] = {}  # request -> when its first token came (bursts)
+        self._first_tokens = FirstTokenTimes()
+        self.watcher: RequestWatcher = self._first_tokens
 
     def begin_iteration(self, ctx: ShareContext) -> bool:
         return True
 
     def inference_token_budget(self, ctx: ShareContext) -> int:
         return ctx.config.scheduler.max_batch_tokens
-
-    def on_request_added(self, request: Request) -> None:
-        pass
-
-    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
-        """With bursts, note when each request got its first token."""
-        if ctx.config.max_stall_ms is not None:
-            now = ctx.clock()
-            for request in touched:
-                if request.num_output_tokens == 1 and not request.is_finished:
-                    self._first_token_s[request.request_id] = now
-
-    def on_request_finished(self, request: Request) -> None:
-        self._first_token_s.pop(request.request_id, None)
 
     def _slack_s(self, ctx: ShareContext, target_s: float) -> float:
         """How long the next iteration may take with every running request still on time (inf when
@@ -97,7 +104,7 @@ class HybridShare:
         ``target_s * n - (now - t0)``. A request still in its prefill (no token yet) may wait until the
         TTFT guard, the delay after which a waiting request is overdue: ``guard - (now - arrival)``.
         """
-        first, now, guard_s = self._first_token_s, ctx.now, ctx.config.ttft_guard_s
+        first, now, guard_s = self._first_tokens.seconds, ctx.now, ctx.config.ttft_guard_s
         slack = math.inf
         for request in ctx.running:
             t0 = first.get(request.request_id)

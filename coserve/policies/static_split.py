@@ -20,14 +20,11 @@ jobs on the fine-tuning one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from coserve.policies.finetune_share import ShareContext
+from coserve.policies.finetune_share import IGNORE_REQUESTS, ShareContext
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.job_roster import Allowance, fixed_allowance
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import PlanFeatures
-from coserve.policies.request import Request
 
 DEFAULT_FINETUNE_FRACTION = 0.3
 
@@ -70,6 +67,7 @@ class StaticSplitShare:
     hosts_jobs = True
     floor_applies = True
     reclaims_kv = False  # the fine-tuning range is not inference's to take
+    watcher = IGNORE_REQUESTS
 
     def __init__(self, config: CoServingConfig, finetune_fraction: float = DEFAULT_FINETUNE_FRACTION) -> None:
         _check_fraction(finetune_fraction)
@@ -93,12 +91,3 @@ class StaticSplitShare:
 
     def allowance(self, ctx: ShareContext, base: PlanFeatures) -> Allowance | None:
         return fixed_allowance(self._finetune_tokens, self._finetune_token_layers)
-
-    def on_request_added(self, request: Request) -> None:
-        pass
-
-    def on_request_finished(self, request: Request) -> None:
-        pass
-
-    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
-        pass

@@ -16,13 +16,11 @@ goes to fine-tuning; with no runnable job, every iteration goes to inference.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
-from coserve.policies.finetune_share import ShareContext
+from coserve.policies.finetune_share import IGNORE_REQUESTS, RequestWatcher, ShareContext
 from coserve.policies.job_roster import Allowance, fixed_allowance
 from coserve.policies.latency import PlanFeatures
-from coserve.policies.request import Request
 
 DEFAULT_INFERENCE_ITERATIONS = 64  # FlexLLM sweeps 64..512
 
@@ -33,13 +31,10 @@ class TurnSchedule(Protocol):
     def finetune_turn_due(self, ctx: ShareContext) -> bool:
         """Called once per iteration (advancing the turn state): is a fine-tuning iteration due?"""
 
-    def on_request_added(self, request: Request) -> None: ...
-
-    def on_request_finished(self, request: Request) -> None: ...
-
 
 class TurnTakingShare:
-    """Inference iterations and fine-tuning iterations in turns, as `turns` says (module docstring)."""
+    """Inference iterations and fine-tuning iterations in turns, as `turns` says (module docstring);
+    `watcher` is what the turns follow of the requests."""
 
     hosts_jobs = True
     # Turns give fine-tuning whole iterations by construction (at least one every n, and every one
@@ -47,9 +42,10 @@ class TurnTakingShare:
     floor_applies = False
     reclaims_kv = True
 
-    def __init__(self, turns: TurnSchedule, label: str) -> None:
+    def __init__(self, turns: TurnSchedule, label: str, watcher: RequestWatcher = IGNORE_REQUESTS) -> None:
         self.turns = turns
         self.label = label
+        self.watcher = watcher
         self._finetune_turn = False
 
     def begin_iteration(self, ctx: ShareContext) -> bool:
@@ -65,15 +61,6 @@ class TurnTakingShare:
         if not self._finetune_turn:
             return None
         return fixed_allowance(ctx.config.scheduler.max_batch_tokens, ctx.config.max_backward_token_layers)
-
-    def on_request_added(self, request: Request) -> None:
-        self.turns.on_request_added(request)
-
-    def on_request_finished(self, request: Request) -> None:
-        self.turns.on_request_finished(request)
-
-    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
-        pass
 
 
 class FixedTurns:
@@ -99,12 +86,6 @@ class FixedTurns:
             self._since_finetune = 0
             return True
         return False
-
-    def on_request_added(self, request: Request) -> None:
-        pass
-
-    def on_request_finished(self, request: Request) -> None:
-        pass
 
 
 def temporal_share(inference_iterations: int = DEFAULT_INFERENCE_ITERATIONS) -> TurnTakingShare:

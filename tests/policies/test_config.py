@@ -40,7 +40,8 @@ def test_every_entry_point_takes_the_scheduler_defaults_from_one_place() -> None
     from coserve.actors.scheduler import SchedulerSettings
     from coserve.cli import build_parser
     from coserve.llm import LLM
-    from coserve.policies.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS
+    from coserve.policies.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS,
+                                         DEFAULT_MAX_NUM_SEQS)
     from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY, CoServingConfig
     from coserve.serve import ServeOptions
 

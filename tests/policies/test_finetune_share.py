@@ -12,7 +12,7 @@ from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.dynamic_temporal import DynamicTurns
-from coserve.policies.finetune_share import FinetuneShare, NoFinetuneShare, ShareContext
+from coserve.policies.finetune_share import IGNORE_REQUESTS, FinetuneShare, NoFinetuneShare, ShareContext
 from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.job_roster import Allowance, fixed_allowance
@@ -43,8 +43,10 @@ def test_each_kind_builds_its_strategy() -> None:
     temporal = make_share(ShareKind.TEMPORAL, CONFIG, ShareOptions(inference_iterations=3))
     assert isinstance(temporal, TurnTakingShare) and isinstance(temporal.turns, FixedTurns)
     assert not temporal.floor_applies  # turns give fine-tuning whole iterations instead
+    assert temporal.watcher is IGNORE_REQUESTS
     dynamic = make_share(ShareKind.DYNAMIC_TEMPORAL, CONFIG)
     assert isinstance(dynamic, TurnTakingShare) and isinstance(dynamic.turns, DynamicTurns)
+    assert dynamic.watcher is dynamic.turns  # it counts arrivals and completions
     static = make_share(ShareKind.STATIC_SPLIT, CONFIG, ShareOptions(finetune_fraction=0.25))
     assert isinstance(static, StaticSplitShare) and static.finetune_fraction == 0.25
     assert not static.reclaims_kv  # fine-tuning's range is its own
@@ -119,6 +121,7 @@ class RecordingShare:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.watcher = self  # it follows the requests itself
 
     def begin_iteration(self, ctx: ShareContext) -> bool:
         self.calls.append(f"begin {ctx.num_waiting}w {ctx.num_running}r")
