@@ -10,7 +10,6 @@ from coserve.policies.config import SchedulerConfig
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
 from coserve.policies.plan import (
     IterationPlan,
@@ -19,7 +18,7 @@ from coserve.policies.plan import (
     StepTimings,
 )
 from coserve.policies.request import Request, SamplingParams
-from coserve.policies.share_registry import ShareKind, make_share
+from coserve.policies.share_registry import ShareKind, build_policy
 from coserve.policies.training_plan import (
     SavedAdapter,
     StepReport,
@@ -49,13 +48,11 @@ def make_policy(kind: ShareKind = ShareKind.HYBRID, *, num_blocks: int = 64,
                 **co: Any) -> CoServingPolicy:
     sched = {"max_model_len": 64, "block_size": BS, "max_num_seqs": 8, "max_batch_tokens": 64,
              **(scheduler or {})}
-    kv = KVBlockManager(num_blocks=num_blocks, block_size=BS, enable_prefix_caching=True)
     co.setdefault("tpot_slo_ms", 20.0)
     co.setdefault("safety_margin", 0.0)
     config = CoServingConfig(scheduler=SchedulerConfig(**sched), **co)
     latency = LatencyModel(FP, COEFFICIENTS if coefficients is None else coefficients)
-    return CoServingPolicy(config, kv, AdapterSlots(num_slots), latency, share=make_share(kind, config),
-                           clock=clock or FakeClock())
+    return build_policy(kind, config, num_blocks, AdapterSlots(num_slots), latency, clock=clock or FakeClock())
 
 
 def make_request(request_id: str, tenant: str = "default", prompt_len: int = 6, max_tokens: int = 4,

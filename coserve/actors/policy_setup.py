@@ -16,15 +16,14 @@ from typing import Protocol
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.inference import InferenceScheduler
-from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY, CoServingConfig
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.request import Request, RequestStatus
+from coserve.policies.share_registry import ShareKind, ShareOptions, build_policy
 
 
 class InferencePolicy(Protocol):
@@ -71,8 +70,8 @@ def fcfs_policy(config: SchedulerConfig, layout: EngineLayout) -> InferencePolic
 
 @dataclass(frozen=True, slots=True)
 class CoServingPolicyFactory:
-    """Builds a `CoServingPolicy` with the `HybridShare` (inference first, fine-tuning up to the TPOT SLO,
-    VTC fairness).
+    """Builds a `CoServingPolicy` (inference first in VTC order, fine-tuning in what is left) with the
+    fine-tuning share `share` (default: the hybrid share, up to the TPOT SLO).
 
     Args:
         fingerprint: the served model, this machine and the dtype (a profile must match it).
@@ -82,6 +81,8 @@ class CoServingPolicyFactory:
         latency_profile: a `coserve profile --json` file; None starts unfitted (learned online).
         tenant_weights: tenant -> share under contention (the tenants file's `weight`).
         finetune_floor_every: the liveness floor (`CoServingConfig.finetune_floor_every`).
+        share / share_options: the fine-tuning share strategy (`share_registry`); with
+            `ShareKind.NONE` the policy runs no jobs (the scheduler opens no job manager).
     """
 
     fingerprint: ModelFingerprint
@@ -91,6 +92,8 @@ class CoServingPolicyFactory:
     max_stall_ms: float | None = None
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     finetune_floor_every: int = DEFAULT_FINETUNE_FLOOR_EVERY
+    share: ShareKind = ShareKind.HYBRID
+    share_options: ShareOptions = ShareOptions()
 
     def latency_model(self) -> LatencyModel:
         """The profile's model, checked against this server; or an unfitted one.
@@ -113,6 +116,5 @@ class CoServingPolicyFactory:
         co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights),
                              max_stall_ms=self.max_stall_ms, finetune_floor_every=self.finetune_floor_every,
                              **slos)
-        kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
-        return CoServingPolicy(co, kv, AdapterSlots(layout.num_adapter_slots), self.latency_model(),
-                               share=HybridShare())
+        return build_policy(self.share, co, layout.num_kv_blocks, AdapterSlots(layout.num_adapter_slots),
+                            self.latency_model(), self.share_options)

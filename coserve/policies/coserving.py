@@ -51,16 +51,21 @@ class CoServingPolicy:
         adapters: the engine's adapter bank slots.
         latency: the iteration latency model (refined online from measured iterations).
         share: the fine-tuning share strategy (`share_registry.make_share` builds one by name).
-        finetune_kv: a KV range of fine-tuning's own (a static split, `split_kv`); None: `kv`.
+        finetune_kv: fine-tuning's own KV range when `share.kv_fraction` is set (a static split,
+            `split_kv`); None: `kv`. `build_policy` (`share_registry`) cuts the cache as the share says.
         clock: seconds on the scale of `Request.arrival_time` (for the TTFT guard).
 
     Raises:
-        ValueError: `finetune_kv`'s block size differs from `kv`'s, or `kv` disagrees with `config`.
+        ValueError: `finetune_kv` given without `share.kv_fraction` or missing with it, its block size
+            differs from `kv`'s, or `kv` disagrees with `config`.
     """
 
     def __init__(self, config: CoServingConfig, kv: KVBlockManager, adapters: AdapterSlots,
                  latency: LatencyModel, *, share: FinetuneShare, finetune_kv: KVBlockManager | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        if (finetune_kv is None) != (share.kv_fraction is None):
+            raise ValueError("finetune_kv must be given exactly when the share keeps a KV range of its own "
+                             f"(the {share.label}: kv_fraction={share.kv_fraction})")
         if finetune_kv is not None and finetune_kv.block_size != kv.block_size:
             raise ValueError(f"KV block sizes differ: {kv.block_size} and {finetune_kv.block_size}")
         self._co = config
@@ -83,7 +88,7 @@ class CoServingPolicy:
         return self._order.queue.has_tenant(tenant)
 
     def _reclaim_kv(self, plan: IterationPlan) -> bool:
-        return self._share.reclaims_kv and self._jobs.roster.reclaim_kv(plan)
+        return self._share.kv_fraction is None and self._jobs.roster.reclaim_kv(plan)
 
     # ------------------------------------------------------------------------------ requests
 

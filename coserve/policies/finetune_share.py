@@ -102,15 +102,16 @@ class FinetuneShare(Protocol):
         floor_applies: whether the liveness floor gives starved jobs a piece (turn-taking baselines
             give fine-tuning whole iterations by construction: a piece inside an inference turn would
             break their contract).
-        reclaims_kv: whether inference may take the KV blocks of fine-tuning's sequences in flight (a
-            static split gives fine-tuning a range of its own).
+        kv_fraction: fine-tuning's own share of the KV cache (a static split: the policy is given that
+            range as `finetune_kv`, and inference never takes its blocks); None: fine-tuning borrows
+            inference's blocks, and gives them back when inference needs them.
         watcher: what it follows of the requests.
     """
 
     label: str
     hosts_jobs: bool
     floor_applies: bool
-    reclaims_kv: bool
+    kv_fraction: float | None
     watcher: RequestWatcher
 
     def begin_iteration(self, ctx: ShareContext) -> bool:
@@ -132,7 +133,7 @@ class NoFinetuneShare:
     label = "inference-only share"
     hosts_jobs = False
     floor_applies = False
-    reclaims_kv = False
+    kv_fraction = None
     watcher = IGNORE_REQUESTS
 
     def begin_iteration(self, ctx: ShareContext) -> bool:

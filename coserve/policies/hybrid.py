@@ -83,7 +83,7 @@ class HybridShare:
     label = "hybrid share"
     hosts_jobs = True
     floor_applies = True
-    reclaims_kv = True
+    kv_fraction = None
 
     def __init__(self) -> None:
         self._first_tokens = FirstTokenTimes()

@@ -1,24 +1,29 @@
 """The fine-tuning share strategies by name: an enum of the kinds and one typed factory per kind.
 
-    share = make_share(share_kind("temporal"), config, ShareOptions(inference_iterations=128))
-    policy = CoServingPolicy(config, kv, adapters, latency, share=share)
+    policy = build_policy(share_kind("temporal"), config, num_blocks, adapters, latency,
+                          ShareOptions(inference_iterations=128))
 
-A static split also needs the KV cache cut in two (`static_split.split_kv`): `ShareOptions` carries
-the fraction, and `CoServingPolicy` is given the fine-tuning range as `finetune_kv`.
+`build_policy` cuts the KV cache in two for a share that keeps a range of its own (a static split,
+`static_split.split_kv`); `make_share` builds the strategy alone.
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.dynamic_temporal import dynamic_temporal_share
 from coserve.policies.finetune_share import FinetuneShare, NoFinetuneShare
 from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.static_split import DEFAULT_FINETUNE_FRACTION, StaticSplitShare
+from coserve.policies.kv_blocks import KVBlockManager
+from coserve.policies.latency import LatencyModel
+from coserve.policies.static_split import DEFAULT_FINETUNE_FRACTION, StaticSplitShare, split_kv
 from coserve.policies.temporal import DEFAULT_INFERENCE_ITERATIONS, temporal_share
 
 
@@ -76,3 +81,23 @@ def make_share(kind: ShareKind, config: CoServingConfig,
         ValueError: `options` out of range for `kind` (the message names the setting).
     """
     return SHARE_FACTORIES[kind](config, options)
+
+
+def build_policy(kind: ShareKind, config: CoServingConfig, num_blocks: int, adapters: AdapterSlots,
+                 latency: LatencyModel, options: ShareOptions = ShareOptions(), *,
+                 clock: Callable[[], float] = time.monotonic) -> CoServingPolicy:
+    """A co-serving policy with a fresh share of `kind`, over a KV cache of `num_blocks` blocks (of
+    `config.scheduler.block_size` tokens), cut in two when the share keeps a range of its own.
+
+    Raises:
+        ValueError: `options` out of range for `kind`, or a KV range that would get no block.
+    """
+    share = make_share(kind, config, options)
+    scheduler = config.scheduler
+    if share.kv_fraction is None:
+        kv = KVBlockManager(num_blocks, scheduler.block_size, scheduler.enable_prefix_caching)
+        return CoServingPolicy(config, kv, adapters, latency, share=share, clock=clock)
+    inference, finetune = split_kv(num_blocks, scheduler.block_size, share.kv_fraction,
+                                   scheduler.enable_prefix_caching)
+    return CoServingPolicy(config, inference, adapters, latency, share=share, finetune_kv=finetune,
+                           clock=clock)

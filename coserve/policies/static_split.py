@@ -66,7 +66,6 @@ class StaticSplitShare:
 
     hosts_jobs = True
     floor_applies = True
-    reclaims_kv = False  # the fine-tuning range is not inference's to take
     watcher = IGNORE_REQUESTS
 
     def __init__(self, config: CoServingConfig, finetune_fraction: float = DEFAULT_FINETUNE_FRACTION) -> None:
@@ -81,6 +80,7 @@ class StaticSplitShare:
             raise ValueError(f"finetune_fraction={finetune_fraction} leaves inference fewer tokens than "
                              f"one decode batch of max_num_seqs={config.scheduler.max_num_seqs}")
         self.finetune_fraction = finetune_fraction
+        self.kv_fraction: float | None = finetune_fraction  # the fine-tuning range is not inference's
         self.label = f"static split share ({finetune_fraction:g})"
 
     def begin_iteration(self, ctx: ShareContext) -> bool:

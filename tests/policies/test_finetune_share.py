@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, make_job, make_policy, make_request, step
 
+from coserve.actors.policy_setup import CoServingPolicyFactory
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.coserving import CoServingPolicy
@@ -19,8 +20,8 @@ from coserve.policies.job_roster import Allowance, fixed_allowance
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures
 from coserve.policies.request import Request
-from coserve.policies.share_registry import ShareKind, ShareOptions, make_share, share_kind
-from coserve.policies.static_split import StaticSplitShare
+from coserve.policies.share_registry import ShareKind, ShareOptions, build_policy, make_share, share_kind
+from coserve.policies.static_split import StaticSplitShare, split_kv
 from coserve.policies.temporal import FixedTurns, TurnTakingShare
 
 CONFIG = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, block_size=BS, max_num_seqs=4,
@@ -39,7 +40,7 @@ def test_every_share_is_found_by_its_name(name: str, kind: ShareKind) -> None:
 
 def test_each_kind_builds_its_strategy() -> None:
     hybrid = make_share(ShareKind.HYBRID, CONFIG)
-    assert isinstance(hybrid, HybridShare) and hybrid.floor_applies and hybrid.reclaims_kv
+    assert isinstance(hybrid, HybridShare) and hybrid.floor_applies and hybrid.kv_fraction is None
     temporal = make_share(ShareKind.TEMPORAL, CONFIG, ShareOptions(inference_iterations=3))
     assert isinstance(temporal, TurnTakingShare) and isinstance(temporal.turns, FixedTurns)
     assert not temporal.floor_applies  # turns give fine-tuning whole iterations instead
@@ -49,7 +50,7 @@ def test_each_kind_builds_its_strategy() -> None:
     assert dynamic.watcher is dynamic.turns  # it counts arrivals and completions
     static = make_share(ShareKind.STATIC_SPLIT, CONFIG, ShareOptions(finetune_fraction=0.25))
     assert isinstance(static, StaticSplitShare) and static.finetune_fraction == 0.25
-    assert not static.reclaims_kv  # fine-tuning's range is its own
+    assert static.kv_fraction == 0.25  # fine-tuning's range is its own
     none = make_share(ShareKind.NONE, CONFIG)
     assert isinstance(none, NoFinetuneShare) and not none.hosts_jobs
     assert all(make_share(kind, CONFIG).hosts_jobs for kind in ShareKind if kind is not ShareKind.NONE)
@@ -108,6 +109,44 @@ def test_the_none_share_serves_inference_in_vtc_order_and_never_trains() -> None
     assert not policy.share.hosts_jobs
 
 
+def test_build_policy_cuts_the_kv_cache_only_for_a_share_with_a_range_of_its_own() -> None:
+    latency = LatencyModel(FP, COEFFICIENTS)
+    for kind in ShareKind:
+        options = ShareOptions(finetune_fraction=0.25)
+        policy = build_policy(kind, CONFIG, 64, AdapterSlots(4), latency, options, clock=FakeClock())
+        assert policy.share.label == make_share(kind, CONFIG, options).label
+        if kind is ShareKind.STATIC_SPLIT:
+            assert policy.jobs is not None
+            assert (policy.kv.num_blocks, policy.jobs.kv.num_blocks) == (48, 16)
+        elif kind is ShareKind.NONE:
+            assert policy.jobs is None and policy.kv.num_blocks == 64
+        else:
+            assert policy.jobs is not None and policy.jobs.kv is policy.kv and policy.kv.num_blocks == 64
+
+
+def test_a_kv_range_goes_with_a_share_that_keeps_one() -> None:
+    inference, finetune = split_kv(64, BS, 0.25)
+    latency = LatencyModel(FP, COEFFICIENTS)
+    with pytest.raises(ValueError, match="finetune_kv"):
+        CoServingPolicy(CONFIG, inference, AdapterSlots(4), latency, share=HybridShare(), finetune_kv=finetune)
+    with pytest.raises(ValueError, match="finetune_kv"):
+        CoServingPolicy(CONFIG, inference, AdapterSlots(4), latency, share=StaticSplitShare(CONFIG, 0.25))
+
+
+class _Layout:
+    num_kv_blocks, block_size, max_model_len, num_adapter_slots, max_lora_rank = 64, BS, 64, 4, 16
+
+
+@pytest.mark.parametrize("kind", list(ShareKind))
+def test_the_servers_policy_factory_builds_any_share(kind: ShareKind) -> None:
+    factory = CoServingPolicyFactory(FP, tpot_slo_ms=20.0, share=kind)
+    policy = factory(CONFIG.scheduler, _Layout())
+    assert isinstance(policy, CoServingPolicy)
+    assert policy.share.label == make_share(kind, CONFIG).label
+    assert (policy.jobs is None) == (kind is ShareKind.NONE)  # the scheduler opens no job manager then
+    assert CoServingPolicyFactory(FP).share is ShareKind.HYBRID  # the server's default
+
+
 # ------------------------------------------------------------------------ the protocol, plugged in
 
 class RecordingShare:
@@ -117,7 +156,7 @@ class RecordingShare:
     label = "recording share"
     hosts_jobs = True
     floor_applies = False
-    reclaims_kv = True
+    kv_fraction = None
 
     def __init__(self) -> None:
         self.calls: list[str] = []
