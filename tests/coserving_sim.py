@@ -52,7 +52,8 @@ def make_policy(kind: ShareKind = ShareKind.HYBRID, *, num_blocks: int = 64,
     co.setdefault("safety_margin", 0.0)
     config = CoServingConfig(scheduler=SchedulerConfig(**sched), **co)
     latency = LatencyModel(FP, COEFFICIENTS if coefficients is None else coefficients)
-    return build_policy(kind, config, num_blocks, AdapterSlots(num_slots), latency, clock=clock or FakeClock())
+    return build_policy(kind, config, num_blocks, AdapterSlots(num_slots), latency,
+                        clock=clock or FakeClock())
 
 
 def make_request(request_id: str, tenant: str = "default", prompt_len: int = 6, max_tokens: int = 4,

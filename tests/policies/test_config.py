@@ -55,7 +55,8 @@ def test_every_entry_point_takes_the_scheduler_defaults_from_one_place() -> None
     assert (serve.max_num_seqs, serve.max_batch_tokens, serve.finetune_floor_every) == (
         DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_FINETUNE_FLOOR_EVERY)
     llm = inspect.signature(LLM.__init__).parameters
-    assert (llm["max_num_seqs"].default, llm["block_size"].default) == (DEFAULT_MAX_NUM_SEQS, DEFAULT_BLOCK_SIZE)
+    assert (llm["max_num_seqs"].default, llm["block_size"].default) == (DEFAULT_MAX_NUM_SEQS,
+                                                                        DEFAULT_BLOCK_SIZE)
     assert CoServingConfig(scheduler=config).finetune_floor_every == DEFAULT_FINETUNE_FLOOR_EVERY
     assert ServeOptions(model="m", tenants="t").finetune_floor_every == DEFAULT_FINETUNE_FLOOR_EVERY
     factory_defaults = {f.name: f.default for f in dataclasses.fields(CoServingPolicyFactory)}

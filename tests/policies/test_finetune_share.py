@@ -128,7 +128,8 @@ def test_a_kv_range_goes_with_a_share_that_keeps_one() -> None:
     inference, finetune = split_kv(64, BS, 0.25)
     latency = LatencyModel(FP, COEFFICIENTS)
     with pytest.raises(ValueError, match="finetune_kv"):
-        CoServingPolicy(CONFIG, inference, AdapterSlots(4), latency, share=HybridShare(), finetune_kv=finetune)
+        CoServingPolicy(CONFIG, inference, AdapterSlots(4), latency, share=HybridShare(),
+                        finetune_kv=finetune)
     with pytest.raises(ValueError, match="finetune_kv"):
         CoServingPolicy(CONFIG, inference, AdapterSlots(4), latency, share=StaticSplitShare(CONFIG, 0.25))
 
