@@ -19,10 +19,12 @@ import platform
 import statistics
 import time
 
+from coserve.bench.replay import job_host
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
-from coserve.policies.hybrid import HybridTokenPolicy
+from coserve.policies.coserving import CoServingPolicy
+from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint, machine_id
@@ -36,7 +38,7 @@ COEFFICIENTS = {"constant": 4e-3, "decode_tokens": 3e-5, "prefill_tokens": 6e-5,
                 "ft_forward_tokens": 8e-5, "ft_backward_token_layers": 5e-6, "distinct_adapters": 2e-4}
 
 
-def build(num_jobs: int) -> HybridTokenPolicy:
+def build(num_jobs: int) -> CoServingPolicy:
     """The policy with 256 running requests (after their prefill) and `num_jobs` jobs."""
     sched = SchedulerConfig(max_model_len=4096, max_num_seqs=NUM_RUNNING, max_batch_tokens=2048,
                             block_size=16)
@@ -44,7 +46,7 @@ def build(num_jobs: int) -> HybridTokenPolicy:
                              tenant_weights={f"t{i}": 1.0 + i % 3 for i in range(NUM_TENANTS)})
     kv = KVBlockManager(num_blocks=16384, block_size=16)
     latency = LatencyModel(ModelFingerprint("bench", machine_id(), "bf16"), COEFFICIENTS)
-    policy = HybridTokenPolicy(config, kv, AdapterSlots(16), latency, clock=lambda: 0.0)
+    policy = CoServingPolicy(config, kv, AdapterSlots(16), latency, share=HybridShare(), clock=lambda: 0.0)
     for i in range(NUM_RUNNING + NUM_TENANTS):
         adapter = AdapterRef(i % 8, f"lora{i % 8}", f"/lora/{i % 8}") if i % 2 else None
         prompt = [(i * 7919 + j) % 32000 for j in range(64 + (i * 37) % 400)]
@@ -59,7 +61,7 @@ def build(num_jobs: int) -> HybridTokenPolicy:
         spec = FinetuneJobSpec(job_id=f"job{k}", tenant=f"t{k * 11}", adapter_id=100 + k,
                                examples=examples, n_epochs=1000, batch_size=2, seed=k,
                                num_layers=NUM_LAYERS, output_dir=f"/tmp/job{k}")
-        policy.add_job(FinetuneJob(spec, kv, policy.adapters))
+        job_host(policy).add_job(FinetuneJob(spec, kv, policy.adapters))
     return policy
 
 
@@ -74,7 +76,7 @@ def result_of(plan: IterationPlan) -> IterationResult:
                            training=report)
 
 
-def measure(policy: HybridTokenPolicy, iterations: int) -> list[float]:
+def measure(policy: CoServingPolicy, iterations: int) -> list[float]:
     """Seconds of each `plan()` call (the update after it is not timed)."""
     times = []
     gc.disable()  # a collection pause is not planning work; it is measured separately by Python

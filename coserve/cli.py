@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from coserve.bench.cli import register_bench
+from coserve.policies.config import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS
+from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY
 from coserve.profiling import register_profile
 
 Subparsers = Any  # argparse's _SubParsersAction is private; this alias documents intent.
@@ -199,17 +201,19 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--local", action="store_true", help="one process, no Ray")
-    serve.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once (default: 64)")
-    serve.add_argument("--max-batch-tokens", type=int, default=2048,
-                       help="tokens per engine iteration (default: 2048)")
+    serve.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
+                       help=f"requests running at once (default: {DEFAULT_MAX_NUM_SEQS})")
+    serve.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS,
+                       help=f"tokens per engine iteration (default: {DEFAULT_MAX_BATCH_TOKENS})")
     serve.add_argument("--tpot-slo-ms", type=float, default=None, help="time-per-output-token objective (ms)")
     serve.add_argument("--ttft-slo-ms", type=float, default=None, help="time-to-first-token objective (ms)")
     serve.add_argument("--max-stall-ms", type=float, default=None,
                        help="let fine-tuning spend the requests' TPOT slack in bursts, no token gap longer "
                             "than this (ms, >= the TPOT SLO; default: every iteration within the SLO)")
-    serve.add_argument("--finetune-floor-every", type=int, default=8,
+    serve.add_argument("--finetune-floor-every", type=int, default=DEFAULT_FINETUNE_FLOOR_EVERY,
                        help="liveness floor: a fine-tuning job that got no work in this many iterations gets "
-                            "a small piece in the next one, whatever the SLO or load (default: 8)")
+                            "a small piece in the next one, whatever the SLO or load "
+                            f"(default: {DEFAULT_FINETUNE_FLOOR_EVERY})")
     serve.add_argument("--public-metrics", action="store_true",
                        help="serve /metrics without an admin key, tenant labels summed away (default: "
                             "admin keys only)")

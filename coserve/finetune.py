@@ -25,7 +25,8 @@ from coserve.platform.trainer.lora_params import LoRATrainConfig
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.finetune_job import (FinetuneJob, FinetuneJobSpec, JobEvent, JobEventKind,
                                            JobState)
-from coserve.policies.job_roster import JobRoster, whole_iteration_allowance
+from coserve.policies.job_host import JobHost
+from coserve.policies.job_roster import whole_iteration_allowance
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.training_plan import TrainingExample
@@ -134,84 +135,55 @@ class _Tracked:
 class OfflineJobs:
     """Fine-tuning jobs attached to one policy and engine: the `LLM`'s `EngineCore` `JobSide` (the
     core calls `schedule` after the policy plans an iteration and `update` after the engine ran it).
-    It is also a `JobHost` for the server's `JobManager` (add, cancel, pause, resume jobs; pop their
-    events).
 
-    The jobs live in a `JobRoster`, as in the co-serving policies (deferred control, jobs taken in
-    virtual-token-counter order); offline there is no SLO, so the allowance is what the inference
-    tokens leave of `max_batch_tokens`. Finished jobs stay here for their results.
+    The jobs live in a `JobHost` (`host`), the same class the co-serving policy keeps its jobs in, so
+    the server's `JobManager` can drive offline jobs through it too (add, cancel, pause, resume, pop
+    events); offline there is no SLO, so the allowance is what the inference tokens leave of
+    `max_batch_tokens`. Jobs submitted here stay here, finished, for their results.
     """
 
     def __init__(self, kv: KVBlockManager, adapters: AdapterSlots, max_batch_tokens: int,
                  num_layers: int) -> None:
-        self._kv, self._adapters = kv, adapters
+        self.host = JobHost(VirtualTokenCounter(VTCWeights()), kv, adapters)
         self._max_batch_tokens, self._num_layers = max_batch_tokens, num_layers
-        self._vtc = VirtualTokenCounter(VTCWeights())
-        self._roster = JobRoster(self._vtc, self._sync_backlog)
         self._jobs: dict[str, _Tracked] = {}
         self._adapter_ids = itertools.count(FIRST_TRAINING_ADAPTER_ID)
-
-    @property
-    def kv(self) -> KVBlockManager:
-        return self._kv
-
-    @property
-    def adapters(self) -> AdapterSlots:
-        return self._adapters
 
     def next_adapter_id(self) -> int:
         return next(self._adapter_ids)
 
-    def _sync_backlog(self, tenant: str) -> None:
-        if self._roster.has_runnable(tenant):
-            self._vtc.on_backlogged(tenant)
-        else:
-            self._vtc.on_idle(tenant)
-
     def submit(self, prepared: PreparedJob) -> FinetuneJob:
-        job = FinetuneJob(prepared.spec, self._kv, self._adapters)
-        self.add_job(job, prepared.dataset.warnings)
-        return job
-
-    def add_job(self, job: FinetuneJob, warnings: list[str] | None = None) -> None:
-        """Schedule a job from the next iteration on. Raises ValueError on a duplicate id."""
+        """Schedule a prepared job from the next iteration on. Raises ValueError on a duplicate id."""
+        job = FinetuneJob(prepared.spec, self.host.kv, self.host.adapters)
         if job.job_id in self._jobs:
             raise ValueError(f"job id {job.job_id!r} is already used")
-        if job.tenant not in self._vtc.tenants:
-            self._vtc.add_tenant(job.tenant)
-        self._roster.add(job)
-        self._jobs[job.job_id] = _Tracked(job, list(warnings or []))
+        self.host.add_job(job)
+        self._jobs[job.job_id] = _Tracked(job, list(prepared.dataset.warnings))
+        return job
 
-    def remove_job(self, job_id: str) -> bool:
-        return self._roster.cancel(job_id)
-
-    def pause_job(self, job_id: str) -> bool:
-        return self._roster.pause(job_id)
-
-    def resume_job(self, job_id: str) -> bool:
-        return self._roster.resume(job_id)
-
-    def pop_job_events(self) -> list[JobEvent]:
-        events = self._roster.pop_events()
-        for event in events:
-            self._jobs[event.job_id].events.append(event)
-        return events
+    def _collect_events(self) -> None:
+        """Keep the events of the jobs submitted here (a `JobManager` pops its own from `host`)."""
+        for event in self.host.pop_job_events():
+            tracked = self._jobs.get(event.job_id)
+            if tracked is not None:
+                tracked.events.append(event)
 
     def schedule(self, plan: IterationPlan) -> None:
         """Apply deferred control, then give the running jobs what the inference tokens leave of
         the iteration's token budget."""
-        self._roster.apply_control(plan)
+        roster = self.host.roster
+        roster.apply_control(plan)
         budget = max(0, self._max_batch_tokens - plan.num_tokens)
         if budget == 0:
             return
         # Both amounts: a sequence whose forward completes may start its backward at once.
-        self._roster.fill(plan, whole_iteration_allowance(budget, budget * self._num_layers))
+        roster.fill(plan, whole_iteration_allowance(budget, budget * self._num_layers))
 
     def update(self, plan: IterationPlan, result: IterationResult) -> None:
-        self._roster.update(plan, result)
+        self.host.roster.update(plan, result)
 
     def result(self, job_id: str) -> FineTuneResult:
-        self.pop_job_events()  # events nobody popped yet belong to the result too
+        self._collect_events()  # events nobody popped yet belong to the result too
         tracked = self._jobs[job_id]
         job, events = tracked.job, tracked.events
         final = next((e.path for e in events if e.kind == JobEventKind.SUCCEEDED), None)

@@ -21,9 +21,10 @@ from coserve.lora_request import LoRARequest
 from coserve.outputs import CompletionOutput, RequestOutput
 from coserve.platform.engine import Engine, EngineConfig
 from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.config import SchedulerConfig
+from coserve.policies.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS,
+                                     SchedulerConfig)
 from coserve.policies.engine_core import EngineCore
-from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import TokenLogprobs
 from coserve.policies.request import AdapterRef, Request, RequestStatus, SamplingParams
@@ -54,9 +55,9 @@ class LLM:
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto",
-                 device: str = "cpu", seed: int = 0, max_num_seqs: int = 64,
+                 device: str = "cpu", seed: int = 0, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                  max_batch_tokens: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_model_len: int | None = None, block_size: int = 16,
+                 max_model_len: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
                  num_kv_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  enable_prefix_caching: bool = True, max_loras: int = 4, max_lora_rank: int = 64,
                  native_kernels: bool = True, gpu_memory_utilization: float = 0.9,
@@ -73,9 +74,9 @@ class LLM:
         layout = self.engine.layout
         self.scheduler_config = SchedulerConfig(
             max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
-            max_batch_tokens=max_batch_tokens or max_num_batched_tokens or 2048,
+            max_batch_tokens=max_batch_tokens or max_num_batched_tokens or DEFAULT_MAX_BATCH_TOKENS,
             block_size=layout.block_size, enable_prefix_caching=enable_prefix_caching)
-        self.policy = FCFSPolicy(
+        self.policy = InferenceScheduler(
             self.scheduler_config,
             KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching),
             AdapterSlots(layout.num_adapter_slots))

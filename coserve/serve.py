@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from coserve.actors.metrics import Slo
+from coserve.policies.config import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS
+from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +46,8 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     local: bool = False
-    max_num_seqs: int = 64
-    max_batch_tokens: int = 2048
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     tpot_slo_ms: float | None = None
     ttft_slo_ms: float | None = None
     adapter_slots: int = 4
@@ -53,7 +55,7 @@ class ServeOptions:
     device: str = "cpu"
     latency_profile: str | None = None  # `coserve profile --json` output (None: learned online)
     max_stall_ms: float | None = None  # fine-tuning bursts spending TPOT slack (CoServingConfig)
-    finetune_floor_every: int = 8  # liveness floor (CoServingConfig.finetune_floor_every)
+    finetune_floor_every: int = DEFAULT_FINETUNE_FLOOR_EVERY  # liveness floor (CoServingConfig)
     public_metrics: bool = False  # /metrics without an admin key, tenant labels summed away
     max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
     max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128

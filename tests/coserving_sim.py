@@ -9,9 +9,7 @@ from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
-from coserve.policies.hybrid import HybridTokenPolicy
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
 from coserve.policies.plan import (
     IterationPlan,
@@ -20,6 +18,7 @@ from coserve.policies.plan import (
     StepTimings,
 )
 from coserve.policies.request import Request, SamplingParams
+from coserve.policies.share_registry import ShareKind, build_policy
 from coserve.policies.training_plan import (
     SavedAdapter,
     StepReport,
@@ -43,18 +42,18 @@ class FakeClock:
         return self.now
 
 
-def make_policy(cls: type[CoServingPolicy] = HybridTokenPolicy, *, num_blocks: int = 64,
+def make_policy(kind: ShareKind = ShareKind.HYBRID, *, num_blocks: int = 64,
                 num_slots: int = 4, coefficients: dict[str, float] | None = None,
                 clock: FakeClock | None = None, scheduler: dict[str, Any] | None = None,
                 **co: Any) -> CoServingPolicy:
     sched = {"max_model_len": 64, "block_size": BS, "max_num_seqs": 8, "max_batch_tokens": 64,
              **(scheduler or {})}
-    kv = KVBlockManager(num_blocks=num_blocks, block_size=BS, enable_prefix_caching=True)
     co.setdefault("tpot_slo_ms", 20.0)
     co.setdefault("safety_margin", 0.0)
     config = CoServingConfig(scheduler=SchedulerConfig(**sched), **co)
     latency = LatencyModel(FP, COEFFICIENTS if coefficients is None else coefficients)
-    return cls(config, kv, AdapterSlots(num_slots), latency, clock=clock or FakeClock())
+    return build_policy(kind, config, num_blocks, AdapterSlots(num_slots), latency,
+                        clock=clock or FakeClock())
 
 
 def make_request(request_id: str, tenant: str = "default", prompt_len: int = 6, max_tokens: int = 4,
@@ -73,7 +72,7 @@ def make_job(policy: CoServingPolicy, job_id: str, tenant: str, *, lengths: tupl
                            n_epochs=n_epochs, batch_size=len(lengths), seed=0, num_layers=num_layers,
                            output_dir=f"/out/{job_id}", max_window_tokens=max_window_tokens,
                            min_tasklet_tokens=1)
-    return FinetuneJob(spec, policy.finetune_kv, policy.adapters)
+    return FinetuneJob(spec, policy.jobs.kv, policy.adapters)
 
 
 def execute(plan: IterationPlan, total_s: float = 0.0) -> IterationResult:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coserve.actors.job_host import JobHost
 from coserve.actors.job_resume import resume_spec
 from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
@@ -31,6 +30,7 @@ from coserve.actors.store.records import JobRecord, JobStatus
 from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, ValidationFileError, prepare_job
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
+from coserve.policies.job_host import JobHost
 from coserve.policies.quotas import TenantLimits, TenantQuota
 from coserve.policies.storage_quota import QUOTA_CODES
 

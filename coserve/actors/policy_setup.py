@@ -2,9 +2,9 @@
 
 `PolicyFactory(config, layout) -> policy`. Factories are plain picklable callables: in Ray mode the
 scheduler receives them in its own process. `CoServingPolicyFactory` (the default of `coserve serve`)
-builds the hybrid token policy with the latency model of a profile file (`coserve profile --json`),
-refused when it was fitted for another model, machine or dtype, or an unfitted one that learns the
-iteration costs online from every measured iteration.
+builds the co-serving policy with the hybrid share and the latency model of a profile file
+(`coserve profile --json`), refused when it was fitted for another model, machine or dtype, or an
+unfitted one that learns the iteration costs online from every measured iteration.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from typing import Protocol
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_core import PlanSource
-from coserve.policies.fcfs import FCFSPolicy
-from coserve.policies.hybrid import HybridTokenPolicy
-from coserve.policies.hybrid_config import CoServingConfig
+from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY, CoServingConfig
+from coserve.policies.inference import InferenceScheduler
+from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
 from coserve.policies.request import Request, RequestStatus
+from coserve.policies.share_registry import ShareKind, ShareOptions, build_policy
 
 
 class InferencePolicy(PlanSource, Protocol):
-    """The policy surface the scheduler drives (FCFSPolicy; the hybrid token policy): what its
-    `EngineCore` plans with (`plan`, `update`, `has_work`), plus admission and queue state."""
+    """The policy surface the scheduler drives (InferenceScheduler; CoServingPolicy): what its
+    `EngineCore` plans with (`plan`, `update`, `has_work`), plus admission, queue state and jobs."""
 
     def add_request(self, request: Request) -> None: ...
     def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool: ...
@@ -40,6 +41,10 @@ class InferencePolicy(PlanSource, Protocol):
 
     @property
     def kv(self) -> KVBlockManager: ...
+
+    @property
+    def jobs(self) -> JobHost | None:
+        """The fine-tuning jobs the policy runs; None: it runs none (inference only)."""
 
 
 class EngineLayout(Protocol):
@@ -58,12 +63,13 @@ PolicyFactory = Callable[[SchedulerConfig, EngineLayout], InferencePolicy]
 def fcfs_policy(config: SchedulerConfig, layout: EngineLayout) -> InferencePolicy:
     """FCFS continuous batching over the engine's KV blocks and adapter slots."""
     kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
-    return FCFSPolicy(config, kv, AdapterSlots(layout.num_adapter_slots))
+    return InferenceScheduler(config, kv, AdapterSlots(layout.num_adapter_slots))
 
 
 @dataclass(frozen=True, slots=True)
 class CoServingPolicyFactory:
-    """Builds `HybridTokenPolicy` (inference first, fine-tuning up to the TPOT SLO, VTC fairness).
+    """Builds a `CoServingPolicy` (inference first in VTC order, fine-tuning in what is left) with the
+    fine-tuning share `share` (default: the hybrid share, up to the TPOT SLO).
 
     Args:
         fingerprint: the served model, this machine and the dtype (a profile must match it).
@@ -73,6 +79,8 @@ class CoServingPolicyFactory:
         latency_profile: a `coserve profile --json` file; None starts unfitted (learned online).
         tenant_weights: tenant -> share under contention (the tenants file's `weight`).
         finetune_floor_every: the liveness floor (`CoServingConfig.finetune_floor_every`).
+        share / share_options: the fine-tuning share strategy (`share_registry`); with
+            `ShareKind.NONE` the policy runs no jobs (the scheduler opens no job manager).
     """
 
     fingerprint: ModelFingerprint
@@ -81,7 +89,9 @@ class CoServingPolicyFactory:
     latency_profile: str | None = None
     max_stall_ms: float | None = None
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
-    finetune_floor_every: int = 8
+    finetune_floor_every: int = DEFAULT_FINETUNE_FLOOR_EVERY
+    share: ShareKind = ShareKind.HYBRID
+    share_options: ShareOptions = ShareOptions()
 
     def latency_model(self) -> LatencyModel:
         """The profile's model, checked against this server; or an unfitted one.
@@ -104,5 +114,5 @@ class CoServingPolicyFactory:
         co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights),
                              max_stall_ms=self.max_stall_ms, finetune_floor_every=self.finetune_floor_every,
                              **slos)
-        kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
-        return HybridTokenPolicy(co, kv, AdapterSlots(layout.num_adapter_slots), self.latency_model())
+        return build_policy(self.share, co, layout.num_kv_blocks, AdapterSlots(layout.num_adapter_slots),
+                            self.latency_model(), self.share_options)

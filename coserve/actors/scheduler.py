@@ -12,8 +12,9 @@ method runs on one event loop thread, so no state here needs a lock. Engines tal
 `exchange(engine_id, result) -> next plan` (one round trip per iteration), the two halves of the
 iteration loop `EngineCore` (`apply` the result, `next_plan`).
 
-The policy sits behind `PolicyFactory`: anything with FCFSPolicy's surface (`add_request`, `abort`,
-`plan`, `update`, `has_work`, `num_waiting`, `num_running`, `kv`) plugs in.
+The policy sits behind `PolicyFactory`: anything with the `InferencePolicy` surface (`add_request`,
+`abort`, `plan`, `update`, `has_work`, `num_waiting`, `num_running`, `kv`, `jobs`) plugs in; fine-tuning
+jobs run when its `jobs` is a `JobHost` (not None) and the server has a data dir.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from coserve.actors.streams import SubmissionState
 from coserve.actors.prompt_encoder import PromptEncoder, PromptRefused
 from coserve.actors.tool_admission import PreparedChat, ToolSupport
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, chat_template_refusal, expand_request
-from coserve.policies.config import SchedulerConfig
+from coserve.policies.config import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS, SchedulerConfig
 from coserve.policies.engine_contract import EngineFailure
 from coserve.policies.engine_core import EngineCore, Step, StepFailed
 from coserve.policies.plan import IterationPlan, IterationResult
@@ -66,8 +67,8 @@ class SchedulerSettings:
     """
 
     model: str
-    max_num_seqs: int = 64
-    max_batch_tokens: int = 2048
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     enable_prefix_caching: bool = True
     tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
     slo: Slo = Slo()
@@ -144,13 +145,13 @@ class SchedulerActor:
         self._engines[engine_id] = layout
         self._max_model_len = layout.max_model_len
         self._adapters = AdapterChecker(self._model_config, layout.max_lora_rank)
-        if self._settings.data_dir is not None and hasattr(self._policy, "add_job"):
+        jobs = self._policy.jobs
+        if self._settings.data_dir is not None and jobs is not None:
             settings = FineTuningSettings(
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
                 data_dir=Path(self._settings.data_dir), num_layers=self._model_config.num_layers,
                 max_model_len=layout.max_model_len)
-            self._jobs = open_job_manager(settings, self._policy,  # type: ignore[arg-type]
-                                          self._settings.tenant_limits, self._count_finetune)
+            self._jobs = open_job_manager(settings, jobs, self._settings.tenant_limits, self._count_finetune)
 
     def engine_lost(self, engine_id: str, reason: str) -> None:
         """The engine died or its loop stopped: end every live stream with an error that says so, drop

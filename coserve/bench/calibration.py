@@ -40,8 +40,8 @@ from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_contract import Engine, RuntimeLayout, StepExecutor
 from coserve.policies.engine_core import EngineCore, Step
-from coserve.policies.fcfs import FCFSPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.job_pieces import JobPieces
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample
@@ -68,16 +68,16 @@ class SweepSettings:
     max_batch_tokens: int = 512
 
 
-def fcfs_policy(layout: RuntimeLayout, max_batch_tokens: int, max_num_seqs: int) -> FCFSPolicy:
+def fcfs_policy(layout: RuntimeLayout, max_batch_tokens: int, max_num_seqs: int) -> InferenceScheduler:
     """A first-come-first-served policy over an engine's blocks and slots (no prefix caching)."""
     config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
                              max_batch_tokens=max_batch_tokens, block_size=layout.block_size,
                              enable_prefix_caching=False)
     kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching=False)
-    return FCFSPolicy(config, kv, AdapterSlots(layout.num_adapter_slots))
+    return InferenceScheduler(config, kv, AdapterSlots(layout.num_adapter_slots))
 
 
-def add_requests(policy: FCFSPolicy, layout: RuntimeLayout, tag: str, count: int, prompt_len: int,
+def add_requests(policy: InferenceScheduler, layout: RuntimeLayout, tag: str, count: int, prompt_len: int,
                  output_len: int) -> list[str]:
     """Add `count` greedy requests of random prompts; returns their ids."""
     ids = []
@@ -90,7 +90,7 @@ def add_requests(policy: FCFSPolicy, layout: RuntimeLayout, tag: str, count: int
     return ids
 
 
-def _abort_and_drain(policy: FCFSPolicy, core: EngineCore, engine: StepExecutor,
+def _abort_and_drain(policy: InferenceScheduler, core: EngineCore, engine: StepExecutor,
                      request_ids: list[str]) -> None:
     """Abort `request_ids` and step until the policy has nothing left, so the engine drops every
     sequence; the first step runs whatever else is due (a job's cancel)."""

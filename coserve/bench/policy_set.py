@@ -2,17 +2,19 @@
 
 Names (the `policy` field of the benchmark's JSON):
 
-* ``coserve``: `HybridTokenPolicy`, token-level co-serving (ours), with the setup's `max_stall_ms`
-  (fine-tuning bursts that spend the requests' TPOT slack).
+* ``coserve``: the hybrid share (`HybridShare`), token-level co-serving (ours), with the setup's
+  `max_stall_ms` (fine-tuning bursts that spend the requests' TPOT slack).
 * ``coserve-strict``: the same policy with every iteration within the TPOT SLO (no bursts; FlexLLM's
   rule).
-* ``temporal-n{n}``: `TemporalSharingPolicy`, n inference iterations per fine-tuning iteration.
-* ``dynamic-temporal``: `DynamicTemporalSharingPolicy` (FlexLLM Appendix A).
-* ``static-split-{f}``: `StaticSplitPolicy`, a fraction f of every iteration and of the KV cache for
-  fine-tuning.
+* ``temporal-n{n}``: temporal sharing (`temporal_share`), n inference iterations per fine-tuning
+  iteration.
+* ``dynamic-temporal``: dynamic temporal sharing (`dynamic_temporal_share`, FlexLLM Appendix A).
+* ``static-split-{f}``: a static split (`StaticSplitShare`), a fraction f of every iteration and of the
+  KV cache for fine-tuning.
 
 Every policy gets the same scheduler limits, SLOs and a private copy of the fitted latency model (each
-refines its own copy online).
+refines its own copy online). Every one is a `CoServingPolicy` with a share strategy, built by
+`share_registry.build_policy`.
 """
 
 from __future__ import annotations
@@ -25,13 +27,9 @@ from coserve.bench.replay import PolicyFactory
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.dynamic_temporal import DynamicTemporalSharingPolicy
-from coserve.policies.hybrid import HybridTokenPolicy
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel
-from coserve.policies.static_split import StaticSplitPolicy, split_kv
-from coserve.policies.temporal import TemporalSharingPolicy
+from coserve.policies.share_registry import ShareKind, ShareOptions, build_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +54,6 @@ class PolicySetup:
         return LatencyModel.from_dict(self.latency.to_dict())
 
 
-def _kv(num_blocks: int, block_size: int) -> KVBlockManager:
-    return KVBlockManager(num_blocks, block_size, enable_prefix_caching=True)
-
-
 def make_factory(name: str, setup: PolicySetup) -> PolicyFactory:
     """The factory of the policy called `name` (module docstring). Raises ValueError when unknown."""
     config = setup.config()
@@ -67,25 +61,30 @@ def make_factory(name: str, setup: PolicySetup) -> PolicyFactory:
     if name in ("coserve", "coserve-strict"):
         hybrid = setup.config(setup.max_stall_ms) if name == "coserve" else \
             setup.config(safety_margin=setup.strict_safety_margin)
-        return (lambda n, bs, ad, clock: HybridTokenPolicy(
-            hybrid, _kv(n, bs), ad, setup.latency_copy(), clock=clock))
+        return _factory(setup, hybrid, ShareKind.HYBRID, ShareOptions())
     if name == "dynamic-temporal":
-        return (lambda n, bs, ad, clock: DynamicTemporalSharingPolicy(
-            config, _kv(n, bs), ad, setup.latency_copy(), clock=clock))
+        return _factory(setup, config, ShareKind.DYNAMIC_TEMPORAL, ShareOptions())
     if name.startswith("temporal-n"):
-        interval = _parse(name, "temporal-n", int)
-        return (lambda n, bs, ad, clock: TemporalSharingPolicy(
-            config, _kv(n, bs), ad, setup.latency_copy(), inference_iterations=interval, clock=clock))
+        options = ShareOptions(inference_iterations=int(_parse(name, "temporal-n", int)))
+        return _factory(setup, config, ShareKind.TEMPORAL, options)
     if name.startswith("static-split-"):
-        fraction = _parse(name, "static-split-", float)
-
-        def static(n: int, bs: int, ad: AdapterSlots, clock: Callable[[], float]) -> CoServingPolicy:
-            inference, finetune = split_kv(n, bs, fraction)
-            return StaticSplitPolicy(config, inference, finetune, ad, setup.latency_copy(),
-                                     finetune_fraction=fraction, clock=clock)
-        return static
+        options = ShareOptions(finetune_fraction=float(_parse(name, "static-split-", float)))
+        return _factory(setup, config, ShareKind.STATIC_SPLIT, options)
     raise ValueError(f"unknown policy {name!r}: use coserve, coserve-strict, temporal-n<N>, "
                      "dynamic-temporal or static-split-<fraction>")
+
+
+def _factory(setup: PolicySetup, config: CoServingConfig, kind: ShareKind,
+             options: ShareOptions) -> PolicyFactory:
+    """A factory of policies with a fresh share of `kind` and a private copy of the latency model."""
+
+    def build(num_blocks: int, block_size: int, adapters: AdapterSlots,
+              clock: Callable[[], float]) -> CoServingPolicy:
+        if block_size != config.scheduler.block_size:
+            raise ValueError(f"the engine's KV blocks hold {block_size} tokens, the benchmark's "
+                             f"SchedulerConfig.block_size is {config.scheduler.block_size}")
+        return build_policy(kind, config, num_blocks, adapters, setup.latency_copy(), options, clock=clock)
+    return build
 
 
 def _parse(name: str, prefix: str, kind: type) -> int | float:

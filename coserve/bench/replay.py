@@ -30,7 +30,7 @@ from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.engine_contract import StepExecutor
 from coserve.policies.engine_core import EngineCore
-from coserve.policies.kv_blocks import KVBlockManager
+from coserve.policies.job_host import JobHost
 from coserve.policies.latency_features import PlanFeatures, plan_features
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.request import Request, SamplingParams
@@ -231,7 +231,7 @@ def drive(policy: CoServingPolicy, executor: StepExecutor, clock: Clock, trace: 
     lane = EngineLane(policy, executor, clock, vocab_size=vocab_size, t0=clock.now(),
                       on_iteration=on_iteration)
     if job is not None:
-        policy.add_job(job)
+        job_host(policy).add_job(job)
     next_arrival = 0
     while True:
         now = lane.now()
@@ -270,7 +270,7 @@ def finish_run(policy: CoServingPolicy, executor: StepExecutor, request_ids: Seq
     for request_id in request_ids:
         policy.abort(request_id)  # False (a no-op) for finished ones
     if job_id is not None:
-        policy.remove_job(job_id)
+        job_host(policy).remove_job(job_id)
     core = EngineCore(policy)
     for _ in range(max_plans):
         if not core.has_work():
@@ -284,10 +284,15 @@ def finish_run(policy: CoServingPolicy, executor: StepExecutor, request_ids: Seq
 PolicyFactory = Callable[[int, int, AdapterSlots, Callable[[], float]], CoServingPolicy]
 
 
-def job_kv(policy: CoServingPolicy) -> KVBlockManager:
-    """The KV blocks a fine-tuning job allocates from: the policy's own, or its fine-tuning range."""
-    finetune_kv = getattr(policy, "finetune_kv", None)  # StaticSplitPolicy keeps jobs apart
-    return finetune_kv if isinstance(finetune_kv, KVBlockManager) else policy.kv
+def job_host(policy: CoServingPolicy) -> JobHost:
+    """The policy's fine-tuning jobs (build a job on its `kv`: the policy's own, or its fine-tuning range).
+
+    Raises:
+        ValueError: the policy's share runs no jobs.
+    """
+    if policy.jobs is None:
+        raise ValueError(f"a policy with the {policy.share.label} runs no fine-tuning job")
+    return policy.jobs
 
 
 def replay(engine: Engine, make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,
@@ -302,7 +307,7 @@ def replay(engine: Engine, make_policy: PolicyFactory, trace: Sequence[RequestSp
     layout = engine.layout
     adapters = AdapterSlots(layout.num_adapter_slots)
     policy = make_policy(layout.num_kv_blocks, layout.block_size, adapters, clock.now)
-    job = FinetuneJob(job_spec, job_kv(policy), adapters) if job_spec is not None else None
+    job = FinetuneJob(job_spec, job_host(policy).kv, adapters) if job_spec is not None else None
     try:
         return drive(policy, engine, clock, trace, limits, vocab_size=layout.vocab_size,
                      num_layers=engine.model_config.num_layers, job=job, policy_name=policy_name,

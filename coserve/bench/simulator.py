@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coserve.bench.replay import (IDLE_SLEEP_S, AdapterSlotTracker, EngineLane, PolicyFactory,
-                                  RequestRecord, RunLimits, RunRecord, drive, job_kv)
+                                  RequestRecord, RunLimits, RunRecord, drive, job_host)
 from coserve.bench.traces import RequestSpec
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
@@ -123,7 +123,7 @@ def _lane(make_policy: PolicyFactory, model: LatencyModel, shape: EngineShape, s
     adapters = AdapterSlots(shape.num_adapter_slots)
     policy = make_policy(shape.num_kv_blocks, shape.block_size, adapters, clock)
     executor = LatencyExecutor(model, clock, sim.overhead_s, sim.noise_sigma, sim.seed + index)
-    job = FinetuneJob(job_spec, job_kv(policy), adapters) if job_spec is not None else None
+    job = FinetuneJob(job_spec, job_host(policy).kv, adapters) if job_spec is not None else None
     return EngineLane(policy, executor, clock, vocab_size=shape.vocab_size, t0=0.0), job
 
 
@@ -153,7 +153,7 @@ def simulate_cluster(make_policy: PolicyFactory, trace: Sequence[RequestSpec], l
         lane, job = _lane(make_policy, model, shape, sim or SimSettings(),
                           job_specs[i] if i < len(job_specs) else None, index=i)
         if job is not None:
-            lane.policy.add_job(job)
+            job_host(lane.policy).add_job(job)
         lanes.append(lane)
     pending = sorted(trace, key=lambda s: s.arrival_s)
     stop = limits.window_s + limits.drain_s

@@ -7,10 +7,10 @@ reload) until its slot is needed, least recently used first.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
-from coserve.policies.plan import AdapterLoad
+from coserve.policies.plan import AdapterLoad, IterationPlan
 from coserve.policies.request import AdapterRef
 
 
@@ -138,3 +138,49 @@ class AdapterSlots:
         del self._lru[adapter_id]
         self._empty_slots.append(entry[0])
         return entry[0]
+
+
+class RunningAdapters:
+    """The adapter slot of every running request (-1: the base model), and how many distinct slots the
+    running batch uses: what the latency model's `distinct_adapters` feature counts, kept as requests
+    are admitted and released instead of recounted every plan."""
+
+    def __init__(self) -> None:
+        self.slots: dict[str, int] = {}  # running request -> adapter slot
+        self._users: Counter[int] = Counter()  # adapter slot -> running requests using it
+
+    def admitted(self, request_id: str, slot: int) -> None:
+        self.slots[request_id] = slot
+        self._users[slot] += 1
+
+    def released(self, request_id: str) -> None:
+        slot = self.slots.pop(request_id, None)
+        if slot is not None:
+            self._users[slot] -= 1
+            if not self._users[slot]:
+                del self._users[slot]
+
+    @property
+    def distinct_adapters(self) -> int:
+        """Distinct adapters (base model rows not counted) of the running requests."""
+        users = self._users
+        return len(users) - (-1 in users)
+
+
+def acquire_into(adapters: AdapterSlots, adapter: AdapterRef, plan: IterationPlan) -> int:
+    """Pin `adapter` (after `can_acquire` said yes) and add the unload and load it needs to `plan`.
+
+    Returns:
+        Its slot.
+
+    Raises:
+        RuntimeError: no slot is free after all (a bug: `can_acquire` was not asked first).
+    """
+    grant = adapters.acquire(adapter)
+    if grant is None:
+        raise RuntimeError(f"adapter slot vanished between can_acquire and acquire for {adapter.name!r}")
+    if grant.evicted_slot is not None:
+        plan.adapter_unloads.append(grant.evicted_slot)
+    if grant.load is not None:
+        plan.adapter_loads.append(grant.load)
+    return grant.slot

@@ -1,8 +1,13 @@
-"""Settings of the inference scheduler, validated once and frozen."""
+"""Settings of the inference scheduler, validated once and frozen, and their defaults: the one place
+the server (`coserve serve`, `SchedulerSettings`), the offline `LLM` and the policies take them from."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_BATCH_TOKENS = 2048
+DEFAULT_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -16,13 +21,13 @@ class SchedulerConfig:
     max_model_len: int
     """Longest sequence (prompt + output) in tokens; a request stops with `length` when it gets there."""
 
-    max_num_seqs: int = 64
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     """Requests running at once (each holds KV blocks and, maybe, an adapter pin)."""
 
-    max_batch_tokens: int = 2048
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     """Tokens computed in one iteration over all requests; longer prefills are split into chunks."""
 
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     """Token positions per KV block; must equal the KV block manager's."""
 
     enable_prefix_caching: bool = True

@@ -8,16 +8,12 @@ fresh fixed-frequency baseline would: `s = 64` steps to the first switch, `f_p =
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.latency import LatencyModel
-from coserve.policies.request import Request, RequestStatus
-from coserve.policies.temporal import TurnTakingPolicy
+from coserve.policies.finetune_share import ShareContext
+from coserve.policies.request import Request
+from coserve.policies.temporal import TurnTakingShare
 
 MIN_INTERVAL, MAX_INTERVAL = 64, 512
 
@@ -91,25 +87,31 @@ class DynamicInterval:
         self.arrivals = self.completions = 0
 
 
-class DynamicTemporalSharingPolicy(TurnTakingPolicy):
-    """Temporal sharing with Algorithm 3's adaptive interval (see the module docstring)."""
+class DynamicTurns:
+    """Algorithm 3's turns: the interval follows the load counted between two plans (a `TurnSchedule`,
+    and the `RequestWatcher` that counts arrivals and completions)."""
 
-    def __init__(self, config: CoServingConfig, kv: KVBlockManager, adapters: AdapterSlots,
-                 latency: LatencyModel, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self) -> None:
         self.interval = DynamicInterval()
         self._arrivals = 0
         self._completions = 0
-        super().__init__(config, kv, adapters, latency, clock=clock)
 
-    def add_request(self, request: Request) -> None:
-        super().add_request(request)
+    def on_request_added(self, request: Request) -> None:
         self._arrivals += 1
 
-    def _finish(self, request: Request, status: RequestStatus) -> None:
-        super()._finish(request, status)
+    def on_request_finished(self, request: Request) -> None:
         self._completions += 1
 
-    def _finetune_turn_due(self) -> bool:
-        due = self.interval.step(self.num_waiting, self.num_running, self._arrivals, self._completions)
+    def on_tokens(self, ctx: ShareContext, touched: Sequence[Request]) -> None:
+        pass
+
+    def finetune_turn_due(self, ctx: ShareContext) -> bool:
+        due = self.interval.step(ctx.num_waiting, ctx.num_running, self._arrivals, self._completions)
         self._arrivals = self._completions = 0
         return due
+
+
+def dynamic_temporal_share() -> TurnTakingShare:
+    """Temporal sharing with Algorithm 3's adaptive interval (see the module docstring)."""
+    turns = DynamicTurns()
+    return TurnTakingShare(turns, "dynamic temporal share", watcher=turns)

@@ -1,7 +1,8 @@
 """Invariants every policy's plan must hold before it is sent; a failure is a bug, not bad input.
 
-Shared by the policies (FCFS checks its whole plan; the co-serving policies check the token budget
-with their fine-tuning tokens added). They run on every iteration, so they read chunks with
+Shared by the policies (the inference scheduler checks its whole plan; the co-serving policy checks
+the token budget with its fine-tuning tokens added), with the check that a KV cache fits the
+scheduler's settings. They run on every iteration, so they read chunks with
 `map`/`attrgetter` rather than a Python loop.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+from coserve.policies.config import SchedulerConfig
+from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan
 
 _NUM_TOKENS = attrgetter("num_tokens")
@@ -32,3 +35,18 @@ def check_sequences(plan: IterationPlan, num_running: int, max_num_seqs: int) ->
     if len(set(map(_REQUEST_ID, plan.chunks))) != len(plan.chunks):
         raise RuntimeError(f"plan {plan.step_id} schedules a request twice: "
                            f"{[c.request_id for c in plan.chunks]}")
+
+
+def check_kv_matches(config: SchedulerConfig, kv: KVBlockManager) -> None:
+    """Raise ValueError when `kv` disagrees with `config` (block size, prefix caching), or a sequence of
+    `max_model_len` tokens needs more blocks than the KV cache has."""
+    if kv.block_size != config.block_size:
+        raise ValueError(f"KV block size {kv.block_size} != SchedulerConfig.block_size "
+                         f"{config.block_size}")
+    if kv.enable_prefix_caching != config.enable_prefix_caching:
+        raise ValueError(f"KV prefix caching {kv.enable_prefix_caching} != "
+                         f"SchedulerConfig.enable_prefix_caching {config.enable_prefix_caching}")
+    if -(-config.max_model_len // kv.block_size) > kv.num_blocks:
+        # Otherwise one long request could be preempted forever, alone in the cache.
+        raise ValueError(f"max_model_len={config.max_model_len} needs more than the "
+                         f"{kv.num_blocks} KV blocks of {kv.block_size} tokens")

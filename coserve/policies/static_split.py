@@ -14,21 +14,19 @@ What "separate capacity on one machine" means here, and why it is honest:
   iteration charges inference the slowdown a shared GPU partition would cause, and no latency model
   adjusts either share.
 
-Jobs must be built with `policy.finetune_kv` (the fine-tuning range), not `policy.kv`.
+`StaticSplitShare` is the share; the co-serving policy is given the two ranges (`split_kv`) and builds
+jobs on the fine-tuning one.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.coserving import CoServingPolicy
+from coserve.policies.finetune_share import IGNORE_REQUESTS, ShareContext
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.job_roster import Allowance, fixed_allowance
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.latency import LatencyModel, PlanFeatures
-from coserve.policies.plan import IterationPlan
+from coserve.policies.latency import PlanFeatures
+
+DEFAULT_FINETUNE_FRACTION = 0.3
 
 
 def _check_fraction(fraction: float) -> None:
@@ -54,25 +52,24 @@ def split_kv(num_blocks: int, block_size: int, finetune_fraction: float,
     return inference, finetune
 
 
-class StaticSplitPolicy(CoServingPolicy):
-    """Fixed shares of memory and of every iteration for inference and fine-tuning (module docstring).
+class StaticSplitShare:
+    """Fixed shares of every iteration for inference and fine-tuning (module docstring); the policy
+    gives fine-tuning its own KV range and never reclaims it.
 
     Args:
-        kv: the inference range of the cache; finetune_kv: the fine-tuning range (`split_kv`).
+        config: the policy's settings (the shares are fractions of its budgets).
         finetune_fraction: the fine-tuning share of each iteration's token and token-layer budgets.
-        (the rest): as `CoServingPolicy`.
 
     Raises:
-        ValueError: the fraction is not in (0, 1), the ranges overlap in block size, or a share of
-            the iteration budget is empty.
+        ValueError: the fraction is not in (0, 1), or a share of the iteration budget is empty.
     """
 
-    def __init__(self, config: CoServingConfig, kv: KVBlockManager, finetune_kv: KVBlockManager,
-                 adapters: AdapterSlots, latency: LatencyModel, *, finetune_fraction: float = 0.3,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    hosts_jobs = True
+    floor_applies = True
+    watcher = IGNORE_REQUESTS
+
+    def __init__(self, config: CoServingConfig, finetune_fraction: float = DEFAULT_FINETUNE_FRACTION) -> None:
         _check_fraction(finetune_fraction)
-        if finetune_kv.block_size != kv.block_size:
-            raise ValueError(f"KV block sizes differ: {kv.block_size} and {finetune_kv.block_size}")
         tokens = config.scheduler.max_batch_tokens
         self._finetune_tokens = int(tokens * finetune_fraction)
         self._finetune_token_layers = int(config.max_backward_token_layers * finetune_fraction)
@@ -82,18 +79,15 @@ class StaticSplitPolicy(CoServingPolicy):
         if tokens - self._finetune_tokens < config.scheduler.max_num_seqs:
             raise ValueError(f"finetune_fraction={finetune_fraction} leaves inference fewer tokens than "
                              f"one decode batch of max_num_seqs={config.scheduler.max_num_seqs}")
-        self._finetune_kv = finetune_kv
-        super().__init__(config, kv, adapters, latency, clock=clock)
+        self.finetune_fraction = finetune_fraction
+        self.kv_fraction: float | None = finetune_fraction  # the fine-tuning range is not inference's
+        self.label = f"static split share ({finetune_fraction:g})"
 
-    @property
-    def finetune_kv(self) -> KVBlockManager:
-        return self._finetune_kv
+    def begin_iteration(self, ctx: ShareContext) -> bool:
+        return True
 
-    def _inference_token_budget(self) -> int:
-        return self._co.scheduler.max_batch_tokens - self._finetune_tokens
+    def inference_token_budget(self, ctx: ShareContext) -> int:
+        return ctx.config.scheduler.max_batch_tokens - self._finetune_tokens
 
-    def _finetune_allowance(self, base: PlanFeatures) -> Allowance | None:
+    def allowance(self, ctx: ShareContext, base: PlanFeatures) -> Allowance | None:
         return fixed_allowance(self._finetune_tokens, self._finetune_token_layers)
-
-    def _reclaim_kv(self, plan: IterationPlan) -> bool:
-        return False  # the fine-tuning range is not inference's to take

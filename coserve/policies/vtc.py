@@ -123,6 +123,11 @@ class VirtualTokenCounter:
         self._share[tenant] = float(weight)
         self._counter[tenant] = 0.0
 
+    def ensure_tenant(self, tenant: str, weight: float) -> None:
+        """Register `tenant` with `weight` unless it is registered already (then its weight stays)."""
+        if tenant not in self._share:
+            self.add_tenant(tenant, weight)
+
     @property
     def weights(self) -> VTCWeights:
         return self._weights

@@ -19,7 +19,7 @@ _ARRIVAL = attrgetter("arrival_time")
 
 
 class WaitingQueue(Protocol):
-    """What FCFSPolicy needs of its waiting queue (`FifoQueue`, or `TenantQueues` for VTC order)."""
+    """What InferenceScheduler needs of its waiting queue (`FifoQueue`, or `TenantQueues` for VTC order)."""
 
     def head(self) -> Request | None:
         """The request to admit next, or None when the queue is empty."""

@@ -7,12 +7,14 @@ from coserving_sim import COEFFICIENTS, FP, BS, FakeClock, make_job, make_policy
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.dynamic_temporal import DynamicInterval, DynamicTemporalSharingPolicy
+from coserve.policies.coserving import CoServingPolicy
+from coserve.policies.dynamic_temporal import DynamicInterval
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel
-from coserve.policies.static_split import StaticSplitPolicy, split_kv
-from coserve.policies.temporal import TemporalSharingPolicy
+from coserve.policies.share_registry import ShareKind
+from coserve.policies.static_split import StaticSplitShare, split_kv
+from coserve.policies.temporal import temporal_share
 
 
 def kinds(policy, steps: int) -> str:
@@ -27,25 +29,24 @@ def kinds(policy, steps: int) -> str:
 
 # ------------------------------------------------------------------------- temporal sharing
 
-def temporal(n: int, **kwargs) -> TemporalSharingPolicy:
+def temporal(n: int, **kwargs) -> CoServingPolicy:
     config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, block_size=BS, max_num_seqs=4,
                                                        max_batch_tokens=64), tpot_slo_ms=20.0, **kwargs)
-    return TemporalSharingPolicy(config, KVBlockManager(64, BS), AdapterSlots(4),
-                                 LatencyModel(FP, COEFFICIENTS), inference_iterations=n,
-                                 clock=FakeClock())
+    return CoServingPolicy(config, KVBlockManager(64, BS), AdapterSlots(4),
+                           LatencyModel(FP, COEFFICIENTS), share=temporal_share(n), clock=FakeClock())
 
 
 def test_temporal_sharing_runs_n_inference_iterations_per_fine_tuning_iteration() -> None:
     policy = temporal(2)
     policy.add_request(make_request("r", "a", max_tokens=40))
-    policy.add_job(make_job(policy, "j", "t", lengths=(400,)))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,)))
     assert kinds(policy, 9) == "IIFIIFIIF"
 
 
 def test_temporal_fine_tuning_iteration_ignores_the_slo_and_stalls_decodes() -> None:
     policy = temporal(1)
     policy.add_request(make_request("r", "a", max_tokens=40))
-    policy.add_job(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
     step(policy)
     plan, _ = step(policy)
     # The whole token budget, 6.4 ms of forward tokens, and no decode for "r" in that iteration.
@@ -54,7 +55,7 @@ def test_temporal_fine_tuning_iteration_ignores_the_slo_and_stalls_decodes() -> 
 
 def test_temporal_sharing_is_work_conserving_across_kinds() -> None:
     policy = temporal(3)
-    policy.add_job(make_job(policy, "j", "t", lengths=(400,)))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,)))
     assert kinds(policy, 3) == "FFF"  # no inference work: fine-tuning every iteration
     idle = temporal(1)
     idle.add_request(make_request("r", "a", max_tokens=5))
@@ -89,22 +90,23 @@ def test_dynamic_interval_grows_with_queue_pressure() -> None:
 
 
 def test_dynamic_temporal_policy_switches_after_the_first_interval() -> None:
-    policy = make_policy(DynamicTemporalSharingPolicy, scheduler={"max_num_seqs": 4, "max_model_len": 128})
+    policy = make_policy(ShareKind.DYNAMIC_TEMPORAL, scheduler={"max_num_seqs": 4, "max_model_len": 128})
     policy.add_request(make_request("r", "a", max_tokens=100))
-    policy.add_job(make_job(policy, "j", "t", lengths=(200,)))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(200,)))
     pattern = kinds(policy, 66)
     assert pattern == "I" * 63 + "F" + "II"
 
 
 # ----------------------------------------------------------------------------- static split
 
-def static(fraction: float = 0.25, num_blocks: int = 32) -> StaticSplitPolicy:
+def static(fraction: float = 0.25, num_blocks: int = 32) -> CoServingPolicy:
     inference_kv, finetune_kv = split_kv(num_blocks, BS, fraction)
     config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, block_size=BS, max_num_seqs=4,
                                                        max_batch_tokens=64), tpot_slo_ms=20.0,
                              max_backward_token_layers=400)
-    return StaticSplitPolicy(config, inference_kv, finetune_kv, AdapterSlots(4),
-                             LatencyModel(FP, COEFFICIENTS), finetune_fraction=fraction, clock=FakeClock())
+    return CoServingPolicy(config, inference_kv, AdapterSlots(4), LatencyModel(FP, COEFFICIENTS),
+                           share=StaticSplitShare(config, fraction), finetune_kv=finetune_kv,
+                           clock=FakeClock())
 
 
 def test_split_kv_gives_disjoint_block_ranges() -> None:
@@ -117,7 +119,7 @@ def test_split_kv_gives_disjoint_block_ranges() -> None:
 
 def test_static_split_gives_fixed_shares_whatever_the_load() -> None:
     policy = static(0.25)
-    policy.add_job(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     assert plan.training.forward_tokens == 16  # 25 % of 64, though inference is idle
     policy.add_request(make_request("r", "a", prompt_len=60, max_tokens=2))
@@ -129,10 +131,10 @@ def test_static_split_gives_fixed_shares_whatever_the_load() -> None:
 
 def test_static_split_never_takes_fine_tuning_memory_for_inference() -> None:
     policy = static(0.5, num_blocks=32)  # 16 blocks each side: 64 tokens of inference
-    policy.add_job(make_job(policy, "j", "t", lengths=(60,), max_window_tokens=400))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(60,), max_window_tokens=400))
     for _ in range(2):  # the 60-token forward (32 tokens per iteration); its backward comes next
         step(policy)
-    held = policy.finetune_kv.num_blocks - policy.finetune_kv.num_free_blocks
+    held = policy.jobs.kv.num_blocks - policy.jobs.kv.num_free_blocks
     assert held > 0
     policy.add_request(make_request("r1", "a", prompt_len=40, max_tokens=20))
     policy.add_request(make_request("r2", "b", prompt_len=40, max_tokens=20))

@@ -11,7 +11,7 @@ from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_contract import Engine, EngineFailure, RuntimeLayout
 from coserve.policies.engine_core import EngineCore, PlanInFlight, PlanMismatch, StepFailed
-from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult, SampledToken, TokenLogprobs
 from coserve.policies.request import Request, RequestStatus, SamplingParams
@@ -82,9 +82,9 @@ class LoggingJobs:
         self.log.append(f"jobs update {result.step_id}")
 
 
-def fcfs() -> FCFSPolicy:
+def fcfs() -> InferenceScheduler:
     config = SchedulerConfig(max_model_len=64, block_size=4, max_batch_tokens=32)
-    return FCFSPolicy(config, KVBlockManager(64, 4, True), AdapterSlots(2))
+    return InferenceScheduler(config, KVBlockManager(64, 4, True), AdapterSlots(2))
 
 
 def engine_of(engine: Engine) -> Engine:

@@ -1,6 +1,6 @@
 """A request with large `n` (a fan-out) is served like `n` separate requests under the virtual token
 counters, TTFT guard included: a light tenant's requests are admitted between its sequences. Pure
-policy level: HybridTokenPolicy, a fake engine and a fake clock."""
+policy level: co-serving policy with the hybrid share, a fake engine and a fake clock."""
 
 from __future__ import annotations
 
@@ -110,4 +110,4 @@ def test_one_sequence_of_an_overdue_fan_out_keeps_the_guard_the_rest_wait_their_
     # The guard admits one sequence of the fan-out first (its client's first token), then the counters
     # decide: c's request before b's other sequences.
     assert run.admitted[:4] == ["first", "wide-0", "new", "wide-1"]
-    assert not policy.has_unfinished() and len(policy._fanouts) == 0  # noqa: SLF001 - nothing kept
+    assert not policy.has_unfinished() and len(policy._order._fanouts) == 0  # noqa: SLF001 - nothing kept

@@ -1,4 +1,5 @@
-"""HybridTokenPolicy against a fake engine: inference first, fine-tuning up to the SLO, VTC, guards."""
+"""The co-serving policy with the hybrid share against a fake engine: inference first, fine-tuning up to
+the SLO, VTC, guards."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from coserving_sim import (BS, COEFFICIENTS, FP, FakeClock, execute, keep_busy, 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.finetune_job import JobEventKind, JobPhase
-from coserve.policies.hybrid import HybridTokenPolicy
+from coserve.policies.coserving import CoServingPolicy
+from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
@@ -19,7 +21,7 @@ from coserve.policies.plan import IterationPlan
 from coserve.policies.request import AdapterRef, RequestStatus
 
 
-def predicted(policy: HybridTokenPolicy, plan: IterationPlan, extra: PlanFeatures | None = None) -> float:
+def predicted(policy: CoServingPolicy, plan: IterationPlan, extra: PlanFeatures | None = None) -> float:
     features = plan_features(plan, {c.request_id: -1 for c in plan.chunks})
     return policy.latency.predict(features + (extra or PlanFeatures()))
 
@@ -34,7 +36,7 @@ def test_forward_window_fills_the_iteration_up_to_the_slo() -> None:
     for i in range(4):
         policy.add_request(make_request(f"r{i}", "bob", max_tokens=8))
     step(policy)  # the four prefills
-    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     # 4 decodes (4 ms) leave 16 ms: 160 forward tokens at 0.1 ms; one more would break the SLO.
     assert [c.num_tokens for c in plan.chunks] == [1, 1, 1, 1]
@@ -51,9 +53,10 @@ def test_iterations_that_run_over_their_prediction_shrink_the_fine_tuning_budget
     config = CoServingConfig(scheduler=sched, tpot_slo_ms=20.0, safety_margin=0.0)
     # A model whose online refinement barely moves: only the measured/predicted average corrects.
     stiff = LatencyModel(FP, COEFFICIENTS, prior_variance=1e-12)
-    policy = HybridTokenPolicy(config, KVBlockManager(1024, 4), AdapterSlots(4), stiff, clock=FakeClock())
+    policy = CoServingPolicy(config, KVBlockManager(1024, 4), AdapterSlots(4), stiff, share=HybridShare(),
+                             clock=FakeClock())
     keep_busy(policy, max_tokens=100)  # a running request: the SLO binds
-    policy.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400,
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400,
                             n_epochs=50))
     measured = []
     for _ in range(60):
@@ -75,7 +78,7 @@ def test_iterations_that_run_over_their_prediction_shrink_the_fine_tuning_budget
 def test_safety_margin_shrinks_the_fine_tuning_share() -> None:
     policy = make_policy(tpot_slo_ms=20.0, safety_margin=0.25, scheduler={"max_batch_tokens": 256})
     keep_busy(policy)
-    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     assert plan.training.forward_tokens in (139, 140)  # 15 ms - 1 ms decode, 0.1 ms tokens, rounding
     assert predicted(policy, plan) <= 0.015 < predicted(policy, plan, ONE_TOKEN)
@@ -84,7 +87,7 @@ def test_safety_margin_shrinks_the_fine_tuning_share() -> None:
 def test_forward_windows_share_max_batch_tokens_with_inference() -> None:
     policy = make_policy(tpot_slo_ms=1000.0, scheduler={"max_batch_tokens": 64})
     policy.add_request(make_request("r", "bob", prompt_len=20))
-    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     assert plan.num_tokens == 20 and plan.training.forward_tokens == 44
 
@@ -95,7 +98,7 @@ def test_backward_phase_gets_token_layers_within_the_slo() -> None:
                          scheduler={"max_num_seqs": 2})
     keep_busy(policy)  # 1 ms of decode in every iteration
     job = make_job(policy, "j", "acme", lengths=(24,), num_layers=4)
-    policy.add_job(job)
+    policy.jobs.add_job(job)
     plan, _ = step(policy)
     assert plan.training.forward_tokens == 24 and job.phase is JobPhase.BACKWARD
     budgets = []
@@ -111,7 +114,7 @@ def test_no_fine_tuning_when_inference_alone_reaches_the_slo() -> None:
     for i in range(8):
         policy.add_request(make_request(f"r{i}", "bob", max_tokens=8))
     step(policy)
-    policy.add_job(make_job(policy, "j", "acme"))
+    policy.jobs.add_job(make_job(policy, "j", "acme"))
     plan, _ = step(policy)  # 8 decodes: 8 ms, the whole budget
     assert len(plan.chunks) == 8 and plan.training.forward_tokens == 0
 
@@ -152,7 +155,7 @@ def test_jobs_are_picked_by_counter_and_tasklets_charged_by_layers() -> None:
     policy = make_policy(tpot_slo_ms=2.6, scheduler={"max_batch_tokens": 64, "max_num_seqs": 1})
     keep_busy(policy)  # 1 ms of decode in every iteration
     for tenant in ("a", "b"):
-        policy.add_job(make_job(policy, f"job-{tenant}", tenant, lengths=(48,), adapter_id=ord(tenant)))
+        policy.jobs.add_job(make_job(policy, f"job-{tenant}", tenant, lengths=(48,), adapter_id=ord(tenant)))
     start = {t: policy.vtc.counter(t) for t in "ab"}  # lifted to the busy tenant's when backlogged
     takers = []
     for _ in range(6):
@@ -169,7 +172,7 @@ def test_waiting_requests_stop_fine_tuning_until_admitted() -> None:
     which fine-tuning would slow down; fine-tuning resumes once nobody waits."""
     policy = make_policy(scheduler={"max_num_seqs": 1})
     policy.add_request(make_request("first", "a", max_tokens=3))
-    policy.add_job(make_job(policy, "j", "t", lengths=(400,)))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,)))
     plan, _ = step(policy)
     assert plan.training.forward_tokens > 0  # nobody waits: fine-tuning fills the iteration
     policy.add_request(make_request("second", "b", max_tokens=3))
@@ -186,7 +189,7 @@ def test_overdue_request_goes_first_and_stops_fine_tuning() -> None:
     policy = make_policy(clock=clock, ttft_slo_ms=1000.0, ttft_guard_fraction=0.5,
                          scheduler={"max_num_seqs": 1})
     policy.add_request(make_request("first", "a", max_tokens=5))
-    policy.add_job(make_job(policy, "j", "t", lengths=(400,)))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,)))
     step(policy)
     policy.add_request(make_request("old", "b", arrival=0.0))  # b's counter will be the highest
     policy.vtc.charge_input("b", 1000)
@@ -212,7 +215,7 @@ def test_fine_tuning_yields_kv_blocks_to_inference() -> None:
     policy = make_policy(num_blocks=16, tpot_slo_ms=1000.0,
                          scheduler={"max_batch_tokens": 40, "max_model_len": 40})
     job = make_job(policy, "j", "t", lengths=(60,), max_window_tokens=40)
-    policy.add_job(job)
+    policy.jobs.add_job(job)
     step(policy)  # a 40-token window: 10 of the 16 blocks
     assert policy.kv.num_free_blocks == 6
     policy.add_request(make_request("r", "u", prompt_len=36, max_tokens=2))  # needs 10 blocks
@@ -224,20 +227,20 @@ def test_fine_tuning_yields_kv_blocks_to_inference() -> None:
         if not policy.has_work():
             break
         step(policy)
-    assert [e.kind for e in policy.pop_job_events()][-1] is JobEventKind.SUCCEEDED
+    assert [e.kind for e in policy.jobs.pop_job_events()][-1] is JobEventKind.SUCCEEDED
 
 
 # -------------------------------------------------------------------- jobs and the model
 
 def test_remove_job_stops_it_in_the_next_plan() -> None:
     policy = make_policy()
-    policy.add_job(make_job(policy, "j", "t", lengths=(200,)))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(200,)))
     step(policy)
-    assert policy.remove_job("j") and not policy.remove_job("nope")
+    assert policy.jobs.remove_job("j") and not policy.jobs.remove_job("nope")
     plan, _ = step(policy)
     assert plan.training.job_stops == ["j"] and plan.training.forward_tokens == 0
-    assert [e.kind for e in policy.pop_job_events()] == [JobEventKind.CANCELLED]
-    assert policy.get_job("j") is None and not policy.has_work()
+    assert [e.kind for e in policy.jobs.pop_job_events()] == [JobEventKind.CANCELLED]
+    assert policy.jobs.get_job("j") is None and not policy.has_work()
     assert policy.kv.num_free_blocks == policy.kv.num_blocks
 
 
@@ -280,12 +283,12 @@ def test_token_budget_smaller_than_a_decode_batch_is_refused() -> None:
 def test_slo_below_one_decode_batch_is_warned_about_and_jobs_still_run() -> None:
     config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, max_num_seqs=32,
                                                        block_size=4), tpot_slo_ms=20.0)
-    policy = HybridTokenPolicy(config, KVBlockManager(64, 4), AdapterSlots(2), LatencyModel(FP, COEFFICIENTS),
-                               clock=FakeClock())
+    policy = CoServingPolicy(config, KVBlockManager(64, 4), AdapterSlots(2), LatencyModel(FP, COEFFICIENTS),
+                             share=HybridShare(), clock=FakeClock())
     assert policy.slo_warning is not None  # 32 decodes at 1 ms each
     assert "tpot_slo_ms=20" in policy.slo_warning and "--tpot-slo-ms" in policy.slo_warning
-    ok = HybridTokenPolicy(replace(config, tpot_slo_ms=40.0), KVBlockManager(64, 4), AdapterSlots(2),
-                           LatencyModel(FP, COEFFICIENTS))
+    ok = CoServingPolicy(replace(config, tpot_slo_ms=40.0), KVBlockManager(64, 4), AdapterSlots(2),
+                         LatencyModel(FP, COEFFICIENTS), share=HybridShare())
     assert ok.slo_warning is None
 
 
@@ -303,21 +306,21 @@ def test_jobs_of_one_tenant_take_turns() -> None:
     policy = make_policy(tpot_slo_ms=2.6, scheduler={"max_batch_tokens": 64, "max_num_seqs": 1})
     keep_busy(policy)
     for k in range(2):
-        policy.add_job(make_job(policy, f"j{k}", "same", lengths=(48,), adapter_id=10 + k))
+        policy.jobs.add_job(make_job(policy, f"j{k}", "same", lengths=(48,), adapter_id=10 + k))
     takers = [step(policy)[0].training.forward_windows[0].sequence_id.split("/")[0] for _ in range(4)]
     assert takers == ["j0", "j1", "j0", "j1"]
 
 
 def test_pause_drops_the_sequence_in_flight_and_resume_restarts_it() -> None:
     policy = make_policy(tpot_slo_ms=2.0, scheduler={"max_num_seqs": 1})
-    policy.add_job(make_job(policy, "j", "t", lengths=(100,)))
+    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(100,)))
     step(policy)
-    assert policy.pause_job("j") and not policy.pause_job("nope")
+    assert policy.jobs.pause_job("j") and not policy.jobs.pause_job("nope")
     plan, _ = step(policy)
     assert plan.training.sequence_drops == ["j/s1.0"] and plan.training.forward_tokens == 0
     assert policy.kv.num_free_blocks == policy.kv.num_blocks and not policy.has_work()
     assert "t" not in policy.vtc.backlogged
-    assert policy.resume_job("j")
+    assert policy.jobs.resume_job("j")
     plan, _ = step(policy)
     assert plan.training.sequence_starts and plan.training.forward_windows[0].start == 0
 
@@ -326,7 +329,7 @@ def test_a_windows_fixed_cost_is_planned_for() -> None:
     policy = make_policy(tpot_slo_ms=20.0, coefficients={**COEFFICIENTS, "ft_pieces": 5e-3},
                          scheduler={"max_batch_tokens": 256, "max_num_seqs": 4})
     keep_busy(policy)
-    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     # 20 ms - 5 ms for the window itself - 1 ms decode leaves 14 ms: 140 tokens at 0.1 ms (rounding).
     assert plan.training.forward_tokens in (139, 140)
@@ -351,8 +354,8 @@ def test_distinct_adapters_from_the_running_tally_match_a_count_of_the_plan() ->
     model = _RecordingModel()
     config = CoServingConfig(scheduler=SchedulerConfig(max_model_len=32, block_size=BS, max_num_seqs=8,
                                                        max_batch_tokens=16), tpot_slo_ms=20.0)
-    policy = HybridTokenPolicy(config, KVBlockManager(num_blocks=8, block_size=BS), AdapterSlots(3),
-                               model, clock=FakeClock())
+    policy = CoServingPolicy(config, KVBlockManager(num_blocks=8, block_size=BS), AdapterSlots(3),
+                             model, share=HybridShare(), clock=FakeClock())
     for i in range(12):
         request = make_request(f"r{i}", prompt_len=3 + i % 5, max_tokens=2 + i % 7)
         request.adapter = AdapterRef(i % 4, f"a{i % 4}", f"/a{i % 4}") if i % 3 else None
@@ -381,7 +384,7 @@ def test_bursts_wait_until_every_running_request_banked_time() -> None:
     clock = FakeClock()
     costs = {**COEFFICIENTS, "ft_forward_tokens": 1e-3, "ft_backward_token_layers": 2e-4}
     policy = make_policy(clock=clock, max_stall_ms=60.0, coefficients=costs)
-    policy.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
+    policy.jobs.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
     policy.add_request(make_request("a", max_tokens=40))
     token_times, bursts = [], []
     while policy.get_request("a") is not None:
@@ -419,7 +422,7 @@ def _prefill_after_banking(ttft_slo_ms: float) -> tuple[IterationPlan, float]:
     policy.add_request(make_request("a", max_tokens=60))
     for _ in range(9):  # a's prefill and 8 decodes
         assert not _has_finetune(run_one())
-    policy.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
+    policy.jobs.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
     arrival = clock.now
     policy.add_request(make_request("b", prompt_len=10, max_tokens=20, arrival=arrival))
     plan = run_one()

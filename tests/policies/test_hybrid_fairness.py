@@ -1,7 +1,7 @@
-"""FlexLLM Algorithm 4's properties at the policy level (hypothesis): the HybridTokenPolicy is driven by
-a fake engine, and every tenant's service is counted from the plans and results themselves (not read
-from the counters): w_p per prompt token when a request is first sent, w_q per sampled token, w_r per
-forward-window token and per backward token-layer / num_layers."""
+"""FlexLLM Algorithm 4's properties at the policy level (hypothesis): the co-serving policy with the
+hybrid share is driven by a fake engine, and every tenant's service is counted from the plans and
+results themselves (not read from the counters): w_p per prompt token when a request is first sent,
+w_q per sampled token, w_r per forward-window token and per backward token-layer / num_layers."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class Driver:
         job = make_job(self.policy, f"job{adapter_id}", tenant, lengths=lengths, n_epochs=10_000,
                        num_layers=NUM_LAYERS, adapter_id=adapter_id)
         self.ledger.owner[job.job_id] = tenant
-        self.policy.add_job(job)
+        self.policy.jobs.add_job(job)
 
     def step(self) -> IterationPlan:
         for tenant in self.busy:
@@ -192,7 +192,7 @@ def test_policy_is_work_conserving(events: list[tuple[str, int]]) -> None:
             driver.add_job(tenant, adapter_id=20 + jobs, lengths=(12,))
             jobs += 1
         else:
-            has_work = policy.num_waiting > 0 or any(j.runnable for j in policy._roster)  # noqa: SLF001
+            has_work = policy.num_waiting > 0 or policy.has_runnable_job()
             plan = driver.step()
             computes = plan.chunks or plan.training.forward_windows or plan.training.backward_tasklets \
                 or plan.training.optimizer_steps or plan.training.saves

@@ -7,7 +7,7 @@ from coserving_sim import execute
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_core import EngineCore
-from coserve.policies.fcfs import FCFSPolicy
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec, JobState
 from coserve.policies.job_pieces import JobPieces
 from coserve.policies.kv_blocks import KVBlockManager
@@ -20,8 +20,8 @@ class Executor:
         return execute(plan)
 
 
-def setup() -> tuple[FCFSPolicy, JobPieces, EngineCore]:
-    policy = FCFSPolicy(SchedulerConfig(max_model_len=256, block_size=4), KVBlockManager(64, 4, True),
+def setup() -> tuple[InferenceScheduler, JobPieces, EngineCore]:
+    policy = InferenceScheduler(SchedulerConfig(max_model_len=256, block_size=4), KVBlockManager(64, 4, True),
                         AdapterSlots(2))
     examples = [TrainingExample(list(range(1, 41)), [False] + [True] * 39)]
     spec = FinetuneJobSpec(job_id="j", tenant="t", adapter_id=100, examples=examples, n_epochs=100,

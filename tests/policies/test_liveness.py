@@ -44,10 +44,10 @@ def test_an_idle_engine_gives_fine_tuning_the_whole_budget_whatever_the_model_pr
     # The model says one forward token takes a second, and the SLO is 1 ms: nothing would fit.
     poisoned = {**COEFFICIENTS, "constant": 1.0, "ft_forward_tokens": 1.0}
     policy = make_policy(tpot_slo_ms=1.0, coefficients=poisoned, scheduler={"max_batch_tokens": 256})
-    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     assert plan.training.forward_tokens == 256  # the whole max_batch_tokens
-    assert policy.finetune_held_back is None
+    assert policy.jobs.finetune_held_back is None
 
 
 def test_the_floor_moves_a_job_that_the_slo_would_hold_back_forever() -> None:
@@ -56,14 +56,14 @@ def test_the_floor_moves_a_job_that_the_slo_would_hold_back_forever() -> None:
     for i in range(8):
         policy.add_request(make_request(f"r{i}", "bob", prompt_len=1, max_tokens=60))
     step(policy)
-    policy.add_job(make_job(policy, "j", "acme", lengths=(400,)))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,)))
     work = []
     for _ in range(15):
         plan, _ = step(policy)
         work.append(_work(plan))
         if not work[-1]:
-            assert policy.finetune_held_back is not None
-            assert "predicted iteration 8 ms > the 8 ms" in policy.finetune_held_back
+            assert policy.jobs.finetune_held_back is not None
+            assert "predicted iteration 8 ms > the 8 ms" in policy.jobs.finetune_held_back
         assert len(plan.chunks) + bool(_work(plan)) >= 8  # inference keeps running beside the floor
     assert work == [0, 0, 0, 0, 16] * 3  # one 16-token piece after every 4 starved plans
 
@@ -72,12 +72,12 @@ def test_the_floor_reaches_a_job_while_requests_wait_and_says_why_it_waited() ->
     policy = make_policy(finetune_floor_every=3, scheduler={"max_num_seqs": 1})
     for i in range(6):
         policy.add_request(make_request(f"r{i}", "bob", max_tokens=30))
-    policy.add_job(make_job(policy, "j", "acme", lengths=(400,)))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,)))
     work, reasons = [], set()
     for _ in range(12):
         plan, _ = step(policy)
         work.append(_work(plan))
-        reasons.add(policy.finetune_held_back)
+        reasons.add(policy.jobs.finetune_held_back)
     assert work.count(16) == 3 and sum(work) == 48
     assert "held back: 5 inference request(s) wait for admission" in reasons
 
@@ -86,7 +86,7 @@ def test_an_untrusted_model_gives_small_pieces_beside_inference_until_it_has_mea
     policy = make_policy(coefficients={}, num_blocks=256, scheduler={"max_batch_tokens": 256})  # unfitted
     assert not policy.latency.trusted
     keep_busy(policy)
-    policy.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     sizes = []
     for _ in range(12):
         plan = policy.plan()
@@ -116,9 +116,10 @@ def test_a_poisoned_latency_model_recovers_from_what_it_measures() -> None:
     clock = FakeClock()
     policy = make_policy(tpot_slo_ms=20.0, clock=clock, num_blocks=1024, scheduler={"max_batch_tokens": 256,
                                                                    "max_model_len": 512})
-    policy._latency = poisoned  # noqa: SLF001 - the policy's own model, poisoned in place
+    policy._latency.model = poisoned  # noqa: SLF001 - the policy's own model, poisoned in place
     keep_busy(policy, max_tokens=400)
-    policy.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400, n_epochs=50))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400,
+                                 n_epochs=50))
     sizes = []
     for _ in range(300):
         sizes.append(_work(_run_one(policy, truth, clock)))
@@ -136,12 +137,12 @@ def _drive(tpot_slo_ms: float, max_batch_tokens: int, max_num_seqs: int, arrival
     policy = make_policy(tpot_slo_ms=tpot_slo_ms, clock=clock, num_blocks=4096, finetune_floor_every=8,
                          scheduler={"max_batch_tokens": max(max_batch_tokens, max_num_seqs),
                                     "max_num_seqs": max_num_seqs, "max_model_len": 64})
-    policy._latency = LatencyModel(FP, {k: poison * v for k, v in COEFFICIENTS.items()})  # noqa: SLF001
+    policy._latency.model = LatencyModel(FP, {k: poison * v for k, v in COEFFICIENTS.items()})  # noqa: SLF001
     truth = LatencyModel(FP, COEFFICIENTS)
     jobs = [make_job(policy, f"j{k}", tenant, lengths=(40, 24), adapter_id=10 + k, n_epochs=100)
             for k, tenant in enumerate(("a", "b", "b"))]
     for job in jobs:
-        policy.add_job(job)
+        policy.jobs.add_job(job)
     worked: dict[str, list[int]] = {job.job_id: [] for job in jobs}
     for it in range(1, iterations + 1):
         for _ in range(int(arrival_rate) + (rng.random() < arrival_rate % 1)):
@@ -170,7 +171,7 @@ def test_under_any_slo_and_load_every_job_keeps_making_progress(
 
 def test_the_slo_warning_waits_for_measured_decodes_and_then_names_the_flag() -> None:
     policy = make_policy(coefficients={}, num_blocks=256, tpot_slo_ms=20.0, scheduler={"max_model_len": 256})
-    policy.add_job(make_job(policy, "j", "acme", lengths=(200,), n_epochs=50))
+    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(200,), n_epochs=50))
     for _ in range(20):  # an idle engine's fine-tuning iterations, 150 ms each: no decode measured
         plan = policy.plan()
         policy.update(plan, execute(plan, 0.150))

@@ -1,29 +1,33 @@
-"""First-come-first-served continuous batching with a token budget and chunked prefill.
+"""The inference scheduler: continuous batching with a token budget and chunked prefill, over KV blocks
+and adapter slots, admitting waiting requests in its `AdmissionOrder` (arrival order by default, or VTC
+order across tenants with the TTFT guard: `admission_order.py`).
 
 There are no prefill and decode phases (vLLM v1): every request has `num_computed_tokens` catching up
 with `num_tokens`, and an iteration gives each request some tokens under one budget. A prompt that
 does not fit is computed in chunks over several iterations; a decode is a chunk of one token.
 
 The rules that do not depend on the order requests are picked in (`prefix_salt`, `num_new_tokens`,
-`check_stop`) are in `request_rules`, so other policies reuse them.
+`check_stop`) are in `request_rules`, so other policies reuse them. Alone, `InferenceScheduler` is a
+policy (`plan`, `update`); `CoServingPolicy` holds one and adds fine-tuning to its plans.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.adapter_slots import AdapterSlots, RunningAdapters, acquire_into
+from coserve.policies.admission_order import AdmissionOrder, FifoOrder
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
-from coserve.policies.plan_checks import check_sequences, check_token_budget
+from coserve.policies.plan_checks import check_kv_matches, check_sequences, check_token_budget
 from coserve.policies.request import Request, RequestStatus
 # The order-independent rules live in request_rules; re-exported here, where callers found them.
 from coserve.policies.request_rules import (BASE_MODEL_SALT, check_new_request, check_stop,
                                             clamp_new_tokens, num_new_tokens, prefix_salt)
-from coserve.policies.waiting import FifoQueue, WaitingQueue
 
-__all__ = ["BASE_MODEL_SALT", "Budget", "FCFSPolicy", "check_stop", "clamp_new_tokens",
+__all__ = ["BASE_MODEL_SALT", "Budget", "InferenceScheduler", "check_stop", "clamp_new_tokens",
            "num_new_tokens", "prefix_salt"]
 
 
@@ -34,56 +38,52 @@ class Budget:
     tokens: int
 
 
-class FCFSPolicy:
-    """Continuous batching: running requests first, then waiting requests in arrival order.
+def _no_reclaim(plan: IterationPlan) -> bool:
+    del plan
+    return False
+
+
+def _ignore(request: Request) -> None:
+    del request
+
+
+class InferenceScheduler:
+    """Continuous batching: running requests first, then waiting requests in the admission order.
 
     Args:
         config: budgets and limits.
         kv: the KV block manager of the engine this policy plans for.
         adapters: the adapter bank slots of that engine.
+        order: which waiting request goes next (default: arrival order, `FifoOrder`).
+        reclaim_kv: frees KV blocks held by lower-priority work before an inference request is
+            preempted; returns whether it freed any (co-serving: fine-tuning gives back the blocks
+            it borrowed, Harli's principle). Default: nothing to reclaim.
+        on_finished: called with each request that finished, after its resources were released.
 
     Raises:
         ValueError: `kv` disagrees with `config` (block size, prefix caching), or a sequence of
             `max_model_len` tokens needs more blocks than the KV cache has.
     """
 
-    def __init__(self, config: SchedulerConfig, kv: KVBlockManager, adapters: AdapterSlots) -> None:
-        if kv.block_size != config.block_size:
-            raise ValueError(f"KV block size {kv.block_size} != SchedulerConfig.block_size "
-                             f"{config.block_size}")
-        if kv.enable_prefix_caching != config.enable_prefix_caching:
-            raise ValueError(f"KV prefix caching {kv.enable_prefix_caching} != "
-                             f"SchedulerConfig.enable_prefix_caching {config.enable_prefix_caching}")
-        if -(-config.max_model_len // kv.block_size) > kv.num_blocks:
-            # Otherwise one long request could be preempted forever, alone in the cache.
-            raise ValueError(f"max_model_len={config.max_model_len} needs more than the "
-                             f"{kv.num_blocks} KV blocks of {kv.block_size} tokens")
+    def __init__(self, config: SchedulerConfig, kv: KVBlockManager, adapters: AdapterSlots, *,
+                 order: AdmissionOrder | None = None,
+                 reclaim_kv: Callable[[IterationPlan], bool] = _no_reclaim,
+                 on_finished: Callable[[Request], None] = _ignore) -> None:
+        check_kv_matches(config, kv)
         self._config = config
         self._kv = kv
         self._adapters = adapters
+        self._order = FifoOrder() if order is None else order
+        self._reclaim_kv = reclaim_kv
+        self._on_finished = on_finished
         self._requests: dict[str, Request] = {}  # every unfinished request
-        self._waiting: WaitingQueue = self._new_waiting_queue()
+        self._waiting = self._order.queue
+        self._running_adapters = RunningAdapters()
         self._running: list[Request] = []  # admission order: the last one is preempted first
         self._in_engine: set[str] = set()  # ids the engine holds state for (sent as NewSequence)
         self._pinned: set[str] = set()  # ids holding an adapter pin
         self._pending_freed: list[str] = []  # finished since the last plan; freed in the next one
         self._next_step_id = 0
-
-    def _new_waiting_queue(self) -> WaitingQueue:
-        """The waiting queue: arrival order here; subclasses order it otherwise (e.g. by tenant)."""
-        return FifoQueue()
-
-    def _reclaim_kv(self, plan: IterationPlan) -> bool:
-        """Free KV blocks held by lower-priority work before an inference request is preempted.
-
-        FCFS has no such work. The co-serving policies free fine-tuning sequences here (Harli's
-        principle: inference takes the memory that fine-tuning borrowed).
-
-        Returns:
-            Whether any block was freed (the caller retries its allocation).
-        """
-        del plan
-        return False
 
     # ------------------------------------------------------------------------------- requests
 
@@ -97,6 +97,7 @@ class FCFSPolicy:
         check_new_request(request, self._config.max_model_len)
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already scheduled")
+        self._order.added(request)
         self._requests[request.request_id] = request
         self._waiting.append(request)
 
@@ -140,6 +141,22 @@ class FCFSPolicy:
         return self._adapters
 
     @property
+    def jobs(self) -> None:
+        """The inference scheduler runs no fine-tuning jobs (`CoServingPolicy` does; offline
+        fine-tuning plans its own, `finetune.OfflineJobs`)."""
+        return None
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests in admission order (read only: the last one is preempted first)."""
+        return self._running
+
+    @property
+    def running_adapters(self) -> RunningAdapters:
+        """The running requests' adapter slots (for the latency model's features)."""
+        return self._running_adapters
+
+    @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 
@@ -158,20 +175,22 @@ class FCFSPolicy:
         Raises:
             RuntimeError: the plan breaks the token or sequence budget (a bug, not bad input).
         """
-        plan = self._new_plan()
-        self._schedule_inference(plan, Budget(tokens=self._config.max_batch_tokens))
-        self._check_invariants(plan)
+        plan = self.new_plan()
+        self.schedule(plan, Budget(tokens=self._config.max_batch_tokens))
+        check_token_budget(plan, self._config.max_batch_tokens)
+        check_sequences(plan, len(self._running), self._config.max_num_seqs)
         return plan
 
-    def _new_plan(self) -> IterationPlan:
+    def new_plan(self) -> IterationPlan:
         """An empty plan with the next step id that frees what finished since the last plan."""
         plan = IterationPlan(step_id=self._next_step_id, freed=self._pending_freed)
         self._next_step_id += 1
         self._pending_freed = []
         return plan
 
-    def _schedule_inference(self, plan: IterationPlan, budget: Budget) -> None:
-        """Running requests, then admissions (none in a step that preempted)."""
+    def schedule(self, plan: IterationPlan, budget: Budget) -> None:
+        """Add inference to `plan` within `budget`: running requests, then admissions (none in a step
+        that preempted)."""
         preempted = self._schedule_running(plan, budget)
         if not preempted:
             self._schedule_waiting(plan, budget)
@@ -238,7 +257,7 @@ class FCFSPolicy:
 
     def _schedule_waiting(self, plan: IterationPlan, budget: Budget) -> None:
         while budget.tokens > 0 and len(self._running) < self._config.max_num_seqs:
-            request = self._next_waiting()
+            request = self._order.next_waiting()
             # Strict order: nobody overtakes the head. Not idling: with nothing running every adapter
             # slot is unpinned and any request fits the cache (checked at construction).
             if request is None or not self._try_admit(request, plan, budget):
@@ -248,12 +267,12 @@ class FCFSPolicy:
             request.status = RequestStatus.RUNNING
             self._on_admitted(request)
 
-    def _next_waiting(self) -> Request | None:
-        """The waiting request to admit next (the queue's head; policies may put another first)."""
-        return self._waiting.head()
-
     def _on_admitted(self, request: Request) -> None:
         """Called once per admission, after the request joined the running batch (for accounting)."""
+        adapter = request.adapter
+        slot = self._adapters.slot_of(adapter.adapter_id) if adapter is not None else None
+        self._running_adapters.admitted(request.request_id, -1 if slot is None else slot)
+        self._order.admitted(request)
 
     def _try_admit(self, request: Request, plan: IterationPlan, budget: Budget) -> bool:
         """Reserve blocks and an adapter slot for a waiting request and emit its first chunk.
@@ -291,16 +310,8 @@ class FCFSPolicy:
     def _acquire_adapter(self, request: Request, plan: IterationPlan) -> int:
         if request.adapter is None:
             return -1
-        grant = self._adapters.acquire(request.adapter)
-        if grant is None:
-            raise RuntimeError(f"adapter slot vanished between can_acquire and acquire for "
-                               f"{request.request_id!r}")
         self._pinned.add(request.request_id)
-        if grant.evicted_slot is not None:
-            plan.adapter_unloads.append(grant.evicted_slot)
-        if grant.load is not None:
-            plan.adapter_loads.append(grant.load)
-        return grant.slot
+        return acquire_into(self._adapters, request.adapter, plan)
 
     def _emit_chunk(self, request: Request, count: int, plan: IterationPlan) -> None:
         start = request.num_computed_tokens
@@ -321,10 +332,6 @@ class FCFSPolicy:
         self._waiting.appendleft(request)
         plan.freed.append(request.request_id)
         self._in_engine.discard(request.request_id)
-
-    def _check_invariants(self, plan: IterationPlan) -> None:
-        check_token_budget(plan, self._config.max_batch_tokens)
-        check_sequences(plan, len(self._running), self._config.max_num_seqs)
 
     # -------------------------------------------------------------------------------- update
 
@@ -360,6 +367,7 @@ class FCFSPolicy:
                 check_stop(request, token.token_id, self._config.max_model_len)
             if status is not None:
                 self._finish(request, status)
+        self._order.sampled(touched)
         return touched
 
     def _cache_new_full_blocks(self, request: Request, chunk: ScheduledChunk) -> None:
@@ -382,9 +390,12 @@ class FCFSPolicy:
         if request.request_id in self._in_engine:
             self._in_engine.discard(request.request_id)
             self._pending_freed.append(request.request_id)
+        self._order.finished(request)
+        self._on_finished(request)
 
     def _release_resources(self, request: Request) -> None:
         self._kv.free(request.request_id)
+        self._running_adapters.released(request.request_id)
         if request.request_id in self._pinned:
             self._pinned.discard(request.request_id)
             if request.adapter is not None:
