@@ -5,11 +5,17 @@ chunks (decodes) come first; they attend in one batched call over their gathered
 chunks (prefill chunks, fine-tuning windows) attend one sequence at a time with causal masking inside
 the chunk; a chunk that starts at position 0 attends to its own fresh K/V without touching the cache.
 
-With the native decode kernel, short chunks (up to `ROW_WISE_MAX_TOKENS`) go with the decodes: each
-of their rows is a decode of its own position over the sequence's blocks (its own K/V are written to
-the cache before attention, so that is exact causal attention). A fine-tuning window of a few tokens
-riding along a decode batch spent 2.2 ms per iteration (8 layers, small preset) in the per-chunk path's
-gathers and masked SDPA; as 4 more decode rows it costs the kernel a few more dot products.
+With the native decode kernel, short chunks go with the decodes (`attends_row_wise`): each of their
+rows is a decode of its own position over the sequence's blocks (its own K/V are written to the cache
+before attention, so that is exact causal attention). A fine-tuning window of a few tokens riding
+along a decode batch spent 2.2 ms per iteration (8 layers, small preset) in the per-chunk path's
+gathers and masked SDPA; as 4 more decode rows it costs the kernel a few more dot products. Chunks
+whose whole context is short (a prefill of a short prompt) go row by row too: the per-chunk path is
+one SDPA call per sequence and layer, and a batch of 32 prompts of 48-80 tokens (SmolLM2 shapes) took
+25 ms per layer that way, 14 ms as one kernel call (1 thread); with 2 threads on a busy 2-core machine
+each of those 32 calls is a parallel region that waits for a descheduled thread: 91 ms mean vs 12 ms.
+Deep contexts stay with SDPA, whose blocked matmuls win there (a 128-token chunk at position 1024:
+13 ms vs 23 ms row by row).
 
 Metadata is built once per iteration and shared by every layer.
 """
@@ -26,11 +32,18 @@ from coserve.platform.kv_cache import KVCache
 from coserve.platform.native import PagedDecode
 
 ROW_WISE_MAX_TOKENS = 8  # chunks this short attend row by row with the decodes (native kernel only)
+# Chunks whose context ends within this many positions attend row by row too (native kernel only):
+# measured on SmolLM2 shapes (9 heads, 3 KV heads, d 64), one fresh 512-token prefill took 26 ms row
+# by row vs 38 ms through SDPA, 256 tokens 2.5 vs 8.3 ms.
+ROW_WISE_MAX_CONTEXT = 512
 
 
-def row_wise_limit(decode_kernel: PagedDecode | None) -> int:
-    """The longest chunk that `build_metadata` treats as decode rows (1 without the native kernel)."""
-    return ROW_WISE_MAX_TOKENS if decode_kernel is not None else 1
+def attends_row_wise(start: int, num_tokens: int, decode_kernel: PagedDecode | None) -> bool:
+    """Whether `build_metadata` treats a chunk of `num_tokens` rows from position `start` as decode
+    rows: a single token always; with the native kernel also a short chunk or a short context."""
+    if decode_kernel is None:
+        return num_tokens == 1
+    return num_tokens <= ROW_WISE_MAX_TOKENS or start + num_tokens <= ROW_WISE_MAX_CONTEXT
 
 
 @dataclass(slots=True)
@@ -72,8 +85,8 @@ class AttentionMetadata:
 
 def build_metadata(spans: list[ChunkSpan], block_size: int, device: torch.device,
                    decode_kernel: PagedDecode | None = None) -> AttentionMetadata:
-    """Build the per-iteration metadata. `spans` must list the chunks of at most
-    `row_wise_limit(decode_kernel)` tokens first: their rows are the decode rows."""
+    """Build the per-iteration metadata. `spans` must list the chunks that `attends_row_wise` first:
+    their rows are the decode rows."""
     starts = torch.tensor([s.start for s in spans], dtype=torch.int64)
     lens = torch.tensor([s.num_tokens for s in spans], dtype=torch.int64)
     total = int(lens.sum())
@@ -85,8 +98,9 @@ def build_metadata(spans: list[ChunkSpan], block_size: int, device: torch.device
                           dtype=torch.int64)
     slots = tables[seq_of_row, positions // block_size] * block_size + positions % block_size
 
-    limit, num_row_wise = row_wise_limit(decode_kernel), 0
-    while num_row_wise < len(spans) and spans[num_row_wise].num_tokens <= limit:
+    num_row_wise = 0
+    while num_row_wise < len(spans) and attends_row_wise(spans[num_row_wise].start,
+                                                        spans[num_row_wise].num_tokens, decode_kernel):
         num_row_wise += 1
     num_decodes = int(lens[:num_row_wise].sum())  # rows: one per token of those chunks
     decode_blocks = decode_mask = decode_lens = None

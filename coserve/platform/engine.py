@@ -17,7 +17,7 @@ from pathlib import Path
 import llguidance
 import torch
 
-from coserve.platform.attention import ChunkSpan, build_metadata, row_wise_limit
+from coserve.platform.attention import ChunkSpan, attends_row_wise, build_metadata
 from coserve.platform.config import ModelConfig, resolve_dtype
 from coserve.platform.grammar import GrammarCompiler
 from coserve.platform.kv_cache import KVCache
@@ -145,7 +145,7 @@ class Engine:
 
     def _rows(self, chunks: list[ScheduledChunk], windows: list[WindowRows]) -> list[_Rows]:
         """Every piece of the fused batch: decodes (and chunks short enough to attend row by row,
-        `row_wise_limit`) first, in one batched decode attention, then grouped by adapter so each
+        `attends_row_wise`) first, in one batched decode attention, then grouped by adapter so each
         adapter's rows are contiguous. Row order is an execution detail; results are keyed by id."""
         pieces = []
         for chunk in chunks:
@@ -159,8 +159,9 @@ class Engine:
             w = item.window
             pieces.append(_Rows(w.start, w.num_tokens, w.block_table, item.slot, item.token_ids,
                                 window=item))
-        limit = row_wise_limit(self._decode_kernel)
-        return sorted(pieces, key=lambda p: (p.num_tokens > limit, p.slot))
+        kernel = self._decode_kernel
+        return sorted(pieces,
+                      key=lambda p: (not attends_row_wise(p.start, p.num_tokens, kernel), p.slot))
 
     def _run(self, chunks: list[ScheduledChunk], windows: list[WindowRows], result: IterationResult,
              t0: float) -> None:

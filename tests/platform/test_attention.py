@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coserve.platform.attention import (ROW_WISE_MAX_TOKENS, ChunkSpan, build_metadata, paged_attention,
-                                        row_wise_limit)
+import coserve.platform.attention as attention
+from coserve.platform.attention import (ROW_WISE_MAX_CONTEXT, ROW_WISE_MAX_TOKENS, ChunkSpan,
+                                        attends_row_wise, build_metadata, paged_attention)
 from coserve.platform.kv_cache import KVCache
 from coserve.platform.native import load_paged_decode
 
@@ -26,11 +27,15 @@ def _dense_reference(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Ten
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 1), (4, 2), (4, 4), (8, 2)])
-@pytest.mark.parametrize("native", [True, False])
-def test_mixed_batch_matches_dense_attention(heads: int, kv_heads: int, native: bool) -> None:
+@pytest.mark.parametrize("native, max_context", [(True, 8), (True, ROW_WISE_MAX_CONTEXT), (False, 8)])
+def test_mixed_batch_matches_dense_attention(heads: int, kv_heads: int, native: bool, max_context: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     kernel = load_paged_decode() if native else None
     if native and kernel is None:
         pytest.skip("no C compiler: the native kernel is unavailable")
+    # With max_context 8 the last chunk takes the per-chunk SDPA path; by default every chunk here
+    # has a short context, so with the kernel the whole batch attends row by row.
+    monkeypatch.setattr(attention, "ROW_WISE_MAX_CONTEXT", max_context)
     g = torch.Generator().manual_seed(heads * 10 + kv_heads)
     dim, num_blocks = 32, 64
     # (start, num_tokens, full length): two decodes, a fresh prefill, a prefill chunk after a prefix
@@ -75,9 +80,13 @@ def test_with_the_kernel_short_chunks_become_decode_rows() -> None:
     kernel = load_paged_decode()
     if kernel is None:
         pytest.skip("no C compiler: the native kernel is unavailable")
-    assert row_wise_limit(None) == 1 and row_wise_limit(kernel) == ROW_WISE_MAX_TOKENS
+    assert attends_row_wise(5, 1, None) and not attends_row_wise(0, 2, None)
+    assert attends_row_wise(1000, ROW_WISE_MAX_TOKENS, kernel)
     long = ROW_WISE_MAX_TOKENS + 1
-    spans = [ChunkSpan(0, 5, 1, [3, 7]), ChunkSpan(1, 2, 3, [9, 4]), ChunkSpan(4, 0, long, [2, 5, 6])]
+    assert not attends_row_wise(ROW_WISE_MAX_CONTEXT, long, kernel)
+    table = list(range(20, 20 + (ROW_WISE_MAX_CONTEXT + long + BLOCK - 1) // BLOCK))
+    spans = [ChunkSpan(0, 5, 1, [3, 7]), ChunkSpan(1, 2, 3, [9, 4]),
+             ChunkSpan(4, ROW_WISE_MAX_CONTEXT, long, table)]
     meta = build_metadata(spans, BLOCK, torch.device("cpu"), kernel)
     assert meta.num_decodes == 4  # the decode and the 3 rows of the short chunk
     assert meta.decode_lens.tolist() == [6, 3, 4, 5]
@@ -85,6 +94,22 @@ def test_with_the_kernel_short_chunks_become_decode_rows() -> None:
     assert [(p.row, p.num_tokens) for p in meta.prefills] == [(4, long)]
     torch_path = build_metadata(spans, BLOCK, torch.device("cpu"))
     assert torch_path.num_decodes == 1 and len(torch_path.prefills) == 2
+
+
+def test_with_the_kernel_a_short_context_prefill_becomes_decode_rows() -> None:
+    """A whole prompt whose context fits ROW_WISE_MAX_CONTEXT is one kernel call, not an SDPA per
+    sequence; a chunk of the same length deeper in its sequence stays with SDPA."""
+    kernel = load_paged_decode()
+    if kernel is None:
+        pytest.skip("no C compiler: the native kernel is unavailable")
+    count = ROW_WISE_MAX_TOKENS * 4
+    assert attends_row_wise(0, count, kernel) and not attends_row_wise(0, count, None)
+    assert attends_row_wise(ROW_WISE_MAX_CONTEXT - count, count, kernel)
+    assert not attends_row_wise(ROW_WISE_MAX_CONTEXT - count + 1, count, kernel)
+    spans = [ChunkSpan(0, 0, count, list(range(count // BLOCK)))]
+    meta = build_metadata(spans, BLOCK, torch.device("cpu"), kernel)
+    assert meta.num_decodes == count and meta.prefills == []
+    assert meta.decode_lens.tolist() == list(range(1, count + 1))
 
 
 def test_native_kernel_is_identical_on_any_thread_count() -> None:
