@@ -13,7 +13,8 @@ advanced into text (stop strings, logprobs).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, FineTuneResult, OfflineJobs, prepare_job
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, encode_chat, expand_request
@@ -27,6 +28,7 @@ from coserve.policies.fcfs import FCFSPolicy
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import TokenLogprobs
 from coserve.policies.request import AdapterRef, Request, RequestStatus, SamplingParams
+from coserve.policies.training_settings import LoRASettings
 
 PromptType = str | dict
 ChatMessages = list[dict]
@@ -170,7 +172,8 @@ class LLM:
         return AdapterRef(adapter_id=lora.lora_int_id, name=lora.lora_name, path=lora.lora_path)
 
     def start_fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
-                        hyperparameters: dict | None = None, lora: dict | None = None,
+                        hyperparameters: Mapping[str, Any] | None = None,
+                        lora: LoRASettings | Mapping[str, Any] | None = None,
                         seed: int = 0, job_id: str | None = None,
                         validation: Sequence[dict | list[dict]] = ()) -> str:
         """Start a LoRA fine-tuning job on chat examples; returns its id at once.
@@ -180,20 +183,21 @@ class LLM:
         tool calls included: README "Training files") or message lists; the loss is on assistant
         tokens (messages with `"weight": 0` excluded). Hyperparameters:
         `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
-        `resolve_hyperparameters`); LoRA settings with PEFT's names (`r`, `lora_alpha`,
-        `target_modules`; default r=16, alpha=32, all seven projections). Checkpoints are written
+        `resolve_hyperparameters`); `lora`: a `LoRASettings`, or its fields by PEFT's names (`r`,
+        `lora_alpha`, `target_modules`, `use_rslora`; default r=16, alpha=32, all seven projections). Checkpoints are written
         to `output_dir/ckpt-step-N` at each epoch's end, the adapter to `output_dir/final`; the
         `validation` examples' mean loss is measured at each epoch's end (`validation_losses`).
 
         Raises:
-            ValueError: fewer than 10 usable examples, or a bad setting (named in the message).
+            TooFewExamplesError: fewer than 10 usable examples.
+            SettingsError: a bad setting (`param` names it).
         """
         adapter_id = self.jobs.next_adapter_id()
         prepared = prepare_job(
             self.tokenizer, examples, job_id=job_id or f"ftjob-{adapter_id - FIRST_TRAINING_ADAPTER_ID}",
             tenant="offline", adapter_id=adapter_id, num_layers=self.engine.model_config.num_layers,
             max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
-            hyperparameters=hyperparameters, lora=lora, seed=seed,
+            hyperparameters=hyperparameters, lora=_lora_settings(lora), seed=seed,
             base_model_name_or_path=self.engine.config.model, validation=validation)
         return self.jobs.submit(prepared).job_id
 
@@ -205,7 +209,8 @@ class LLM:
         return self.jobs.result(job_id)
 
     def fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
-                  hyperparameters: dict | None = None, lora: dict | None = None,
+                  hyperparameters: Mapping[str, Any] | None = None,
+                  lora: LoRASettings | Mapping[str, Any] | None = None,
                   seed: int = 0, validation: Sequence[dict | list[dict]] = ()) -> FineTuneResult:
         """`start_fine_tune` then `wait`: train a LoRA adapter and return where it is."""
         return self.wait(self.start_fine_tune(examples, output_dir, hyperparameters, lora, seed,
@@ -254,3 +259,10 @@ def _per_prompt(value: object, count: int, name: str) -> list:
             raise ValueError(f"{name} has {len(value)} entries for {count} prompts")
         return list(value)
     return [value] * count
+
+
+def _lora_settings(lora: LoRASettings | Mapping[str, Any] | None) -> LoRASettings | None:
+    """The caller's LoRA settings as the typed contract (a mapping is read by PEFT's names)."""
+    if lora is None or isinstance(lora, LoRASettings):
+        return lora
+    return LoRASettings.from_dict(lora)
