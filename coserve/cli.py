@@ -163,7 +163,8 @@ def _register_demo(subparsers: Subparsers) -> None:
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Handler of `coserve serve`: validate every setting, then serve until interrupted."""
     from coserve.actors.data_dir_lock import DataDirLocked
-    from coserve.serve import PortUnavailable, ServeOptions, run_local, run_ray
+    from coserve.api.ray_app import run_ray
+    from coserve.serve import PortUnavailable, ServeOptions, run_local
 
     opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
                         port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,
