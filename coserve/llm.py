@@ -21,6 +21,7 @@ from coserve.frontend import AdapterChecker, EosIds, OutputTracker, encode_chat,
 from coserve.lora_request import LoRARequest
 from coserve.outputs import CompletionOutput, RequestOutput
 from coserve.platform.engine import Engine, EngineConfig
+from coserve.policies import defaults
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_core import EngineCore
@@ -56,11 +57,12 @@ class LLM:
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto",
-                 device: str = "cpu", seed: int = 0, max_num_seqs: int = 64,
+                 device: str = "cpu", seed: int = 0, max_num_seqs: int = defaults.MAX_NUM_SEQS,
                  max_batch_tokens: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_model_len: int | None = None, block_size: int = 16,
+                 max_model_len: int | None = None, block_size: int = defaults.BLOCK_SIZE,
                  num_kv_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
-                 enable_prefix_caching: bool = True, max_loras: int = 4, max_lora_rank: int = 64,
+                 enable_prefix_caching: bool = True, max_loras: int = defaults.ADAPTER_SLOTS,
+                 max_lora_rank: int = defaults.MAX_LORA_RANK,
                  native_kernels: bool = True, gpu_memory_utilization: float = 0.9,
                  enable_lora: bool = True, enforce_eager: bool = True) -> None:
         from transformers import AutoTokenizer  # the tokenizer only; no modeling code
@@ -75,7 +77,7 @@ class LLM:
         layout = self.engine.layout
         self.scheduler_config = SchedulerConfig(
             max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
-            max_batch_tokens=max_batch_tokens or max_num_batched_tokens or 2048,
+            max_batch_tokens=max_batch_tokens or max_num_batched_tokens or defaults.MAX_BATCH_TOKENS,
             block_size=layout.block_size, enable_prefix_caching=enable_prefix_caching)
         self.policy = FCFSPolicy(
             self.scheduler_config,

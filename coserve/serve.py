@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from coserve.actors.metrics import Slo
+from coserve.policies import defaults
 
 logger = logging.getLogger(__name__)
 
@@ -38,16 +39,16 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     local: bool = False
-    max_num_seqs: int = 64
-    max_batch_tokens: int = 2048
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS
     tpot_slo_ms: float | None = None
     ttft_slo_ms: float | None = None
-    adapter_slots: int = 4
+    adapter_slots: int = defaults.ADAPTER_SLOTS
     dtype: str = "auto"
     device: str = "cpu"
     latency_profile: str | None = None  # `coserve profile --json` output (None: learned online)
     max_stall_ms: float | None = None  # fine-tuning bursts spending TPOT slack (CoServingConfig)
-    finetune_floor_every: int = 8  # liveness floor (CoServingConfig.finetune_floor_every)
+    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY  # liveness floor (CoServingConfig.finetune_floor_every)
     public_metrics: bool = False  # /metrics without an admin key, tenant labels summed away
     max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
     max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from coserve.policies import defaults
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_core import PlanSource
@@ -81,7 +82,7 @@ class CoServingPolicyFactory:
     latency_profile: str | None = None
     max_stall_ms: float | None = None
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
-    finetune_floor_every: int = 8
+    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY
 
     def latency_model(self) -> LatencyModel:
         """The profile's model, checked against this server; or an unfitted one.

@@ -36,6 +36,7 @@ from coserve.actors.streams import SubmissionState
 from coserve.actors.prompt_encoder import PromptEncoder
 from coserve.actors.tool_admission import PreparedChat, ToolSupport
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, chat_template_refusal, expand_request
+from coserve.policies import defaults
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_contract import EngineFailure
 from coserve.policies.engine_core import EngineCore, Step, StepFailed
@@ -66,8 +67,8 @@ class SchedulerSettings:
     """
 
     model: str
-    max_num_seqs: int = 64
-    max_batch_tokens: int = 2048
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS
     enable_prefix_caching: bool = True
     tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
     slo: Slo = Slo()
