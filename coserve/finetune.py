@@ -27,8 +27,7 @@ from coserve.policies.job_roster import JobRoster, whole_iteration_allowance
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.training_plan import TrainingExample
-from coserve.policies.training_settings import (LoRASettings, ResolvedHyperparameters,
-                                               resolve_hyperparameters)
+from coserve.policies.training_settings import HyperparameterRequest, LoRASettings, ResolvedHyperparameters
 from coserve.policies.vtc import VirtualTokenCounter, VTCWeights
 
 # Offline fine-tuning adapters take ids from here down, far from users' LoRARequest ids.
@@ -50,15 +49,14 @@ class PreparedJob:
 
 def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[Mapping[str, Any]]],
                 *, job_id: str, tenant: str, adapter_id: int, num_layers: int, max_len: int,
-                output_dir: str | Path, hyperparameters: Mapping[str, Any] | None = None,
+                output_dir: str | Path, hyperparameters: HyperparameterRequest | None = None,
                 lora: LoRASettings | None = None, seed: int = 0,
                 base_model_name_or_path: str | None = None,
                 init_adapter: str | None = None,
                 validation: Sequence[Mapping[str, Any] | Sequence[Mapping[str, Any]]] = ()) -> PreparedJob:
     """Tokenize the examples with the chat template and resolve every "auto" setting.
 
-    `hyperparameters` are the requested ones ("auto" or absent where coserve chooses); `lora` None
-    trains `LoRASettings()`.
+    `hyperparameters` None is all "auto"; `lora` None trains `LoRASettings()`.
 
     Raises:
         TooFewExamplesError: fewer than 10 usable examples.
@@ -67,8 +65,8 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
             in the validation file).
     """
     dataset = prepare_dataset(tokenizer, examples, max_len)
-    resolved = resolve_hyperparameters(dict(hyperparameters or {}), len(dataset.sequences),
-                                       dataset.trained_tokens)
+    resolved = (hyperparameters or HyperparameterRequest()).resolve(len(dataset.sequences),
+                                                                    dataset.trained_tokens)
     try:
         held_out = (prepare_dataset(tokenizer, validation, max_len, what="validation example").sequences
                     if validation else [])

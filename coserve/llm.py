@@ -29,7 +29,7 @@ from coserve.policies.fcfs import FCFSPolicy
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import TokenLogprobs
 from coserve.policies.request import AdapterRef, Request, RequestStatus, SamplingParams
-from coserve.policies.training_settings import LoRASettings
+from coserve.policies.training_settings import HyperparameterRequest, LoRASettings
 
 PromptType = str | dict
 ChatMessages = list[dict]
@@ -174,7 +174,7 @@ class LLM:
         return AdapterRef(adapter_id=lora.lora_int_id, name=lora.lora_name, path=lora.lora_path)
 
     def start_fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
-                        hyperparameters: Mapping[str, Any] | None = None,
+                        hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
                         lora: LoRASettings | Mapping[str, Any] | None = None,
                         seed: int = 0, job_id: str | None = None,
                         validation: Sequence[dict | list[dict]] = ()) -> str:
@@ -183,9 +183,9 @@ class LLM:
         The job trains in the same iterations as every later `generate`/`chat` call; `wait`
         finishes it. Examples are OpenAI fine-tuning lines (`{"messages": [...], "tools": [...]}`,
         tool calls included: README "Training files") or message lists; the loss is on assistant
-        tokens (messages with `"weight": 0` excluded). Hyperparameters:
-        `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
-        `resolve_hyperparameters`); `lora`: a `LoRASettings`, or its fields by PEFT's names (`r`,
+        tokens (messages with `"weight": 0` excluded). `hyperparameters`: a `HyperparameterRequest`,
+        or OpenAI's `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
+        `HyperparameterRequest.resolve`); `lora`: a `LoRASettings`, or its fields by PEFT's names (`r`,
         `lora_alpha`, `target_modules`, `use_rslora`; default r=16, alpha=32, all seven projections). Checkpoints are written
         to `output_dir/ckpt-step-N` at each epoch's end, the adapter to `output_dir/final`; the
         `validation` examples' mean loss is measured at each epoch's end (`validation_losses`).
@@ -199,7 +199,7 @@ class LLM:
             self.tokenizer, examples, job_id=job_id or f"ftjob-{adapter_id - FIRST_TRAINING_ADAPTER_ID}",
             tenant="offline", adapter_id=adapter_id, num_layers=self.engine.model_config.num_layers,
             max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
-            hyperparameters=hyperparameters, lora=_lora_settings(lora), seed=seed,
+            hyperparameters=_hyperparameters(hyperparameters), lora=_lora_settings(lora), seed=seed,
             base_model_name_or_path=self.engine.config.model, validation=validation)
         return self.jobs.submit(prepared).job_id
 
@@ -211,7 +211,7 @@ class LLM:
         return self.jobs.result(job_id)
 
     def fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
-                  hyperparameters: Mapping[str, Any] | None = None,
+                  hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
                   lora: LoRASettings | Mapping[str, Any] | None = None,
                   seed: int = 0, validation: Sequence[dict | list[dict]] = ()) -> FineTuneResult:
         """`start_fine_tune` then `wait`: train a LoRA adapter and return where it is."""
@@ -268,3 +268,11 @@ def _lora_settings(lora: LoRASettings | Mapping[str, Any] | None) -> LoRASetting
     if lora is None or isinstance(lora, LoRASettings):
         return lora
     return LoRASettings.from_dict(lora)
+
+
+def _hyperparameters(requested: HyperparameterRequest | Mapping[str, Any] | None
+                     ) -> HyperparameterRequest | None:
+    """The caller's hyperparameters as the typed contract (a mapping is read as OpenAI's JSON)."""
+    if requested is None or isinstance(requested, HyperparameterRequest):
+        return requested
+    return HyperparameterRequest.from_dict(requested)

@@ -33,7 +33,7 @@ from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
 from coserve.policies.quotas import TenantLimits, TenantQuota
 from coserve.policies.storage_quota import QUOTA_CODES
-from coserve.policies.training_settings import LoRASettings, TooFewExamplesError
+from coserve.policies.training_settings import HyperparameterRequest, LoRASettings, TooFewExamplesError
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class JobManager:
             adapter_id=self._allocate_adapter_id(), num_layers=self._settings.num_layers,
             max_len=self._settings.max_model_len,
             output_dir=self._settings.data_dir.resolve() / "adapters" / record.id,
-            hyperparameters={k: v for k, v in record.hyperparameters.items() if v is not None},
+            hyperparameters=HyperparameterRequest.from_dict(record.hyperparameters),
             lora=LoRASettings.from_dict(record.extensions.get("lora") or {}), seed=record.seed,
             base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
             validation=validation)

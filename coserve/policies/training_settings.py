@@ -10,7 +10,7 @@ before these types existed load unchanged.
 Defaults: LoRA r=16, lora_alpha=32, no dropout, every projection (`TARGET_MODULES`); AdamW with learning
 rate 1e-4 x `learning_rate_multiplier`, weight decay 0 (HF's and OpenAI's default; decay on LoRA's B
 pulls it towards the base model), AdamW's betas and eps, clipping at a total norm of 1.0. "auto"
-epochs and batch size follow `resolve_hyperparameters`.
+epochs and batch size follow `HyperparameterRequest.resolve`.
 """
 
 from __future__ import annotations
@@ -207,50 +207,79 @@ def _multiplier_param(value: Any) -> float:
     return float(value)
 
 
-def resolve_hyperparameters(requested: Mapping[str, Any], num_examples: int,
-                            num_trained_tokens: int) -> ResolvedHyperparameters:
-    """Replace "auto" (or None / absent) by coserve's rules and check explicit values.
-
-    `num_examples` is the number of trainable sequences (after skipping) and `num_trained_tokens`
-    their trained targets per epoch. Rules for "auto":
-
-    * n_epochs: 3, as OpenAI's default. When 3 epochs would show the model fewer than 100 examples,
-      ceil(100 / num_examples) epochs (at most 25): a 10-example file gets 10 epochs, since a few
-      dozen steps teach a LoRA nothing. When 3 epochs would exceed 25,000 examples,
-      25,000 // num_examples epochs (at least 1): big files need fewer passes. (OpenAI cookbook.)
-    * batch_size: round(0.2% of num_examples) within [1, 256], the proportion OpenAI's auto batch
-      sizes are reported to follow: small datasets keep one optimizer step per example or two,
-      big ones get less noisy gradients while keeping about 500 steps per epoch (more past 256).
-    * learning_rate_multiplier: 1.0, so learning rate = 1e-4, the usual LoRA rate (issue 3's rule).
+@dataclass(frozen=True, slots=True)
+class HyperparameterRequest:
+    """The hyperparameters a job asks for; None is "auto" (`resolve` picks it from the training file).
 
     Raises:
-        TooFewExamplesError: fewer than 10 examples.
-        SettingsError: no trained token, an unknown key, or a value outside OpenAI's bounds
-            (n_epochs 1..50, batch_size 1..256, multiplier in (0, 10]); `param` names it.
+        SettingsError: a value outside OpenAI's bounds (n_epochs 1..50, batch_size 1..256,
+            multiplier in (0, 10]); `param` names it.
     """
-    if num_examples < MIN_EXAMPLES:
-        raise TooFewExamplesError(num_examples)
-    if num_trained_tokens <= 0:
-        raise SettingsError("training_file", "the training examples have no trainable assistant token")
-    unknown = sorted(set(requested) - set(HYPERPARAMETERS))
-    if unknown:
-        raise SettingsError(unknown[0], f"unknown hyperparameter(s) {unknown}")
 
-    def given(name: str) -> Any:
-        value = requested.get(name)
-        return None if value == "auto" else value
+    n_epochs: int | None = None
+    batch_size: int | None = None
+    learning_rate_multiplier: float | None = None
 
-    n_epochs = given("n_epochs")
-    n_epochs = auto_n_epochs(num_examples) if n_epochs is None else _integer_param("n_epochs", n_epochs)
-    batch_size = given("batch_size")
-    batch_size = (auto_batch_size(num_examples) if batch_size is None
-                  else _integer_param("batch_size", batch_size))
-    multiplier = given("learning_rate_multiplier")
-    multiplier = 1.0 if multiplier is None else _multiplier_param(multiplier)
-    steps_per_epoch = math.ceil(num_examples / batch_size)  # the last batch of an epoch may be short
-    return ResolvedHyperparameters(n_epochs=n_epochs, batch_size=batch_size,
-                                   learning_rate_multiplier=multiplier,
-                                   learning_rate=BASE_LEARNING_RATE * multiplier,
-                                   steps_per_epoch=steps_per_epoch,
-                                   total_steps=steps_per_epoch * n_epochs,
-                                   total_trained_tokens=num_trained_tokens * n_epochs)
+    def __post_init__(self) -> None:
+        for name in ("n_epochs", "batch_size"):
+            if getattr(self, name) is not None:
+                _integer_param(name, getattr(self, name))
+        if self.learning_rate_multiplier is not None:
+            object.__setattr__(self, "learning_rate_multiplier",
+                               _multiplier_param(self.learning_rate_multiplier))
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> HyperparameterRequest:
+        """From OpenAI's JSON (a job row's `hyperparameters`): "auto", null or absent is None."""
+        unknown = sorted(set(raw) - set(HYPERPARAMETERS))
+        if unknown:
+            raise SettingsError(unknown[0], f"unknown hyperparameter(s) {unknown}")
+        return cls(**{k: None if v == "auto" else v for k, v in raw.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI's JSON: "auto" for None (the shape a job row keeps and the API echoes)."""
+        return {name: "auto" if value is None else value for name, value in asdict(self).items()}
+
+    def resolve(self, num_examples: int, num_trained_tokens: int) -> ResolvedHyperparameters:
+        """Replace "auto" by coserve's rules.
+
+        `num_examples` is the number of trainable sequences (after skipping) and `num_trained_tokens`
+        their trained targets per epoch. Rules for "auto":
+
+        * n_epochs: 3, as OpenAI's default. When 3 epochs would show the model fewer than 100 examples,
+          ceil(100 / num_examples) epochs (at most 25): a 10-example file gets 10 epochs, since a few
+          dozen steps teach a LoRA nothing. When 3 epochs would exceed 25,000 examples,
+          25,000 // num_examples epochs (at least 1): big files need fewer passes. (OpenAI cookbook.)
+        * batch_size: round(0.2% of num_examples) within [1, 256], the proportion OpenAI's auto batch
+          sizes are reported to follow: small datasets keep one optimizer step per example or two,
+          big ones get less noisy gradients while keeping about 500 steps per epoch (more past 256).
+        * learning_rate_multiplier: 1.0, so learning rate = 1e-4, the usual LoRA rate (issue 3's rule).
+
+        Raises:
+            TooFewExamplesError: fewer than 10 examples.
+            SettingsError: no trained token (param `training_file`).
+        """
+        if num_examples < MIN_EXAMPLES:
+            raise TooFewExamplesError(num_examples)
+        if num_trained_tokens <= 0:
+            raise SettingsError("training_file", "the training examples have no trainable assistant token")
+        n_epochs = auto_n_epochs(num_examples) if self.n_epochs is None else self.n_epochs
+        batch_size = auto_batch_size(num_examples) if self.batch_size is None else self.batch_size
+        multiplier = 1.0 if self.learning_rate_multiplier is None else self.learning_rate_multiplier
+        steps_per_epoch = math.ceil(num_examples / batch_size)  # the last batch of an epoch may be short
+        return ResolvedHyperparameters(n_epochs=n_epochs, batch_size=batch_size,
+                                       learning_rate_multiplier=multiplier,
+                                       learning_rate=BASE_LEARNING_RATE * multiplier,
+                                       steps_per_epoch=steps_per_epoch,
+                                       total_steps=steps_per_epoch * n_epochs,
+                                       total_trained_tokens=num_trained_tokens * n_epochs)
+
+
+def resolve_hyperparameters(requested: Mapping[str, Any], num_examples: int,
+                            num_trained_tokens: int) -> ResolvedHyperparameters:
+    """`HyperparameterRequest.from_dict(requested).resolve(...)`: OpenAI's JSON to values.
+
+    Raises:
+        TooFewExamplesError, SettingsError: as `from_dict` and `resolve`.
+    """
+    return HyperparameterRequest.from_dict(requested).resolve(num_examples, num_trained_tokens)

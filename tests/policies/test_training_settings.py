@@ -107,3 +107,22 @@ def test_hyperparameter_errors_are_typed() -> None:
 def test_the_settings_module_imports_no_torch() -> None:
     code = "import sys, coserve.policies.training_settings; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_hyperparameter_request_reads_and_writes_openai_json() -> None:
+    from coserve.policies.training_settings import HyperparameterRequest
+
+    request = HyperparameterRequest.from_dict({"n_epochs": 2, "batch_size": "auto",
+                                               "learning_rate_multiplier": None})
+    assert request == HyperparameterRequest(n_epochs=2)
+    assert request.to_dict() == {"n_epochs": 2, "batch_size": "auto", "learning_rate_multiplier": "auto"}
+    assert HyperparameterRequest.from_dict(request.to_dict()) == request
+    assert HyperparameterRequest(learning_rate_multiplier=2).learning_rate_multiplier == 2.0
+    for raw, param in (({"n_epochs": 51}, "n_epochs"), ({"batch_size": True}, "batch_size"),
+                       ({"learning_rate_multiplier": 10.5}, "learning_rate_multiplier"),
+                       ({"lr": 1}, "lr")):
+        with pytest.raises(SettingsError) as err:
+            HyperparameterRequest.from_dict(raw)
+        assert err.value.param == param
+    resolved = HyperparameterRequest(batch_size=4).resolve(num_examples=10, num_trained_tokens=100)
+    assert (resolved.batch_size, resolved.n_epochs, resolved.steps_per_epoch) == (4, 10, 3)

@@ -26,8 +26,8 @@ from coserve.api.serving.storage_errors import storage_quota_error, tenant_limit
 from coserve.policies.quotas import TenantQuota
 from coserve.policies.storage_quota import admit_job, has_storage_limits, models_per_job
 from coserve.policies.tenants import TenantsConfig
-from coserve.policies.training_settings import (MIN_EXAMPLES, LoRASettings, SettingsError,
-                                               TooFewExamplesError, auto_n_epochs)
+from coserve.policies.training_settings import (MIN_EXAMPLES, HyperparameterRequest, LoRASettings,
+                                               SettingsError, TooFewExamplesError, auto_n_epochs)
 
 
 def to_job(record: JobRecord) -> FineTuningJob:
@@ -80,6 +80,19 @@ def lora_settings(lora: LoRAParams | None, max_lora_rank: int | None) -> LoRASet
                             code="invalid_lora") from None
 
 
+def hyperparameter_request(body: FineTuningJobCreate) -> HyperparameterRequest:
+    """The typed hyperparameters of a request (None where "auto").
+
+    Raises:
+        ProtocolError: 400 naming the hyperparameter (the schema's bounds are the settings' own, so
+            the schema refuses first; this keeps the contract's error typed).
+    """
+    try:
+        return HyperparameterRequest.from_dict(body.requested_hyperparameters().model_dump())
+    except SettingsError as err:
+        raise ProtocolError(err.message, param=err.param) from None
+
+
 def _job_not_found(job_id: str) -> ProtocolError:
     return ProtocolError.not_found(f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id",
                                    code="fine_tuning_job_not_found")
@@ -124,10 +137,10 @@ class FineTuningService:
         if body.validation_file is not None:
             self._count_examples(tenant, body.validation_file, "validation_file")
         self._check_job_limit(tenant)
-        hp = body.requested_hyperparameters()
+        hp = hyperparameter_request(body)
         # "auto" resolves from the examples the trainer keeps, which the job manager counts again (and
         # checks the reservation again) once it has tokenized the file.
-        n_epochs = hp.n_epochs if isinstance(hp.n_epochs, int) else auto_n_epochs(count)
+        n_epochs = hp.n_epochs if hp.n_epochs is not None else auto_n_epochs(count)
         reserved = models_per_job(n_epochs)
         limits = tenant_limits(self.tenants, tenant)
         if has_storage_limits(limits):  # measuring walks the tenant's adapter folders: only when needed
@@ -140,7 +153,7 @@ class FineTuningService:
             extensions["lora"] = lora
         record = self.store.jobs.create(
             tenant, body.model, body.training_file, validation_file=body.validation_file,
-            hyperparameters=hp.model_dump(), method={"type": "supervised"}, suffix=body.suffix,
+            hyperparameters=hp.to_dict(), method={"type": "supervised"}, suffix=body.suffix,
             seed=body.seed, metadata=body.metadata, extensions=extensions)
         self.store.events.add(record.id, f"Created fine-tuning job: {record.id}")
         return to_job(record)
