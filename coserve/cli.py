@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from coserve.bench.cli import register_bench
-from coserve.policies.config import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS
-from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY
+from coserve.policies import defaults
 from coserve.profiling import register_profile
 
 Subparsers = Any  # argparse's _SubParsersAction is private; this alias documents intent.
@@ -165,7 +164,8 @@ def _register_demo(subparsers: Subparsers) -> None:
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Handler of `coserve serve`: validate every setting, then serve until interrupted."""
     from coserve.actors.data_dir_lock import DataDirLocked
-    from coserve.serve import PortUnavailable, ServeOptions, run_local, run_ray
+    from coserve.api.ray_app import run_ray
+    from coserve.serve import PortUnavailable, ServeOptions, run_local
 
     opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
                         port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,
@@ -201,19 +201,19 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--local", action="store_true", help="one process, no Ray")
-    serve.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
-                       help=f"requests running at once (default: {DEFAULT_MAX_NUM_SEQS})")
-    serve.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS,
-                       help=f"tokens per engine iteration (default: {DEFAULT_MAX_BATCH_TOKENS})")
+    serve.add_argument("--max-num-seqs", type=int, default=defaults.MAX_NUM_SEQS,
+                       help=f"requests running at once (default: {defaults.MAX_NUM_SEQS})")
+    serve.add_argument("--max-batch-tokens", type=int, default=defaults.MAX_BATCH_TOKENS,
+                       help=f"tokens per engine iteration (default: {defaults.MAX_BATCH_TOKENS})")
     serve.add_argument("--tpot-slo-ms", type=float, default=None, help="time-per-output-token objective (ms)")
     serve.add_argument("--ttft-slo-ms", type=float, default=None, help="time-to-first-token objective (ms)")
     serve.add_argument("--max-stall-ms", type=float, default=None,
                        help="let fine-tuning spend the requests' TPOT slack in bursts, no token gap longer "
                             "than this (ms, >= the TPOT SLO; default: every iteration within the SLO)")
-    serve.add_argument("--finetune-floor-every", type=int, default=DEFAULT_FINETUNE_FLOOR_EVERY,
+    serve.add_argument("--finetune-floor-every", type=int, default=defaults.FINETUNE_FLOOR_EVERY,
                        help="liveness floor: a fine-tuning job that got no work in this many iterations gets "
-                            "a small piece in the next one, whatever the SLO or load "
-                            f"(default: {DEFAULT_FINETUNE_FLOOR_EVERY})")
+                            f"a small piece in the next one, whatever the SLO or load (default: "
+                            f"{defaults.FINETUNE_FLOOR_EVERY})")
     serve.add_argument("--public-metrics", action="store_true",
                        help="serve /metrics without an admin key, tenant labels summed away (default: "
                             "admin keys only)")
@@ -225,7 +225,8 @@ def _register_serve(subparsers: Subparsers) -> None:
                             "128 MiB: an upload is checked in memory)")
     serve.add_argument("--max-n", type=int, default=16,
                        help="the most completions one chat request may ask for with `n` (1..128; default: 16)")
-    serve.add_argument("--adapter-slots", type=int, default=4, help="LoRA adapters resident at once (default: 4)")
+    serve.add_argument("--adapter-slots", type=int, default=defaults.ADAPTER_SLOTS,
+                       help=f"LoRA adapters resident at once (default: {defaults.ADAPTER_SLOTS})")
     serve.add_argument("--latency-profile", default=None,
                        help="latency model fitted by `coserve profile --json` (default: learned online)")
     serve.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")

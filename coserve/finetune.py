@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coserve.platform.trainer.data import (PreparedDataset, ResolvedHyperparameters,
-                                           prepare_dataset, resolve_hyperparameters)
-from coserve.platform.trainer.lora_params import LoRATrainConfig
+from coserve.platform.trainer.data import PreparedDataset, prepare_dataset
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.finetune_job import (FinetuneJob, FinetuneJobSpec, JobEvent, JobEventKind,
                                            JobState)
@@ -30,6 +28,7 @@ from coserve.policies.job_roster import whole_iteration_allowance
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.training_plan import TrainingExample
+from coserve.policies.training_settings import HyperparameterRequest, LoRASettings, ResolvedHyperparameters
 from coserve.policies.vtc import VirtualTokenCounter, VTCWeights
 
 # Offline fine-tuning adapters take ids from here down, far from users' LoRARequest ids.
@@ -51,22 +50,24 @@ class PreparedJob:
 
 def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[Mapping[str, Any]]],
                 *, job_id: str, tenant: str, adapter_id: int, num_layers: int, max_len: int,
-                output_dir: str | Path, hyperparameters: Mapping[str, Any] | None = None,
-                lora: Mapping[str, Any] | None = None, seed: int = 0,
+                output_dir: str | Path, hyperparameters: HyperparameterRequest | None = None,
+                lora: LoRASettings | None = None, seed: int = 0,
                 base_model_name_or_path: str | None = None,
                 init_adapter: str | None = None,
                 validation: Sequence[Mapping[str, Any] | Sequence[Mapping[str, Any]]] = ()) -> PreparedJob:
     """Tokenize the examples with the chat template and resolve every "auto" setting.
 
+    `hyperparameters` None is all "auto"; `lora` None trains `LoRASettings()`.
+
     Raises:
-        ValueError: fewer than 10 usable examples, bad hyperparameters or LoRA settings (the message
-            names the setting), or a conversation the template cannot mask exactly
-            (`ValidationFileError` when it is in the validation file).
+        TooFewExamplesError: fewer than 10 usable examples.
+        SettingsError: a bad hyperparameter (`param` names it).
+        ValueError: a conversation the template cannot mask exactly (`ValidationFileError` when it is
+            in the validation file).
     """
     dataset = prepare_dataset(tokenizer, examples, max_len)
-    resolved = resolve_hyperparameters(dict(hyperparameters or {}), len(dataset.sequences),
-                                       dataset.trained_tokens)
-    lora_config = LoRATrainConfig(**_lora_arguments(lora or {}))
+    resolved = (hyperparameters or HyperparameterRequest()).resolve(len(dataset.sequences),
+                                                                    dataset.trained_tokens)
     try:
         held_out = (prepare_dataset(tokenizer, validation, max_len, what="validation example").sequences
                     if validation else [])
@@ -78,27 +79,11 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
                   for seq in dataset.sequences],
         n_epochs=resolved.n_epochs, batch_size=resolved.batch_size, seed=seed,
         num_layers=num_layers, output_dir=str(output_dir),
-        lora={"r": lora_config.r, "lora_alpha": lora_config.lora_alpha,
-              "lora_dropout": lora_config.lora_dropout,
-              "target_modules": list(lora_config.target_modules)},
-        optimizer=resolved.optimizer_config().to_dict(),
+        lora=lora or LoRASettings(), optimizer=resolved.optimizer_settings(),
         base_model_name_or_path=base_model_name_or_path, init_adapter=init_adapter,
         validation_examples=[TrainingExample(seq.token_ids.tolist(), seq.trained.tolist())
                              for seq in held_out])
     return PreparedJob(spec, dataset, resolved)
-
-
-def _lora_arguments(raw: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(raw) - {"r", "lora_alpha", "lora_dropout", "target_modules"})
-    if unknown:
-        raise ValueError(f"unknown LoRA setting(s) {unknown}; use PEFT's names r, lora_alpha, "
-                         f"lora_dropout, target_modules")
-    args = {k: v for k, v in raw.items() if v is not None}
-    if isinstance(args.get("target_modules"), str):
-        args["target_modules"] = (args["target_modules"],)
-    elif "target_modules" in args:
-        args["target_modules"] = tuple(args["target_modules"])
-    return args
 
 
 @dataclass(slots=True)

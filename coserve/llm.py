@@ -13,21 +13,23 @@ advanced into text (stop strings, logprobs).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, FineTuneResult, OfflineJobs, prepare_job
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, encode_chat, expand_request
 from coserve.lora_request import LoRARequest
 from coserve.outputs import CompletionOutput, RequestOutput
 from coserve.platform.engine import Engine, EngineConfig
+from coserve.policies import defaults
 from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS,
-                                     SchedulerConfig)
+from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_core import EngineCore
 from coserve.policies.inference import InferenceScheduler
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import TokenLogprobs
 from coserve.policies.request import AdapterRef, Request, RequestStatus, SamplingParams
+from coserve.policies.training_settings import HyperparameterRequest, LoRASettings
 
 PromptType = str | dict
 ChatMessages = list[dict]
@@ -55,11 +57,12 @@ class LLM:
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto",
-                 device: str = "cpu", seed: int = 0, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                 device: str = "cpu", seed: int = 0, max_num_seqs: int = defaults.MAX_NUM_SEQS,
                  max_batch_tokens: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_model_len: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+                 max_model_len: int | None = None, block_size: int = defaults.BLOCK_SIZE,
                  num_kv_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
-                 enable_prefix_caching: bool = True, max_loras: int = 4, max_lora_rank: int = 64,
+                 enable_prefix_caching: bool = True, max_loras: int = defaults.ADAPTER_SLOTS,
+                 max_lora_rank: int = defaults.MAX_LORA_RANK,
                  native_kernels: bool = True, gpu_memory_utilization: float = 0.9,
                  enable_lora: bool = True, enforce_eager: bool = True) -> None:
         from transformers import AutoTokenizer  # the tokenizer only; no modeling code
@@ -74,7 +77,7 @@ class LLM:
         layout = self.engine.layout
         self.scheduler_config = SchedulerConfig(
             max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
-            max_batch_tokens=max_batch_tokens or max_num_batched_tokens or DEFAULT_MAX_BATCH_TOKENS,
+            max_batch_tokens=max_batch_tokens or max_num_batched_tokens or defaults.MAX_BATCH_TOKENS,
             block_size=layout.block_size, enable_prefix_caching=enable_prefix_caching)
         self.policy = InferenceScheduler(
             self.scheduler_config,
@@ -171,7 +174,8 @@ class LLM:
         return AdapterRef(adapter_id=lora.lora_int_id, name=lora.lora_name, path=lora.lora_path)
 
     def start_fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
-                        hyperparameters: dict | None = None, lora: dict | None = None,
+                        hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
+                        lora: LoRASettings | Mapping[str, Any] | None = None,
                         seed: int = 0, job_id: str | None = None,
                         validation: Sequence[dict | list[dict]] = ()) -> str:
         """Start a LoRA fine-tuning job on chat examples; returns its id at once.
@@ -179,22 +183,23 @@ class LLM:
         The job trains in the same iterations as every later `generate`/`chat` call; `wait`
         finishes it. Examples are OpenAI fine-tuning lines (`{"messages": [...], "tools": [...]}`,
         tool calls included: README "Training files") or message lists; the loss is on assistant
-        tokens (messages with `"weight": 0` excluded). Hyperparameters:
-        `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
-        `resolve_hyperparameters`); LoRA settings with PEFT's names (`r`, `lora_alpha`,
-        `target_modules`; default r=16, alpha=32, all seven projections). Checkpoints are written
+        tokens (messages with `"weight": 0` excluded). `hyperparameters`: a `HyperparameterRequest`,
+        or OpenAI's `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
+        `HyperparameterRequest.resolve`); `lora`: a `LoRASettings`, or its fields by PEFT's names (`r`,
+        `lora_alpha`, `target_modules`, `use_rslora`; default r=16, alpha=32, all seven projections). Checkpoints are written
         to `output_dir/ckpt-step-N` at each epoch's end, the adapter to `output_dir/final`; the
         `validation` examples' mean loss is measured at each epoch's end (`validation_losses`).
 
         Raises:
-            ValueError: fewer than 10 usable examples, or a bad setting (named in the message).
+            TooFewExamplesError: fewer than 10 usable examples.
+            SettingsError: a bad setting (`param` names it).
         """
         adapter_id = self.jobs.next_adapter_id()
         prepared = prepare_job(
             self.tokenizer, examples, job_id=job_id or f"ftjob-{adapter_id - FIRST_TRAINING_ADAPTER_ID}",
             tenant="offline", adapter_id=adapter_id, num_layers=self.engine.model_config.num_layers,
             max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
-            hyperparameters=hyperparameters, lora=lora, seed=seed,
+            hyperparameters=_hyperparameters(hyperparameters), lora=_lora_settings(lora), seed=seed,
             base_model_name_or_path=self.engine.config.model, validation=validation)
         return self.jobs.submit(prepared).job_id
 
@@ -206,7 +211,8 @@ class LLM:
         return self.jobs.result(job_id)
 
     def fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
-                  hyperparameters: dict | None = None, lora: dict | None = None,
+                  hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
+                  lora: LoRASettings | Mapping[str, Any] | None = None,
                   seed: int = 0, validation: Sequence[dict | list[dict]] = ()) -> FineTuneResult:
         """`start_fine_tune` then `wait`: train a LoRA adapter and return where it is."""
         return self.wait(self.start_fine_tune(examples, output_dir, hyperparameters, lora, seed,
@@ -255,3 +261,18 @@ def _per_prompt(value: object, count: int, name: str) -> list:
             raise ValueError(f"{name} has {len(value)} entries for {count} prompts")
         return list(value)
     return [value] * count
+
+
+def _lora_settings(lora: LoRASettings | Mapping[str, Any] | None) -> LoRASettings | None:
+    """The caller's LoRA settings as the typed contract (a mapping is read by PEFT's names)."""
+    if lora is None or isinstance(lora, LoRASettings):
+        return lora
+    return LoRASettings.from_dict(lora)
+
+
+def _hyperparameters(requested: HyperparameterRequest | Mapping[str, Any] | None
+                     ) -> HyperparameterRequest | None:
+    """The caller's hyperparameters as the typed contract (a mapping is read as OpenAI's JSON)."""
+    if requested is None or isinstance(requested, HyperparameterRequest):
+        return requested
+    return HyperparameterRequest.from_dict(requested)

@@ -5,30 +5,23 @@
 - default: Ray (a local cluster unless `RAY_ADDRESS` is set). The SchedulerActor is a named async
   actor, the EngineActor takes the GPU, and the gateway is a Ray Serve ingress deployment
   (`coserve.api.ray_app`: the same FastAPI app, built in the replica, which starts and owns both actors;
-  `deploy/serve.yaml` runs the same application on an existing cluster).
+  `deploy/serve.yaml` runs the same application on an existing cluster). Ray mode lives there (actors,
+  deployment, `run_ray`); this module holds the options both modes take and the local mode.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coserve.actors.metrics import Slo
-from coserve.policies.config import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS
-from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY
+from coserve.policies import defaults
 
 logger = logging.getLogger(__name__)
 
-RAY_NAMESPACE = "coserve"
-SCHEDULER_ACTOR = "coserve-scheduler"
-ENGINE_ACTOR = "coserve-engine-0"
 ENGINE_ID = "engine-0"
-ENGINE_MAX_RESTARTS = 10  # crashes an engine actor comes back from (then /health says it is gone)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -46,16 +39,16 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     local: bool = False
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS
     tpot_slo_ms: float | None = None
     ttft_slo_ms: float | None = None
-    adapter_slots: int = 4
+    adapter_slots: int = defaults.ADAPTER_SLOTS
     dtype: str = "auto"
     device: str = "cpu"
     latency_profile: str | None = None  # `coserve profile --json` output (None: learned online)
     max_stall_ms: float | None = None  # fine-tuning bursts spending TPOT slack (CoServingConfig)
-    finetune_floor_every: int = DEFAULT_FINETUNE_FLOOR_EVERY  # liveness floor (CoServingConfig)
+    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY  # liveness floor (CoServingConfig.finetune_floor_every)
     public_metrics: bool = False  # /metrics without an admin key, tenant labels summed away
     max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
     max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128
@@ -215,76 +208,3 @@ def run_local(opts: ServeOptions) -> None:
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly (uvicorn.run too)
         pass
-
-
-# ------------------------------------------------------------------------------------- Ray mode
-
-def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
-    """Create the named SchedulerActor and EngineActor, register the engine, start its loop.
-
-    The caller owns them (the gateway's Serve replica, `coserve.api.ray_app`): they end with it.
-
-    Returns:
-        (scheduler handle, engine handle, the engine's layout); the actors are named `SCHEDULER_ACTOR` and
-        `ENGINE_ACTOR` in `RAY_NAMESPACE`.
-    """
-    import ray
-
-    from coserve.actors.engine_actor import EngineActor, RayLink
-    from coserve.actors.scheduler import SchedulerActor
-
-    gpus = 1 if opts.device.startswith("cuda") else 0
-    # max_restarts: a crashed engine comes back (the scheduler's supervisor restarts its loop); calls in
-    # flight when it died fail rather than being retried on the new one.
-    engine = ray.remote(EngineActor).options(name=ENGINE_ACTOR, namespace=RAY_NAMESPACE, num_cpus=0,
-                                             num_gpus=gpus, max_restarts=ENGINE_MAX_RESTARTS,
-                                             max_task_retries=0).remote(opts.engine_config(), ENGINE_ID)
-    scheduler = ray.remote(SchedulerActor).options(name=SCHEDULER_ACTOR, namespace=RAY_NAMESPACE,
-                                                   num_cpus=0).remote(opts.scheduler_settings(tenants),
-                                                                      opts.policy_factory(tenants))
-    layout = ray.get(engine.layout.remote())
-    ray.get(scheduler.register_engine.remote(ENGINE_ID, layout))
-    link = RayLink(scheduler)
-    ray.get(engine.start.remote(link))
-    ray.get(scheduler.supervise.remote(ENGINE_ID, engine, link))
-    return scheduler, engine, layout
-
-
-def deploy_gateway(opts: ServeOptions) -> None:
-    """Start Ray Serve's HTTP proxy on `opts.host:opts.port` and run the application at `/` (its replica
-    starts the scheduler and the engine; returns once it serves)."""
-    from ray import serve
-
-    from coserve.api.ray_app import APP_NAME, build_application
-
-    serve.start(http_options={"host": opts.host, "port": opts.port})
-    serve.run(build_application(opts), name=APP_NAME, route_prefix="/")
-
-
-def run_ray(opts: ServeOptions) -> None:
-    """Serve on Ray until interrupted; then shut the application and the actors down."""
-    import ray
-    from ray import serve
-
-    from coserve.actors.data_dir_lock import DataDirLock
-
-    # The scheduler actor takes the data dir's lock in its own process; a second server stops here first,
-    # before Ray starts (DataDirLocked), instead of after a failed deployment.
-    DataDirLock.check_free(opts.data_dir)
-    ray.init(namespace=RAY_NAMESPACE, log_to_driver=True,
-             **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
-    deploy_gateway(opts)
-    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (Ray Serve)", flush=True)
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` shuts down as cleanly as Ctrl-C
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        serve.shutdown()  # the replica's shutdown ends the scheduler's streams, then its actors
-        ray.shutdown()
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt

@@ -9,7 +9,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from coserve.platform.trainer import IGNORE_INDEX, LoRATrainConfig, OptimizerConfig, TrainingSequence
+from coserve.platform.trainer import IGNORE_INDEX, TrainingSequence
+from coserve.policies.training_settings import LoRASettings, OptimizerSettings
 
 MAX_REL_ERR = 1e-4
 
@@ -23,8 +24,8 @@ class RefStep:
     norm: float
 
 
-def peft_adamw_run(model_dir: Path, lora_cfg: LoRATrainConfig, init: dict[str, torch.Tensor],
-              batches: list[list[TrainingSequence]], config: OptimizerConfig) -> list[RefStep]:
+def peft_adamw_run(model_dir: Path, lora_cfg: LoRASettings, init: dict[str, torch.Tensor],
+              batches: list[list[TrainingSequence]], config: OptimizerSettings) -> list[RefStep]:
     """The reference: peft's full-sequence backward, `clip_grad_norm_`, `torch.optim.AdamW`."""
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     peft_cfg = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.lora_alpha, lora_dropout=0.0,

@@ -33,6 +33,7 @@ from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
 from coserve.policies.job_host import JobHost
 from coserve.policies.quotas import TenantLimits, TenantQuota
 from coserve.policies.storage_quota import QUOTA_CODES
+from coserve.policies.training_settings import HyperparameterRequest, LoRASettings, TooFewExamplesError
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,9 @@ def _failure(err: ValueError) -> tuple[str, str | None]:
         return err.code, err.param
     if isinstance(err, ValidationFileError):
         return "invalid_validation_file", "validation_file"
-    return ("invalid_n_examples" if "at least" in str(err) else "invalid_training_file"), "training_file"
+    if isinstance(err, TooFewExamplesError):
+        return "invalid_n_examples", "training_file"
+    return "invalid_training_file", "training_file"
 
 
 @dataclass(slots=True)
@@ -215,8 +218,8 @@ class JobManager:
             adapter_id=self._allocate_adapter_id(), num_layers=self._settings.num_layers,
             max_len=self._settings.max_model_len,
             output_dir=self._settings.data_dir.resolve() / "adapters" / record.id,
-            hyperparameters={k: v for k, v in record.hyperparameters.items() if v is not None},
-            lora=record.extensions.get("lora"), seed=record.seed,
+            hyperparameters=HyperparameterRequest.from_dict(record.hyperparameters),
+            lora=LoRASettings.from_dict(record.extensions.get("lora") or {}), seed=record.seed,
             base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
             validation=validation)
         quota = TenantQuota(self._limits.get(record.tenant, TenantLimits()))

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from coserve.policies import defaults
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_core import PlanSource
-from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY, CoServingConfig
+from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.inference import InferenceScheduler
 from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
@@ -89,7 +90,7 @@ class CoServingPolicyFactory:
     latency_profile: str | None = None
     max_stall_ms: float | None = None
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
-    finetune_floor_every: int = DEFAULT_FINETUNE_FLOOR_EVERY
+    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY
     share: ShareKind = ShareKind.HYBRID
     share_options: ShareOptions = ShareOptions()
 

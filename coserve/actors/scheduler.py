@@ -37,7 +37,8 @@ from coserve.actors.streams import SubmissionState
 from coserve.actors.prompt_encoder import PromptEncoder, PromptRefused
 from coserve.actors.tool_admission import PreparedChat, ToolSupport
 from coserve.frontend import AdapterChecker, EosIds, OutputTracker, chat_template_refusal, expand_request
-from coserve.policies.config import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_NUM_SEQS, SchedulerConfig
+from coserve.policies import defaults
+from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_contract import EngineFailure
 from coserve.policies.engine_core import EngineCore, Step, StepFailed
 from coserve.policies.plan import IterationPlan, IterationResult
@@ -67,8 +68,8 @@ class SchedulerSettings:
     """
 
     model: str
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS
     enable_prefix_caching: bool = True
     tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
     slo: Slo = Slo()

@@ -19,13 +19,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import signal
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from coserve.serve import ServeOptions, start_ray_actors
+from coserve.serve import ENGINE_ID, ServeOptions
 
 logger = logging.getLogger(__name__)
 
+RAY_NAMESPACE = "coserve"
+SCHEDULER_ACTOR = "coserve-scheduler"
+ENGINE_ACTOR = "coserve-engine-0"
+ENGINE_MAX_RESTARTS = 10  # crashes an engine actor comes back from (then /health says it is gone)
 APP_NAME = "coserve"
 DEPLOYMENT_NAME = "coserve-gateway"
 # The replica is an async gateway in front of the scheduler, which queues, orders (VTC) and batches the
@@ -123,3 +130,74 @@ def _check_type(name: str, value: Any, annotation: str) -> None:
 def app_builder(args: dict[str, Any]) -> Any:
     """Serve's application builder (`import_path: coserve.api.ray_app:app_builder`)."""
     return build_application(options_from_args(args))
+
+
+# ------------------------------------------------------------------------------------- Ray mode
+
+def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
+    """Create the named SchedulerActor and EngineActor, register the engine, start its loop.
+
+    The caller owns them (the gateway's Serve replica, `GatewayIngress`): they end with it.
+
+    Returns:
+        (scheduler handle, engine handle, the engine's layout); the actors are named `SCHEDULER_ACTOR` and
+        `ENGINE_ACTOR` in `RAY_NAMESPACE`.
+    """
+    import ray
+
+    from coserve.actors.engine_actor import EngineActor, RayLink
+    from coserve.actors.scheduler import SchedulerActor
+
+    gpus = 1 if opts.device.startswith("cuda") else 0
+    # max_restarts: a crashed engine comes back (the scheduler's supervisor restarts its loop); calls in
+    # flight when it died fail rather than being retried on the new one.
+    engine = ray.remote(EngineActor).options(name=ENGINE_ACTOR, namespace=RAY_NAMESPACE, num_cpus=0,
+                                             num_gpus=gpus, max_restarts=ENGINE_MAX_RESTARTS,
+                                             max_task_retries=0).remote(opts.engine_config(), ENGINE_ID)
+    scheduler = ray.remote(SchedulerActor).options(name=SCHEDULER_ACTOR, namespace=RAY_NAMESPACE,
+                                                   num_cpus=0).remote(opts.scheduler_settings(tenants),
+                                                                      opts.policy_factory(tenants))
+    layout = ray.get(engine.layout.remote())
+    ray.get(scheduler.register_engine.remote(ENGINE_ID, layout))
+    link = RayLink(scheduler)
+    ray.get(engine.start.remote(link))
+    ray.get(scheduler.supervise.remote(ENGINE_ID, engine, link))
+    return scheduler, engine, layout
+
+
+def deploy_gateway(opts: ServeOptions) -> None:
+    """Start Ray Serve's HTTP proxy on `opts.host:opts.port` and run the application at `/` (its replica
+    starts the scheduler and the engine; returns once it serves)."""
+    from ray import serve
+
+    serve.start(http_options={"host": opts.host, "port": opts.port})
+    serve.run(build_application(opts), name=APP_NAME, route_prefix="/")
+
+
+def run_ray(opts: ServeOptions) -> None:
+    """Serve on Ray until interrupted; then shut the application and the actors down."""
+    import ray
+    from ray import serve
+
+    from coserve.actors.data_dir_lock import DataDirLock
+
+    # The scheduler actor takes the data dir's lock in its own process; a second server stops here first,
+    # before Ray starts (DataDirLocked), instead of after a failed deployment.
+    DataDirLock.check_free(opts.data_dir)
+    ray.init(namespace=RAY_NAMESPACE, log_to_driver=True,
+             **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
+    deploy_gateway(opts)
+    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (Ray Serve)", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` shuts down as cleanly as Ctrl-C
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()  # the replica's shutdown ends the scheduler's streams, then its actors
+        ray.shutdown()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

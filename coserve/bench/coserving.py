@@ -52,6 +52,7 @@ from coserve.bench.simulator import EngineShape
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
 from coserve.policies.finetune_job import FinetuneJobSpec
 from coserve.policies.latency import LatencyModel
+from coserve.policies.training_settings import HyperparameterRequest, LoRASettings
 
 # Rates: the small preset on 2 CPU cores serves about 3.5 requests/s of this trace before queues grow
 # (measured 2026-11-21); below ~1 request/s the engine idles and every work-conserving baseline trains
@@ -141,7 +142,7 @@ def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Pa
     examples = synthetic_chat_dataset(tokenizer, 64, seed=seed)
     return prepare_job(tokenizer, examples, job_id="bench", tenant="finetune", adapter_id=TRAINING_ADAPTER_ID,
                        num_layers=num_layers, max_len=max_len, output_dir=output_dir,
-                       hyperparameters={"n_epochs": 50, "batch_size": 1}, lora={"r": 16, "lora_alpha": 32},
+                       hyperparameters=HyperparameterRequest(n_epochs=50, batch_size=1), lora=LoRASettings(r=16, lora_alpha=32),
                        seed=seed).spec
 
 

@@ -103,16 +103,16 @@ class CoserveArm:
     def __init__(self, model_dir: Path, seed: int) -> None:
         from coserve.platform.config import ModelConfig
         from coserve.platform.model import Transformer
-        from coserve.platform.trainer import (LoRAOptimizer, LoRATrainConfig, OptimizerConfig,
-                                              TrainableLoRA, WindowedTrainer)
+        from coserve.platform.trainer import LoRAOptimizer, TrainableLoRA, WindowedTrainer
+        from coserve.policies.training_settings import LoRASettings, OptimizerSettings
         from coserve.platform.weights import load_weights
 
         cfg = ModelConfig.from_pretrained(model_dir)
         weights = load_weights(model_dir, cfg, torch.float32, torch.device("cpu"))
         self.model = Transformer(cfg, weights, torch.float32, torch.device("cpu"))
-        self.lora = TrainableLoRA.init(cfg, LoRATrainConfig(r=R, lora_alpha=ALPHA), seed=seed)
+        self.lora = TrainableLoRA.init(cfg, LoRASettings(r=R, lora_alpha=ALPHA), seed=seed)
         self.trainer = WindowedTrainer(self.model, self.lora)
-        self.optimizer = LoRAOptimizer(self.lora, OptimizerConfig())  # lr 1e-4, wd 0, clip 1.0
+        self.optimizer = LoRAOptimizer(self.lora, OptimizerSettings())  # lr 1e-4, wd 0, clip 1.0
         assert abs(self.optimizer.config.learning_rate - LR) < 1e-12
 
     def initial_adapter(self) -> dict[str, torch.Tensor]:

@@ -27,6 +27,7 @@ from coserve.platform.native import load_paged_decode
 from coserve.platform.sampler import RowSampling, Sampler
 from coserve.platform.training_runtime import TrainingRuntime, WindowRows
 from coserve.platform.weights import load_weights
+from coserve.policies import defaults
 from coserve.policies.engine_contract import RuntimeLayout
 from coserve.policies.plan import (IterationPlan, IterationResult, NewSequence, SampledToken,
                                    ScheduledChunk, StepTimings)
@@ -40,13 +41,13 @@ class EngineConfig:
     model: str
     dtype: str = "auto"
     device: str = "cpu"
-    block_size: int = 16
+    block_size: int = defaults.BLOCK_SIZE
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_gb
     kv_cache_memory_gb: float | None = None  # default: 0.5 on CPU, a share of free memory on CUDA
     gpu_memory_utilization: float = 0.9  # CUDA: share of the memory free after loading the weights
     max_model_len: int | None = None
-    max_loras: int = 4  # adapter slots in the bank
-    max_lora_rank: int = 64
+    max_loras: int = defaults.ADAPTER_SLOTS  # adapter slots in the bank
+    max_lora_rank: int = defaults.MAX_LORA_RANK
     seed: int = 0
     native_kernels: bool = True  # the C paged-decode kernel on CPU/fp32 (falls back to torch without gcc)
 

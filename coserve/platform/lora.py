@@ -20,8 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from coserve.platform.config import ModelConfig
-
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from coserve.policies.training_settings import TARGET_MODULES
 
 
 class Projection(enum.IntEnum):

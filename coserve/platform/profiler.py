@@ -34,6 +34,7 @@ from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample, pla
 from coserve.policies.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.policies.request import AdapterRef, Request, SamplingParams
 from coserve.policies.training_plan import TrainingExample
+from coserve.policies.training_settings import LoRASettings
 
 SETUP_TOKENS = 1024  # fine-tuning tokens per iteration that brings the job to a phase
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
@@ -167,7 +168,7 @@ class _Harness:
         spec = FinetuneJobSpec(job_id="profile-job", tenant="profile", adapter_id=10_000,
                                examples=examples, n_epochs=10**6, batch_size=2, seed=settings.seed,
                                num_layers=engine.model_config.num_layers, output_dir="/nonexistent",
-                               min_tasklet_tokens=1, lora={"r": 8, "lora_alpha": 16})
+                               min_tasklet_tokens=1, lora=LoRASettings(r=8, lora_alpha=16))
         self.job = JobPieces(FinetuneJob(spec, self.kv, self.slots))
         self.plans = DesignedPlans()
         self.core = EngineCore(self.plans, self.job)

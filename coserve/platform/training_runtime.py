@@ -23,9 +23,8 @@ from coserve.platform.kv_cache import KVCache
 from coserve.platform.lora import LoRABank
 from coserve.platform.model import Transformer
 from coserve.platform.trainer.checkpoint import load_checkpoint, save_checkpoint
-from coserve.platform.trainer.lora_params import LoRATrainConfig, TrainableLoRA
-from coserve.platform.trainer.optimizer import (LoRAOptimizer, NonFiniteGradientError,
-                                                OptimizerConfig)
+from coserve.platform.trainer.lora_params import TrainableLoRA
+from coserve.platform.trainer.optimizer import LoRAOptimizer, NonFiniteGradientError
 from coserve.platform.trainer.windowed import SequenceState, WindowedTrainer
 from coserve.policies.data_position import DataPosition
 from coserve.policies.training_plan import (ForwardWindow, JobFailure, JobStart, SaveAdapter, SavedAdapter,
@@ -112,11 +111,10 @@ class TrainingRuntime:
                 lora, optimizer, _ = load_checkpoint(start.resume_from, cfg, self.model.device)
             elif start.init_adapter is not None:  # its own LoRA settings; a fresh optimizer
                 lora = TrainableLoRA.from_pretrained(start.init_adapter, cfg, self.model.device)
-                optimizer = LoRAOptimizer(lora, OptimizerConfig.from_dict(dict(start.optimizer)))
+                optimizer = LoRAOptimizer(lora, start.optimizer)
             else:
-                lora_config = LoRATrainConfig(**_lora_kwargs(start.lora))
-                lora = TrainableLoRA.init(cfg, lora_config, start.seed, self.model.device)
-                optimizer = LoRAOptimizer(lora, OptimizerConfig.from_dict(dict(start.optimizer)))
+                lora = TrainableLoRA.init(cfg, start.lora, start.seed, self.model.device)
+                optimizer = LoRAOptimizer(lora, start.optimizer)
         except (OSError, ValueError, TypeError, KeyError) as err:
             raise JobError("invalid_job", f"cannot set up the job's adapter: {err}") from err
         if lora.config.r > self.bank.max_rank:
@@ -270,15 +268,3 @@ class TrainingRuntime:
         self._install(job_id)
         report.steps.append(StepReport(job_id, stats.step, loss, stats.grad_norm, stats.learning_rate,
                                        num_sequences, num_tokens))
-
-
-def _lora_kwargs(raw: dict[str, object]) -> dict[str, object]:
-    """LoRATrainConfig arguments from PEFT-named settings (absent ones keep the defaults)."""
-    kwargs: dict[str, object] = {}
-    for name in ("r", "lora_alpha", "lora_dropout"):
-        if raw.get(name) is not None:
-            kwargs[name] = raw[name]
-    if raw.get("target_modules") is not None:
-        modules = raw["target_modules"]
-        kwargs["target_modules"] = (modules,) if isinstance(modules, str) else tuple(modules)  # type: ignore[arg-type]
-    return kwargs

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_MAX_NUM_SEQS = 64
-DEFAULT_MAX_BATCH_TOKENS = 2048
-DEFAULT_BLOCK_SIZE = 16
+from coserve.policies import defaults
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -21,13 +19,13 @@ class SchedulerConfig:
     max_model_len: int
     """Longest sequence (prompt + output) in tokens; a request stops with `length` when it gets there."""
 
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
     """Requests running at once (each holds KV blocks and, maybe, an adapter pin)."""
 
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS
     """Tokens computed in one iteration over all requests; longer prefills are split into chunks."""
 
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int = defaults.BLOCK_SIZE
     """Token positions per KV block; must equal the KV block manager's."""
 
     enable_prefix_caching: bool = True

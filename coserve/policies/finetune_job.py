@@ -232,8 +232,8 @@ class FinetuneJob:
         if not self._started:
             spec = self.spec
             plan.training.job_starts.append(JobStart(
-                job_id=spec.job_id, adapter_slot=self._slot, lora=dict(spec.lora),
-                optimizer=dict(spec.optimizer), seed=spec.seed, examples=spec.examples,
+                job_id=spec.job_id, adapter_slot=self._slot, lora=spec.lora,
+                optimizer=spec.optimizer, seed=spec.seed, examples=spec.examples,
                 resume_from=spec.resume_from, init_adapter=spec.init_adapter,
                 validation_examples=spec.validation_examples,
                 base_model_name_or_path=spec.base_model_name_or_path))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from coserve.policies.data_position import DataPosition
 from coserve.policies.training_plan import TrainingExample
+from coserve.policies.training_settings import LoRASettings, OptimizerSettings
 
 # A job's smallest backward tasklet, except for a layer's last tokens (`FinetuneJobSpec`).
 MIN_TASKLET_TOKENS = 16
@@ -70,8 +71,8 @@ class FinetuneJobSpec:
     seed: int
     num_layers: int
     output_dir: str  # checkpoints go to {output_dir}/ckpt-step-{N}, the final adapter to /final
-    lora: dict[str, object] = field(default_factory=dict)
-    optimizer: dict[str, object] = field(default_factory=dict)
+    lora: LoRASettings = field(default_factory=LoRASettings)
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     max_window_tokens: int = 256  # longest forward window (the policy's budget may cut it shorter)
     min_tasklet_tokens: int = MIN_TASKLET_TOKENS  # smaller backward tasklets only for a layer's last tokens
     resume_from: str | None = None  # checkpoint folder to resume from, with `start_position`

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from coserve.policies import defaults
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.finetune_types import MIN_TASKLET_TOKENS
 from coserve.policies.vtc import VTCWeights
@@ -13,7 +14,6 @@ from coserve.policies.vtc import VTCWeights
 
 DEFAULT_TPOT_SLO_MS = 100.0
 DEFAULT_TTFT_SLO_MS = 5000.0
-DEFAULT_FINETUNE_FLOOR_EVERY = 8
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -63,7 +63,7 @@ class CoServingConfig:
     """Backward tasklet work per iteration at most (tokens x layers), whatever the latency allows:
     bounds the activations a tasklet batch recomputes, and the VTC quantum M of fine-tuning."""
 
-    finetune_floor_every: int = DEFAULT_FINETUNE_FLOOR_EVERY
+    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY
     """Liveness floor (`liveness.FinetuneFloor`): after this many plans in a row that gave the
     runnable fine-tuning jobs nothing (a tight SLO, a full batch, waiting requests), the next plan gives
     one job a piece of `finetune_floor_tokens`, whatever the SLO. So no setting freezes a job."""

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from coserve.policies.training_settings import LoRASettings, OptimizerSettings
+
 
 @dataclass(slots=True)
 class TrainingExample:
@@ -42,8 +44,8 @@ class JobStart:
 
     job_id: str
     adapter_slot: int  # bank slot the trainable adapter occupies for forward windows (kept pinned)
-    lora: dict[str, object]  # PEFT names: r, lora_alpha, lora_dropout, target_modules
-    optimizer: dict[str, object]  # OptimizerConfig.to_dict()
+    lora: LoRASettings
+    optimizer: OptimizerSettings
     seed: int
     examples: list[TrainingExample]
     resume_from: str | None = None  # a checkpoint folder (adapter + optimizer + position)

@@ -230,13 +230,32 @@ def _metric_steps(store: MetadataStore, job_id: str) -> list[int]:
 
 
 def test_lora_settings_the_trainer_cannot_honour_are_refused_at_creation(store: MetadataStore) -> None:
-    from coserve.api.protocol.fine_tuning import LORA_TARGET_MODULES
-    from coserve.platform.lora import TARGET_MODULES
-
-    assert LORA_TARGET_MODULES == TARGET_MODULES  # the gateway's copy (it does not import torch)
     service = FineTuningService(store, TENANTS, (BASE,))
     for lora, param in (({"lora_dropout": 0.1}, "lora.lora_dropout"),
                         ({"target_modules": ["fc1"]}, "lora.target_modules")):
         with pytest.raises(ProtocolError) as err:
             _create(service, store, lora=lora)
         assert err.value.status == 400 and err.value.param == param
+
+
+def test_a_job_row_written_before_the_typed_settings_loads(llama_dir: Path, store: MetadataStore,
+                                                          tmp_path: Path) -> None:
+    """A row as older gateways stored it (the request's partial PEFT dict, nulls and unsorted
+    modules included; hyperparameters with "auto") becomes the typed settings of the job's spec."""
+    from coserve.policies.training_settings import LoRASettings, OptimizerSettings
+
+    llm = _llm(llama_dir)
+    manager = _manager(store, llm, tmp_path / "data")
+    data = "\n".join(json.dumps(x) for x in LINES).encode()
+    file = store.files.create("acme", "train.jsonl", "fine-tune", data)
+    record = store.jobs.create("acme", BASE, file.id, seed=3,
+                               hyperparameters={"n_epochs": 1, "batch_size": "auto",
+                                                "learning_rate_multiplier": 2.0},
+                               extensions={"lora": {"r": 4, "lora_alpha": None,
+                                                    "target_modules": ["v_proj", "q_proj"]}})
+    assert manager.collect({}) == []  # validated: queued
+    [intent] = manager.collect({})
+    spec = intent.prepared.spec
+    assert spec.lora == LoRASettings(r=4, target_modules=("q_proj", "v_proj"))
+    assert spec.optimizer == OptimizerSettings(learning_rate_multiplier=2.0)
+    assert store.jobs.get("acme", record.id).extensions["lora"]["lora_alpha"] is None  # row unchanged

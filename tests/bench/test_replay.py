@@ -23,6 +23,7 @@ from coserve.bench.traces import RequestSpec, synthetic_training_examples
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.finetune_job import FinetuneJobSpec
 from coserve.policies.latency import ModelFingerprint
+from coserve.policies.training_settings import LoRASettings
 
 NUM_BLOCKS, BLOCK = 256, 16
 TINY_SWEEP = SweepSettings(decode_batches=(1, 4, 8), prompt_lens=(32,), decode_steps=3,
@@ -33,7 +34,7 @@ def _job_spec(vocab: int, job_id: str, out: Path) -> FinetuneJobSpec:
     examples = synthetic_training_examples(8, seed=1, vocab_size=vocab, min_tokens=48, max_tokens=96)
     return FinetuneJobSpec(job_id=job_id, tenant="ft", adapter_id=2**41, examples=examples, n_epochs=1000,
                            batch_size=1, seed=0, num_layers=2, output_dir=str(out / job_id),
-                           lora={"r": 4, "lora_alpha": 8}, max_window_tokens=64)
+                           lora=LoRASettings(r=4, lora_alpha=8), max_window_tokens=64)
 
 
 def _trace(n: int, spacing: float) -> list[RequestSpec]:

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from coserve.platform.engine import Engine, EngineConfig
-from coserve.platform.trainer import (LoRAOptimizer, LoRATrainConfig, OptimizerConfig,
-                                      TrainableLoRA, TrainingSequence, save_checkpoint)
+from coserve.platform.trainer import LoRAOptimizer, TrainableLoRA, TrainingSequence, save_checkpoint
+from coserve.policies.training_settings import LoRASettings, OptimizerSettings
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec, JobState
@@ -30,8 +30,8 @@ from coserve.policies.request import SamplingParams
 from coserve.policies.training_plan import TrainingExample
 from train_reference import MAX_REL_ERR, check_weights, peft_adamw_run, rel_errs
 
-LORA = LoRATrainConfig(r=4, lora_alpha=8)
-OPTIMIZER = OptimizerConfig(learning_rate_multiplier=1.0, weight_decay=0.01)
+LORA = LoRASettings(r=4, lora_alpha=8)
+OPTIMIZER = OptimizerSettings(learning_rate_multiplier=1.0, weight_decay=0.01)
 # (prompt, answer) lengths; 6 examples, batch 3: two optimizer steps per epoch.
 SHAPES = [(12, 20), (9, 15), (20, 17), (5, 30), (14, 8), (7, 25)]
 BATCH = 3
@@ -69,7 +69,7 @@ def _job(engine: Engine, kv: KVBlockManager, slots: AdapterSlots, out: Path, res
     spec = FinetuneJobSpec(
         job_id=job_id, tenant="t", adapter_id=100, examples=_examples(engine.model_config.vocab_size),
         n_epochs=n_epochs, batch_size=BATCH, seed=11, num_layers=engine.model_config.num_layers,
-        output_dir=str(out), optimizer=OPTIMIZER.to_dict(), min_tasklet_tokens=1,
+        output_dir=str(out), optimizer=OPTIMIZER, min_tasklet_tokens=1,
         resume_from=str(resume), start_position=position)
     return FinetuneJob(spec, kv, slots)
 

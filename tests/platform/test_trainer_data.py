@@ -19,9 +19,9 @@ from coserve.platform.config import ModelConfig
 from coserve.platform.model import Transformer
 from coserve.platform.tiny_model import create_tiny_model
 from coserve.platform.tokenizer_train import IM_END_TOKEN
-from coserve.platform.trainer import (IGNORE_INDEX, LoRAOptimizer, LoRATrainConfig, TemplateError,
-                                      TrainableLoRA, WindowedTrainer, encode_example,
-                                      prepare_dataset, resolve_hyperparameters, train_batch)
+from coserve.platform.trainer import (IGNORE_INDEX, LoRAOptimizer, TemplateError, TrainableLoRA,
+                                      WindowedTrainer, encode_example, prepare_dataset, train_batch)
+from coserve.policies.training_settings import LoRASettings, resolve_hyperparameters
 from coserve.platform.weights import load_weights
 
 Messages = list[dict[str, Any]]
@@ -163,7 +163,7 @@ def test_explicit_hyperparameters_are_kept() -> None:
                                        num_examples=10, num_trained_tokens=100)
     assert (resolved.n_epochs, resolved.batch_size, resolved.steps_per_epoch) == (7, 4, 3)
     assert resolved.learning_rate == pytest.approx(2e-4)
-    assert resolved.optimizer_config().learning_rate == pytest.approx(2e-4)
+    assert resolved.optimizer_settings().learning_rate == pytest.approx(2e-4)
 
 
 @pytest.mark.parametrize(("param", "value"), [
@@ -195,7 +195,7 @@ def test_prepared_sequences_train_one_step(model_dir: Path, tokenizer: Any) -> N
     cfg = ModelConfig.from_pretrained(model_dir)
     model = Transformer(cfg, load_weights(model_dir, cfg, torch.float32, torch.device("cpu")),
                         torch.float32, torch.device("cpu"))
-    lora = TrainableLoRA.init(cfg, LoRATrainConfig(r=4, lora_alpha=8), seed=0)
+    lora = TrainableLoRA.init(cfg, LoRASettings(r=4, lora_alpha=8), seed=0)
     before = {name: t.detach().clone() for name, t in lora.named_parameters().items()}
     stats = train_batch(WindowedTrainer(model, lora), LoRAOptimizer(lora), data.sequences)
     assert stats.loss is not None and math.isfinite(stats.loss)

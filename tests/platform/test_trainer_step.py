@@ -22,15 +22,15 @@ import torch
 
 from coserve.platform.config import ModelConfig
 from coserve.platform.model import Transformer
-from coserve.platform.trainer import (DataPosition, LoRAOptimizer, LoRATrainConfig,
-                                      NonFiniteGradientError, OptimizerConfig, TrainableLoRA,
-                                      TrainingSequence, WindowedTrainer, load_checkpoint,
-                                      save_checkpoint, train_batch)
+from coserve.platform.trainer import (DataPosition, LoRAOptimizer, NonFiniteGradientError, TrainableLoRA,
+                                      TrainingSequence, WindowedTrainer, load_checkpoint, save_checkpoint,
+                                      train_batch)
+from coserve.policies.training_settings import LoRASettings, OptimizerSettings
 from coserve.platform.trainer import checkpoint as checkpoint_module
 from coserve.platform.weights import load_weights
 from train_reference import MAX_REL_ERR, check_weights, peft_adamw_run, rel_errs, worst
 
-LORA = LoRATrainConfig(r=4, lora_alpha=8)
+LORA = LoRASettings(r=4, lora_alpha=8)
 Segments = list[tuple[int, bool]]  # (tokens, trained) runs: prompt, answer, user turn, answer...
 # (segments, forward windows, backward windows): lengths 48, 24, 37 | 35, 32.
 BATCHES: list[list[tuple[Segments, list[int] | None, list[int] | None]]] = [
@@ -44,10 +44,10 @@ BATCHES: list[list[tuple[Segments, list[int] | None, list[int] | None]]] = [
 # small so that a step of lr = 1e-4 (the default rule) moves every tensor by ~1e-3 of its largest
 # value, ten times the tolerance. Weight decay is too small to see here; the exact AdamW test sees it.
 CASES = {
-    "clip_idle": dict(lora=LoRATrainConfig(r=4, lora_alpha=0.1), b_scale=0.01, expect_clipped=False,
-                      config=OptimizerConfig()),
+    "clip_idle": dict(lora=LoRASettings(r=4, lora_alpha=0.1), b_scale=0.01, expect_clipped=False,
+                      config=OptimizerSettings()),
     "clip_active": dict(lora=LORA, b_scale=0.01, expect_clipped=True,
-                        config=OptimizerConfig(weight_decay=0.01)),
+                        config=OptimizerSettings(weight_decay=0.01)),
 }
 NOISY_GRAD = 1e-4  # |g| below this fraction of its tensor's largest: see _check_weights
 
@@ -72,7 +72,7 @@ def _batches(vocab: int) -> list[list[TrainingSequence]]:
              for i, (seg, fwd, bwd) in enumerate(batch)] for b, batch in enumerate(BATCHES)]
 
 
-def _lora(cfg: ModelConfig, lora_cfg: LoRATrainConfig, b_scale: float, seed: int = 3
+def _lora(cfg: ModelConfig, lora_cfg: LoRASettings, b_scale: float, seed: int = 3
           ) -> TrainableLoRA:
     lora = TrainableLoRA.init(cfg, lora_cfg, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -113,7 +113,7 @@ def test_optimizer_steps_equal_peft_adamw(model: Transformer, llama_dir: Path, c
         assert min(rel_errs(init, ref.weights).values()) > 5 * MAX_REL_ERR
 
     if expect_clipped:  # control: without clipping the second step lands elsewhere
-        unclipped = OptimizerConfig(learning_rate_multiplier=config.learning_rate_multiplier,
+        unclipped = OptimizerSettings(learning_rate_multiplier=config.learning_rate_multiplier,
                                     weight_decay=config.weight_decay, max_grad_norm=math.inf)
         free = peft_adamw_run(llama_dir, lora_cfg, init, batches, unclipped)
         with pytest.raises(AssertionError, match="relative error"):
@@ -137,7 +137,7 @@ def _job_steps(trainer: WindowedTrainer, optimizer: LoRAOptimizer, position: Dat
 def test_checkpoint_resume_equals_uninterrupted_run(model: Transformer, tmp_path: Path) -> None:
     dataset = [_sequence(seg, model.cfg.vocab_size, seed=i, forward=w)
                for i, (seg, w) in enumerate(zip(DATASET, WINDOWS))]
-    config = OptimizerConfig(learning_rate_multiplier=10.0, weight_decay=0.01)
+    config = OptimizerSettings(learning_rate_multiplier=10.0, weight_decay=0.01)
     start = DataPosition(seed=42)
 
     lora = TrainableLoRA.init(model.cfg, LORA, seed=5)  # PEFT's init: B = 0
@@ -179,7 +179,7 @@ def _fake_step(optimizer: LoRAOptimizer, seed: int) -> None:
 def test_checkpoint_replace_is_atomic(model: Transformer, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     lora = TrainableLoRA.init(model.cfg, LORA, seed=1)
-    optimizer = LoRAOptimizer(lora, OptimizerConfig())
+    optimizer = LoRAOptimizer(lora, OptimizerSettings())
     path = tmp_path / "ckpt"
     with pytest.raises(ValueError, match="step"):  # position and optimizer must agree
         save_checkpoint(path, lora, optimizer, DataPosition(seed=0, step=1))
@@ -213,7 +213,7 @@ def test_step_is_clip_grad_norm_then_adamw(model: Transformer) -> None:
 
     A large learning rate and weight decay make both visible in the weights at once.
     """
-    config = OptimizerConfig(learning_rate_multiplier=100.0, weight_decay=0.5, betas=(0.8, 0.95))
+    config = OptimizerSettings(learning_rate_multiplier=100.0, weight_decay=0.5, betas=(0.8, 0.95))
     lora = TrainableLoRA.init(model.cfg, LORA, seed=4)
     ref = [p.detach().clone().requires_grad_() for p in lora.parameters()]
     adamw = torch.optim.AdamW(ref, lr=1e-2, betas=(0.8, 0.95), weight_decay=0.5)
@@ -235,7 +235,7 @@ def test_step_is_clip_grad_norm_then_adamw(model: Transformer) -> None:
 
 def test_non_finite_gradient_fails_without_touching_weights(model: Transformer) -> None:
     lora = TrainableLoRA.init(model.cfg, LORA, seed=2)
-    optimizer = LoRAOptimizer(lora, OptimizerConfig())
+    optimizer = LoRAOptimizer(lora, OptimizerSettings())
     before = _snapshot(lora)
     with pytest.raises(RuntimeError, match="without any accumulated gradient"):
         optimizer.step()
@@ -265,12 +265,12 @@ def test_data_position_walks_shuffled_epochs() -> None:
 
 
 def test_optimizer_config_rules() -> None:
-    assert OptimizerConfig().learning_rate == pytest.approx(1e-4)
-    assert OptimizerConfig(learning_rate_multiplier=3).learning_rate == pytest.approx(3e-4)
-    assert OptimizerConfig().weight_decay == 0.0 and OptimizerConfig().max_grad_norm == 1.0
-    config = OptimizerConfig(max_grad_norm=math.inf, betas=[0.8, 0.99])
-    assert OptimizerConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert OptimizerSettings().learning_rate == pytest.approx(1e-4)
+    assert OptimizerSettings(learning_rate_multiplier=3).learning_rate == pytest.approx(3e-4)
+    assert OptimizerSettings().weight_decay == 0.0 and OptimizerSettings().max_grad_norm == 1.0
+    config = OptimizerSettings(max_grad_norm=math.inf, betas=[0.8, 0.99])
+    assert OptimizerSettings.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     for bad in (dict(learning_rate_multiplier=0), dict(weight_decay=-1), dict(betas=(0.9, 1.0)),
                 dict(eps=0), dict(max_grad_norm=float("nan"))):
         with pytest.raises(ValueError, match="bad optimizer settings"):
-            OptimizerConfig(**bad)
+            OptimizerSettings(**bad)

@@ -21,9 +21,9 @@ from transformers import AutoModelForCausalLM
 from coserve.platform.config import ModelConfig
 from coserve.platform.lora import load_peft_adapter
 from coserve.platform.model import Transformer
-from coserve.platform.trainer import (IGNORE_INDEX, LoRATrainConfig, TrainableLoRA, WindowedTrainer,
-                                      chunked_cross_entropy, full_cross_entropy, run_schedule,
-                                      train_sequence, window_loss)
+from coserve.platform.trainer import (IGNORE_INDEX, TrainableLoRA, WindowedTrainer, chunked_cross_entropy,
+                                      full_cross_entropy, run_schedule, train_sequence, window_loss)
+from coserve.policies.training_settings import LoRASettings
 from coserve.platform.trainer import loss as loss_module
 from coserve.platform.weights import load_weights
 
@@ -31,8 +31,8 @@ from coserve.platform.weights import load_weights
 SEGMENTS = [(20, False), (20, True), (8, False), (16, True)]
 LENGTH = sum(n for n, _ in SEGMENTS)
 LORAS = {  # all seven projections on llama; a subset (k and gate/up missing) on qwen3
-    "llama": LoRATrainConfig(r=4, lora_alpha=8),
-    "qwen3": LoRATrainConfig(r=8, lora_alpha=16, target_modules=("q_proj", "v_proj", "o_proj",
+    "llama": LoRASettings(r=4, lora_alpha=8),
+    "qwen3": LoRASettings(r=8, lora_alpha=16, target_modules=("q_proj", "v_proj", "o_proj",
                                                                  "down_proj")),
 }
 SCHEDULES = {  # (forward window sizes, backward window sizes from the end; None = forward reversed)
@@ -60,7 +60,7 @@ def _trained_mask() -> torch.Tensor:
     return torch.cat([torch.full((n, ), flag) for n, flag in SEGMENTS])
 
 
-def _random_lora(cfg: ModelConfig, lora_cfg: LoRATrainConfig, seed: int) -> TrainableLoRA:
+def _random_lora(cfg: ModelConfig, lora_cfg: LoRASettings, seed: int) -> TrainableLoRA:
     lora = TrainableLoRA.init(cfg, lora_cfg, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -250,7 +250,7 @@ def test_window_loss_walks_rows_in_bounded_blocks(cases: dict[str, Case], monkey
 def test_peft_init_and_round_trip(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     model_dir = model_dirs["llama"]
     cfg = ModelConfig.from_pretrained(model_dir)
-    lora_cfg = LoRATrainConfig(r=4, lora_alpha=8, target_modules=["v_proj", "q_proj", "up_proj"])
+    lora_cfg = LoRASettings(r=4, lora_alpha=8, target_modules=["v_proj", "q_proj", "up_proj"])
     assert lora_cfg.target_modules == ("q_proj", "v_proj", "up_proj")
     lora = TrainableLoRA.init(cfg, lora_cfg, seed=5)
     same = TrainableLoRA.init(cfg, lora_cfg, seed=5)
@@ -292,9 +292,9 @@ def test_peft_init_and_round_trip(model_dirs: dict[str, Path], tmp_path: Path) -
 
 def test_rejects_unsupported_settings() -> None:
     with pytest.raises(ValueError, match="lora_dropout"):
-        LoRATrainConfig(lora_dropout=0.1)
+        LoRASettings(lora_dropout=0.1)
     with pytest.raises(ValueError, match="target_modules"):
-        LoRATrainConfig(target_modules=("lm_head",))
+        LoRASettings(target_modules=("lm_head",))
 
 
 def test_bf16_base_trains_fp32_master_weights(cases: dict[str, Case]) -> None:

@@ -1,4 +1,4 @@
-"""SchedulerConfig validation, and its defaults as every entry point takes them."""
+"""SchedulerConfig validation (every entry point's defaults: tests/test_defaults.py)."""
 
 from __future__ import annotations
 
@@ -31,33 +31,3 @@ def test_frozen() -> None:
     config = SchedulerConfig(max_model_len=128)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.max_num_seqs = 3  # type: ignore[misc]
-
-
-def test_every_entry_point_takes_the_scheduler_defaults_from_one_place() -> None:
-    import inspect
-
-    from coserve.actors.policy_setup import CoServingPolicyFactory
-    from coserve.actors.scheduler import SchedulerSettings
-    from coserve.cli import build_parser
-    from coserve.llm import LLM
-    from coserve.policies.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS,
-                                         DEFAULT_MAX_NUM_SEQS)
-    from coserve.policies.hybrid_config import DEFAULT_FINETUNE_FLOOR_EVERY, CoServingConfig
-    from coserve.serve import ServeOptions
-
-    config = SchedulerConfig(max_model_len=64)
-    assert (config.max_num_seqs, config.max_batch_tokens, config.block_size) == (
-        DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_BLOCK_SIZE)
-    for settings in (SchedulerSettings(model="m"), ServeOptions(model="m", tenants="t")):
-        assert (settings.max_num_seqs, settings.max_batch_tokens) == (DEFAULT_MAX_NUM_SEQS,
-                                                                      DEFAULT_MAX_BATCH_TOKENS)
-    serve = build_parser().parse_args(["serve", "--model", "m", "--tenants", "t"])
-    assert (serve.max_num_seqs, serve.max_batch_tokens, serve.finetune_floor_every) == (
-        DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_FINETUNE_FLOOR_EVERY)
-    llm = inspect.signature(LLM.__init__).parameters
-    assert (llm["max_num_seqs"].default, llm["block_size"].default) == (DEFAULT_MAX_NUM_SEQS,
-                                                                        DEFAULT_BLOCK_SIZE)
-    assert CoServingConfig(scheduler=config).finetune_floor_every == DEFAULT_FINETUNE_FLOOR_EVERY
-    assert ServeOptions(model="m", tenants="t").finetune_floor_every == DEFAULT_FINETUNE_FLOOR_EVERY
-    factory_defaults = {f.name: f.default for f in dataclasses.fields(CoServingPolicyFactory)}
-    assert factory_defaults["finetune_floor_every"] == DEFAULT_FINETUNE_FLOOR_EVERY

@@ -14,15 +14,16 @@ from pydantic import Field, model_validator
 from coserve.api.protocol.base import OpenAIBaseModel, now, param_error
 from coserve.api.protocol.param_support import FINE_TUNING_JOBS
 from coserve.api.protocol.strict import RequestBody, RequestModel
+from coserve.policies.training_settings import BOUNDS, MAX_LEARNING_RATE_MULTIPLIER
 
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled",
                     "paused"]  # "paused" is not in the SDK's Literal; its lenient parser accepts it
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 Auto = Literal["auto"]
-NEpochs = Auto | Annotated[int, Field(ge=1, le=50)]
-BatchSize = Auto | Annotated[int, Field(ge=1, le=256)]
-LearningRateMultiplier = Auto | Annotated[float, Field(gt=0.0, le=10.0)]
+NEpochs = Auto | Annotated[int, Field(ge=BOUNDS["n_epochs"][0], le=BOUNDS["n_epochs"][1])]
+BatchSize = Auto | Annotated[int, Field(ge=BOUNDS["batch_size"][0], le=BOUNDS["batch_size"][1])]
+LearningRateMultiplier = Auto | Annotated[float, Field(gt=0.0, le=MAX_LEARNING_RATE_MULTIPLIER)]
 
 
 class Hyperparameters(RequestModel):
@@ -52,18 +53,19 @@ class Method(RequestModel):
         return self
 
 
-# The projections a LoRA may target (PEFT names); equal to coserve.platform.lora.TARGET_MODULES (tested).
-LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
 class LoRAParams(RequestModel):
-    """coserve extension: the LoRA adapter to train, in PEFT's `LoraConfig` names. None = server default."""
+    """coserve extension: the LoRA adapter to train, in PEFT's `LoraConfig` names. None = server default.
+
+    The wire shape only: what the trainer accepts is `coserve.policies.training_settings.LoRASettings`,
+    which the gateway builds from these (its `SettingsError` is the 400, naming `lora.<param>`).
+    """
 
     r: Annotated[int, Field(ge=1, le=256)] | None = None
     # Finite: a JSON body may carry `Infinity` (Python's parser accepts it), which the store cannot keep.
     lora_alpha: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
     lora_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
     target_modules: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    use_rslora: bool | None = None
 
 
 MetadataKey = Annotated[str, Field(min_length=1, max_length=64)]

@@ -18,15 +18,16 @@ from coserve.api.protocol.fine_tuning import (CheckpointMetrics, FineTuningJob, 
                                               FineTuningJobCheckpointList, FineTuningJobCreate,
                                               FineTuningJobError, FineTuningJobEvent,
                                               FineTuningJobEventList, FineTuningJobList,
-                                              Hyperparameters, LORA_TARGET_MODULES, LoRAParams,
+                                              Hyperparameters, LoRAParams,
                                               Method, SupervisedMethod)
 from coserve.api.protocol.files import validate_finetune_jsonl
 from coserve.actors.store.usage import RESERVED_MODELS_KEY
 from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
-from coserve.platform.trainer.data import MIN_EXAMPLES, auto_n_epochs
 from coserve.policies.quotas import TenantQuota
 from coserve.policies.storage_quota import admit_job, has_storage_limits, models_per_job
 from coserve.policies.tenants import TenantsConfig
+from coserve.policies.training_settings import (MIN_EXAMPLES, HyperparameterRequest, LoRASettings,
+                                               SettingsError, TooFewExamplesError, auto_n_epochs)
 
 
 def to_job(record: JobRecord) -> FineTuningJob:
@@ -59,27 +60,37 @@ def to_checkpoint(record: CheckpointRecord) -> FineTuningJobCheckpoint:
                                    metrics=CheckpointMetrics(**metrics))
 
 
-def _check_lora(lora: LoRAParams | None, max_lora_rank: int | None) -> None:
-    """What the trainer cannot do is refused here, naming the setting (not later as a failed job)."""
+def lora_settings(lora: LoRAParams | None, max_lora_rank: int | None) -> LoRASettings | None:
+    """The typed LoRA settings of a request (None: the server's default); what the trainer cannot do
+    is refused here, naming the setting (not later as a failed job).
+
+    Raises:
+        ProtocolError: 400 `invalid_lora` with param `lora.<name>` (an unknown name too: it would be
+            stored with the job, any JSON, `NaN` included, and fail it when it starts).
+    """
     if lora is None:
-        return
+        return None
     if max_lora_rank is not None and lora.r is not None and lora.r > max_lora_rank:
         raise ProtocolError(f"lora.r={lora.r} is above this server's max_lora_rank {max_lora_rank}",
                             param="lora.r", code="invalid_lora")
-    # Unknown keys would be stored with the job (any JSON, `NaN` included) and fail it when it starts.
-    extra = sorted(lora.model_extra or {})
-    if extra:
-        raise ProtocolError(f"lora: unknown setting(s) {extra}; use PEFT's names "
-                            f"{list(LoRAParams.model_fields)}", param=f"lora.{extra[0]}",
-                            code="invalid_lora")
-    if lora.lora_dropout:
-        raise ProtocolError("lora.lora_dropout must be 0: dropout is not supported by the exact "
-                            "windowed trainer yet", param="lora.lora_dropout", code="invalid_lora")
-    unknown = sorted(set(lora.target_modules or ()) - set(LORA_TARGET_MODULES))
-    if unknown:
-        raise ProtocolError(f"lora.target_modules: unknown module(s) {unknown}; choose from "
-                            f"{list(LORA_TARGET_MODULES)}", param="lora.target_modules",
-                            code="invalid_lora")
+    try:
+        return LoRASettings.from_dict(lora.model_dump(exclude_none=True))
+    except SettingsError as err:
+        raise ProtocolError(f"lora.{err.param}: {err.message}", param=f"lora.{err.param}",
+                            code="invalid_lora") from None
+
+
+def hyperparameter_request(body: FineTuningJobCreate) -> HyperparameterRequest:
+    """The typed hyperparameters of a request (None where "auto").
+
+    Raises:
+        ProtocolError: 400 naming the hyperparameter (the schema's bounds are the settings' own, so
+            the schema refuses first; this keeps the contract's error typed).
+    """
+    try:
+        return HyperparameterRequest.from_dict(body.requested_hyperparameters().model_dump())
+    except SettingsError as err:
+        raise ProtocolError(err.message, param=err.param) from None
 
 
 def _job_not_found(job_id: str) -> ProtocolError:
@@ -112,7 +123,7 @@ class FineTuningService:
                 when the tenant has no byte left under `max_stored_bytes`.
         """
         self._check_model(tenant, body.model)
-        _check_lora(body.lora, self.max_lora_rank)
+        lora_settings(body.lora, self.max_lora_rank)
         if body.lora is not None and body.model not in self.base_models:
             # Training on from a fine-tuned model continues its adapter, whose shape is fixed: settings
             # given here could not apply, and ignoring them silently would mislead.
@@ -121,16 +132,15 @@ class FineTuningService:
                                 param="lora", code="invalid_lora")
         count = self._count_examples(tenant, body.training_file, "training_file")
         if count < MIN_EXAMPLES:
-            raise ProtocolError(f"Training file has {count} example(s), but must have at least "
-                                f"{MIN_EXAMPLES} examples", param="training_file",
-                                code="invalid_n_examples")
+            err = TooFewExamplesError(count)
+            raise ProtocolError(err.message, param=err.param, code="invalid_n_examples")
         if body.validation_file is not None:
             self._count_examples(tenant, body.validation_file, "validation_file")
         self._check_job_limit(tenant)
-        hp = body.requested_hyperparameters()
+        hp = hyperparameter_request(body)
         # "auto" resolves from the examples the trainer keeps, which the job manager counts again (and
         # checks the reservation again) once it has tokenized the file.
-        n_epochs = hp.n_epochs if isinstance(hp.n_epochs, int) else auto_n_epochs(count)
+        n_epochs = hp.n_epochs if hp.n_epochs is not None else auto_n_epochs(count)
         reserved = models_per_job(n_epochs)
         limits = tenant_limits(self.tenants, tenant)
         if has_storage_limits(limits):  # measuring walks the tenant's adapter folders: only when needed
@@ -143,7 +153,7 @@ class FineTuningService:
             extensions["lora"] = lora
         record = self.store.jobs.create(
             tenant, body.model, body.training_file, validation_file=body.validation_file,
-            hyperparameters=hp.model_dump(), method={"type": "supervised"}, suffix=body.suffix,
+            hyperparameters=hp.to_dict(), method={"type": "supervised"}, suffix=body.suffix,
             seed=body.seed, metadata=body.metadata, extensions=extensions)
         self.store.events.add(record.id, f"Created fine-tuning job: {record.id}")
         return to_job(record)

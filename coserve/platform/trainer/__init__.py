@@ -2,22 +2,21 @@
 the optimizer step and checkpoints."""
 
 from coserve.platform.trainer.checkpoint import DataPosition, load_checkpoint, save_checkpoint
-from coserve.platform.trainer.data import (EncodedExample, PreparedDataset, ResolvedHyperparameters,
-                                           TemplateError, encode_example, prepare_dataset,
-                                           resolve_hyperparameters)
-from coserve.platform.trainer.lora_params import LoRATrainConfig, TrainableLoRA, peft_key
+from coserve.platform.trainer.data import (EncodedExample, PreparedDataset, TemplateError,
+                                           encode_example, prepare_dataset)
+from coserve.platform.trainer.lora_params import TrainableLoRA, peft_key
 from coserve.platform.trainer.loss import (IGNORE_INDEX, WindowLoss, chunked_cross_entropy,
                                            full_cross_entropy, window_loss)
 from coserve.platform.trainer.optimizer import (LoRAOptimizer, NonFiniteGradientError,
-                                                OptimizerConfig, StepStats, TrainingSequence,
+                                                StepStats, TrainingSequence,
                                                 train_batch)
 from coserve.platform.trainer.windowed import (SequenceState, WindowedTrainer, next_token_targets,
                                                run_schedule, train_sequence)
 
-__all__ = ["IGNORE_INDEX", "DataPosition", "EncodedExample", "LoRAOptimizer", "LoRATrainConfig",
-           "NonFiniteGradientError", "OptimizerConfig", "PreparedDataset",
-           "ResolvedHyperparameters", "SequenceState", "StepStats", "TemplateError",
+__all__ = ["IGNORE_INDEX", "DataPosition", "EncodedExample", "LoRAOptimizer",
+           "NonFiniteGradientError", "PreparedDataset",
+           "SequenceState", "StepStats", "TemplateError",
            "TrainableLoRA", "TrainingSequence", "WindowLoss", "WindowedTrainer",
            "chunked_cross_entropy", "encode_example", "full_cross_entropy", "load_checkpoint", "next_token_targets",
-           "peft_key", "prepare_dataset", "resolve_hyperparameters", "run_schedule",
+           "peft_key", "prepare_dataset", "run_schedule",
            "save_checkpoint", "train_batch", "train_sequence", "window_loss"]

@@ -1,4 +1,5 @@
-"""Training data of a fine-tuning job: chat examples -> loss-masked sequences, and "auto" hyperparameters.
+"""Training data of a fine-tuning job: chat examples -> loss-masked sequences ("auto" hyperparameters:
+`coserve.policies.training_settings`).
 
 Loss mask (issue 3, item 1). An example is rendered with the tokenizer's own chat template, so the
 model trains on exactly the text it will see when served. The trained tokens are, for every assistant
@@ -33,7 +34,6 @@ Bad input (issue 3): an example longer than `max_len` is truncated to its first 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,9 +44,8 @@ from coserve.platform.trainer.chat_render import (TemplateError, Tools, content_
                                                   require_calls_rendered, require_tool_results_rendered,
                                                   require_tool_support, require_tools_rendered,
                                                   template_messages, tool_calls)
-from coserve.platform.trainer.optimizer import BASE_LEARNING_RATE, OptimizerConfig, TrainingSequence
+from coserve.platform.trainer.optimizer import TrainingSequence
 
-MIN_EXAMPLES = 10  # OpenAI refuses smaller training files
 MAX_WARNED_INDICES = 20  # a warning names at most this many example indices
 
 
@@ -239,111 +238,3 @@ def prepare_dataset(tokenizer: Any, examples: Sequence[Example], max_len: int,
                            num_truncated=len(truncated),
                            trained_tokens=sum(seq.num_trained for seq in sequences),
                            example_indices=kept, warnings=warnings)
-
-
-# "auto" epochs: OpenAI cookbook "Data preparation and analysis for chat model fine-tuning".
-TARGET_EPOCHS = 3
-MIN_TARGET_EXAMPLES = 100  # fewer examples: more epochs, so that the job sees ~100 examples
-MAX_TARGET_EXAMPLES = 25_000  # more examples: fewer epochs, so that the job sees ~25k examples
-MAX_AUTO_EPOCHS = 25
-AUTO_BATCH_FRACTION = 0.002  # "auto" batch ~0.2% of the examples, as OpenAI's chosen values suggest
-BOUNDS = {"n_epochs": (1, 50), "batch_size": (1, 256)}
-MAX_LEARNING_RATE_MULTIPLIER = 10.0  # coserve's cap (api/protocol/fine_tuning.py)
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedHyperparameters:
-    """The job's hyperparameters with every "auto" replaced by a value."""
-
-    n_epochs: int
-    batch_size: int
-    learning_rate_multiplier: float
-    learning_rate: float  # BASE_LEARNING_RATE (1e-4) x learning_rate_multiplier
-    steps_per_epoch: int
-    total_steps: int
-    total_trained_tokens: int  # trained targets over all epochs (the job's `trained_tokens`)
-
-    def optimizer_config(self) -> OptimizerConfig:
-        """The optimizer settings these hyperparameters imply (other settings at their defaults)."""
-        return OptimizerConfig(learning_rate_multiplier=self.learning_rate_multiplier)
-
-
-def auto_n_epochs(num_examples: int) -> int:
-    """3 epochs; small files get more (up to 25) and big ones fewer, aiming at 100..25k example visits."""
-    if num_examples * TARGET_EPOCHS < MIN_TARGET_EXAMPLES:
-        return min(MAX_AUTO_EPOCHS, math.ceil(MIN_TARGET_EXAMPLES / num_examples))
-    if num_examples * TARGET_EPOCHS > MAX_TARGET_EXAMPLES:
-        return max(1, MAX_TARGET_EXAMPLES // num_examples)
-    return TARGET_EPOCHS
-
-
-def auto_batch_size(num_examples: int) -> int:
-    """About 0.2% of the examples, within [1, 256]."""
-    return max(1, min(BOUNDS["batch_size"][1], round(num_examples * AUTO_BATCH_FRACTION)))
-
-
-def _integer_param(name: str, value: Any) -> int:
-    low, high = BOUNDS[name]
-    # `type is int`: bool is an int subclass and 3.0 is not an integer hyperparameter.
-    if type(value) is not int or not low <= value <= high:
-        raise ValueError(f"invalid hyperparameter '{name}': {value!r}; expected \"auto\" or an "
-                         f"integer in [{low}, {high}]")
-    return value
-
-
-def _multiplier_param(value: Any) -> float:
-    ok = type(value) in (int, float) and math.isfinite(value)
-    if not ok or not 0 < value <= MAX_LEARNING_RATE_MULTIPLIER:
-        raise ValueError(f"invalid hyperparameter 'learning_rate_multiplier': {value!r}; expected "
-                         f"\"auto\" or a number in (0, {MAX_LEARNING_RATE_MULTIPLIER:g}]")
-    return float(value)
-
-
-def resolve_hyperparameters(requested: Mapping[str, Any], num_examples: int,
-                            num_trained_tokens: int) -> ResolvedHyperparameters:
-    """Replace "auto" (or None / absent) by coserve's rules and check explicit values.
-
-    `num_examples` is the number of trainable sequences (after skipping) and `num_trained_tokens`
-    their trained targets per epoch. Rules for "auto":
-
-    * n_epochs: 3, as OpenAI's default. When 3 epochs would show the model fewer than 100 examples,
-      ceil(100 / num_examples) epochs (at most 25): a 10-example file gets 10 epochs, since a few
-      dozen steps teach a LoRA nothing. When 3 epochs would exceed 25,000 examples,
-      25,000 // num_examples epochs (at least 1): big files need fewer passes. (OpenAI cookbook.)
-    * batch_size: round(0.2% of num_examples) within [1, 256], the proportion OpenAI's auto batch
-      sizes are reported to follow: small datasets keep one optimizer step per example or two,
-      big ones get less noisy gradients while keeping about 500 steps per epoch (more past 256).
-    * learning_rate_multiplier: 1.0, so learning rate = 1e-4, the usual LoRA rate (issue 3's rule).
-
-    Raises:
-        ValueError: fewer than 10 examples, no trained token, an unknown key, or a value outside
-            OpenAI's bounds (n_epochs 1..50, batch_size 1..256, multiplier in (0, 10]); the message
-            names the parameter.
-    """
-    if num_examples < MIN_EXAMPLES:
-        raise ValueError(f"Training file has {num_examples} example(s), but must have at least "
-                         f"{MIN_EXAMPLES} examples")
-    if num_trained_tokens <= 0:
-        raise ValueError("the training examples have no trainable assistant token")
-    unknown = sorted(set(requested) - {"n_epochs", "batch_size", "learning_rate_multiplier"})
-    if unknown:
-        raise ValueError(f"unknown hyperparameter(s) {unknown}")
-
-    def given(name: str) -> Any:
-        value = requested.get(name)
-        return None if value == "auto" else value
-
-    n_epochs = given("n_epochs")
-    n_epochs = auto_n_epochs(num_examples) if n_epochs is None else _integer_param("n_epochs", n_epochs)
-    batch_size = given("batch_size")
-    batch_size = (auto_batch_size(num_examples) if batch_size is None
-                  else _integer_param("batch_size", batch_size))
-    multiplier = given("learning_rate_multiplier")
-    multiplier = 1.0 if multiplier is None else _multiplier_param(multiplier)
-    steps_per_epoch = math.ceil(num_examples / batch_size)  # the last batch of an epoch may be short
-    return ResolvedHyperparameters(n_epochs=n_epochs, batch_size=batch_size,
-                                   learning_rate_multiplier=multiplier,
-                                   learning_rate=BASE_LEARNING_RATE * multiplier,
-                                   steps_per_epoch=steps_per_epoch,
-                                   total_steps=steps_per_epoch * n_epochs,
-                                   total_trained_tokens=num_trained_tokens * n_epochs)

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from coserve.platform.config import ModelConfig
-from coserve.platform.lora import (TARGET_MODULES, AdapterLayer, AdapterWeights, contiguous_layer,
-                                   fuse_layer)
+from coserve.platform.lora import AdapterLayer, AdapterWeights, contiguous_layer, fuse_layer
+from coserve.policies.training_settings import TARGET_MODULES, LoRASettings
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -40,60 +40,33 @@ def peft_key(layer: int, module: str, which: str) -> str:
     return f"base_model.model.model.layers.{layer}.{parent}.{module}.lora_{which}.weight"
 
 
-@dataclass(frozen=True, slots=True)
-class LoRATrainConfig:
-    """A trainable LoRA's hyperparameters, with PEFT's names and the issue's defaults."""
+def to_peft_dict(settings: LoRASettings, base_model_name_or_path: str | None = None) -> dict:
+    """The `adapter_config.json` content, as PEFT writes it for `settings`."""
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": settings.r, "lora_alpha": settings.lora_alpha, "lora_dropout": settings.lora_dropout,
+        "target_modules": list(settings.target_modules), "bias": "none",
+        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
+        "use_rslora": settings.use_rslora, "use_dora": False, "modules_to_save": None,
+        "layers_to_transform": None, "layers_pattern": None,
+        "rank_pattern": {}, "alpha_pattern": {},
+    }
 
-    r: int = 16
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.0
-    target_modules: tuple[str, ...] = TARGET_MODULES
 
-    def __post_init__(self) -> None:
-        if self.r < 1:
-            raise ValueError(f"LoRA rank r must be >= 1, got {self.r}")
-        if self.lora_dropout != 0.0:
-            # Dropout would need the same mask in the forward window and in the recompute; not yet.
-            raise ValueError(f"lora_dropout={self.lora_dropout} is not supported yet; use 0")
-        unknown = sorted(set(self.target_modules) - set(TARGET_MODULES))
-        if unknown or not self.target_modules:
-            raise ValueError(f"target_modules must be a non-empty subset of {list(TARGET_MODULES)}; "
-                             f"got {list(self.target_modules)}")
-        # Canonical order (the engine's), no duplicates: keeps init and file order deterministic.
-        ordered = tuple(m for m in TARGET_MODULES if m in self.target_modules)
-        object.__setattr__(self, "target_modules", ordered)
-
-    @property
-    def scale(self) -> float:
-        """PEFT's `scaling` without rsLoRA: alpha / r."""
-        return self.lora_alpha / self.r
-
-    def to_peft_dict(self, base_model_name_or_path: str | None = None) -> dict:
-        """The `adapter_config.json` content, as PEFT writes it for these settings."""
-        return {
-            "peft_type": "LORA", "task_type": "CAUSAL_LM",
-            "base_model_name_or_path": base_model_name_or_path,
-            "r": self.r, "lora_alpha": self.lora_alpha, "lora_dropout": self.lora_dropout,
-            "target_modules": list(self.target_modules), "bias": "none",
-            "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
-            "use_rslora": False, "use_dora": False, "modules_to_save": None,
-            "layers_to_transform": None, "layers_pattern": None,
-            "rank_pattern": {}, "alpha_pattern": {},
-        }
-
-    @classmethod
-    def from_peft_dict(cls, raw: dict) -> LoRATrainConfig:
-        """Read the settings back; refuses PEFT features the trainer does not implement."""
-        unsupported = [k for k in ("use_rslora", "use_dora", "modules_to_save", "rank_pattern",
-                                   "alpha_pattern", "layers_to_transform") if raw.get(k)]
-        if raw.get("peft_type", "LORA") != "LORA" or raw.get("bias", "none") != "none":
-            unsupported.append("peft_type/bias")
-        if unsupported:
-            raise ValueError(f"adapter config uses features the trainer does not support: {unsupported}")
-        modules = raw["target_modules"]
-        modules = [modules] if isinstance(modules, str) else modules
-        return cls(r=int(raw["r"]), lora_alpha=float(raw.get("lora_alpha", raw["r"])),
-                   lora_dropout=float(raw.get("lora_dropout", 0.0)), target_modules=tuple(modules))
+def from_peft_dict(raw: dict) -> LoRASettings:
+    """Read the settings back; refuses PEFT features the trainer does not implement."""
+    unsupported = [k for k in ("use_dora", "modules_to_save", "rank_pattern",
+                               "alpha_pattern", "layers_to_transform") if raw.get(k)]
+    if raw.get("peft_type", "LORA") != "LORA" or raw.get("bias", "none") != "none":
+        unsupported.append("peft_type/bias")
+    if unsupported:
+        raise ValueError(f"adapter config uses features the trainer does not support: {unsupported}")
+    modules = raw["target_modules"]
+    modules = [modules] if isinstance(modules, str) else modules
+    return LoRASettings(r=int(raw["r"]), lora_alpha=float(raw.get("lora_alpha", raw["r"])),
+                        lora_dropout=float(raw.get("lora_dropout", 0.0)), target_modules=tuple(modules),
+                        use_rslora=bool(raw.get("use_rslora", False)))
 
 
 @dataclass(slots=True)
@@ -103,13 +76,13 @@ class TrainableLoRA:
     `a[(i, m)]` is PEFT's `lora_A.weight` [r, in], `b[(i, m)]` its `lora_B.weight` [out, r].
     """
 
-    config: LoRATrainConfig
+    config: LoRASettings
     model_config: ModelConfig
     a: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     b: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
 
     @classmethod
-    def init(cls, model_config: ModelConfig, config: LoRATrainConfig, seed: int,
+    def init(cls, model_config: ModelConfig, config: LoRASettings, seed: int,
              device: torch.device | str = "cpu") -> TrainableLoRA:
         """PEFT's default init from `seed`: A Kaiming-uniform (a=sqrt(5)), B zeros.
 
@@ -169,7 +142,7 @@ class TrainableLoRA:
         """Write a PEFT adapter folder (`adapter_config.json` + `adapter_model.safetensors`)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        config = self.config.to_peft_dict(base_model_name_or_path)
+        config = to_peft_dict(self.config, base_model_name_or_path)
         (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         tensors = {k: t.detach().to("cpu", torch.float32).contiguous()
                    for k, t in self.named_parameters().items()}
@@ -185,7 +158,7 @@ class TrainableLoRA:
             ValueError: unsupported settings, unknown or missing tensors, wrong shapes.
         """
         path = Path(path)
-        config = LoRATrainConfig.from_peft_dict(json.loads((path / ADAPTER_CONFIG).read_text()))
+        config = from_peft_dict(json.loads((path / ADAPTER_CONFIG).read_text()))
         tensors = load_file(str(path / ADAPTER_WEIGHTS))
         lora = cls(config=config, model_config=model_config)
         shapes = model_config.linear_shapes()

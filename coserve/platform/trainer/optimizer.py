@@ -26,7 +26,7 @@ must be refreshed (`WindowedTrainer.refresh_adapter`), which `train_batch` does.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,53 +34,13 @@ from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from coserve.platform.trainer.lora_params import TrainableLoRA
 from coserve.platform.trainer.windowed import WindowedTrainer, train_sequence
+from coserve.policies.training_settings import OptimizerSettings
 
-BASE_LEARNING_RATE = 1e-4
 STATE_FORMAT = 1  # version of `LoRAOptimizer.state_dict`'s layout
 
 
 class NonFiniteGradientError(FloatingPointError):
     """The batch's loss or gradient norm is NaN/inf; the job must fail, the weights are untouched."""
-
-
-@dataclass(frozen=True, slots=True)
-class OptimizerConfig:
-    """AdamW hyperparameters of a job (module docstring: why these defaults)."""
-
-    learning_rate_multiplier: float = 1.0
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0  # math.inf turns clipping off
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-        problems = []
-        if not (math.isfinite(self.learning_rate_multiplier) and self.learning_rate_multiplier > 0):
-            problems.append(f"learning_rate_multiplier={self.learning_rate_multiplier} (need > 0)")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            problems.append(f"weight_decay={self.weight_decay} (need >= 0)")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            problems.append(f"betas={self.betas} (need two values in [0, 1))")
-        if not self.eps > 0:
-            problems.append(f"eps={self.eps} (need > 0)")
-        if not self.max_grad_norm > 0:  # NaN fails this too
-            problems.append(f"max_grad_norm={self.max_grad_norm} (need > 0)")
-        if problems:
-            raise ValueError("bad optimizer settings: " + "; ".join(problems))
-
-    @property
-    def learning_rate(self) -> float:
-        """1e-4 x `learning_rate_multiplier`."""
-        return BASE_LEARNING_RATE * self.learning_rate_multiplier
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready settings (inf stays a float: `json` writes it as `Infinity`)."""
-        return {**asdict(self), "betas": list(self.betas)}
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> OptimizerConfig:
-        return cls(**{**raw, "betas": tuple(raw.get("betas", (0.9, 0.999)))})
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +64,9 @@ class LoRAOptimizer:
     adapter tensor for tensor.
     """
 
-    def __init__(self, lora: TrainableLoRA, config: OptimizerConfig | None = None) -> None:
+    def __init__(self, lora: TrainableLoRA, config: OptimizerSettings | None = None) -> None:
         self.lora = lora
-        self.config = config or OptimizerConfig()
+        self.config = config or OptimizerSettings()
         self.params = lora.parameters()
         # Defaults for foreach/fused, as the peft reference gets: same kernels, same rounding.
         self._adamw = torch.optim.AdamW(self.params, lr=self.config.learning_rate,
@@ -168,7 +128,7 @@ class LoRAOptimizer:
         """
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"optimizer state format {state.get('format')!r}, expected {STATE_FORMAT}")
-        saved = OptimizerConfig.from_dict(state["config"])
+        saved = OptimizerSettings.from_dict(state["config"])
         if saved != self.config:
             raise ValueError(f"optimizer state was saved with {saved}, this optimizer has {self.config}")
         adamw = state["adamw"]
@@ -185,7 +145,7 @@ class LoRAOptimizer:
     @classmethod
     def from_state_dict(cls, lora: TrainableLoRA, state: dict[str, Any]) -> LoRAOptimizer:
         """An optimizer over `lora` with the saved settings and state."""
-        optimizer = cls(lora, OptimizerConfig.from_dict(state["config"]))
+        optimizer = cls(lora, OptimizerSettings.from_dict(state["config"]))
         optimizer.load_state_dict(state)
         return optimizer
 

@@ -1,0 +1,16 @@
+"""Default sizes of a server, in one place: the scheduler's budgets, the KV block and adapter bank
+sizes, the fine-tuning liveness floor.
+
+`SchedulerConfig`, `SchedulerSettings`, `ServeOptions`, `coserve serve`'s flags, `EngineConfig`,
+the offline `LLM` and `CoServingConfig` take their defaults from here (torch-free, so the gateway
+and the scheduler's process import it freely).
+"""
+
+from __future__ import annotations
+
+MAX_NUM_SEQS = 64  # requests running at once
+MAX_BATCH_TOKENS = 2048  # tokens computed in one engine iteration
+BLOCK_SIZE = 16  # token positions per KV block
+ADAPTER_SLOTS = 4  # LoRA adapters resident in the engine's bank at once
+MAX_LORA_RANK = 64  # the largest adapter rank the bank holds
+FINETUNE_FLOOR_EVERY = 8  # plans without fine-tuning work before a job gets a floor piece
