@@ -203,18 +203,27 @@ def main() -> None:
             trained_before = sync.fine_tuning.jobs.retrieve(job_id).trained_tokens or 0
             stats, wall = asyncio.run(drive(url, model, args.clients, args.duration_s))
             job = sync.fine_tuning.jobs.retrieve(job_id)
-            result = {"mode": "ray" if args.ray else "local", "clients": args.clients,
-                      "duration_s": args.duration_s, "machine": f"{platform.machine()} x{os.cpu_count()}",
-                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                      **report(stats, wall, job, trained_before)}
+            result = {**run_header(args), **report(stats, wall, job, trained_before)}
             if job.status not in ("succeeded", "failed", "cancelled"):
                 sync.fine_tuning.jobs.cancel(job_id)
         finally:
             stop_server(server)
+    emit(result, args.json)
+
+
+def run_header(args: argparse.Namespace) -> dict[str, object]:
+    """What a result says about its run: mode, clients, duration, machine and date."""
+    return {"mode": "ray" if args.ray else "local", "clients": args.clients, "duration_s": args.duration_s,
+            "machine": f"{platform.machine()} x{os.cpu_count()}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def emit(result: dict[str, object], path: Path | None) -> None:
+    """Print the result, and write it to `path` when given."""
     print(json.dumps(result, indent=2))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import statistics
 import tempfile
@@ -33,7 +31,8 @@ from typing import Any
 
 import httpx
 import openai
-from load import KEY, MODEL_DIR, drive, ensure_model, one_stream, report, start_job, start_server, stop_server
+from load import (KEY, MODEL_DIR, drive, emit, ensure_model, one_stream, report, run_header, start_job,
+                  start_server, stop_server)
 
 LIGHT_KEY, HOSTILE_KEY = "sk-soak-light-0123456789", "sk-soak-hostile-0123456789"
 TENANTS = {"tenants": {"load": {"api_keys": [KEY]}, "light": {"api_keys": [LIGHT_KEY]},
@@ -156,18 +155,12 @@ def main() -> None:
             trained_before = sync.fine_tuning.jobs.retrieve(job_id).trained_tokens or 0
             run = asyncio.run(soak(url, model, args.clients, args.duration_s))
             job = sync.fine_tuning.jobs.retrieve(job_id)
-            result = {"mode": "ray" if args.ray else "local", "model": model, "clients": args.clients,
-                      "duration_s": args.duration_s, "machine": f"{platform.machine()} x{os.cpu_count()}",
-                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                      **summarize(quiet, run, job, trained_before)}
+            result = {**run_header(args), "model": model, **summarize(quiet, run, job, trained_before)}
             if job.status not in ("succeeded", "failed", "cancelled"):
                 sync.fine_tuning.jobs.cancel(job_id)
         finally:
             stop_server(server)
-    print(json.dumps(result, indent=2))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":
