@@ -230,7 +230,7 @@ def test_killed_engine_comes_back_and_loses_no_job(ray_server: RayServer) -> Non
     lines = [{"messages": [{"role": "user", "content": f"Count {i}"},
                            {"role": "assistant", "content": f"{i} {i + 1} {i + 2}"}]} for i in range(16)]
     job = oa.fine_tuning.jobs.create(model=ray_server.base, training_file=upload_jsonl(oa, lines),
-                                     hyperparameters={"n_epochs": 6, "batch_size": 4})
+                                     hyperparameters={"n_epochs": 16, "batch_size": 4})  # < 100 events
     running = poll_job(oa, job.id, lambda j: j.status in TERMINAL or j.status == "running"
                        and bool(oa.fine_tuning.jobs.checkpoints.list(j.id).data), timeout=120, interval=0.2)
     assert running.status == "running", running  # killed below while it trains, with a checkpoint
@@ -239,6 +239,8 @@ def test_killed_engine_comes_back_and_loses_no_job(ray_server: RayServer) -> Non
         time.sleep(1.0)
         os.kill(ray.get(ray_server.engine.pid.remote()), signal.SIGKILL)
         outcomes = [s.result(timeout=120) for s in streams]
+    # The kill must land while the job trains (6 epochs once finished within the second before it).
+    assert oa.fine_tuning.jobs.retrieve(job.id).status == "running"
     assert any("engine stopped" in o for o in outcomes), outcomes
     assert all(o == "done" or "engine stopped" in o for o in outcomes), outcomes
 
@@ -291,7 +293,7 @@ def test_restarted_gateway_replica_resumes_jobs(ray_server: RayServer) -> None:
     lines = [{"messages": [{"role": "user", "content": f"Spell {i}"},
                            {"role": "assistant", "content": f"{i}: {'-'.join(str(i))}"}]} for i in range(16)]
     job = oa.fine_tuning.jobs.create(model=ray_server.base, training_file=upload_jsonl(oa, lines),
-                                     hyperparameters={"n_epochs": 6, "batch_size": 4})
+                                     hyperparameters={"n_epochs": 16, "batch_size": 4})  # < 100 events
     running = poll_job(oa, job.id, lambda j: j.status in TERMINAL or j.status == "running"
                        and bool(oa.fine_tuning.jobs.checkpoints.list(j.id).data), timeout=120, interval=0.2)
     assert running.status == "running", running
