@@ -23,27 +23,26 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from coserve.actors.admission import QuotaBook, context_rejection
+from coserve.actors.admission import QuotaBook
 from coserve.actors.data_dir_lock import DataDirLock
 from coserve.actors.finetuning import FineTuningSettings, JobManager, open_job_manager
-from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, Rejection, StreamBatch
+from coserve.actors.messages import Admission, ChatSubmission, Rejection, StreamBatch
 from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
 from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
-from coserve.actors.prompt_encoder import PromptEncoder, PromptRefused
-from coserve.actors.tool_admission import PreparedChat, ToolSupport
-from coserve.frontend import AdapterChecker, EosIds, OutputTracker, chat_template_refusal, expand_request
+from coserve.actors.intake import PromptIntake
+from coserve.frontend import EosIds, OutputTracker, expand_request
 from coserve.policies import defaults
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_contract import EngineFailure
 from coserve.policies.engine_core import EngineCore, Step, StepFailed
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.quotas import TenantLimits
-from coserve.policies.request import AdapterRef, RequestStatus
+from coserve.policies.request import RequestStatus
 
 logger = logging.getLogger(__name__)
 
@@ -105,16 +104,12 @@ class SchedulerActor:
         self._tokenizer = AutoTokenizer.from_pretrained(settings.model)
         self._model_config = ModelConfig.from_pretrained(settings.model)
         self._eos = EosIds.resolve(self._tokenizer, self._model_config.eos_token_ids)
-        self._encoder = PromptEncoder(self._tokenizer)
-        self._tools = ToolSupport(self._tokenizer)
+        self._intake = PromptIntake(self._tokenizer, self._model_config)
         self._quotas = QuotaBook(settings.tenant_limits)
         self.metrics = SchedulerMetrics(settings.slo)
         self._engines: dict[str, EngineLayout] = {}
         self._policy: InferencePolicy | None = None
         self._core: EngineCore | None = None  # the iteration loop over the policy (one plan in flight)
-        self._max_model_len = 0
-        self._adapters: AdapterChecker | None = None
-        self._adapter_ids: dict[str, int] = {}  # adapter folder -> engine adapter id (>= 1)
         self._streams = StreamHub()
         self._owner: dict[str, tuple[SubmissionState, int]] = {}  # child request id -> (submission, index)
         self._work = asyncio.Event()
@@ -144,8 +139,7 @@ class SchedulerActor:
         self._policy = self._policy_factory(config, layout)
         self._core = EngineCore(self._policy)
         self._engines[engine_id] = layout
-        self._max_model_len = layout.max_model_len
-        self._adapters = AdapterChecker(self._model_config, layout.max_lora_rank)
+        self._intake.attach(layout.max_model_len, layout.max_lora_rank)
         jobs = self._policy.jobs
         if self._settings.data_dir is not None and jobs is not None:
             settings = FineTuningSettings(
@@ -223,45 +217,18 @@ class SchedulerActor:
     # ---------------------------------------------------------------------------- requests
 
     async def submit(self, sub: ChatSubmission) -> Admission:
-        """Check `logit_bias` against the vocabulary, render and tokenize the chat (or take the raw
-        prompt) off the loop, check context length, adapter and quota, then queue the `n` children."""
+        """Prepare the prompt (`PromptIntake`: tokenized off the loop, context and adapter checked), check
+        the quota, then queue the `n` children."""
         if self._policy is None or self._closed:
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
-        try:  # before the template: a cheap refusal first
-            sub.sampling.check_vocab(self._model_config.vocab_size)
-        except ValueError as error:
-            return _reject(400, f"{error}.", param="logit_bias", code="invalid_value")
-        prepared = self._tools.prepare(sub)
-        if not isinstance(prepared, PreparedChat):
-            return Admission(rejection=prepared)
-        sampling = prepared.sampling
-        room = self._max_model_len - (sampling.max_tokens or 1)
-        source = "messages" if sub.raw is None else "prompt"  # the param a refusal names
-        try:
-            # In the encoder's threads: the loop (every other request, /health) goes on meanwhile.
-            encoded = await (self._encoder.encode(prepared.messages, room, prepared.tools) if sub.raw is None
-                             else self._encoder.encode_raw(sub.raw, room, self._model_config.vocab_size))
-        except PromptRefused as error:
-            return _reject(400, str(error), param="prompt", code="invalid_value")
-        except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault
-            logger.info("chat template refused a request of tenant %s: %r", sub.tenant, error)
-            return _reject(400, chat_template_refusal(error), param="messages", code="invalid_value")
+        intake = await self._intake.prepare(sub)
+        if isinstance(intake, Rejection):
+            return Admission(rejection=intake)
         if self._policy is None or self._closed:  # the engine went away while the prompt was encoded
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
-        if encoded.ids is None:
-            return Admission(rejection=context_rejection(encoded.min_tokens, sampling.max_tokens,
-                                                         self._max_model_len, at_least=True, param=source))
-        prompt = encoded.ids
-        too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len, param=source)
-        if too_long is not None:
-            return Admission(rejection=too_long)
-        if sampling.max_tokens is None:
-            sampling = replace(sampling, max_tokens=self._max_model_len - len(prompt))
-        adapter, rejection = self._adapter_ref(sub.adapter)
-        if rejection is not None:
-            return Admission(rejection=rejection)
+        prompt, sampling, adapter = intake.prompt, intake.sampling, intake.adapter
         estimate = self._quotas.estimate(sub.tenant, len(prompt), sampling.n, sampling.max_tokens,
                                          client_limit=sub.sampling.max_tokens)
         rejection = self._quotas.admit(sub.tenant, estimate, requests=int(sub.counts_request))
@@ -277,7 +244,7 @@ class SchedulerActor:
             self._queue(sub.request_id, state)
         except ValueError as error:
             return _reject(400, str(error), param="messages")
-        return Admission(prompt_tokens=len(prompt), tool_family=prepared.family, prompt_text=encoded.text)
+        return Admission(prompt_tokens=len(prompt), tool_family=intake.tool_family, prompt_text=intake.prompt_text)
 
     def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
         """The request's output, batch by batch, until a batch with `done`."""
@@ -312,7 +279,7 @@ class SchedulerActor:
     async def shutdown(self) -> None:
         """Fail what is in flight, then end the engines' loops (their next exchange returns None)."""
         self._closed = True
-        self._encoder.close()
+        self._intake.close()
         for task in (self._job_task, self._supervisor):
             if task is not None:
                 task.cancel()
@@ -333,20 +300,6 @@ class SchedulerActor:
         self._work.set()
 
     # --------------------------------------------------------------------------- internals
-
-    def _adapter_ref(self, spec: AdapterSpec | None) -> tuple[AdapterRef | None, Rejection | None]:
-        if spec is None:
-            return None, None
-        adapter_id = self._adapter_ids.setdefault(spec.path, len(self._adapter_ids) + 1)
-        try:
-            self._adapters.check(adapter_id, spec.path)
-        except (OSError, ValueError) as error:
-            logger.warning("adapter of %s at %s cannot be served: %s", spec.name, spec.path, error)
-            # The reason names the server's folders: it goes to the log above, not to the client.
-            return None, Rejection(400, f"The model `{spec.name}` cannot be served: its adapter on this server "
-                                        "is missing or does not fit the base model.", param="model",
-                                   code="model_not_available")
-        return AdapterRef(adapter_id=adapter_id, name=spec.name, path=spec.path), None
 
     def _queue(self, request_id: str, state: SubmissionState) -> None:
         added: list[str] = []

@@ -1,0 +1,109 @@
+"""What a chat or completions submission becomes before quotas and queueing: the prompt's token ids,
+the sampling settings and the adapter, or the reason it is refused.
+
+`PromptIntake` holds the tokenizer side of admission: the `logit_bias` check against the vocabulary,
+tools (`tool_admission`), rendering and tokenizing off the event loop (`prompt_encoder`), the context
+length checks and the adapter check. The `SchedulerActor` keeps what needs its state: quotas, the
+policy and the streams.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from coserve.actors.admission import context_rejection
+from coserve.actors.messages import AdapterSpec, ChatSubmission, Rejection
+from coserve.actors.prompt_encoder import PromptEncoder, PromptRefused
+from coserve.actors.tool_admission import PreparedChat, ToolSupport
+from coserve.frontend import AdapterChecker, chat_template_refusal
+from coserve.policies.request import AdapterRef, SamplingParams
+from coserve.tools.family import ToolFamily
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """An admissible submission: its prompt, sampling (`max_tokens` always set) and adapter."""
+
+    prompt: list[int]
+    sampling: SamplingParams
+    adapter: AdapterRef | None
+    tool_family: ToolFamily | None
+    prompt_text: str | None  # a raw prompt's text, for `echo`
+
+
+class PromptIntake:
+    """The tokenizer side of admission, for one base model.
+
+    Args:
+        tokenizer: the model's tokenizer (chat template included).
+        model_config: the model's config (`vocab_size`, for the adapter check too).
+    """
+
+    def __init__(self, tokenizer: object, model_config: object) -> None:
+        self._model_config = model_config
+        self._encoder = PromptEncoder(tokenizer)
+        self._tools = ToolSupport(tokenizer)
+        self._max_model_len = 0
+        self._adapters: AdapterChecker | None = None
+        self._adapter_ids: dict[str, int] = {}  # adapter folder -> engine adapter id (>= 1)
+
+    def attach(self, max_model_len: int, max_lora_rank: int) -> None:
+        """Take the (re)registered engine's context length and adapter rank limit."""
+        self._max_model_len = max_model_len
+        self._adapters = AdapterChecker(self._model_config, max_lora_rank)
+
+    def close(self) -> None:
+        """Stop the encoder's threads."""
+        self._encoder.close()
+
+    async def prepare(self, sub: ChatSubmission) -> Intake | Rejection:
+        """Check `logit_bias` against the vocabulary, render and tokenize the chat (or take the raw prompt)
+        off the loop, check the context length and the adapter."""
+        try:  # before the template: a cheap refusal first
+            sub.sampling.check_vocab(self._model_config.vocab_size)
+        except ValueError as error:
+            return Rejection(400, f"{error}.", param="logit_bias", code="invalid_value")
+        prepared = self._tools.prepare(sub)
+        if not isinstance(prepared, PreparedChat):
+            return prepared
+        sampling = prepared.sampling
+        room = self._max_model_len - (sampling.max_tokens or 1)
+        source = "messages" if sub.raw is None else "prompt"  # the param a refusal names
+        try:
+            # In the encoder's threads: the loop (every other request, /health) goes on meanwhile.
+            encoded = await (self._encoder.encode(prepared.messages, room, prepared.tools) if sub.raw is None
+                             else self._encoder.encode_raw(sub.raw, room, self._model_config.vocab_size))
+        except PromptRefused as error:
+            return Rejection(400, str(error), param="prompt", code="invalid_value")
+        except Exception as error:  # noqa: BLE001 - any template failure is the messages' fault
+            logger.info("chat template refused a request of tenant %s: %r", sub.tenant, error)
+            return Rejection(400, chat_template_refusal(error), param="messages", code="invalid_value")
+        if encoded.ids is None:
+            return context_rejection(encoded.min_tokens, sampling.max_tokens, self._max_model_len,
+                                     at_least=True, param=source)
+        too_long = context_rejection(len(encoded.ids), sampling.max_tokens, self._max_model_len, param=source)
+        if too_long is not None:
+            return too_long
+        if sampling.max_tokens is None:
+            sampling = replace(sampling, max_tokens=self._max_model_len - len(encoded.ids))
+        adapter = self._adapter_ref(sub.adapter)
+        if isinstance(adapter, Rejection):
+            return adapter
+        return Intake(encoded.ids, sampling, adapter, prepared.family, encoded.text)
+
+    def _adapter_ref(self, spec: AdapterSpec | None) -> AdapterRef | Rejection | None:
+        if spec is None:
+            return None
+        adapter_id = self._adapter_ids.setdefault(spec.path, len(self._adapter_ids) + 1)
+        try:
+            self._adapters.check(adapter_id, spec.path)
+        except (OSError, ValueError) as error:
+            logger.warning("adapter of %s at %s cannot be served: %s", spec.name, spec.path, error)
+            # The reason names the server's folders: it goes to the log above, not to the client.
+            return Rejection(400, f"The model `{spec.name}` cannot be served: its adapter on this server "
+                                  "is missing or does not fit the base model.", param="model",
+                             code="model_not_available")
+        return AdapterRef(adapter_id=adapter_id, name=spec.name, path=spec.path)
