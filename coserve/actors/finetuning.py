@@ -22,18 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coserve.actors.job_failures import JobRefused, failure
 from coserve.actors.job_resume import resume_spec
 from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobRecord, JobStatus
-from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, ValidationFileError, prepare_job
+from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
 from coserve.policies.job_host import JobHost
 from coserve.policies.quotas import TenantLimits, TenantQuota
 from coserve.policies.storage_quota import QUOTA_CODES
-from coserve.policies.training_settings import HyperparameterRequest, LoRASettings, TooFewExamplesError
+from coserve.policies.training_settings import HyperparameterRequest, LoRASettings
 
 logger = logging.getLogger(__name__)
 
@@ -49,27 +50,6 @@ class FineTuningSettings:
     num_layers: int
     max_model_len: int
     stall_after_s: float = DEFAULT_STALL_AFTER_S  # a running job without progress this long gets an event
-
-
-class JobRefused(ValueError):
-    """A job that cannot start for a reason other than its training file's content, with the
-    `error.code` and `error.param` it fails with (e.g. over the tenant's `max_training_tokens_per_job`:
-    `quota_exceeded`; its starting model deleted meanwhile: `model_not_available`, param `model`)."""
-
-    def __init__(self, message: str, code: str, param: str | None) -> None:
-        super().__init__(message)
-        self.code, self.param = code, param
-
-
-def _failure(err: ValueError) -> tuple[str, str | None]:
-    """The `error.code` and `error.param` of a job whose preparation raised `err`."""
-    if isinstance(err, JobRefused):
-        return err.code, err.param
-    if isinstance(err, ValidationFileError):
-        return "invalid_validation_file", "validation_file"
-    if isinstance(err, TooFewExamplesError):
-        return "invalid_n_examples", "training_file"
-    return "invalid_training_file", "training_file"
 
 
 @dataclass(slots=True)
@@ -188,7 +168,7 @@ class JobManager:
         try:
             self._prepared[record.id] = self._prepare(record)
         except ValueError as err:
-            code, param = _failure(err)
+            code, param = failure(err)
             self._fail(record, code, str(err), param=param)
             return
         self._store.events.add(record.id, "Validated the training file")
@@ -250,7 +230,7 @@ class JobManager:
         try:
             prepared = prepared or self._prepare(record, resume=True)
         except ValueError as err:
-            code, param = _failure(err)
+            code, param = failure(err)
             self._fail(record, code, str(err), param=param)
             return []
         prepared.spec = resume_spec(self._store, record, prepared.spec)
