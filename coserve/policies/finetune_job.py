@@ -22,7 +22,6 @@ Pure Python: no torch, no Ray. The job's spec, states and events are in `finetun
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.data_position import DataPosition
@@ -31,42 +30,13 @@ from coserve.policies.finetune_types import (FinetuneJobSpec, JobEvent, JobEvent
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.request import AdapterRef
+from coserve.policies.training_progress import BatchProgress, SequenceProgress
 from coserve.policies.training_plan import (BackwardTasklet, ForwardWindow, JobStart,
                                             OptimizerStep, SaveAdapter, SequenceStart)
 from coserve.policies.vtc import backward_tasklet_tokens
 
 __all__ = ["FinetuneJob", "FinetuneJobSpec", "JobEvent", "JobEventKind", "JobPhase", "JobState",
            "trained_tokens"]
-
-
-@dataclass(slots=True)
-class _Sequence:
-    sequence_id: str
-    example_index: int
-    length: int
-    num_layers: int
-    started: bool = False
-    forward_end: int = 0
-    layer_end: list[int] = field(default_factory=list)  # per layer: tokens [0, end) still to do
-    layer: int = 0  # the layer whose tasklets come next (layer-major: the highest unfinished)
-
-    def reset(self) -> None:
-        self.started, self.forward_end = False, 0
-        self.layer_end = [self.length] * self.num_layers
-        self.layer = self.num_layers - 1
-
-    @property
-    def backward_done(self) -> bool:
-        return self.layer_end[0] == 0
-
-
-@dataclass(slots=True)
-class _Batch:
-    after: DataPosition
-    normalizer: int
-    sequences: list[_Sequence]
-    current: int = 0  # index of the sequence in flight (sequences run one after the other)
-    evaluation: bool = False  # the validation set: forward windows only, no optimizer step
 
 
 class FinetuneJob:
@@ -85,7 +55,7 @@ class FinetuneJob:
         self.position = spec.start_position or DataPosition(seed=spec.seed)
         self._slot: int | None = None
         self._started = False  # JobStart sent
-        self._batch: _Batch | None = None
+        self._batch: BatchProgress | None = None
         self._to_free: list[str] = []  # sequences whose backward completes in the planned step
         self._stop_sent = False
         self._last_planned = -1  # step id of the last plan this job put work into
@@ -130,7 +100,7 @@ class FinetuneJob:
             return JobPhase.BACKWARD
         return JobPhase.FORWARD
 
-    def _current(self) -> _Sequence | None:
+    def _current(self) -> SequenceProgress | None:
         if self._batch is None or self._batch.current >= len(self._batch.sequences):
             return None
         return self._batch.sequences[self._batch.current]
@@ -253,31 +223,31 @@ class FinetuneJob:
         indices, after = self.position.next_batch(len(spec.examples), spec.batch_size)
         sequences = []
         for k, index in enumerate(indices):
-            seq = _Sequence(f"{spec.job_id}/s{after.step}.{k}", index,
+            seq = SequenceProgress(f"{spec.job_id}/s{after.step}.{k}", index,
                             len(spec.examples[index].token_ids), spec.num_layers)
             seq.reset()
             sequences.append(seq)
         normalizer = sum(trained_tokens(spec.examples[i]) for i in indices)
-        self._batch = _Batch(after=after, normalizer=normalizer, sequences=sequences)
+        self._batch = BatchProgress(after=after, normalizer=normalizer, sequences=sequences)
         return True
 
-    def _evaluation_batch(self) -> _Batch:
+    def _evaluation_batch(self) -> BatchProgress:
         examples = self.spec.validation_examples
         sequences = []
         for k, example in enumerate(examples):
-            seq = _Sequence(f"{self.job_id}/v{self.position.step}.{k}", k, len(example.token_ids),
+            seq = SequenceProgress(f"{self.job_id}/v{self.position.step}.{k}", k, len(example.token_ids),
                             self.spec.num_layers)
             seq.reset()
             sequences.append(seq)
         normalizer = max(1, sum(trained_tokens(e) for e in examples))
-        return _Batch(after=self.position, normalizer=normalizer, sequences=sequences, evaluation=True)
+        return BatchProgress(after=self.position, normalizer=normalizer, sequences=sequences, evaluation=True)
 
     def _finish(self, plan: IterationPlan) -> None:
         path = f"{self.spec.output_dir}/final"
         plan.training.saves.append(SaveAdapter(self.job_id, path, self.position.step, final=True))
         self.state = JobState.FINISHING
 
-    def _schedule_forward(self, plan: IterationPlan, seq: _Sequence, budget: int) -> float:
+    def _schedule_forward(self, plan: IterationPlan, seq: SequenceProgress, budget: int) -> float:
         count = min(budget, self.spec.max_window_tokens, seq.length - seq.forward_end)
         if count < 1:
             return 0.0
@@ -300,7 +270,7 @@ class FinetuneJob:
         seq.forward_end += count
         return float(count)
 
-    def _schedule_backward(self, plan: IterationPlan, seq: _Sequence, budget: int) -> float:
+    def _schedule_backward(self, plan: IterationPlan, seq: SequenceProgress, budget: int) -> float:
         """Layer-major tasklets (last layer first, last tokens first) within `budget` token-layers."""
         charged = 0.0
         while not seq.backward_done:
