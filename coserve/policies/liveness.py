@@ -37,11 +37,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from coserve.contract.plan import IterationPlan
+from coserve.contract.training_plan import TrainingWork
 from coserve.policies.finetune_job import JobPhase
 from coserve.policies.job_roster import Allowance, TrainingJob
 from coserve.policies.latency import LatencyModel, PlanFeatures
-from coserve.policies.plan import IterationPlan
-from coserve.policies.training_plan import TrainingWork
 
 NO_MEMORY = "held back: no free KV block or adapter slot for its next piece (inference holds them)"
 # A grown floor piece may add at most this many times the predicted time of its iteration's inference.

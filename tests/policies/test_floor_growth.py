@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.latency import LatencyModel, plan_features
 from coserve.policies.liveness import GROWN_PIECE_COST
-from coserve.policies.plan import IterationPlan
+from coserve.contract.plan import IterationPlan
 
 FLOOR = 16  # CoServingConfig.finetune_floor_tokens' default
 
