@@ -250,37 +250,44 @@ class _Harness:
         return (features, step.result.timings.total_s), bool(plan.training.optimizer_steps)
 
 
-def iterate_samples(engine: Engine, adapter_dirs: list[str],
-                    settings: SweepSettings) -> Iterator[tuple[Sample, bool]]:
-    """Measured (features, seconds) of every scenario after the warm-up, and the optimizer flag."""
+def scenario_runs(engine: Engine, adapter_dirs: list[str],
+                  settings: SweepSettings) -> list[list[tuple[Sample, bool]]]:
+    """Every measured run of every scenario after the warm-up: `repeats` (features, seconds) runs per
+    scenario with the optimizer flag, in pass order (their spread is the machine's noise)."""
     harness = _Harness(engine, adapter_dirs, settings)
     scenarios = design(settings, len(adapter_dirs), engine.layout.max_model_len)
     for scenario in scenarios[:settings.warmup]:
         harness.measure(scenario)
     measured = scenarios[settings.warmup:]
-    best: list[tuple[Sample, bool] | None] = [None] * len(measured)
+    runs: list[list[tuple[Sample, bool]]] = [[] for _ in measured]
     # Whole passes over the sweep rather than back-to-back repeats: a burst of load from another
     # process lasts seconds, so it rarely hits the same scenario in every pass.
     for _ in range(settings.repeats):
         for i, scenario in enumerate(measured):
-            run = harness.measure(scenario)
-            current = best[i]
-            if current is None or run[0][1] < current[0][1]:
-                best[i] = run
-    for run in best:
-        assert run is not None
-        yield run
+            runs[i].append(harness.measure(scenario))
+    return runs
+
+
+def iterate_samples(engine: Engine, adapter_dirs: list[str],
+                    settings: SweepSettings) -> Iterator[tuple[Sample, bool]]:
+    """Measured (features, seconds) of every scenario after the warm-up, its fastest run, and the
+    optimizer flag."""
+    for runs in scenario_runs(engine, adapter_dirs, settings):
+        yield min(runs, key=lambda run: run[0][1])
 
 
 def profile(engine: Engine, fingerprint: ModelFingerprint, adapter_dirs: list[str],
             settings: SweepSettings) -> ProfileReport:
     """Run the sweep, fit on a random part of it, evaluate on the rest."""
-    kept, skipped = [], 0
-    for sample, had_optimizer_step in iterate_samples(engine, adapter_dirs, settings):
-        if had_optimizer_step:
-            skipped += 1
-        else:
-            kept.append(sample)
+    return fit_report(list(iterate_samples(engine, adapter_dirs, settings)), fingerprint, settings)
+
+
+def fit_report(runs: list[tuple[Sample, bool]], fingerprint: ModelFingerprint,
+               settings: SweepSettings) -> ProfileReport:
+    """Fit on a random (seeded) part of the measured iterations, evaluate on the rest; iterations with
+    an optimizer step are left out (module docstring)."""
+    kept = [sample for sample, had_optimizer_step in runs if not had_optimizer_step]
+    skipped = len(runs) - len(kept)
     random.Random(settings.seed + 2).shuffle(kept)
     n_heldout = max(1, round(len(kept) * settings.heldout_fraction))
     heldout, train = kept[:n_heldout], kept[n_heldout:]
