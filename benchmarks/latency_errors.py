@@ -13,6 +13,16 @@ the one `coserve profile` prints) but keeps every run of every scenario, then re
 - **residuals against each feature** (Spearman rank correlation of the signed relative error with the
   feature): a misfit the features' linear costs cannot express shows as a correlation.
 
+Fine-tuning's attention is not a feature: a forward window of n tokens at position p computes
+n * p + n (n + 1) / 2 (query, key) pairs, and a backward tasklet recomputes as many per layer. The
+script records those pairs per iteration (`ft_attention_pairs`) and reports the residuals' correlation
+with them and the cross-validated MAPE of a least-squares fit with and without them as a column.
+
+`--clock cpu` (a diagnostic, with OMP_NUM_THREADS=1 so that all of an iteration's compute runs on the
+thread that steps the engine) times each iteration by that thread's CPU time instead of the wall clock:
+on a shared machine this removes the time the thread waited for a core, so what error is left is the
+model's misfit (and the CPU's own variation), not the neighbours' load.
+
 usage: .venv/bin/python benchmarks/latency_errors.py --model DIR [--iterations 120] [--repeats 2]
        [--json OUT]   (other options as `coserve profile`)
 """
@@ -73,7 +83,8 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return statistics.correlation(rx, ry)
 
 
-def analyse(runs: list[list[tuple[tuple[Any, float], bool]]], fingerprint: Any, settings: Any) -> dict[str, Any]:
+def analyse(runs: list[list[tuple[tuple[Any, float], bool]]], fingerprint: Any, settings: Any,
+            pairs_by_time: dict[float, int]) -> dict[str, Any]:
     from coserve.platform.profiler import fit_report
     from coserve.policies.latency_features import FEATURE_NAMES
 
@@ -103,16 +114,72 @@ def analyse(runs: list[list[tuple[tuple[Any, float], bool]]], fingerprint: Any, 
     vectors = [f.vector() for f, _ in samples]
     correlation = {name: spearman([v[j] for v in vectors], rel) for j, name in enumerate(FEATURE_NAMES)
                    if len({v[j] for v in vectors}) > 1}
+    pairs = [float(pairs_by_time.get(t, 0)) for _, t in samples]
+    correlation["ft_attention_pairs (not a feature)"] = spearman(pairs, rel)
+    base_rows = [[1.0, *v] for v in vectors]
+    times = [t for _, t in samples]
+    with_pairs = {"features only": relative_ls_cv(base_rows, times, 5, settings.seed + 3),
+                  "features + ft_attention_pairs": relative_ls_cv([r + [p] for r, p in zip(base_rows, pairs)],
+                                                                  times, 5, settings.seed + 3)}
     all_spreads = [x for xs in noise.values() for x in xs]
     return {
         "heldout_mape_percent": report.heldout_mape, "fit_mape_percent": report.train_mape,
         "cv_mape_percent": 100 * statistics.fmean(abs(x) for x in rel),
         "repeat_spread_percent_median": 100 * statistics.median(all_spreads) if all_spreads else None,
         "by_kind": by_kind, "residual_rank_correlation": correlation,
+        "least_squares_cv_mape_percent": with_pairs,
         "coefficients": report.model.coefficients,
         "samples": [{"features": dict(zip(FEATURE_NAMES, f.vector())), "seconds": t, "kind": kind(f),
-                     "cv_predicted": p} for (f, t), p in zip(samples, predicted)],
+                     "cv_predicted": p, "ft_attention_pairs": q} for (f, t), p, q in zip(samples, predicted, pairs)],
     }
+
+
+def ft_attention_pairs(plan: Any) -> int:
+    """(query, key) pairs of the plan's fine-tuning attention: forward windows, and backward tasklets
+    once per layer they recompute."""
+    def pairs(start: int, n: int) -> int:
+        return n * start + n * (n + 1) // 2
+    training = plan.training
+    return (sum(pairs(w.start, w.num_tokens) for w in training.forward_windows)
+            + sum(pairs(t.start, t.end - t.start) * (t.layer_end - t.layer_start) for t in training.backward_tasklets))
+
+
+def instrument(engine: Any, cpu_clock: bool) -> dict[float, int]:
+    """Wrap `engine.step`: record each iteration's fine-tuning attention pairs under its measured time
+    (the key the sweep's samples carry), and with `cpu_clock` report the stepping thread's CPU time
+    as the iteration's total time."""
+    step, pairs_by_time = engine.step, {}
+
+    def timed(plan: Any) -> Any:
+        start = time.thread_time()
+        result = step(plan)
+        if cpu_clock:
+            result.timings.total_s = time.thread_time() - start
+        pairs_by_time[result.timings.total_s] = ft_attention_pairs(plan)
+        return result
+
+    engine.step = timed
+    return pairs_by_time
+
+
+def relative_ls_cv(rows: list[list[float]], times: list[float], folds: int, seed: int) -> float:
+    """Cross-validated MAPE (percent) of a plain least-squares fit on relative error (no sign
+    constraint): the comparison of two feature sets, not the production fit."""
+    import numpy as np
+
+    x, y = np.array(rows, dtype=float), np.array(times, dtype=float)
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    order = list(range(len(y)))
+    random.Random(seed).shuffle(order)
+    errors = np.zeros(len(y))
+    for k in range(folds):
+        test = np.array(order[k::folds])
+        train = np.setdiff1d(np.arange(len(y)), test)
+        a = x[train] / scale / y[train, None]
+        theta = np.linalg.lstsq(a, np.ones(len(train)), rcond=None)[0] / scale
+        errors[test] = np.abs(x[test] @ theta - y[test]) / y[test]
+    return float(100 * errors.mean())
 
 
 def main() -> int:
@@ -125,6 +192,9 @@ def main() -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time iterations by the wall clock (as the server does) or by the stepping "
+                             "thread's CPU time (a diagnostic; use OMP_NUM_THREADS=1)")
     args = parser.parse_args()
     from coserve.platform.engine import Engine, EngineConfig
     from coserve.platform.profiler import SweepSettings, scenario_runs
@@ -139,13 +209,15 @@ def main() -> int:
     config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
     fingerprint = ModelFingerprint(model_id_from_config(config), machine_id("cpu"),
                                    str(engine.dtype).removeprefix("torch."))
+    pairs_by_time = instrument(engine, args.clock == "cpu")
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         adapters = [str(create_random_adapter(args.model, Path(tmp) / f"a{i}", seed=i, r=8, lora_alpha=16,
                                               target_modules=["q_proj", "v_proj"])) for i in range(args.adapters)]
         runs = scenario_runs(engine, adapters, settings)
-    result = analyse(runs, fingerprint, settings)
+    result = analyse(runs, fingerprint, settings, pairs_by_time)
     result["sweep_seconds"] = time.monotonic() - start
+    result["clock"] = args.clock
     print(f"held-out MAPE {result['heldout_mape_percent']:.1f}% (fit {result['fit_mape_percent']:.1f}%), "
           f"5-fold CV MAPE {result['cv_mape_percent']:.1f}%, repeat spread median "
           f"{result['repeat_spread_percent_median']:.1f}%; sweep {result['sweep_seconds']:.0f} s")
@@ -156,6 +228,8 @@ def main() -> int:
               f"{row['bias_percent']:>+6.1f}% {spread:>7}")
     print("residual rank correlation:", ", ".join(f"{k} {v:+.2f}" for k, v in
                                                   result["residual_rank_correlation"].items()))
+    print("least-squares CV MAPE:", ", ".join(f"{k} {v:.1f}%" for k, v in
+                                              result["least_squares_cv_mape_percent"].items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
