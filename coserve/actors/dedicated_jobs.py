@@ -3,9 +3,10 @@ Ray Train instead of the shared engines.
 
 `route_job` decides once, when a job's file is tokenized, whether it runs dedicated (it asked, or it is
 over the operator's threshold: `coserve.policies.dedicated.route`) and keeps the decision in the job row.
-`DedicatedJobs` starts each such job's `DedicatedRun` actor (named after the job, so a job manager
-rebuilt after an engine restart finds the run still going and adopts it), relays cancel, pause and
-resume as commands, and `poll`s the runs (on the job loop's worker thread): the runs' `JobEvent`s are
+`DedicatedJobs` launches each such job's `DedicatedRun` actor once the cluster has its workers free
+(until then the job waits, with an event saying for what), names it after the job (a job manager rebuilt
+after an engine restart finds the run still going and adopts it), relays cancel, pause and resume as
+commands, and `poll`s the runs (on the job loop's worker thread): the runs' `JobEvent`s are
 the co-served jobs' (steps, checkpoints, validation, success, failure, cancellation), so the job manager
 records both kinds with the same handlers; the runs' notes (workers started, a worker failed) go to the
 job's events as they are. A run whose actor died is reported `lost`: the job manager forgets it and
@@ -24,12 +25,13 @@ from coserve.actors.job_failures import JobRefused
 from coserve.actors.store import JobRecord, MetadataStore
 from coserve.dedicated.contract import Command, RunSpec
 from coserve.policies.dedicated import (TRAINING_KEY, DedicatedSettings, Route, TrainingMode, TrainingRequest,
-                                        capacity_text, route)
+                                        capacity, route)
 from coserve.policies.finetune_types import FinetuneJobSpec, JobEvent, JobEventKind
 
 logger = logging.getLogger(__name__)
 
 RUN_NAMESPACE = "coserve"
+PLACEMENT_GROUP_KEY = "ray_placement_group"  # the job row's extension: its latest run's placement group
 POLL_TIMEOUT_S = 10.0
 
 
@@ -67,7 +69,9 @@ class DedicatedJob:
     `trained_tokens`, `runnable`, `last_planned_step`)."""
 
     spec: FinetuneJobSpec
-    handle: Any  # the DedicatedRun actor
+    tenant: str
+    run: RunSpec | None  # to launch once the cluster has its workers free (None: launched or adopted)
+    handle: Any  # the DedicatedRun actor (None until launched)
     workers: int
     trained_tokens: int
     started: bool = False  # the workers are up
@@ -75,7 +79,8 @@ class DedicatedJob:
     ended: bool = False
     progress: int = 0  # moves with every report: the watchdog's marker
     last_step: int = 0
-    waiting: str = ""  # why the workers are not up yet (for the watchdog)
+    waiting: str = ""  # why the run is not launched or its workers not up yet (for the watchdog)
+    placement_group: str | None = None  # the run's Ray placement group (hex id), once its workers are up
     checkpoints: set[int] = field(default_factory=set)  # steps whose checkpoint was reported
 
     @property
@@ -92,7 +97,7 @@ class DedicatedJob:
 
     def held_back(self) -> str:
         if not self.started:
-            return self.waiting or f"waiting for Ray Train to start {self.workers} worker(s)"
+            return self.waiting or f"Ray Train is starting {self.workers} worker(s)"
         return f"its Ray Train run ({self.workers} workers) is on step {self.last_step + 1}/{self.total_steps}"
 
     def keep(self, event: JobEvent) -> bool:
@@ -109,6 +114,12 @@ class DedicatedJob:
 
 class DedicatedJobs:
     """The dedicated runs of one job manager.
+
+    A run is launched only when the cluster has its workers free (first come, first served): until then
+    the job waits with an event saying for what, and cancelling it ends nothing on Ray. A launched run's
+    placement group is kept in the job row (`PLACEMENT_GROUP_KEY`): a run whose driver died (the scheduler
+    restarted, or the run's actor was lost) leaves its placement group behind on a cluster without Ray's
+    state API (Ray Train's own cleaner needs it), so the job's next run removes it first.
 
     Args:
         settings: the server's dedicated settings (workers, GPU or CPU, dtype, retries).
@@ -131,40 +142,37 @@ class DedicatedJobs:
     # ------------------------------------------------------------------------- control (event loop)
 
     def start(self, record: JobRecord, spec: FinetuneJobSpec) -> DedicatedJob:
-        """Start the job's run (or adopt the one still running under its name); returns the job."""
+        """Queue the job's run (launched by `poll` when its workers are free), or adopt the run still
+        going under its name (a job manager rebuilt after an engine restart); returns the job."""
         import ray
-
-        from coserve.dedicated.run import launch
 
         workers = TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY)).workers \
             or self._settings.default_workers
-        name = f"coserve-dedicated-{record.id}"
+        name, handle, run = _run_name(record.id), None, None
         try:
-            handle, adopted = ray.get_actor(name, namespace=self._namespace), True
-        except ValueError:  # no such actor: start a run
+            handle = ray.get_actor(name, namespace=self._namespace)
+        except ValueError:  # no such actor: a run to launch, after what a dead one left behind
+            _remove_placement_group(record.extensions.get(PLACEMENT_GROUP_KEY))
             storage = self._data_dir / "adapters" / record.id
             run = RunSpec(spec, self._model, self._settings.dtype, str(storage), _next_run_name(storage),
                           workers, self._settings.use_gpu, self._settings.max_failures)
-            handle, adopted = launch(run, name, self._namespace), False
-        job = DedicatedJob(spec, handle, workers, max(spec.start_trained_tokens, record.trained_tokens or 0))
+        job = DedicatedJob(spec, record.tenant, run, handle, workers,
+                           max(spec.start_trained_tokens, record.trained_tokens or 0))
         self._jobs[record.id] = job
         self._store.events.add(record.id, "Still training on Ray Train (the engine's restart did not stop it)"
-                               if adopted else f"Training on Ray Train: a TorchTrainer of {workers} worker(s) "
-                               f"of {self._settings.per_worker()}, outside the shared engines")
+                               if handle is not None else f"Training on Ray Train: a TorchTrainer of {workers} "
+                               f"worker(s) of {self._settings.per_worker()}, outside the shared engines")
         return job
 
     def remove_job(self, job_id: str) -> bool:
-        """Cancel: the run stops at its next step boundary; one whose workers are not up yet is ended
-        now. The cancellation event follows."""
-        import ray
-
+        """Cancel: a queued run is dropped now; a launched one stops at its next step boundary (its workers
+        end cleanly, giving their resources back). The cancellation event follows."""
         job = self._jobs.get(job_id)
         if job is None or job.ended:
             return False
-        if job.started:
+        if job.handle is not None:
             job.handle.command.remote(int(Command.STOP))
             return True
-        ray.kill(job.handle)
         job.ended = True
         self._jobs.pop(job_id)
         with self._lock:
@@ -184,7 +192,8 @@ class DedicatedJobs:
         if job is None or job.ended:
             return False
         job.paused = paused
-        job.handle.command.remote(int(command))
+        if job.handle is not None:
+            job.handle.command.remote(int(command))
         return True
 
     def pop_job_events(self) -> list[JobEvent]:
@@ -205,33 +214,58 @@ class DedicatedJobs:
     # ------------------------------------------------------------------------- polling (any thread)
 
     def poll(self) -> None:
-        """Collect every run's events and notes (a worker thread: it waits on the actors)."""
+        """Launch the queued runs whose workers are free, then collect every run's events and notes (a
+        worker thread: it waits on Ray)."""
         import ray
 
-        waiting = [job for job in self._jobs.values() if not job.started]
-        free = ray.available_resources() if waiting else {}
-        total = ray.cluster_resources() if waiting else {}
+        self._launch_queued()
         for job_id, job in list(self._jobs.items()):
+            if job.handle is None:
+                continue
             try:
                 update, trained = ray.get(job.handle.poll.remote(), timeout=POLL_TIMEOUT_S)
             except ray.exceptions.GetTimeoutError:
                 continue  # busy; the next poll asks again
             except ray.exceptions.RayActorError as err:
                 self._jobs.pop(job_id, None)
+                _remove_placement_group(job.placement_group)
                 with self._lock:
                     self._lost.append((job_id, str(err).splitlines()[0][:300]))
                 continue
-            self._absorb(job_id, job, update, trained, free, total)
+            self._absorb(job_id, job, update, trained)
 
-    def _absorb(self, job_id: str, job: DedicatedJob, update: Any, trained: int,
-                free: dict[str, float], total: dict[str, float]) -> None:
+    def _launch_queued(self) -> None:
+        """First come, first served: launch queued runs while the cluster has their workers free."""
+        import ray
+
+        from coserve.dedicated.run import launch
+
+        queued = [(job_id, job) for job_id, job in self._jobs.items() if job.run is not None and not job.paused]
+        if not queued:
+            return
+        free, total = ray.available_resources(), ray.cluster_resources()
+        per_worker = self._settings.per_worker()
+        for job_id, job in queued:
+            if capacity(free, per_worker) < job.workers:
+                now_free = {k: free.get(k, 0.0) for k in per_worker}
+                why = (f"waiting for {job.workers} free worker(s) of {per_worker}: the cluster has "
+                       f"{ {k: total.get(k, 0.0) for k in per_worker} }, {now_free} of it free (other work "
+                       f"holds the rest)")
+                if not job.waiting:
+                    self._store.events.add(job_id, why[0].upper() + why[1:])
+                job.waiting = why
+                return  # the runs behind it wait too: no overtaking
+            job.handle, job.run, job.waiting = launch(job.run, _run_name(job_id), self._namespace), None, ""
+            free = {k: v - per_worker.get(k, 0.0) * job.workers for k, v in free.items()}
+
+    def _absorb(self, job_id: str, job: DedicatedJob, update: Any, trained: int) -> None:
         import ray
 
         job.trained_tokens = max(job.trained_tokens, trained)
         job.started = job.started or bool(update.workers)
-        if not job.started:
-            job.waiting = (f"waiting for Ray Train to place {capacity_text(total, self._settings.per_worker(), job.workers)}"
-                           f", of which {({k: free.get(k, 0.0) for k in self._settings.per_worker()})} are free")
+        if update.placement_group and update.placement_group != job.placement_group:
+            job.placement_group = update.placement_group
+            self._keep_placement_group(job_id, job)
         for note in update.notes:
             self._store.events.add(job_id, note)
         kept = [e for e in update.events if job.keep(e)]
@@ -242,7 +276,31 @@ class DedicatedJobs:
         if update.done:
             job.ended = True
             self._jobs.pop(job_id, None)
-            ray.kill(job.handle)  # its name frees for a later run of the job
+            ray.kill(job.handle)  # its workers are gone (fit returned); its name frees for a later run
+
+    def _keep_placement_group(self, job_id: str, job: DedicatedJob) -> None:
+        record = self._store.jobs.get(job.tenant, job_id)
+        if record is not None and not record.status.is_terminal:
+            self._store.jobs.update(job_id, extensions={**record.extensions,
+                                                        PLACEMENT_GROUP_KEY: job.placement_group})
+
+
+def _run_name(job_id: str) -> str:
+    return f"coserve-dedicated-{job_id}"
+
+
+def _remove_placement_group(hex_id: str | None) -> None:
+    """Remove a dead run's placement group if Ray still has it (its workers died with the run's driver,
+    the resources they reserved did not)."""
+    if not hex_id:
+        return
+    import ray
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    group = PlacementGroup(ray.PlacementGroupID.from_hex(hex_id))
+    if placement_group_table(group).get("state") not in (None, "REMOVED"):
+        remove_placement_group(group)
+        logger.info("removed the placement group %s a dedicated run left behind", hex_id)
 
 
 def _next_run_name(storage: Path) -> str:

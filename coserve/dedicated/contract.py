@@ -57,10 +57,12 @@ class RunUpdate:
     `events` are the job's `JobEvent`s (steps, checkpoints, validation, success, failure, cancellation,
     in order); `notes` are messages for the job's event log (workers started, a worker failed and Ray
     Train restarts the group); `workers` the workers of the current attempt (empty until they start);
-    `done` the run has ended (its last event is among `events`).
+    `placement_group` the Ray placement group (hex id) holding the workers' resources; `done` the run
+    has ended (its last event is among `events`).
     """
 
     events: list[JobEvent] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     workers: list[WorkerInfo] = field(default_factory=list)
+    placement_group: str | None = None
     done: bool = False

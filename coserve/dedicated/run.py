@@ -38,6 +38,7 @@ class DedicatedRun:
         self._lock = threading.Lock()
         self._update = RunUpdate()
         self._workers: list[WorkerInfo] = []
+        self._placement_group: str | None = None
         self._command = Command.RUN
         self._trained_tokens = 0
         self._ended = False  # a terminal event was reported
@@ -102,10 +103,10 @@ class DedicatedRun:
                 self._trained_tokens = max(self._trained_tokens, trained_tokens)
             return int(self._command)
 
-    def started(self, workers: list[WorkerInfo], note: str) -> None:
-        """The workers of an attempt are up (after a failure, their replacements)."""
+    def started(self, workers: list[WorkerInfo], note: str, placement_group: str | None = None) -> None:
+        """The workers of an attempt are up (after a failure, their replacements), in `placement_group`."""
         with self._lock:
-            self._workers = list(workers)
+            self._workers, self._placement_group = list(workers), placement_group
             self._update.notes.append(note)
 
     def note(self, message: str) -> None:
@@ -118,7 +119,7 @@ class DedicatedRun:
         """What happened since the last poll, and the job's trained tokens so far."""
         with self._lock:
             update, self._update = self._update, RunUpdate(done=self._update.done)
-            update.workers = list(self._workers)
+            update.workers, update.placement_group = list(self._workers), self._placement_group
             return update, self._trained_tokens
 
     def command(self, command: int) -> None:

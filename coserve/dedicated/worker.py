@@ -142,7 +142,8 @@ def _announce(worker: _Worker, world: int, restored: bool) -> None:
              else "from the start")
     note = (f"Ray Train started {world} worker(s) ({dist.get_backend()}) {where}: "
             + ", ".join(f"rank {w.rank} pid {w.pid} on {w.host}" for w in everyone))
-    ray.get(worker.control.started.remote(everyone, note))
+    group = ray.util.get_current_placement_group()
+    ray.get(worker.control.started.remote(everyone, note, None if group is None else group.id.hex()))
 
 
 def _agree(worker: _Worker) -> Command:

@@ -254,12 +254,23 @@ def test_dedicated_job_trains_on_ray_train_and_its_model_answers(ray_server: Ray
         reply = oa.chat.completions.create(model=model, messages=[{"role": "user", "content": "Code for 3?"}],
                                            max_tokens=8, temperature=0)
         assert reply.model == model and reply.choices[0].message.content
-    # The run's Ray actor is gone once the job ended; the checkpoints stay in the job's folder.
-    deadline = time.monotonic() + 30
+    assert (ray_server.data_dir / "adapters" / job.id / "run-1" / "ckpt-step-3" / "optimizer.pt").is_file()
+
+    # Cancelled while its workers train: they stop at the next step boundary and the job says so.
+    long = oa.fine_tuning.jobs.create(model=ray_server.base, training_file=file_id,
+                                      hyperparameters={"n_epochs": 50, "batch_size": 1},
+                                      extra_body={"training": {"mode": "dedicated"}})  # the default: 2
+    poll_job(oa, long.id, lambda j: j.status in ("failed", "succeeded") or any(
+        e.type == "metrics" for e in oa.fine_tuning.jobs.list_events(j.id, limit=100).data), timeout=300, interval=0.5)
+    assert oa.fine_tuning.jobs.cancel(long.id).status == "cancelled"
+    deadline = time.monotonic() + 120
+    while "Fine-tuning job cancelled" not in [e.message for e in oa.fine_tuning.jobs.list_events(long.id).data]:
+        assert time.monotonic() < deadline, [e.message for e in oa.fine_tuning.jobs.list_events(long.id).data]
+        time.sleep(0.5)
+    # The runs' Ray actors are gone once their jobs ended (their workers with them).
     while any(a["name"].startswith("coserve-dedicated-") for a in ray_list_named_actors()):
         assert time.monotonic() < deadline, ray_list_named_actors()
         time.sleep(0.5)
-    assert (ray_server.data_dir / "adapters" / job.id / "run-1" / "ckpt-step-3" / "optimizer.pt").is_file()
 
 
 def ray_list_named_actors() -> list[dict[str, str]]:

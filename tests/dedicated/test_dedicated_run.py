@@ -1,5 +1,5 @@
-"""A dedicated fine-tuning run on real Ray Train: 2 CPU workers (gloo), one cluster for the module (starting
-Ray costs ~10 s here). The run trains what the co-served trainer trains (the single-process `LLM.fine_tune`
+"""A dedicated fine-tuning run on real Ray Train: 2 CPU workers (gloo), on the package's one cluster
+(`conftest.ray_cluster`). The run trains what the co-served trainer trains (the single-process `LLM.fine_tune`
 is the reference, fp32, same seed), checkpoints through Ray Train into the job's folder, and comes back
 from a killed worker through Ray Train's FailureConfig."""
 
@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +36,6 @@ VALIDATION = [{"messages": [{"role": "user", "content": "What is 20 plus 20?"},
 LOSS_RTOL = 1e-5
 WEIGHT_ATOL = 3e-5
 SEED = 3
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
