@@ -23,7 +23,7 @@ from typing import Any
 
 from coserve.actors.job_failures import JobRefused
 from coserve.actors.store import JobRecord, MetadataStore
-from coserve.dedicated.contract import Command, RunSpec
+from coserve.contract.dedicated_run import Command, RunSpec
 from coserve.policies.dedicated import (TRAINING_KEY, DedicatedSettings, Route, TrainingMode, TrainingRequest,
                                         capacity, route)
 from coserve.policies.finetune_types import FinetuneJobSpec, JobEvent, JobEventKind

@@ -20,7 +20,7 @@ from typing import Any
 
 from ray.train import UserCallback
 
-from coserve.dedicated.contract import Command, RunSpec, RunUpdate, WorkerInfo
+from coserve.contract.dedicated_run import Command, RunSpec, RunUpdate, WorkerInfo
 from coserve.policies.finetune_types import JobEvent, JobEventKind
 
 _TERMINAL = (JobEventKind.SUCCEEDED, JobEventKind.FAILED, JobEventKind.CANCELLED)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coserve.contract.dedicated_run import Command, RunSpec, WorkerInfo
 from coserve.policies.data_position import DataPosition
-from coserve.dedicated.contract import Command, RunSpec, WorkerInfo
 from coserve.policies.finetune_types import JobEvent, JobEventKind
 
 PAUSE_POLL_S = 1.0  # how often a paused run asks whether it may go on

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from coserve.policies.training_settings import SettingsError
+from coserve.contract.training_settings import SettingsError
 
 TRAINING_KEY = "training"  # the job row's extension holding {"mode": ..., "workers": ...}
 DEFAULT_WORKERS = 2

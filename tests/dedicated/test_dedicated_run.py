@@ -17,12 +17,13 @@ import torch
 from safetensors.torch import load_file
 
 from coserve import LLM
-from coserve.dedicated.contract import Command, RunSpec, RunUpdate
+from coserve.contract.dedicated_run import Command, RunSpec, RunUpdate
+from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.dedicated.run import launch
-from coserve.finetune import FineTuneResult, prepare_job
+from coserve.frontend.job_prep import prepare_job
+from coserve.offline.finetune import FineTuneResult
 from coserve.platform.trainer.checkpoint import read_trainer_state
 from coserve.policies.finetune_types import JobEvent, JobEventKind
-from coserve.policies.training_settings import HyperparameterRequest, LoRASettings
 
 EXAMPLES = [{"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
                           {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(14)]

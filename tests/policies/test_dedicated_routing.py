@@ -7,7 +7,7 @@ import pytest
 
 from coserve.policies.dedicated import (DedicatedSettings, TrainingMode, TrainingRequest, capacity,
                                         capacity_text, route)
-from coserve.policies.training_settings import SettingsError
+from coserve.contract.training_settings import SettingsError
 
 
 @pytest.mark.parametrize(("raw", "param"), [

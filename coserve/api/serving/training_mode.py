@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.fine_tuning import TrainingParams
+from coserve.contract.training_settings import SettingsError
 from coserve.policies.dedicated import TrainingMode, TrainingRequest
-from coserve.policies.training_settings import SettingsError
 
 
 class DedicatedCapacity(Protocol):

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 from coserve.platform.config import ModelConfig
 from coserve.platform.trainer.checkpoint import load_checkpoint
 from coserve.platform.trainer.lora_params import TrainableLoRA
 from coserve.platform.trainer.optimizer import LoRAOptimizer
-from coserve.policies.training_settings import LoRASettings, OptimizerSettings
 
 
 def build_trainable(cfg: ModelConfig, device: torch.device | str, lora: LoRASettings,
