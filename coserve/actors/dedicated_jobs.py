@@ -40,16 +40,16 @@ def is_dedicated(record: JobRecord) -> bool:
     return TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY)).mode == TrainingMode.DEDICATED
 
 
-def route_job(store: MetadataStore, record: JobRecord, trained_tokens: int,
-              settings: DedicatedSettings | None) -> Route:
-    """Decide how a newly tokenized job trains, keep it in the row (and say it in an event when the
-    operator's threshold chose it).
+def route_job(store: MetadataStore, record: JobRecord, trained_tokens: int, settings: DedicatedSettings | None,
+              decide: bool = True) -> Route:
+    """How a tokenized job trains: decided when its file is first tokenized (`decide`) and kept in the row
+    (with an event when the operator's threshold chose it); read back from the row on a resume.
 
     Raises:
         JobRefused: the job runs dedicated but this server has no Ray (`dedicated_training_unavailable`).
     """
     request = TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY))
-    decision = route(request, trained_tokens, settings)
+    decision = route(request, trained_tokens, settings if decide else None)
     if decision.dedicated and settings is None:
         raise JobRefused("the job asks for a dedicated Ray Train run, and this server runs without Ray "
                          "(--local)", "dedicated_training_unavailable", "training.mode")
@@ -134,7 +134,7 @@ class DedicatedJobs:
         self._jobs: dict[str, DedicatedJob] = {}
         self._lock = threading.Lock()  # `_events` and `_lost`: filled by `poll` on a worker thread
         self._events: list[JobEvent] = []
-        self._lost: list[tuple[str, str]] = []
+        self._lost: list[str] = []
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._jobs
@@ -201,8 +201,9 @@ class DedicatedJobs:
             events, self._events = self._events, []
         return events
 
-    def pop_lost(self) -> list[tuple[str, str]]:
-        """(job id, why) of the runs whose actor died since the last call."""
+    def pop_lost(self) -> list[str]:
+        """The jobs whose run's actor died since the last call (their event says so): the job manager
+        forgets them, and its next reconcile starts them again from their last checkpoint."""
         with self._lock:
             lost, self._lost = self._lost, []
         return lost
@@ -229,8 +230,10 @@ class DedicatedJobs:
             except ray.exceptions.RayActorError as err:
                 self._jobs.pop(job_id, None)
                 _remove_placement_group(job.placement_group)
+                self._store.events.add(job_id, f"The Ray Train run stopped ({str(err).splitlines()[0][:300]}); "
+                                               f"the job resumes from its last checkpoint")
                 with self._lock:
-                    self._lost.append((job_id, str(err).splitlines()[0][:300]))
+                    self._lost.append(job_id)
                 continue
             self._absorb(job_id, job, update, trained)
 

@@ -213,11 +213,8 @@ class JobManager:
             lora=LoRASettings.from_dict(record.extensions.get("lora") or {}), seed=record.seed,
             base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
             validation=validation)
-        if not resume:  # dedicated or co-served, decided once and kept in the row
-            route_job(self._store, record, prepared.hyperparameters.total_trained_tokens, self._settings.dedicated)
-        if self._dedicated is None and is_dedicated(record):
-            raise JobRefused("the job trains on Ray Train (dedicated), and this server runs without Ray "
-                             "(--local)", "dedicated_training_unavailable", "training.mode")
+        route_job(self._store, record, prepared.hyperparameters.total_trained_tokens, self._settings.dedicated,
+                  decide=not resume)  # decided once, kept in the row; JobRefused when it needs Ray
         quota = TenantQuota(self._limits.get(record.tenant, TenantLimits()))
         # The concurrency part of the quota was checked when the job was created.
         refusal = quota.admit_job(0, prepared.hyperparameters.total_trained_tokens)
@@ -288,7 +285,8 @@ class JobManager:
                 self.apply(intents)
                 if self._dedicated is not None:
                     await asyncio.to_thread(self._dedicated.poll)
-                    self._forget_lost(self._dedicated.pop_lost())
+                    for job_id in self._dedicated.pop_lost():  # started again from its checkpoint next
+                        self._running.pop(job_id, None)
                     self.record_events()
             except Exception:  # noqa: BLE001 - a bad job must not stop the others' reconciling
                 logger.exception("fine-tuning job reconcile failed")
@@ -318,13 +316,6 @@ class JobManager:
                 continue
             handler = _HANDLERS[event.kind]
             handler(self, running, event)
-
-    def _forget_lost(self, lost: list[tuple[str, str]]) -> None:
-        """Dedicated runs whose actor died: the next reconcile starts them again from their checkpoint."""
-        for job_id, why in lost:
-            if self._running.pop(job_id, None) is not None:
-                self._store.events.add(job_id, f"The Ray Train run stopped ({why}); the job resumes from its "
-                                               f"last checkpoint")
 
     def _on_step(self, running: _Running, event: JobEvent) -> None:
         running.last_loss = event.loss
