@@ -117,3 +117,20 @@ def _trained_tokens_per_epoch(llm: LLM) -> int:
 
     return prepare_dataset(llm.get_tokenizer(), LINES, 256).trained_tokens
 
+
+
+def test_the_cluster_capacity_refuses_what_it_can_never_place(ray_cluster: None) -> None:
+    import pytest
+
+    from coserve.dedicated.capacity import ClusterTooSmall
+
+    capacity = ClusterCapacity(DedicatedSettings(min_trained_tokens=1, default_workers=3))
+    assert capacity.refusal(2) is None
+    assert capacity.refusal(3) == ("training.workers=3 is more than this Ray cluster can run at once: at most "
+                                   "2 worker(s) of {'CPU': 1.0} (the cluster has {'CPU': 2.0})")
+    with pytest.raises(ClusterTooSmall, match=r"^--dedicated-workers 3 is more than this Ray cluster"):
+        capacity.check_default()  # `coserve serve` stops with this rather than routing jobs that would hang
+    ClusterCapacity(DedicatedSettings(default_workers=3)).check_default()  # nothing routed: nothing to check
+    gpus = ClusterCapacity(DedicatedSettings(use_gpu=True), {"GPU": 1.0}).refusal(1)
+    assert gpus is not None and "at most 0 worker(s) of {'CPU': 1.0, 'GPU': 1.0}" in gpus
+    assert gpus.endswith("less {'GPU': 1.0} the serving actors hold")
