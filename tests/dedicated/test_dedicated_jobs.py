@@ -1,7 +1,8 @@
 """Dedicated jobs in the scheduler's `JobManager`, between a real SQLite store and real Ray Train runs (2 CPU
-workers, the package's cluster): the operator's threshold routes a big job to Ray Train, a job that cannot
-get its workers yet says why in its events and is cancelled at once, and a restarted scheduler resumes the
-running job from its last checkpoint to the end, its counters and events as if nothing happened."""
+workers, the package's cluster): the operator's threshold routes a big job to Ray Train, it pauses, a job
+that cannot get its workers meanwhile says why in its events and is cancelled at once, and a restarted
+scheduler resumes the first job from its last checkpoint to the end, its counters and events as if nothing
+happened."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ BASE = "tiny-llama"
 LINES = [{"messages": [{"role": "user", "content": f"Say the number {i}"},
                        {"role": "assistant", "content": f"The number is {i}."}]} for i in range(12)]
 TENANTS = parse_tenants({"tenants": {"acme": {"api_keys": ["sk-acme"]}}})
-THRESHOLD = 200  # trained tokens: the 12 lines x 4 epochs are over it
+THRESHOLD = 200  # trained tokens: the 12 lines x EPOCHS are over it
+EPOCHS = 8  # 24 steps: the run is still going when it is paused after its first checkpoint
 
 
 def _manager(store: MetadataStore, llm: LLM, data_dir: Path, dedicated: DedicatedSettings) -> JobManager:
@@ -69,13 +71,17 @@ def test_routing_waiting_cancel_and_restart(ray_cluster: None, llama_dir: Path, 
               max_model_len=256, max_lora_rank=16)
     dedicated = DedicatedSettings(min_trained_tokens=THRESHOLD, default_workers=2, dtype="float32")
     service = FineTuningService(store, TENANTS, (BASE,), dedicated=ClusterCapacity(dedicated))
-    big = _create(service, store, hyperparameters={"n_epochs": 4, "batch_size": 4})  # 12 steps
+    big = _create(service, store, hyperparameters={"n_epochs": EPOCHS, "batch_size": 4})  # 3 steps an epoch
     first = _manager(store, llm, data_dir, dedicated)
     _drive(first, lambda: bool(store.checkpoints.page("acme", big)[0]))
     record = store.jobs.get("acme", big)
     assert record.status == JobStatus.RUNNING and record.extensions["training"] == {"mode": "dedicated", "workers": 2}
     assert any(m.startswith("Routed to a dedicated Ray Train run on 2 worker(s): ") and
                f">= the server's dedicated threshold of {THRESHOLD}" in m for m in _messages(store, big))
+    # Paused: its workers wait at a step boundary and keep their CPUs (the run goes on without the job loop).
+    service.pause("acme", big)
+    _drive(first, lambda: any(m.startswith("Paused at step") for m in _messages(store, big)))
+    assert store.jobs.get("acme", big).status == JobStatus.PAUSED
 
     # A second dedicated job cannot get its 2 CPUs while the first holds them: it waits and says why, at
     # once and again when the watchdog finds it has not moved.
@@ -96,6 +102,7 @@ def test_routing_waiting_cancel_and_restart(ray_cluster: None, llama_dir: Path, 
     group = PlacementGroup(ray.PlacementGroupID.from_hex(store.jobs.get("acme", big).extensions["ray_placement_group"]))
     assert placement_group_table(group)["state"] == "CREATED"
     second = _manager(store, llm, data_dir, dedicated)
+    service.resume("acme", big)  # queued again: the new job manager starts it from its last checkpoint
     _drive(second, lambda: store.jobs.get("acme", big).status.is_terminal)
     assert placement_group_table(group)["state"] == "REMOVED"
     record = store.jobs.get("acme", big)
@@ -104,9 +111,10 @@ def test_routing_waiting_cancel_and_restart(ray_cluster: None, llama_dir: Path, 
     assert "Resumed from the last checkpoint" in messages, messages
     events, _ = store.events.page("acme", big, limit=100)
     steps = [e.data["step"] for e in reversed(events) if e.type == "metrics"]
-    assert steps == list(range(1, 13)), steps  # once per step: the redone steps are not stored again
-    assert [c.step_number for c in store.checkpoints.page("acme", big)[0]] == [12, 9, 6, 3]
-    assert record.trained_tokens == 4 * _trained_tokens_per_epoch(llm)
+    assert steps == list(range(1, 3 * EPOCHS + 1)), steps  # once per step: redone steps are not stored again
+    assert [c.step_number for c in store.checkpoints.page("acme", big, limit=100)[0]] == \
+        list(range(3 * EPOCHS, 0, -3))
+    assert record.trained_tokens == EPOCHS * _trained_tokens_per_epoch(llm)
     runs = sorted(p.name for p in (data_dir / "adapters" / big).glob("run-*"))
     assert runs == ["run-1", "run-2"]  # each attempt is a fresh Ray Train run folder
     assert record.fine_tuned_model in {m.id for m in store.models.usable("acme")}
