@@ -166,6 +166,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from coserve.actors.data_dir_lock import DataDirLocked
     from coserve.server.assembly import PortUnavailable, run_local, run_ray
     from coserve.server.options import ServeOptions
+    from coserve.dedicated.capacity import ClusterTooSmall
 
     opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
                         port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,
@@ -174,7 +175,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         device=args.device, latency_profile=args.latency_profile,
                         max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
                         public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes,
-                        max_n=args.max_n, max_upload_bytes=args.max_upload_bytes)
+                        max_n=args.max_n, max_upload_bytes=args.max_upload_bytes,
+                        dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers)
     try:
         opts.validate()
     except ValueError as error:
@@ -182,7 +184,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         (run_local if opts.local else run_ray)(opts)
-    except (DataDirLocked, PortUnavailable) as error:  # another server has it: nothing was touched
+    except (DataDirLocked, PortUnavailable, ClusterTooSmall) as error:  # nothing was touched
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
@@ -229,6 +231,14 @@ def _register_serve(subparsers: Subparsers) -> None:
                        help=f"LoRA adapters resident at once (default: {defaults.ADAPTER_SLOTS})")
     serve.add_argument("--latency-profile", default=None,
                        help="latency model fitted by `coserve profile --json` (default: learned online)")
+    serve.add_argument("--dedicated-min-tokens", type=int, default=None,
+                       help="run a fine-tuning job that trains at least this many tokens (its file's trained "
+                            "tokens x epochs) as a Ray Train run of its own, outside the shared engines "
+                            "(default: off; a job may still ask with extra_body={'training': {'mode': "
+                            "'dedicated'}})")
+    serve.add_argument("--dedicated-workers", type=int, default=2,
+                       help="workers of a dedicated run that does not say (one CPU each, one GPU each with "
+                            "--device cuda; default: 2)")
     serve.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
     serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     serve.set_defaults(handler=_cmd_serve)

@@ -40,6 +40,7 @@ from coserve.frontend.intake import PromptIntake
 from coserve.frontend.output_tracker import OutputTracker
 from coserve.policies import defaults
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.dedicated import DedicatedSettings
 from coserve.policies.engine_core import EngineCore, Step, StepFailed
 from coserve.policies.policy_factory import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.policies.quotas import TenantLimits
@@ -75,6 +76,7 @@ class SchedulerSettings:
     slo: Slo = Slo()
     data_dir: str | None = None  # the metadata store's folder: fine-tuning jobs run when it is set
     base_model_id: str = ""  # the base model's public id (fine-tuned ids start `ft:{base}:`)
+    dedicated: DedicatedSettings | None = None  # fine-tuning on Ray Train runs of their own (None: no Ray)
 
 
 class SchedulerActor:
@@ -146,7 +148,7 @@ class SchedulerActor:
             settings = FineTuningSettings(
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
                 data_dir=Path(self._settings.data_dir), num_layers=self._model_config.num_layers,
-                max_model_len=layout.max_model_len)
+                max_model_len=layout.max_model_len, dedicated=self._settings.dedicated)
             self._jobs = open_job_manager(settings, jobs, self._settings.tenant_limits, self._count_finetune)
 
     def engine_lost(self, engine_id: str, reason: str) -> None:

@@ -24,9 +24,10 @@ from coserve.contract.training_plan import (ForwardWindow, JobFailure, JobStart,
 from coserve.platform.kv_cache import KVCache
 from coserve.platform.lora import LoRABank
 from coserve.platform.model import Transformer
-from coserve.platform.trainer.checkpoint import load_checkpoint, save_checkpoint
+from coserve.platform.trainer.checkpoint import save_checkpoint
 from coserve.platform.trainer.lora_params import TrainableLoRA
 from coserve.platform.trainer.optimizer import LoRAOptimizer, NonFiniteGradientError
+from coserve.platform.trainer.setup import build_trainable
 from coserve.platform.trainer.windowed import SequenceState, WindowedTrainer
 from coserve.policies.data_position import DataPosition
 
@@ -106,14 +107,8 @@ class TrainingRuntime:
     def _build_job(self, start: JobStart) -> _Job:
         cfg = self.model.cfg
         try:
-            if start.resume_from is not None:
-                lora, optimizer, _ = load_checkpoint(start.resume_from, cfg, self.model.device)
-            elif start.init_adapter is not None:  # its own LoRA settings; a fresh optimizer
-                lora = TrainableLoRA.from_pretrained(start.init_adapter, cfg, self.model.device)
-                optimizer = LoRAOptimizer(lora, start.optimizer)
-            else:
-                lora = TrainableLoRA.init(cfg, start.lora, start.seed, self.model.device)
-                optimizer = LoRAOptimizer(lora, start.optimizer)
+            lora, optimizer = build_trainable(cfg, self.model.device, start.lora, start.optimizer, start.seed,
+                                              start.resume_from, start.init_adapter)
         except (OSError, ValueError, TypeError, KeyError) as err:
             raise JobError("invalid_job", f"cannot set up the job's adapter: {err}") from err
         if lora.config.r > self.bank.max_rank:

@@ -46,6 +46,8 @@ class ServeOptions:
     max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
     max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128
     max_upload_bytes: int = 128 * 1024 * 1024  # POST /v1/files (api.state.DEFAULT_MAX_UPLOAD_BYTES: why)
+    dedicated_min_tokens: int | None = None  # jobs training this many tokens go to Ray Train (None: never)
+    dedicated_workers: int = 2  # workers of a dedicated run that does not say (policies.dedicated)
 
     @property
     def base_model_id(self) -> str:
@@ -81,6 +83,9 @@ class ServeOptions:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         _check_device(self.device)
+        self.dedicated_settings()
+        if self.local and self.dedicated_min_tokens is not None:
+            raise ValueError("--dedicated-min-tokens routes jobs to Ray Train runs: it needs Ray (not --local)")
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"--model {self.model}: not a model folder (no config.json)")
         from coserve.platform.config import ModelConfig
@@ -98,6 +103,19 @@ class ServeOptions:
             return load_tenants(self.tenants)
         except FileNotFoundError:
             raise ValueError(f"--tenants {self.tenants}: no such file") from None
+
+    def dedicated_settings(self) -> Any:
+        """Dedicated fine-tuning on Ray Train (`coserve.policies.dedicated`); None with `--local`.
+
+        Raises:
+            ValueError: a threshold < 1 or a worker count outside 1..1024, named as flags.
+        """
+        from coserve.policies.dedicated import DedicatedSettings
+
+        settings = DedicatedSettings(min_trained_tokens=self.dedicated_min_tokens,
+                                     default_workers=self.dedicated_workers,
+                                     use_gpu=self.device.startswith("cuda"), dtype=self.dtype)
+        return None if self.local else settings
 
     def engine_config(self) -> Any:
         from coserve.platform.engine import EngineConfig
@@ -132,7 +150,8 @@ class ServeOptions:
         return SchedulerSettings(model=self.model, max_num_seqs=self.max_num_seqs,
                                  max_batch_tokens=self.max_batch_tokens,
                                  tenant_limits={name: t.limits for name, t in tenants.tenants.items()}, slo=slo,
-                                 data_dir=str(Path(self.data_dir).resolve()), base_model_id=self.base_model_id)
+                                 data_dir=str(Path(self.data_dir).resolve()), base_model_id=self.base_model_id,
+                                 dedicated=self.dedicated_settings())
 
 
 def _check_device(device: str) -> None:
