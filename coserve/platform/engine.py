@@ -28,7 +28,7 @@ from coserve.platform.sampler import RowSampling, Sampler
 from coserve.platform.training_runtime import TrainingRuntime, WindowRows
 from coserve.platform.weights import load_weights
 from coserve.policies import defaults
-from coserve.policies.engine_contract import RuntimeLayout
+from coserve.policies.engine_contract import EngineKind, RuntimeLayout
 from coserve.policies.plan import (IterationPlan, IterationResult, NewSequence, SampledToken,
                                    ScheduledChunk, StepTimings)
 from coserve.policies.request import SamplingParams
@@ -50,6 +50,10 @@ class EngineConfig:
     max_lora_rank: int = defaults.MAX_LORA_RANK
     seed: int = 0
     native_kernels: bool = True  # the C paged-decode kernel on CPU/fp32 (falls back to torch without gcc)
+    engine: EngineKind = EngineKind.NATIVE  # which backend builds from this (coserve.platform.engines)
+    # vLLM's own scheduler budgets (at least what coserve's scheduler plans); coserve's engine needs none.
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS
 
 
 @dataclass(slots=True)

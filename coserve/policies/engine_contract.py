@@ -12,15 +12,43 @@ backend (vLLM next) implements `Engine` (`layout` and `step`) and the scheduler 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Protocol
 
 from coserve.policies.plan import IterationPlan, IterationResult
 
 
+class EngineKind(enum.Enum):
+    """Which backend executes the plans (`coserve serve --engine`, `LLM(engine=...)`); each kind has its
+    builder in `coserve.platform.engines`."""
+
+    NATIVE = "native"  # coserve's own torch engine (coserve.platform.engine)
+    VLLM = "vllm"  # vLLM's engine, co-serving on its weights (coserve.platform.vllm_engine)
+
+    @classmethod
+    def parse(cls, value: str | EngineKind) -> EngineKind:
+        """The kind named `value`.
+
+        Raises:
+            ValueError: no such kind (the message lists them).
+        """
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"engine must be one of {', '.join(k.value for k in cls)}, got {value!r}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class RuntimeLayout:
-    """What the scheduler needs to know about a built engine (plain data: it crosses a Ray call)."""
+    """What the scheduler needs to know about a built engine (plain data: it crosses a Ray call).
+
+    `engine_caches_prefixes`: the engine keeps its own prefix cache and computes a chunk's cached
+    positions itself (vLLM): the scheduler then plans every chunk from its first uncomputed position and
+    matches no prefix, so its block count is an upper bound of the engine's.
+    `structured_output`: the engine enforces grammars (`SamplingParams.structured_output`); when it
+    does not, requests that need one are refused before they are queued.
+    """
 
     num_kv_blocks: int
     block_size: int
@@ -28,6 +56,8 @@ class RuntimeLayout:
     vocab_size: int
     num_adapter_slots: int
     max_lora_rank: int
+    engine_caches_prefixes: bool = False
+    structured_output: bool = True
 
 
 @dataclass(slots=True)
