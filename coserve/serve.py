@@ -18,6 +18,7 @@ from typing import Any
 
 from coserve.actors.metrics import Slo
 from coserve.policies import defaults
+from coserve.policies.engine_contract import EngineKind
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class ServeOptions:
     max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
     max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128
     max_upload_bytes: int = 128 * 1024 * 1024  # POST /v1/files (api.state.DEFAULT_MAX_UPLOAD_BYTES: why)
+    engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.platform.engines)
 
     @property
     def base_model_id(self) -> str:
@@ -88,6 +90,13 @@ class ServeOptions:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         _check_device(self.device)
+        if self.engine is EngineKind.VLLM:  # missing or another version: the install command, before loading
+            from coserve.platform.vllm_backend import VllmUnavailable, check_vllm
+
+            try:
+                check_vllm()
+            except VllmUnavailable as error:
+                raise ValueError(str(error)) from None
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"--model {self.model}: not a model folder (no config.json)")
         from coserve.platform.config import ModelConfig
@@ -109,7 +118,9 @@ class ServeOptions:
     def engine_config(self) -> Any:
         from coserve.platform.engine import EngineConfig
 
-        return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots)
+        return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots,
+                            engine=self.engine, max_num_seqs=self.max_num_seqs,
+                            max_batch_tokens=self.max_batch_tokens)
 
     def policy_factory(self, tenants: Any) -> Any:
         """The hybrid token policy's factory: SLOs, tenant weights, the latency profile."""
@@ -119,11 +130,11 @@ class ServeOptions:
 
         from coserve.actors.policy_setup import CoServingPolicyFactory
         from coserve.platform.config import ModelConfig, resolve_dtype
-        from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
+        from coserve.policies.latency import ModelFingerprint, engine_machine_id, model_id_from_config
 
         config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
         dtype = str(resolve_dtype(self.dtype, ModelConfig.from_pretrained(self.model)))
-        fingerprint = ModelFingerprint(model_id_from_config(config), machine_id(self.device),
+        fingerprint = ModelFingerprint(model_id_from_config(config), engine_machine_id(self.device, self.engine),
                                        dtype.removeprefix("torch."))
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
                                       self.max_stall_ms, tenants.weights(), self.finetune_floor_every)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from coserve.policies.engine_contract import EngineKind
 from coserve.serve import ENGINE_ID, ServeOptions
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,10 @@ def options_from_args(args: Mapping[str, Any]) -> ServeOptions:
         raise ValueError(f"coserve needs the argument(s) {missing}")
     for name, value in args.items():
         _check_type(name, value, str(fields[name].type))
-    opts = ServeOptions(**dict(args))
+    values = dict(args)
+    if "engine" in values:
+        values["engine"] = EngineKind.parse(values["engine"])
+    opts = ServeOptions(**values)
     opts.validate()
     return opts
 

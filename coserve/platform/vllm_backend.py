@@ -34,6 +34,7 @@ import torch
 
 from coserve.platform.config import ModelConfig, UnsupportedModelError
 from coserve.platform.weights import LayerWeights, ModelWeights
+from coserve.policies.engine_contract import EngineStartError
 from coserve.policies.plan import TokenLogprobs
 from coserve.policies.request import SamplingParams
 
@@ -46,11 +47,11 @@ INSTALL_HINT = (f"install vLLM {SUPPORTED_VERSION} with `{INSTALL_COMMAND}` in t
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound; vLLM's max_logprobs
 
 
-class VllmUnavailable(RuntimeError):
+class VllmUnavailable(EngineStartError):
     """vLLM is missing or is not the version this module was written for."""
 
 
-class VllmLoadError(RuntimeError):
+class VllmLoadError(EngineStartError):
     """vLLM could not load the model; the message is vLLM's own error."""
 
 
@@ -88,7 +89,7 @@ class VllmSettings:
     max_loras: int
     max_lora_rank: int
     max_model_len: int | None
-    kv_cache_memory_gb: float
+    kv_cache_memory_gb: float | None  # None: gpu_memory_utilization sizes it (CUDA)
     gpu_memory_utilization: float
     seed: int
 
@@ -102,13 +103,12 @@ class SampledOutput:
     logprobs: TokenLogprobs | None
 
 
-def _environment(device: str, kv_cache_memory_gb: float) -> None:
+def _environment(device: str) -> None:
     """vLLM reads these at import and engine start: the engine core in this process (the trainer shares
-    its tensors), no hub access, the KV cache size on CPU, OpenMP threads not pinned to a core subset."""
+    its tensors), no hub access, OpenMP threads not pinned to a core subset on CPU."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if device == "cpu":
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_memory_gb:g}"
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -144,7 +144,7 @@ class VllmRuntime:
     """
 
     def __init__(self, settings: VllmSettings) -> None:
-        _environment(settings.device, settings.kv_cache_memory_gb)
+        _environment(settings.device)
         vllm = check_vllm()
         self._vllm = vllm
         if settings.device == "cpu":
@@ -155,7 +155,10 @@ class VllmRuntime:
             max_cpu_loras=max(1, settings.max_loras) * 4,
             max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_batch_tokens,
             enable_chunked_prefill=True, long_prefill_token_threshold=0, enable_prefix_caching=True,
-            async_scheduling=False, max_logprobs=MAX_LOGPROBS, max_model_len=settings.max_model_len)
+            async_scheduling=False, max_logprobs=MAX_LOGPROBS, max_model_len=settings.max_model_len,
+            distributed_executor_backend="uni")
+        if settings.kv_cache_memory_gb is not None:
+            kwargs["kv_cache_memory_bytes"] = int(settings.kv_cache_memory_gb * 2**30)
         if settings.device != "cpu":
             kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
         try:
@@ -188,7 +191,13 @@ class VllmRuntime:
                  num_external_computed_tokens: int = 0) -> int:
             start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
             end = targets.get(request.request_id)
-            return 0 if end is None else max(0, min(num_new_tokens, end - start))
+            if end is None:
+                return 0  # not in coserve's plan: not computed in this step
+            if start >= end and request.num_computed_tokens == 0:
+                # A fresh request whose prefix-cache hit already covers the planned chunk: vLLM must
+                # compute at least one token to admit it, so it runs ahead of the plan (see `run`).
+                return min(num_new_tokens, 1)
+            return max(0, min(num_new_tokens, end - start))
 
         self._scheduler._mamba_block_aligned_split = clip
         self._scheduler.need_mamba_block_aligned_split = True
@@ -222,6 +231,11 @@ class VllmRuntime:
     def run(self, ends: dict[str, int]) -> list[SampledOutput]:
         """One vLLM step computing each listed request up to its end position (and nothing else).
 
+        vLLM may be ahead of the plan on a request, never behind: a prefix-cache hit takes whole blocks,
+        so a fresh request's first chunk can end past the planned position (and even sample, when the
+        hit covered all but the prompt's last token); the caller holds such a token until its plan
+        samples.
+
         Raises:
             RuntimeError: vLLM did not compute what was planned (its cache or budget disagreed).
         """
@@ -234,7 +248,7 @@ class VllmRuntime:
         requests = self._scheduler.requests
         for request_id, end in ends.items():
             request = requests.get(self._vllm_ids[request_id])
-            if request is not None and request.num_computed_tokens != end:
+            if request is not None and request.num_computed_tokens < end:
                 raise RuntimeError(f"vLLM computed {request.num_computed_tokens} positions of {request_id}, "
                                    f"coserve planned {end}")
         return [self._sampled(o) for o in outputs if o.outputs and o.outputs[0].token_ids]

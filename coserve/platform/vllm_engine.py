@@ -30,11 +30,15 @@ from coserve.platform.config import ModelConfig
 from coserve.platform.engine import EngineConfig
 from coserve.platform.model import Transformer
 from coserve.platform.training_runtime import TrainingRuntime
-from coserve.platform.vllm_backend import VllmRuntime, VllmSettings
+from coserve.platform.vllm_backend import SampledOutput, VllmRuntime, VllmSettings
 from coserve.policies.engine_contract import RuntimeLayout
 from coserve.policies.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 
 DEFAULT_CPU_KV_CACHE_GB = 1.0  # vLLM's KV cache on CPU when the config names no size
+
+
+def _is_cpu(device: str) -> bool:
+    return torch.device(device).type == "cpu"
 
 
 class VllmEngine:
@@ -53,7 +57,9 @@ class VllmEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
-        kv_gb = config.kv_cache_memory_gb if config.kv_cache_memory_gb is not None else DEFAULT_CPU_KV_CACHE_GB
+        kv_gb = config.kv_cache_memory_gb
+        if kv_gb is None and _is_cpu(config.device):
+            kv_gb = DEFAULT_CPU_KV_CACHE_GB
         self.runtime = VllmRuntime(VllmSettings(
             model=config.model, dtype=config.dtype, device=config.device, max_num_seqs=config.max_num_seqs,
             max_batch_tokens=config.max_batch_tokens, max_loras=config.max_loras,
@@ -70,6 +76,7 @@ class VllmEngine:
             num_adapter_slots=config.max_loras, max_lora_rank=config.max_lora_rank,
             engine_caches_prefixes=True, structured_output=False)
         self._slots: dict[int, object] = {}  # bank slot -> vLLM LoRARequest
+        self._early: dict[str, SampledOutput] = {}  # tokens vLLM sampled before the plan asked (run)
 
     @property
     def num_sequences(self) -> int:
@@ -84,6 +91,8 @@ class VllmEngine:
         for load in plan.adapter_loads:
             self._slots[load.slot] = self.runtime.lora(load.path)
         self.runtime.abort(plan.freed)
+        for request_id in plan.freed:
+            self._early.pop(request_id, None)
         for new in plan.new_sequences:
             lora = None if new.adapter_slot < 0 else self._slots[new.adapter_slot]
             self.runtime.add(new.request_id, new.token_ids, new.sampling, new.num_output_tokens, lora)
@@ -112,10 +121,14 @@ class VllmEngine:
             {c.request_id: c.start + c.num_tokens for c in plan.chunks})}
         for chunk in plan.chunks:
             token = sampled.pop(chunk.request_id, None)
-            if chunk.sample != (token is not None):
-                raise RuntimeError(f"vLLM {'sampled no' if chunk.sample else 'sampled a'} token for "
-                                   f"{chunk.request_id} at position {chunk.start + chunk.num_tokens}")
-            if token is not None:
-                result.sampled.append(SampledToken(chunk.request_id, token.token_id, token.logprobs))
+            if not chunk.sample:
+                if token is not None:  # vLLM ran ahead on a prefix-cache hit: held until planned
+                    self._early[chunk.request_id] = token
+                continue
+            token = token or self._early.pop(chunk.request_id, None)
+            if token is None:
+                raise RuntimeError(f"vLLM sampled no token for {chunk.request_id} at position "
+                                   f"{chunk.start + chunk.num_tokens}")
+            result.sampled.append(SampledToken(chunk.request_id, token.token_id, token.logprobs))
         if sampled:
             raise RuntimeError(f"vLLM sampled for requests the plan did not schedule: {sorted(sampled)}")

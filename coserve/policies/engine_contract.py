@@ -60,6 +60,11 @@ class RuntimeLayout:
     structured_output: bool = True
 
 
+class EngineStartError(RuntimeError):
+    """A backend could not be built; the message is the backend's own reason (e.g. vLLM missing, or the
+    model vLLM could not load), shown to the operator as is."""
+
+
 @dataclass(slots=True)
 class EngineFailure:
     """An engine step raised: the requests of that plan fail, the engine goes on."""
