@@ -302,6 +302,10 @@ class VllmRuntime:
             return request
         return self._vllm.lora.request.LoRARequest(f"coserve-{known[0]}", known[0], path)
 
+    def published(self, path: str) -> bool:
+        """Whether the adapter folder at `path` is loaded into vLLM under an id (as its files are now)."""
+        return path in self._lora_ids
+
     # ------------------------------------------------------------------------------ weights
 
     def weights(self, cfg: ModelConfig) -> ModelWeights:
