@@ -16,6 +16,7 @@ from uvicorn_thread import serve_in_thread
 from vllm_support import require_vllm
 
 require_vllm()
+pytestmark = pytest.mark.vllm
 
 from coserve import LLM, LoRARequest, SamplingParams  # noqa: E402
 from coserve.policies.engine_contract import EngineKind  # noqa: E402
@@ -106,3 +107,30 @@ def test_job_trained_on_vllm_is_served_by_vllm_at_once(server: Server, native: L
     # The scheduler's metrics, as on coserve's engine: latency histograms, tokens by kind (fine-tuning too).
     for series in ("coserve_time_to_first_token_seconds_count", 'coserve_tokens_total{kind="finetune"'):
         assert any(line.startswith(series) and float(line.split()[-1]) > 0 for line in text.splitlines()), series
+
+
+def test_engine_vllm_on_ray(llama_dir: Path, tmp_path: Path, native: LLM) -> None:
+    """The same application on Ray (`deploy/serve.yaml`'s builder with `engine: vllm`): the EngineActor
+    runs vLLM in its own process and the reply is coserve's engine's, token for token."""
+    import ray
+    from deploy_config import local_args, serve_config
+    from local_server import free_port
+    from ray import serve
+
+    from coserve.api.ray_app import RAY_NAMESPACE, app_builder
+
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {"acme": {"api_keys": [KEY]}}, "admin_api_keys": [ADMIN_KEY]}))
+    (app,) = serve_config()["applications"]
+    args = {**local_args(app["args"], llama_dir, tenants, tmp_path / "data"), "max_num_seqs": 8, "engine": "vllm"}
+    port = free_port()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(app_builder(args), name=app["name"], route_prefix=app["route_prefix"])
+        oa = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
+        expected = native.chat(HELLO, SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].text
+        assert _chat(oa, llama_dir.name) == expected
+        serve.shutdown()
+    finally:
+        ray.shutdown()

@@ -13,6 +13,7 @@ import torch
 from vllm_support import TEST_KV_GB, require_vllm
 
 require_vllm()
+pytestmark = pytest.mark.vllm
 
 from coserve import LLM, LoRARequest, SamplingParams  # noqa: E402
 from coserve.platform.model import Transformer  # noqa: E402
@@ -155,3 +156,17 @@ def test_model_vllm_cannot_load_reports_vllms_error(llama_dir: Path, tmp_path: P
     with pytest.raises(VllmLoadError, match="vLLM could not load the model") as info:
         LLM(model=str(broken), engine="vllm", kv_cache_memory_gb=TEST_KV_GB, **SIZES)
     assert info.value.__cause__ is None and info.value.__suppress_context__  # vLLM's reason, not a chain
+
+
+@pytest.mark.real_model
+def test_smollm2_greedy_parity(smollm2_dir: Path) -> None:
+    """SmolLM2-135M-Instruct in float32: vLLM's engine and coserve's give the same greedy replies."""
+    chats = [[{"role": "user", "content": q}] for q in
+             ("What is the capital of France?", "Give me three tips for staying healthy.",
+              "Write a haiku about the sea.")]
+    params = SamplingParams(temperature=0, max_tokens=32)
+    sizes = {"dtype": "float32", "max_num_seqs": 4, "max_batch_tokens": 256, "max_model_len": 2048}
+    ours = [o.outputs[0].token_ids for o in LLM(model=str(smollm2_dir), **sizes).chat(chats, params)]
+    vllm_llm = LLM(model=str(smollm2_dir), engine="vllm", kv_cache_memory_gb=TEST_KV_GB, **sizes)
+    theirs = [o.outputs[0].token_ids for o in vllm_llm.chat(chats, params)]
+    assert theirs == ours
