@@ -83,7 +83,7 @@ class LLM:
         # After the engine: a folder that is not a supported model is reported as such first.
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
         layout = self.engine.layout
-        enable_prefix_caching = enable_prefix_caching and not layout.engine_caches_prefixes
+        enable_prefix_caching = enable_prefix_caching and not layout.engine_owns_kv_cache
         self.scheduler_config = SchedulerConfig(
             max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs, max_batch_tokens=batch_tokens,
             block_size=layout.block_size, enable_prefix_caching=enable_prefix_caching)

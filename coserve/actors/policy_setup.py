@@ -56,7 +56,7 @@ class EngineLayout(Protocol):
     max_model_len: int
     num_adapter_slots: int
     max_lora_rank: int
-    engine_caches_prefixes: bool
+    engine_owns_kv_cache: bool
     structured_output: bool
 
 

@@ -136,7 +136,7 @@ class SchedulerActor:
                                  max_batch_tokens=self._settings.max_batch_tokens,
                                  block_size=layout.block_size,
                                  enable_prefix_caching=self._settings.enable_prefix_caching
-                                 and not layout.engine_caches_prefixes)
+                                 and not layout.engine_owns_kv_cache)
         self._policy = self._policy_factory(config, layout)
         self._core = EngineCore(self._policy)
         self._engines[engine_id] = layout

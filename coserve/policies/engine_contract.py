@@ -43,7 +43,7 @@ class EngineKind(enum.Enum):
 class RuntimeLayout:
     """What the scheduler needs to know about a built engine (plain data: it crosses a Ray call).
 
-    `engine_caches_prefixes`: the engine keeps its own prefix cache and computes a chunk's cached
+    `engine_owns_kv_cache`: the engine keeps its own prefix cache and computes a chunk's cached
     positions itself (vLLM): the scheduler then plans every chunk from its first uncomputed position and
     matches no prefix, so its block count is an upper bound of the engine's.
     `structured_output`: the engine enforces grammars (`SamplingParams.structured_output`); when it
@@ -56,7 +56,7 @@ class RuntimeLayout:
     vocab_size: int
     num_adapter_slots: int
     max_lora_rank: int
-    engine_caches_prefixes: bool = False
+    engine_owns_kv_cache: bool = False
     structured_output: bool = True
 
 

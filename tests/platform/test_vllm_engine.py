@@ -170,3 +170,21 @@ def test_smollm2_greedy_parity(smollm2_dir: Path) -> None:
     vllm_llm = LLM(model=str(smollm2_dir), engine="vllm", kv_cache_memory_gb=TEST_KV_GB, **sizes)
     theirs = [o.outputs[0].token_ids for o in vllm_llm.chat(chats, params)]
     assert theirs == ours
+
+
+def test_profiler_measures_vllm_iterations(vllm_llm: LLM, tmp_path: Path) -> None:
+    """`coserve profile --engine vllm`'s sweep on this engine: the designed work, earlier tokens computed
+    by unmeasured prefills first (vLLM owns the KV cache). Last in the module: it loads its own adapters."""
+    from coserve.platform.profiler import Scenario, SweepSettings, _Harness
+
+    engine = vllm_llm.engine
+    harness = _Harness(engine, [str(create_random_adapter(engine.config.model, tmp_path / "p", seed=3, r=8,
+                                                          target_modules=["q_proj"]))],
+                       SweepSettings(iterations=4, finetune_length=64))
+    (features, seconds), _ = harness.measure(Scenario((16, 140), (130, 8), 1, 24, 0, 0))
+    assert seconds > 0
+    assert (features.decode_tokens, features.decode_context) == (2, 17 + 141)
+    assert (features.prefill_tokens, features.ft_forward_tokens) == (8, 24)
+    (features, _), _ = harness.measure(Scenario((), None, 0, 0, 1, 16))
+    assert features.ft_backward_token_layers == 16
+    assert engine.num_sequences == 0  # every measured sequence was freed in vLLM
