@@ -199,8 +199,14 @@ class VllmRuntime:
                 return min(num_new_tokens, 1)
             return max(0, min(num_new_tokens, end - start))
 
+        self._native_split = self._scheduler.need_mamba_block_aligned_split
         self._scheduler._mamba_block_aligned_split = clip
         self._scheduler.need_mamba_block_aligned_split = True
+
+    def restore_scheduling(self) -> None:
+        """Give vLLM's scheduler back its own chunking (a benchmark's "vLLM alone" arm)."""
+        del self._scheduler._mamba_block_aligned_split  # the instance override: the class method again
+        self._scheduler.need_mamba_block_aligned_split = self._native_split
 
     def add(self, request_id: str, token_ids: list[int], sampling: SamplingParams, num_outputs: int,
             lora: Any | None) -> None:
