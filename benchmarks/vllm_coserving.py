@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from coserve.bench.coserving import add_arguments, run_benchmark
-from coserve.policies.engine_contract import EngineKind
+from coserve.contract.engine import EngineKind
 
 
 def main() -> int:

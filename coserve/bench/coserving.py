@@ -40,9 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coserve.bench.calibration import (MAX_MARGIN, TTFT_MULTIPLE, LatencyFit, SweepSettings,
-                                       calibrate_slo, decode_step_s, fit_latency_model,
-                                       measure_decode_step_s, profile_engine)
+from coserve.bench.calibration import (MAX_MARGIN, TTFT_MULTIPLE, LatencyFit, SweepSettings, calibrate_slo,
+                                       decode_step_s, fit_latency_model, measure_decode_step_s, profile_engine)
 from coserve.bench.headroom import Headroom, best_baseline, headroom
 from coserve.bench.metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
@@ -50,10 +49,10 @@ from coserve.bench.replay import RunLimits, RunRecord, replay
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
-from coserve.policies.engine_contract import EngineKind
+from coserve.contract.engine import EngineKind
+from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.policies.finetune_job import FinetuneJobSpec
 from coserve.policies.latency import LatencyModel
-from coserve.policies.training_settings import HyperparameterRequest, LoRASettings
 
 # Rates: the small preset on 2 CPU cores serves about 3.5 requests/s of this trace before queues grow
 # (measured 2026-11-21); below ~1 request/s the engine idles and every work-conserving baseline trains
@@ -143,7 +142,7 @@ def _engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, 
 def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Path,
                    seed: int) -> FinetuneJobSpec:
     """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`."""
-    from coserve.finetune import prepare_job
+    from coserve.frontend.job_prep import prepare_job
 
     examples = synthetic_chat_dataset(tokenizer, 64, seed=seed)
     return prepare_job(tokenizer, examples, job_id="bench", tenant="finetune", adapter_id=TRAINING_ADAPTER_ID,

@@ -23,14 +23,14 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coserve.bench.replay import (IDLE_SLEEP_S, AdapterSlotTracker, EngineLane, PolicyFactory,
-                                  RequestRecord, RunLimits, RunRecord, drive, job_host)
+from coserve.bench.replay import (IDLE_SLEEP_S, AdapterSlotTracker, EngineLane, PolicyFactory, RequestRecord, RunLimits,
+                                  RunRecord, drive, job_host)
 from coserve.bench.traces import RequestSpec
+from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
+from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingReport
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.latency import LatencyModel, ModelFingerprint
-from coserve.policies.plan import IterationPlan, IterationResult, SampledToken, StepTimings
-from coserve.policies.training_plan import SavedAdapter, StepReport, TrainingReport
 
 SIMULATED_TOKEN = 17  # the token every simulated sample returns (requests ignore EOS)
 # A run noisier than this (a machine under heavy contention) is not described by a latency model;

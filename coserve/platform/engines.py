@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from coserve.platform.engine import EngineConfig
-from coserve.policies.engine_contract import Engine, EngineKind
+from coserve.contract.engine import Engine, EngineKind
 
 
 def _native(config: EngineConfig) -> Engine:

@@ -34,9 +34,9 @@ import torch
 
 from coserve.platform.config import ModelConfig, UnsupportedModelError
 from coserve.platform.weights import LayerWeights, ModelWeights
-from coserve.policies.engine_contract import EngineStartError
-from coserve.policies.plan import TokenLogprobs
-from coserve.policies.request import SamplingParams
+from coserve.contract.engine import EngineStartError
+from coserve.contract.plan import TokenLogprobs
+from coserve.contract.sampling import SamplingParams
 
 SUPPORTED_VERSION = "0.32.0"
 # What installs the supported vLLM next to coserve (CPU build; see the Makefile's `vllm` target).

@@ -1,6 +1,6 @@
 """`VllmEngine`: vLLM as coserve's engine, with fine-tuning co-served on vLLM's own weights.
 
-It implements the `Engine` protocol (`coserve.policies.engine_contract`), so the scheduler, the policy,
+It implements the `Engine` protocol (`coserve.contract.engine`), so the scheduler, the policy,
 the job manager, the metrics and the API are the ones of coserve's engine. One `step(plan)`:
 
 1. adapter unloads and loads (a slot now names a vLLM `LoRARequest`; a folder gets a new vLLM LoRA id
@@ -31,8 +31,8 @@ from coserve.platform.engine import EngineConfig
 from coserve.platform.model import Transformer
 from coserve.platform.training_runtime import TrainingRuntime
 from coserve.platform.vllm_backend import SampledOutput, VllmRuntime, VllmSettings
-from coserve.policies.engine_contract import RuntimeLayout
-from coserve.policies.plan import IterationPlan, IterationResult, SampledToken, StepTimings
+from coserve.contract.engine import RuntimeLayout
+from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 
 DEFAULT_CPU_KV_CACHE_GB = 1.0  # vLLM's KV cache on CPU when the config names no size
 

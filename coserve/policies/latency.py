@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from coserve.policies.engine_contract import EngineKind
+from coserve.contract.engine import EngineKind
 from coserve.policies.latency_features import (
     CONSTANT,
     FEATURE_NAMES,

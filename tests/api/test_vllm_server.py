@@ -19,7 +19,7 @@ require_vllm()
 pytestmark = pytest.mark.vllm
 
 from coserve import LLM, LoRARequest, SamplingParams  # noqa: E402
-from coserve.policies.engine_contract import EngineKind  # noqa: E402
+from coserve.contract.engine import EngineKind  # noqa: E402
 
 KEY = "sk-vllm-tenant-0123"
 HELLO = [{"role": "user", "content": "Hello there, how are you?"}]
@@ -117,7 +117,7 @@ def test_engine_vllm_on_ray(llama_dir: Path, tmp_path: Path, native: LLM) -> Non
     from local_server import free_port
     from ray import serve
 
-    from coserve.api.ray_app import RAY_NAMESPACE, app_builder
+    from coserve.server.assembly import RAY_NAMESPACE, app_builder
 
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(json.dumps({"tenants": {"acme": {"api_keys": [KEY]}}, "admin_api_keys": [ADMIN_KEY]}))

@@ -22,8 +22,8 @@ from coserve.platform.trainer.lora_params import TrainableLoRA  # noqa: E402
 from coserve.platform.trainer.windowed import WindowedTrainer, train_sequence  # noqa: E402
 from coserve.platform.vllm_backend import (INSTALL_COMMAND, VllmLoadError, VllmUnavailable,  # noqa: E402
                                            check_vllm)
-from coserve.policies.structured_output import StructuredOutput  # noqa: E402
-from coserve.policies.training_settings import TARGET_MODULES, LoRASettings  # noqa: E402
+from coserve.contract.structured_output import StructuredOutput  # noqa: E402
+from coserve.contract.training_settings import TARGET_MODULES, LoRASettings  # noqa: E402
 
 # Small batches: prompts longer than 48 tokens are prefilled in several chunks on both engines.
 SIZES = {"dtype": "float32", "max_num_seqs": 8, "max_batch_tokens": 48}

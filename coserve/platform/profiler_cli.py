@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from coserve.policies.engine_contract import EngineKind
+from coserve.contract.engine import EngineKind
 
 
 def register_profile(subparsers: Any) -> None:
@@ -44,11 +44,11 @@ def register_profile(subparsers: Any) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
+    from coserve.contract.engine import EngineStartError
     from coserve.platform.engine import EngineConfig
     from coserve.platform.engines import build_engine
     from coserve.platform.profiler import SweepSettings, profile
     from coserve.platform.tiny_model import create_random_adapter
-    from coserve.policies.engine_contract import EngineStartError
     from coserve.policies.latency import ModelFingerprint, engine_machine_id, model_id_from_config
 
     if args.adapters < 0 or args.iterations < 4 or args.max_context < 16 or args.repeats < 1:

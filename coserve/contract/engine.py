@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.contract.plan import IterationPlan, IterationResult
 
 
 class EngineKind(enum.Enum):
@@ -43,9 +43,10 @@ class EngineKind(enum.Enum):
 class RuntimeLayout:
     """What the scheduler needs to know about a built engine (plain data: it crosses a Ray call).
 
-    `engine_owns_kv_cache`: the engine keeps its own prefix cache and computes a chunk's cached
-    positions itself (vLLM): the scheduler then plans every chunk from its first uncomputed position and
-    matches no prefix, so its block count is an upper bound of the engine's.
+    `engine_owns_kv_cache`: the engine keeps its own KV cache and prefix cache (vLLM): block tables are
+    the scheduler's accounting only (it then matches no prefix and plans every chunk from the first
+    uncomputed position, so its block count bounds the engine's), and a sequence's earlier positions
+    must have been computed by earlier chunks (no plan can start a sequence past position 0).
     `structured_output`: the engine enforces grammars (`SamplingParams.structured_output`); when it
     does not, requests that need one are refused before they are queued.
     """
