@@ -109,6 +109,23 @@ def test_job_trained_on_vllm_is_served_by_vllm_at_once(server: Server, native: L
         assert any(line.startswith(series) and float(line.split()[-1]) > 0 for line in text.splitlines()), series
 
 
+def test_another_vllm_version_stops_serve_with_the_install_command(llama_dir: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`coserve serve --engine vllm` with another vLLM: exit 2 before loading, naming `make vllm`."""
+    import vllm
+
+    from coserve.cli import main
+
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {"acme": {"api_keys": [KEY]}}}))
+    monkeypatch.setattr(vllm, "__version__", "0.33.1")
+    with pytest.raises(ValueError, match=r"found vLLM 0\.33\.1.*`make vllm`"):
+        local_app(llama_dir, tmp_path, {"acme": {"api_keys": [KEY]}}, engine=EngineKind.VLLM)
+    code = main(["serve", "--local", "--engine", "vllm", "--model", str(llama_dir), "--tenants", str(tenants),
+                 "--data-dir", str(tmp_path / "data")])
+    assert code == 2
+
+
 def test_engine_vllm_on_ray(llama_dir: Path, tmp_path: Path, native: LLM) -> None:
     """The same application on Ray (`deploy/serve.yaml`'s builder with `engine: vllm`): the EngineActor
     runs vLLM in its own process and the reply is coserve's engine's, token for token."""
