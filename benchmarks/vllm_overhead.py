@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-cache-gb", type=float, default=0.25)
+    ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
@@ -49,11 +51,13 @@ def main() -> None:
     from coserve.platform.vllm_backend import VllmRuntime, VllmSettings
 
     ours = LLM(model=args.model, engine="vllm", dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-               max_batch_tokens=args.max_batch_tokens, kv_cache_memory_gb=1.0)
+               max_batch_tokens=args.max_batch_tokens, kv_cache_memory_gb=args.kv_cache_gb,
+               max_model_len=args.max_model_len)
     # vLLM alone, built exactly as VllmEngine builds it (same kwargs), driven by its own scheduler.
     alone = VllmRuntime(VllmSettings(model=args.model, dtype=args.dtype, device="cpu",
                                      max_num_seqs=args.max_num_seqs, max_batch_tokens=args.max_batch_tokens,
-                                     max_loras=4, max_lora_rank=64, max_model_len=None, kv_cache_memory_gb=1.0,
+                                     max_loras=4, max_lora_rank=64, max_model_len=args.max_model_len,
+                                     kv_cache_memory_gb=args.kv_cache_gb,
                                      gpu_memory_utilization=0.9, seed=args.seed))
     alone.restore_scheduling()  # vLLM's scheduler decides every chunk (no coserve plan)
     import vllm
@@ -61,7 +65,8 @@ def main() -> None:
 
     prompts = _workload(ours.engine.model_config.vocab_size, args.prompts, args.seed)
     ours_params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    vllm_params = vllm.SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
+    # Detokenized, as vLLM does by default (coserve detokenizes its outputs too).
+    vllm_params = vllm.SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
 
     def run_ours() -> tuple[float, list[list[int]]]:
         t0 = time.perf_counter()
@@ -80,6 +85,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, fn in (("vllm", run_alone), ("coserve-on-vllm", run_ours)):
             seconds, tokens = fn()
+            print(f"{name}: {seconds:.2f} s", flush=True)
             best[name] = min(best[name], seconds)
             if name == "vllm":
                 reference = tokens

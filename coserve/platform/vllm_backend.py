@@ -135,6 +135,9 @@ def _keep_cpu_weights() -> None:
 class VllmRuntime:
     """An in-process vLLM engine driven step by step, with coserve choosing each step's chunks.
 
+    vLLM keeps process-wide state (its parallel groups): two runtimes may live in one process, but one
+    that is destroyed while another lives takes that state with it and breaks the other.
+
     Args:
         settings: sizes and model (see `VllmSettings`).
 

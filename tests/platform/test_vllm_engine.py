@@ -1,10 +1,10 @@
 """The vLLM engine against coserve's own: greedy parity (tiny model, chunked prefill, a LoRA adapter),
-zero-copy weights, the trainer's gradient on vLLM's weights, offline fine-tuning served by vLLM, and
-the bad inputs (vLLM missing or of another version, a model vLLM cannot load, structured output)."""
+zero-copy weights, the trainer's gradient on vLLM's weights, offline fine-tuning served by vLLM, the
+profiler's sweep, and the bad inputs (vLLM missing or of another version, structured output). A model
+vLLM cannot load and SmolLM2 are in test_vllm_models.py (another vLLM engine: not while this one lives)."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,13 +16,12 @@ require_vllm()
 pytestmark = pytest.mark.vllm
 
 from coserve import LLM, LoRARequest, SamplingParams  # noqa: E402
+from coserve.contract.structured_output import StructuredOutput  # noqa: E402
 from coserve.platform.model import Transformer  # noqa: E402
 from coserve.platform.tiny_model import create_random_adapter  # noqa: E402
 from coserve.platform.trainer.lora_params import TrainableLoRA  # noqa: E402
 from coserve.platform.trainer.windowed import WindowedTrainer, train_sequence  # noqa: E402
-from coserve.platform.vllm_backend import (INSTALL_COMMAND, VllmLoadError, VllmUnavailable,  # noqa: E402
-                                           check_vllm)
-from coserve.contract.structured_output import StructuredOutput  # noqa: E402
+from coserve.platform.vllm_backend import INSTALL_COMMAND, VllmUnavailable, check_vllm  # noqa: E402
 from coserve.contract.training_settings import TARGET_MODULES, LoRASettings  # noqa: E402
 
 # Small batches: prompts longer than 48 tokens are prefilled in several chunks on both engines.
@@ -146,30 +145,6 @@ def test_missing_or_other_vllm_names_the_install_command(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     with pytest.raises(VllmUnavailable, match=f"not installed.*`{INSTALL_COMMAND}`"):
         check_vllm()
-
-
-def test_model_vllm_cannot_load_reports_vllms_error(llama_dir: Path, tmp_path: Path) -> None:
-    broken = tmp_path / "no-weights"
-    shutil.copytree(llama_dir, broken)
-    for weights in broken.glob("*.safetensors"):
-        weights.unlink()
-    with pytest.raises(VllmLoadError, match="vLLM could not load the model") as info:
-        LLM(model=str(broken), engine="vllm", kv_cache_memory_gb=TEST_KV_GB, **SIZES)
-    assert info.value.__cause__ is None and info.value.__suppress_context__  # vLLM's reason, not a chain
-
-
-@pytest.mark.real_model
-def test_smollm2_greedy_parity(smollm2_dir: Path) -> None:
-    """SmolLM2-135M-Instruct in float32: vLLM's engine and coserve's give the same greedy replies."""
-    chats = [[{"role": "user", "content": q}] for q in
-             ("What is the capital of France?", "Give me three tips for staying healthy.",
-              "Write a haiku about the sea.")]
-    params = SamplingParams(temperature=0, max_tokens=32)
-    sizes = {"dtype": "float32", "max_num_seqs": 4, "max_batch_tokens": 256, "max_model_len": 2048}
-    ours = [o.outputs[0].token_ids for o in LLM(model=str(smollm2_dir), **sizes).chat(chats, params)]
-    vllm_llm = LLM(model=str(smollm2_dir), engine="vllm", kv_cache_memory_gb=TEST_KV_GB, **sizes)
-    theirs = [o.outputs[0].token_ids for o in vllm_llm.chat(chats, params)]
-    assert theirs == ours
 
 
 def test_profiler_measures_vllm_iterations(vllm_llm: LLM, tmp_path: Path) -> None:
