@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from coserve.bench.coserving import add_arguments, run_benchmark
 from coserve.contract.engine import EngineKind

@@ -216,7 +216,9 @@ class VllmRuntime:
         """Hand a sequence (prompt, plus outputs before a preemption) to vLLM; it runs when planned."""
         from vllm.inputs import TokensPrompt
 
-        params = self._sampling(sampling, len(token_ids), num_outputs)
+        # After a preemption the outputs so far are part of the prompt vLLM sees (num_outputs of them):
+        # vLLM restarts a seeded generator and counts them as prompt for the output-only penalties.
+        params = self._sampling(sampling, len(token_ids))
         vllm_id = self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(token_ids)), params,
                                           lora_request=lora)
         self._vllm_ids[request_id] = vllm_id
@@ -262,7 +264,7 @@ class VllmRuntime:
                                    f"coserve planned {end}")
         return [self._sampled(o) for o in outputs if o.outputs and o.outputs[0].token_ids]
 
-    def _sampling(self, p: SamplingParams, num_tokens: int, num_outputs: int) -> Any:
+    def _sampling(self, p: SamplingParams, num_tokens: int) -> Any:
         """vLLM's sampling params for coserve's: vLLM samples, coserve decides when the output ends
         (EOS, stop ids, min_tokens, max_tokens are coserve's rules, applied to the sampled tokens)."""
         from vllm.sampling_params import RequestOutputKind
