@@ -16,6 +16,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from coserve.contract.engine import EngineKind
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
@@ -31,7 +32,6 @@ from coserve.platform.engines import build_engine
 from coserve.policies import defaults
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.contract.engine import EngineKind
 from coserve.policies.engine_core import EngineCore
 from coserve.policies.inference import InferenceScheduler
 from coserve.policies.kv_blocks import KVBlockManager
