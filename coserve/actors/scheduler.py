@@ -138,11 +138,12 @@ class SchedulerActor:
         config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=self._settings.max_num_seqs,
                                  max_batch_tokens=self._settings.max_batch_tokens,
                                  block_size=layout.block_size,
-                                 enable_prefix_caching=self._settings.enable_prefix_caching)
+                                 enable_prefix_caching=self._settings.enable_prefix_caching
+                                 and not layout.engine_owns_kv_cache)
         self._policy = self._policy_factory(config, layout)
         self._core = EngineCore(self._policy)
         self._engines[engine_id] = layout
-        self._intake.attach(layout.max_model_len, layout.max_lora_rank)
+        self._intake.attach(layout.max_model_len, layout.max_lora_rank, layout.structured_output)
         jobs = self._policy.jobs
         if self._settings.data_dir is not None and jobs is not None:
             settings = FineTuningSettings(
