@@ -176,6 +176,7 @@ def _rewind_cpu_generators(runner: Any) -> None:
                 if i in states:
                     generator.set_state(states[i])
                 generators[i] = generator
+            states.clear()  # this step's, never restored in another
 
     runner._sample = keep_states_then_sample
     runner._bookkeeping_sync = bookkeeping_with_states_restored
