@@ -32,7 +32,7 @@ class ClusterRun:
     route_s: list[float] = field(default_factory=list)  # thread CPU of routing each arrival
     steals: int = 0  # requests an engine took over before admission (`work_stealing`)
     scheduler_busy_s: float = 0.0  # simulated runs: time the central scheduler was busy (its cost model)
-    engine_wait_s: float = 0.0  # simulated runs: time engines waited for the busy scheduler
+    engine_wait_s: float = 0.0  # simulated runs: time engines waited for their next plans
 
     def engine_iterations(self, engine_id: str) -> list[IterationRecord]:
         return [it for it in self.run.iterations if it.engine_id == engine_id]

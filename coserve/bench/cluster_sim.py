@@ -14,8 +14,9 @@ The scheduler is one server: it handles one event at a time, in the order they h
 it `SchedulerCost`: the thread CPU the real decision code just took in this process (`measured`), plus
 a fixed cost per plan handed out (transport: a Ray round trip) and per sampled token (the actor's
 output processing: detokenizing, streams). An event that happens while it is busy waits; so an engine
-whose step ended waits for its next plan, and the time engines spend waiting is the measure of the
-scheduler becoming the bottleneck (`ClusterRun.engine_wait_s`). With no cost (the default), decisions
+whose step ended waits for its next plan, and the time engines spend waiting for their plans (queueing
+and the scheduler's work on them) is the measure of the scheduler becoming the bottleneck
+(`ClusterRun.engine_wait_s`). With no cost (the default), decisions
 take no simulated time, as in the single-engine simulator.
 
 A token's time is the end of the exchange that applied its step. An engine with nothing to plan waits
@@ -138,7 +139,6 @@ class _Loop:
         self.now = t
         engine = self.engines[engine_id]
         start = max(t, self.free_at)
-        self.wait_s += start - t
         engine.clock.wait_until(start)  # its policy plans at the time the scheduler gets to it
         cpu = thread_seconds()
         step, done = None, self.in_flight.pop(engine_id, None) if kind == _DONE else None
@@ -149,6 +149,7 @@ class _Loop:
         tokens = len(done.result.sampled) if done is not None else 0
         extra = self.cost.per_token_s * tokens + (self.cost.per_exchange_s if plan is not None else 0.0)
         end = self._serve(t, cpu, extra)
+        self.wait_s += end - t  # the engine idles until its plan: queueing and the scheduler's work
         if done is not None and step is not None:
             self.recorder.applied(engine_id, step, done.start, end, done.features, cpu)
         if plan is not None:
