@@ -75,8 +75,9 @@ class ClusterRecorder:
         self.records[spec.request_id] = RequestRecord(spec.request_id, spec.arrival_s, spec.prompt_len,
                                                       spec.output_len, spec.tenant)
         self.unfinished += 1
+        request = make_request(spec, self.vocab_size, self.t0)
         t = thread_seconds()
-        engine = self.cluster.submit(make_request(spec, self.vocab_size, self.t0))
+        engine = self.cluster.submit(request)
         self.route_s.append(thread_seconds() - t)
         return engine
 

@@ -26,6 +26,7 @@ import dataclasses
 import gc
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -130,12 +131,13 @@ def _measure_pair(args: argparse.Namespace, engine_config: Any, setup: PolicySet
         jobs = [dataclasses.replace(job_spec, job_id=f"job-{n}-{rate}-{i}", tenant=f"ft{i}",
                                     adapter_id=job_spec.adapter_id + i,
                                     output_dir=f"{job_spec.output_dir}/{n}-{rate}-{i}") for i in range(n)]
-        t0 = time.monotonic()
+        t0, load_before = time.monotonic(), os.getloadavg()[0]
         result = replay_engines([engine_config] * n, make_factory("coserve", setup), trace, limits, jobs=jobs,
                                 num_layers=shape.num_layers, policy_name="coserve", rate=rate * n)
         measured = summarize(result.run, setup.slo).to_dict()
         models = engine_models(result, fingerprint)
-        row = {"engines": n, "rate_per_engine": rate, "wall_s": time.monotonic() - t0, "measured": measured,
+        row = {"engines": n, "rate_per_engine": rate, "wall_s": time.monotonic() - t0,
+               "loadavg_1m": [load_before, os.getloadavg()[0]], "measured": measured,
                "scheduler": _scheduler_stats(result),
                "simulated": _compare(measured, _simulate(setup, trace, limits, shape, jobs, models, rate * n)),
                "engine_models": [m.coefficients for m, _ in models],
@@ -151,7 +153,7 @@ def _measure_pair(args: argparse.Namespace, engine_config: Any, setup: PolicySet
 
 
 def _row(row: dict[str, Any]) -> str:
-    parts = [f"engines {row['engines']} rate/engine {row['rate_per_engine']}:"]
+    parts = [f"engines {row['engines']} rate/engine {row['rate_per_engine']} (load {row['loadavg_1m'][1]:.1f}):"]
     for key in TARGETS:
         cell = row["simulated"][key]
         measured, simulated = cell["measured"], cell["simulated"]

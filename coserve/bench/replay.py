@@ -19,6 +19,7 @@ fine-tuning progress counts completed optimizer steps only). Times are seconds f
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -160,8 +161,10 @@ def make_request(spec: RequestSpec, vocab_size: int, t0: float) -> Request:
 
 
 def adapter_ref(name: str) -> AdapterRef:
-    """The adapter a trace entry names: a stable id from the name (a simulated engine loads nothing)."""
-    return AdapterRef(1 + sum((i + 1) * ord(c) for i, c in enumerate(name)) % 2**30, name, f"/adapters/{name}")
+    """The adapter a trace entry names: a stable 40-bit id from the name (below the training jobs' ids
+    from 2**41), a path under /adapters (a simulated engine loads nothing)."""
+    digest = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=5).digest(), "big")
+    return AdapterRef(1 + digest % (2**40 - 1), name, f"/adapters/{name}")
 
 
 class _Observed:

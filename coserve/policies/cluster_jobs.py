@@ -28,6 +28,7 @@ from coserve.policies.failover import JobMove
 from coserve.policies.finetune_job import FinetuneJob
 from coserve.policies.finetune_types import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.policies.job_checkpoints import JobCheckpoints
+from coserve.policies.job_host import JobHost
 from coserve.policies.job_placement import Placement, place_job
 from coserve.policies.vtc import VirtualTokenCounter
 
@@ -88,9 +89,8 @@ class ClusterJobs:
             self._end(job_id)
             self._events.append(JobEvent(job_id, JobEventKind.CANCELLED, 0, message="the job was cancelled"))
             return True
-        host = self._members[self._engine[job_id]].policy.jobs
-        assert host is not None
-        if not host.remove_job(job_id):
+        host = self._host(job_id)
+        if host is None or not host.remove_job(job_id):
             return False
         self._cancelled.add(job_id)
         return True
@@ -100,10 +100,8 @@ class ClusterJobs:
         if job_id not in self._specs or job_id in self._cancelled:
             return False
         self._paused.add(job_id)
-        engine = self._engine.get(job_id)
-        if engine is not None:
-            host = self._members[engine].policy.jobs
-            assert host is not None
+        host = self._host(job_id)
+        if host is not None:
             host.pause_job(job_id)
         return True
 
@@ -111,12 +109,15 @@ class ClusterJobs:
         if job_id not in self._specs:
             return False
         self._paused.discard(job_id)
-        engine = self._engine.get(job_id)
-        if engine is not None:
-            host = self._members[engine].policy.jobs
-            assert host is not None
+        host = self._host(job_id)
+        if host is not None:
             host.resume_job(job_id)
         return True
+
+    def _host(self, job_id: str) -> JobHost | None:
+        """The job host of the engine the job is placed on; None while it waits."""
+        engine = self._engine.get(job_id)
+        return None if engine is None else self._members[engine].policy.jobs
 
     # ----------------------------------------------------------------------------- readings
 
@@ -137,8 +138,7 @@ class ClusterJobs:
         fine-tuning back (`JobHost.finetune_held_back`); None: neither."""
         if job_id in self._waiting:
             return self._waiting[job_id]
-        engine = self._engine.get(job_id)
-        host = None if engine is None else self._members[engine].policy.jobs
+        host = self._host(job_id)
         return None if host is None else host.finetune_held_back
 
     @property

@@ -124,3 +124,11 @@ def test_the_simulated_cluster_finishes_every_request_of_the_workload() -> None:
                               [latency] * 3, SHAPE, jobs=jobs)
     metrics = summarize(result.run, SLO(ttft_s=1.0, tpot_s=0.05))
     assert metrics.num_finished == len(trace) and metrics.finetune_tokens_per_s > 0
+
+
+def test_trace_adapters_get_distinct_stable_ids() -> None:
+    from coserve.bench.replay import adapter_ref
+
+    refs = [adapter_ref(f"lora-{k}") for k in range(5000)]
+    assert len({r.adapter_id for r in refs}) == len(refs)
+    assert all(0 < r.adapter_id < 2**41 for r in refs) and adapter_ref("lora-7") == refs[7]
