@@ -100,3 +100,39 @@ def test_the_cluster_simulator_reproduces_the_two_engine_run(cluster_bench: dict
     error = relative_error(simulated.inference_tokens_per_s, real.inference_tokens_per_s)
     assert error <= 0.15, f"simulated {simulated.inference_tokens_per_s} vs measured {real.inference_tokens_per_s}"
     assert {it.engine_id for it in sim.run.iterations} == {"engine-0", "engine-1"}
+
+
+def test_the_validation_rows_feed_the_projection(llama_dir: Path, tmp_path: Path) -> None:
+    """`cluster validate`'s measured pair (1 and 2 engines, each simulated; the 2-engine run predicted
+    from the 1-engine one) on the tiny model, its plot, and `cluster project --from` reading the result."""
+    import argparse
+    import dataclasses
+
+    from coserve.bench.cluster_plots import validation_plot
+    from coserve.bench.cluster_projection import measured_engine, project_point
+    from coserve.bench.cluster_validate import _measure_pair
+    from coserve.platform.engine import EngineConfig
+
+    config = EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK,
+                          max_loras=2, max_lora_rank=8)
+    latency = LatencyModel(FP, {"constant": 2e-3, "decode_tokens": 2e-4, "prefill_tokens": 5e-5,
+                                "ft_forward_tokens": 5e-5, "ft_backward_token_layers": 1e-5})
+    setup = PolicySetup(scheduler=SchedulerConfig(max_model_len=512, max_num_seqs=8, max_batch_tokens=128,
+                                                  block_size=BLOCK),
+                        slo=SLO(ttft_s=1.0, tpot_s=0.02), latency=latency)
+    shape = EngineShape(NUM_BLOCKS, BLOCK, 2, 256, 2)
+    rows = _measure_pair(argparse.Namespace(seed=3), config, setup, _job(256, "v", tmp_path, 2**41), 6.0, 2.0,
+                         shape, FP)
+    assert [r["engines"] for r in rows] == [1, 2] and "predicted_from_1_engine" in rows[1]
+    for row in rows:
+        assert row["measured"]["num_finished"] > 0 and len(row["engine_models"]) == row["engines"]
+        assert set(row["simulated"]) >= {"inference_tokens_per_s", "finetune_tokens_per_s", "slo_attainment"}
+    result = {"machine": "here", "runs": rows, "shape": dataclasses.asdict(shape),
+              "policy_latency_model": {"coefficients": latency.coefficients},
+              "setup": {"scheduler": dataclasses.asdict(setup.scheduler), "slo": dataclasses.asdict(setup.slo),
+                        "safety_margin": 0.1, "max_stall_ms": None, "fingerprint": dataclasses.asdict(FP)}}
+    assert validation_plot(result, tmp_path).stat().st_size > 0
+    kind = measured_engine(result)
+    assert kind.model.coefficients == pytest.approx(rows[0]["engine_models"][0])
+    point = project_point(kind, 2, 3.0, 6.0, "decisions", seed=0, num_tenants=20)
+    assert point["engines"] == 2 and point["num_requests"] > 0 and point["decide_us_p50"] > 0

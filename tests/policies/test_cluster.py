@@ -387,3 +387,13 @@ def test_withdraw_refuses_a_request_that_was_admitted() -> None:
     plan = policy.plan()
     policy.update(plan, execute(plan))
     assert policy.withdraw("a") is None and policy.withdraw("nobody") is None
+
+
+def test_the_cluster_and_its_simulator_import_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, coserve.policies.cluster, coserve.bench.cluster_sim, coserve.bench.cluster_projection; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
