@@ -120,11 +120,15 @@ class ClusterScheduler:
             self.shared.input_charged.discard(request.request_id)
         for request in reroutable:
             reset_for_reroute(request)
-            if self._members:
-                failover.rerouted[request.request_id] = self._route_and_add(request)
-            else:
+            if not self._members:
                 self._held[request.request_id] = request
                 failover.waiting.append(request.request_id)
+                continue
+            try:
+                failover.rerouted[request.request_id] = self._route_and_add(request)
+            except ValueError:  # no engine left can take it (a longer context than theirs)
+                self.shared.input_charged.discard(request.request_id)
+                failover.stranded.append(request)
         for tenant in sorted(tenants):  # the lost engine's backlog is gone from the counters' Q
             if self.has_backlog(tenant):
                 self._vtc.on_backlogged(tenant)
@@ -166,7 +170,7 @@ class ClusterScheduler:
         return self._route_and_add(request)
 
     def _route_and_add(self, request: Request) -> str:
-        candidates = list(self._members.values())
+        candidates = [m for m in self._members.values() if m.fits(request)] or list(self._members.values())
         if request.adapter is not None:
             allowed = self.catalog.engines_for(request.adapter.path)
             if allowed is not None:

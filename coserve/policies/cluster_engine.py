@@ -71,6 +71,10 @@ class EngineMember:
     def holds_fanout(self, parent_id: str) -> bool:
         return self._fanouts[parent_id] > 0
 
+    def fits(self, request: Request) -> bool:
+        """Whether the request's tokens fit this engine's context (engines may differ)."""
+        return request.num_tokens <= self.policy.config.scheduler.max_model_len
+
     # ---------------------------------------------------------- what the job placer reads
 
     @property

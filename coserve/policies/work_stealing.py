@@ -46,7 +46,7 @@ def plan_steals(thief: EngineMember, members: Iterable[EngineMember], vtc: Virtu
     remote: dict[str, list[Steal]] = {}  # tenant -> its stealable requests, oldest first
     for victim in victims:
         for tenant, queued in victim.unsent.items():
-            remote.setdefault(tenant, []).extend((r, victim) for r in queued.values())
+            remote.setdefault(tenant, []).extend((r, victim) for r in queued.values() if thief.fits(r))
     steals = _overdue(remote, now - guard_s, slots)
     slots -= len(steals)
     if slots > 0:

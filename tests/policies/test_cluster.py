@@ -397,3 +397,14 @@ def test_the_cluster_and_its_simulator_import_no_torch() -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_engines_with_a_shorter_context_get_only_what_fits() -> None:
+    c = ClusterScheduler()
+    c.add_engine("short", builder(config(scheduler={"max_model_len": 16})))
+    c.add_engine("long", builder())
+    assert c.submit(make_request("big", "t", 30, 4)) == "long"  # "short" is idle but cannot hold it
+    assert c.submit(make_request("small", "t", 4, 4)) == "short"
+    failover = c.engine_lost("long")  # nowhere to go: handed back like a started request
+    assert [r.request_id for r in failover.stranded] == ["big"] and failover.rerouted == {}
+    drain(c)
