@@ -27,10 +27,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # both modes: one torch thread pe
 
 from coserve.actors.client import LocalScheduler, RayScheduler  # noqa: E402
 from coserve.actors.engine_actor import EngineActor, RayLink  # noqa: E402
-from coserve.actors.messages import ChatSubmission  # noqa: E402
+from coserve.contract.messages import ChatSubmission  # noqa: E402
 from coserve.actors.scheduler import SchedulerActor, SchedulerSettings  # noqa: E402
 from coserve.platform.engine import EngineConfig  # noqa: E402
-from coserve.policies.request import SamplingParams  # noqa: E402
+from coserve.contract.sampling import SamplingParams  # noqa: E402
 
 
 def submissions(count: int, max_tokens: int, tag: str) -> list[ChatSubmission]:

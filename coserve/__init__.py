@@ -3,16 +3,17 @@
 The offline API mirrors vLLM's: `from coserve import LLM, SamplingParams, LoRARequest`.
 """
 
-from coserve.lora_request import LoRARequest
-from coserve.outputs import CompletionOutput, Logprob, RequestOutput
-from coserve.policies.request import SamplingParams
-from coserve.policies.structured_output import StructuredOutput
+from coserve.contract.sampling import SamplingParams
+from coserve.contract.structured_output import StructuredOutput
+from coserve.frontend.logprobs import Logprob
+from coserve.offline.lora_request import LoRARequest
+from coserve.offline.outputs import CompletionOutput, RequestOutput
 
 
 def __getattr__(name: str) -> object:
     # LLM pulls in torch and transformers; import it lazily so the policy layer stays light.
     if name == "LLM":
-        from coserve.llm import LLM
+        from coserve.offline.llm import LLM
 
         return LLM
     raise AttributeError(name)

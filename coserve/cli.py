@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from coserve.bench.cli import register_bench
+from coserve.platform.profiler_cli import register_profile
 from coserve.policies import defaults
-from coserve.profiling import register_profile
 
 Subparsers = Any  # argparse's _SubParsersAction is private; this alias documents intent.
 # Copies of tiny_model.ARCHS / PRESETS (a test keeps them equal): importing tiny_model pulls in torch.
@@ -145,7 +145,7 @@ def _register_model(subparsers: Subparsers) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Handler of `coserve demo`."""
-    from coserve.demo import run_demo
+    from coserve.offline.demo import run_demo
 
     run_demo(args.model, max_tokens=args.max_tokens, dtype=args.dtype, device=args.device)
     return 0
@@ -164,8 +164,8 @@ def _register_demo(subparsers: Subparsers) -> None:
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Handler of `coserve serve`: validate every setting, then serve until interrupted."""
     from coserve.actors.data_dir_lock import DataDirLocked
-    from coserve.api.ray_app import run_ray
-    from coserve.serve import PortUnavailable, ServeOptions, run_local
+    from coserve.server.assembly import PortUnavailable, run_local, run_ray
+    from coserve.server.options import ServeOptions
 
     opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
                         port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,

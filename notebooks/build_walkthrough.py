@@ -36,7 +36,7 @@ CELLS = [
     new_code_cell(
         "import socket, threading\n"
         "import uvicorn\n"
-        "from coserve.serve import ServeOptions, build_local_app\n\n"
+        "from coserve.server.assembly import build_local_app\nfrom coserve.server.options import ServeOptions\n\n"
         "opts = ServeOptions(model=str(model_dir), tenants=str(work / 'tenants.yaml'),\n"
         "                    data_dir=str(work / 'data'), local=True, dtype='float32', max_num_seqs=8)\n"
         "opts.validate()\n"

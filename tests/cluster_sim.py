@@ -7,6 +7,8 @@ from typing import Any
 
 from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, execute
 
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.training_plan import TrainingExample
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.cluster import ClusterScheduler, PolicyBuilder
 from coserve.policies.config import SchedulerConfig
@@ -15,10 +17,8 @@ from coserve.policies.engine_core import Step
 from coserve.policies.finetune_types import FinetuneJobSpec
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.latency import LatencyModel
-from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.share_registry import ShareKind, build_policy
 from coserve.policies.shared_vtc import SharedVtc
-from coserve.policies.training_plan import TrainingExample
 
 
 def config(scheduler: dict[str, Any] | None = None, **co: Any) -> CoServingConfig:

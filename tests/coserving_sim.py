@@ -5,26 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
+from coserve.contract.sampling import SamplingParams
+from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingExample, TrainingReport
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.latency import LatencyModel, ModelFingerprint
-from coserve.policies.plan import (
-    IterationPlan,
-    IterationResult,
-    SampledToken,
-    StepTimings,
-)
-from coserve.policies.request import Request, SamplingParams
+from coserve.policies.request import Request
 from coserve.policies.share_registry import ShareKind, build_policy
-from coserve.policies.training_plan import (
-    SavedAdapter,
-    StepReport,
-    TrainingExample,
-    TrainingReport,
-)
 
 BS = 4
 TOKEN = 50

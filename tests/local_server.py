@@ -22,7 +22,8 @@ import openai
 from openai.types.fine_tuning import FineTuningJob
 from uvicorn_thread import serve_in_thread
 
-from coserve.serve import ServeOptions, build_local_app
+from coserve.server.assembly import build_local_app
+from coserve.server.options import ServeOptions
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 # A server subprocess's environment: one OpenMP thread (the tiny models gain nothing from a second).

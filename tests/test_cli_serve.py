@@ -49,7 +49,7 @@ def test_bad_settings_exit_nonzero_with_message(llama_dir: Path, tenants_file: P
 
 def test_serve_settings_reach_the_hybrid_policy(llama_dir: Path, tenants_file: Path) -> None:
     from coserve.policies.config import SchedulerConfig
-    from coserve.serve import ServeOptions
+    from coserve.server.options import ServeOptions
 
     opts = ServeOptions(model=str(llama_dir), tenants=str(tenants_file), tpot_slo_ms=80.0, max_stall_ms=240.0)
     opts.validate()
@@ -86,7 +86,7 @@ def test_serve_loads_a_latency_profile_fitted_here_and_refuses_another(
 
     from coserve.policies.config import SchedulerConfig
     from coserve.policies.latency import LatencyModel
-    from coserve.serve import ServeOptions
+    from coserve.server.options import ServeOptions
 
     opts = ServeOptions(model=str(llama_dir), tenants=str(tenants_file), dtype="float32")
     fingerprint = opts.policy_factory(opts.load_tenants()).fingerprint  # this model, machine and dtype

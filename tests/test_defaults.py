@@ -6,15 +6,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from coserve.actors.policy_setup import CoServingPolicyFactory
 from coserve.actors.scheduler import SchedulerSettings
 from coserve.cli import build_parser
-from coserve.llm import LLM
+from coserve.offline.llm import LLM
 from coserve.platform.engine import EngineConfig
 from coserve.policies import defaults
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.serve import ServeOptions
+from coserve.policies.policy_factory import CoServingPolicyFactory
+from coserve.server.options import ServeOptions
 
 
 def _field_defaults(cls: type) -> dict[str, object]:

@@ -9,8 +9,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 from coserve.platform.trainer import IGNORE_INDEX, TrainingSequence
-from coserve.policies.training_settings import LoRASettings, OptimizerSettings
 
 MAX_REL_ERR = 1e-4
 

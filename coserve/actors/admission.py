@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from coserve.actors.messages import Rejection
+from coserve.contract.messages import Rejection
 from coserve.policies.quotas import TenantLimits, TenantQuota
 
 

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from coserve.actors.engine_actor import EngineActor, LocalLink
-from coserve.actors.messages import Admission, ChatSubmission, StreamBatch
 from coserve.actors.scheduler import SchedulerActor
+from coserve.contract.messages import Admission, ChatSubmission, StreamBatch
 
 # A finished request whose stream was never read (its client left before the response started) is
 # forgotten after this long.

@@ -21,8 +21,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from coserve.policies.engine_contract import Engine, EngineFailure
-from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.contract.engine import Engine, EngineFailure
+from coserve.contract.plan import IterationPlan, IterationResult
 
 logger = logging.getLogger(__name__)
 

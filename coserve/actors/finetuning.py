@@ -28,13 +28,13 @@ from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobRecord, JobStatus
-from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
+from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
+from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
 from coserve.policies.job_host import JobHost
 from coserve.policies.quotas import TenantLimits, TenantQuota
 from coserve.policies.storage_quota import QUOTA_CODES
-from coserve.policies.training_settings import HyperparameterRequest, LoRASettings
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ starting model); `failure` classifies whatever its preparation raised, by type, 
 
 from __future__ import annotations
 
-from coserve.finetune import ValidationFileError
-from coserve.policies.training_settings import TooFewExamplesError
+from coserve.contract.training_settings import TooFewExamplesError
+from coserve.frontend.job_prep import ValidationFileError
 
 
 class JobRefused(ValueError):

@@ -29,20 +29,21 @@ from pathlib import Path
 from coserve.actors.admission import QuotaBook
 from coserve.actors.data_dir_lock import DataDirLock
 from coserve.actors.finetuning import FineTuningSettings, JobManager, open_job_manager
-from coserve.actors.messages import Admission, ChatSubmission, Rejection, StreamBatch
 from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
-from coserve.actors.policy_setup import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
-from coserve.actors.intake import PromptIntake
-from coserve.frontend import EosIds, OutputTracker, expand_request
+from coserve.contract.engine import EngineFailure
+from coserve.contract.messages import Admission, ChatSubmission, Rejection, StreamBatch
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import EosIds
+from coserve.frontend.intake import PromptIntake
+from coserve.frontend.output_tracker import OutputTracker
 from coserve.policies import defaults
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.engine_contract import EngineFailure
 from coserve.policies.engine_core import EngineCore, Step, StepFailed
-from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.policies.policy_factory import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.policies.quotas import TenantLimits
-from coserve.policies.request import RequestStatus
+from coserve.policies.request import RequestStatus, expand_request
 
 logger = logging.getLogger(__name__)
 

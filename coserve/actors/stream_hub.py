@@ -12,8 +12,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
-from coserve.actors.messages import StreamBatch
 from coserve.actors.streams import SubmissionState
+from coserve.contract.messages import StreamBatch
 
 # A finished submission whose stream nobody read is dropped after this long.
 UNREAD_TTL_S = 60.0

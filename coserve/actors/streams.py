@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from coserve.actors.messages import LogprobEntry, OutputDelta, StreamBatch
-from coserve.frontend import OutputTracker
+from coserve.contract.messages import LogprobEntry, OutputDelta, StreamBatch
+from coserve.frontend.output_tracker import OutputTracker
 
 
 class SubmissionState:

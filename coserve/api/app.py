@@ -1,6 +1,6 @@
 """The gateway's FastAPI application: `build_app(store, tenants, base_models)`.
 
-Served by plain uvicorn in `--local` mode and as the Ray Serve ingress otherwise (`coserve/serve.py`).
+Served by plain uvicorn in `--local` mode and as the Ray Serve ingress otherwise (`coserve.server.assembly`).
 Endpoint routers are listed in `ROUTERS`; a new one plugs in by being appended there: it gets the store,
 tenants, limits and scheduler client from `Depends(get_state)` and the caller's tenant from the `Tenant`
 dependency. The scheduler client is started and closed by the app's lifespan.

@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from coserve.bench.metrics import SLO
 from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.traces import RequestSpec, prompt_token_ids
+from coserve.contract.engine import Engine, RuntimeLayout, StepExecutor
+from coserve.contract.sampling import SamplingParams
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.engine_contract import Engine, RuntimeLayout, StepExecutor
 from coserve.policies.engine_core import EngineCore, Step
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.inference import InferenceScheduler
@@ -46,7 +47,7 @@ from coserve.policies.job_pieces import JobPieces
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample
 from coserve.policies.latency_features import PlanFeatures
-from coserve.policies.request import Request, SamplingParams
+from coserve.policies.request import Request
 
 TPOT_MULTIPLE = 3.0
 TTFT_MULTIPLE = 40.0

@@ -23,13 +23,13 @@ from typing import Any
 from coserve.bench.cluster_run import ClusterRecorder, ClusterRun, thread_seconds
 from coserve.bench.replay import IDLE_SLEEP_S, PolicyFactory, RunLimits, should_stop
 from coserve.bench.traces import RequestSpec
+from coserve.contract.engine import EngineFailure
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.cluster import ClusterScheduler
 from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.engine_contract import EngineFailure
 from coserve.policies.finetune_types import FinetuneJobSpec
 from coserve.policies.latency_features import PlanFeatures
-from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.shared_vtc import SharedVtc
 
 

@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from coserve.bench.cluster_run import ClusterRecorder, ClusterRun, thread_seconds
 from coserve.bench.replay import IDLE_SLEEP_S, Clock, RunLimits, should_stop
 from coserve.bench.traces import RequestSpec
+from coserve.contract.engine import StepExecutor
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.policies.cluster import ClusterScheduler
-from coserve.policies.engine_contract import StepExecutor
 from coserve.policies.finetune_types import FinetuneJobSpec
 from coserve.policies.latency_features import PlanFeatures
-from coserve.policies.plan import IterationPlan, IterationResult
 
 _WAKE, _DONE = 0, 1
 

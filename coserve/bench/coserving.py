@@ -40,9 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coserve.bench.calibration import (MAX_MARGIN, TTFT_MULTIPLE, LatencyFit, SweepSettings,
-                                       calibrate_slo, decode_step_s, fit_latency_model,
-                                       measure_decode_step_s, profile_engine)
+from coserve.bench.calibration import (MAX_MARGIN, TTFT_MULTIPLE, LatencyFit, SweepSettings, calibrate_slo,
+                                       decode_step_s, fit_latency_model, measure_decode_step_s, profile_engine)
 from coserve.bench.headroom import Headroom, best_baseline, headroom
 from coserve.bench.metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
@@ -50,9 +49,9 @@ from coserve.bench.replay import RunLimits, RunRecord, replay
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
+from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.policies.finetune_job import FinetuneJobSpec
 from coserve.policies.latency import LatencyModel
-from coserve.policies.training_settings import HyperparameterRequest, LoRASettings
 
 # Rates: the small preset on 2 CPU cores serves about 3.5 requests/s of this trace before queues grow
 # (measured 2026-11-21); below ~1 request/s the engine idles and every work-conserving baseline trains
@@ -138,7 +137,7 @@ def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Pa
                    seed: int, min_tokens: int = 256, max_tokens: int = 1024) -> FinetuneJobSpec:
     """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`; examples of
     `min_tokens`-`max_tokens` tokens."""
-    from coserve.finetune import prepare_job
+    from coserve.frontend.job_prep import prepare_job
 
     examples = synthetic_chat_dataset(tokenizer, 64, seed=seed, min_tokens=min_tokens, max_tokens=max_tokens)
     return prepare_job(tokenizer, examples, job_id="bench", tenant="finetune", adapter_id=TRAINING_ADAPTER_ID,

@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from coserve.bench.traces import RequestSpec, prompt_token_ids
+from coserve.contract.engine import StepExecutor
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.engine_contract import StepExecutor
 from coserve.policies.engine_core import EngineCore
+from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.job_host import JobHost
 from coserve.policies.latency_features import PlanFeatures, plan_features
-from coserve.policies.plan import IterationPlan, IterationResult
-from coserve.policies.request import AdapterRef, Request, SamplingParams
+from coserve.policies.request import Request
 from coserve.policies.shared_vtc import SharedVtc
 
 if TYPE_CHECKING:  # torch only where a real engine runs; the simulator imports this module too

@@ -28,15 +28,15 @@ from coserve.bench.cluster_sim import JobArrival, SchedulerCost, SimEngine, run_
 from coserve.bench.replay import (AdapterSlotTracker, EngineLane, PolicyFactory, RunLimits, RunRecord, drive,
                                   job_host)
 from coserve.bench.traces import RequestSpec
+from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
+from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingReport
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.cluster import ClusterScheduler
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.latency import LatencyModel, ModelFingerprint
-from coserve.policies.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.policies.routing import RoutingWeights
 from coserve.policies.shared_vtc import SharedVtc
-from coserve.policies.training_plan import SavedAdapter, StepReport, TrainingReport
 
 SIMULATED_TOKEN = 17  # the token every simulated sample returns (requests ignore EOS)
 # A run noisier than this (a machine under heavy contention) is not described by a latency model;

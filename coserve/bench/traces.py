@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from coserve.policies.training_plan import TrainingExample
+from coserve.contract.training_plan import TrainingExample
 
 # ShareGPT means (vLLM paper, Figure 11) and the sigmas of our lognormal fits; see the module docstring.
 SHAREGPT_PROMPT_MEAN = 161.0

@@ -101,10 +101,10 @@ class CoserveArm:
     """coserve's WindowedTrainer + LoRAOptimizer; `forward` / `backward` are window-size lists."""
 
     def __init__(self, model_dir: Path, seed: int) -> None:
+        from coserve.contract.training_settings import LoRASettings, OptimizerSettings
         from coserve.platform.config import ModelConfig
         from coserve.platform.model import Transformer
         from coserve.platform.trainer import LoRAOptimizer, TrainableLoRA, WindowedTrainer
-        from coserve.policies.training_settings import LoRASettings, OptimizerSettings
         from coserve.platform.weights import load_weights
 
         cfg = ModelConfig.from_pretrained(model_dir)

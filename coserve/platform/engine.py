@@ -17,6 +17,9 @@ from pathlib import Path
 import llguidance
 import torch
 
+from coserve.contract.engine import RuntimeLayout
+from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, SampledToken, ScheduledChunk, StepTimings
+from coserve.contract.sampling import SamplingParams
 from coserve.platform.attention import ChunkSpan, attends_row_wise, build_metadata
 from coserve.platform.config import ModelConfig, resolve_dtype
 from coserve.platform.grammar import GrammarCompiler
@@ -28,10 +31,6 @@ from coserve.platform.sampler import RowSampling, Sampler
 from coserve.platform.training_runtime import TrainingRuntime, WindowRows
 from coserve.platform.weights import load_weights
 from coserve.policies import defaults
-from coserve.policies.engine_contract import RuntimeLayout
-from coserve.policies.plan import (IterationPlan, IterationResult, NewSequence, SampledToken,
-                                   ScheduledChunk, StepTimings)
-from coserve.policies.request import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +75,7 @@ class _Sequence:
 
 class Engine:
     """Base model + paged KV cache + LoRA bank + sampler, driven by plans: coserve's implementation of
-    the `Engine` protocol (`coserve.policies.engine_contract`)."""
+    the `Engine` protocol (`coserve.contract.engine`)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

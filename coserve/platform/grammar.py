@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import llguidance
 import torch
 
+from coserve.contract.structured_output import StructuredOutput
 from coserve.platform.token_mask import BITS, TokenMask, words_for
-from coserve.policies.structured_output import StructuredOutput
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from coserve.contract.training_settings import TARGET_MODULES
 from coserve.platform.config import ModelConfig
-from coserve.policies.training_settings import TARGET_MODULES
 
 
 class Projection(enum.IntEnum):

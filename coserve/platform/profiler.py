@@ -24,6 +24,10 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
+from coserve.contract.sampling import AdapterRef, SamplingParams
+from coserve.contract.training_plan import TrainingExample
+from coserve.contract.training_settings import LoRASettings
 from coserve.platform.engine import Engine
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.engine_core import EngineCore, Step
@@ -31,10 +35,7 @@ from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec, JobPhase
 from coserve.policies.job_pieces import JobPieces
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample, plan_features
-from coserve.policies.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
-from coserve.policies.request import AdapterRef, Request, SamplingParams
-from coserve.policies.training_plan import TrainingExample
-from coserve.policies.training_settings import LoRASettings
+from coserve.policies.request import Request
 
 SETUP_TOKENS = 1024  # fine-tuning tokens per iteration that brings the job to a phase
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
+from coserve.contract.plan import TokenLogprobs
 from coserve.platform.logits_processors import mask_min_p, process_logits
 from coserve.platform.token_mask import TokenMask, apply_token_mask
-from coserve.policies.plan import TokenLogprobs
 
 # Below this a positive temperature is clamped: logits / 1e-5 stays far inside float32's range, and
 # the distribution is already a point mass on the argmax for any realistic logit gap.

@@ -1,5 +1,5 @@
 """The engine's side of fine-tuning: each job's trainable adapter, optimizer and sequences, and the
-execution of a plan's `TrainingWork` (see `coserve.policies.training_plan` for the contract).
+execution of a plan's `TrainingWork` (see `coserve.contract.training_plan` for the contract).
 
 Forward windows do not run here: the engine puts them in its fused forward with the inference tokens
 (`Engine.step`), asks `window_rows` how to place them and hands the results back through
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from coserve.contract.training_plan import (ForwardWindow, JobFailure, JobStart, SaveAdapter, SavedAdapter, StepReport,
+                                            TrainingExample, TrainingReport, TrainingWork, WindowReport)
 from coserve.platform.kv_cache import KVCache
 from coserve.platform.lora import LoRABank
 from coserve.platform.model import Transformer
@@ -27,9 +29,6 @@ from coserve.platform.trainer.lora_params import TrainableLoRA
 from coserve.platform.trainer.optimizer import LoRAOptimizer, NonFiniteGradientError
 from coserve.platform.trainer.windowed import SequenceState, WindowedTrainer
 from coserve.policies.data_position import DataPosition
-from coserve.policies.training_plan import (ForwardWindow, JobFailure, JobStart, SaveAdapter, SavedAdapter,
-                                            StepReport, TrainingExample, TrainingReport,
-                                            TrainingWork, WindowReport)
 
 
 class JobError(Exception):

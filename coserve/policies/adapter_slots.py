@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
-from coserve.policies.plan import AdapterLoad, IterationPlan
-from coserve.policies.request import AdapterRef
+from coserve.contract.plan import AdapterLoad, IterationPlan
+from coserve.contract.sampling import AdapterRef
 
 
 @dataclass(slots=True)

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from coserve.contract.engine import EngineFailure, StepExecutor
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.policies.adapter_catalog import AdapterCatalog
 from coserve.policies.cluster_engine import EngineMember
 from coserve.policies.cluster_jobs import ClusterJobs
 from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.engine_contract import EngineFailure, StepExecutor
 from coserve.policies.engine_core import Step
 from coserve.policies.failover import Failover, reset_for_reroute, split_requests
-from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.request import Request, RequestStatus
 from coserve.policies.routing import RouteChoice, RoutingWeights, route
 from coserve.policies.shared_vtc import SharedVtc

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+from coserve.contract.plan import IterationPlan
+from coserve.contract.sampling import AdapterRef
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.engine_core import EngineCore, Step
 from coserve.policies.finetune_job import FinetuneJob
 from coserve.policies.kv_blocks import KVBlockManager, PrefixHashes
-from coserve.policies.plan import IterationPlan
-from coserve.policies.request import AdapterRef, Request
+from coserve.policies.request import Request
 from coserve.policies.routing import EngineLoad
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.admission_order import VtcOrder
 from coserve.policies.finetune_share import FinetuneShare
@@ -34,7 +35,6 @@ from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
 from coserve.policies.liveness import FinetuneFloor
 from coserve.policies.online_latency import OnlineLatency
-from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.plan_checks import check_sequences
 from coserve.policies.request import Request, RequestStatus
 from coserve.policies.shared_vtc import SharedVtc

@@ -1,5 +1,5 @@
 """`EngineCore`: the iteration loop, the only place where a plan becomes an engine step and the result
-is fed back. Pure Python (the scheduler's side); the engine is anything with `step` (`engine_contract`).
+is fed back. Pure Python (the scheduler's side); the engine is anything with `step` (`coserve.contract.engine`).
 
 One iteration::
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from coserve.policies.engine_contract import EngineFailure, StepExecutor
-from coserve.policies.plan import IterationPlan, IterationResult, TokenLogprobs
+from coserve.contract.engine import EngineFailure, StepExecutor
+from coserve.contract.plan import IterationPlan, IterationResult, TokenLogprobs
 from coserve.policies.request import Request
 
 
@@ -42,7 +42,7 @@ class PlanSource(Protocol):
 
 
 class JobSide(Protocol):
-    """Fine-tuning jobs kept beside a policy that has none of its own (`coserve.finetune.OfflineJobs`)."""
+    """Fine-tuning jobs kept beside a policy that has none of its own (`coserve.offline.finetune.OfflineJobs`)."""
 
     def schedule(self, plan: IterationPlan) -> None:
         """Add the jobs' work (and deferred control) to the plan the policy made."""

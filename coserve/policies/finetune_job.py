@@ -23,16 +23,15 @@ Pure Python: no torch, no Ray. The job's spec, states and events are in `finetun
 from __future__ import annotations
 
 
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import AdapterRef
+from coserve.contract.training_plan import (BackwardTasklet, ForwardWindow, JobStart, OptimizerStep, SaveAdapter,
+                                            SequenceStart)
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.data_position import DataPosition
-from coserve.policies.finetune_types import (FinetuneJobSpec, JobEvent, JobEventKind, JobPhase,
-                                             JobState, trained_tokens)
+from coserve.policies.finetune_types import FinetuneJobSpec, JobEvent, JobEventKind, JobPhase, JobState, trained_tokens
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import IterationPlan, IterationResult
-from coserve.policies.request import AdapterRef
 from coserve.policies.training_progress import BatchProgress, SequenceProgress
-from coserve.policies.training_plan import (BackwardTasklet, ForwardWindow, JobStart,
-                                            OptimizerStep, SaveAdapter, SequenceStart)
 from coserve.policies.vtc import backward_tasklet_tokens
 
 __all__ = ["FinetuneJob", "FinetuneJobSpec", "JobEvent", "JobEventKind", "JobPhase", "JobState",

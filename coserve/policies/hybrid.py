@@ -37,11 +37,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from coserve.contract.plan import IterationPlan
 from coserve.policies.finetune_job import JobPhase
 from coserve.policies.finetune_share import RequestWatcher, ShareContext
 from coserve.policies.job_roster import Allowance, TrainingJob, fixed_allowance, whole_iteration_allowance
 from coserve.policies.latency import PlanFeatures
-from coserve.policies.plan import IterationPlan
 from coserve.policies.request import Request
 
 __all__ = ["HybridShare", "MIN_BURST"]

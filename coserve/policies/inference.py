@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.policies.adapter_slots import AdapterSlots, RunningAdapters, acquire_into
 from coserve.policies.admission_order import AdmissionOrder, FifoOrder
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.policies.plan_checks import check_kv_matches, check_sequences, check_token_budget
 from coserve.policies.request import Request, RequestStatus
 # The order-independent rules live in request_rules; re-exported here, where callers found them.
-from coserve.policies.request_rules import (BASE_MODEL_SALT, check_new_request, check_stop,
-                                            clamp_new_tokens, num_new_tokens, prefix_salt)
+from coserve.policies.request_rules import (BASE_MODEL_SALT, check_new_request, check_stop, clamp_new_tokens,
+                                            num_new_tokens, prefix_salt)
 
 __all__ = ["BASE_MODEL_SALT", "Budget", "InferenceScheduler", "check_stop", "clamp_new_tokens",
            "num_new_tokens", "prefix_salt"]

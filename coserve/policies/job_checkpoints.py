@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_types import FinetuneJobSpec, trained_tokens_before
-from coserve.policies.plan import IterationPlan, IterationResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ with each result, so a driver only sets `budget` before `EngineCore.step`.
 
 from __future__ import annotations
 
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.policies.finetune_job import FinetuneJob
-from coserve.policies.plan import IterationPlan, IterationResult
 
 
 class JobPieces:

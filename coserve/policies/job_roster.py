@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.policies.finetune_job import JobEvent, JobPhase, JobState
-from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.vtc import VirtualTokenCounter
 
 

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
-from coserve.policies.plan import IterationPlan
+from coserve.contract.plan import IterationPlan
 
 _START, _NUM_TOKENS = attrgetter("start"), attrgetter("num_tokens")
 _REQUEST_ID = attrgetter("request_id")

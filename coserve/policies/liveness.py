@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from coserve.contract.plan import IterationPlan
+from coserve.contract.training_plan import TrainingWork
 from coserve.policies.job_roster import Allowance, TrainingJob, fixed_allowance
-from coserve.policies.plan import IterationPlan
-from coserve.policies.training_plan import TrainingWork
 
 NO_MEMORY = "held back: no free KV block or adapter slot for its next piece (inference holds them)"
 

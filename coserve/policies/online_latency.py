@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.latency import LatencyModel, PlanFeatures
-from coserve.policies.plan import IterationPlan, IterationResult
 
 logger = logging.getLogger(__name__)
 

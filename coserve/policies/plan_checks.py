@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+from coserve.contract.plan import IterationPlan
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import IterationPlan
 
 _NUM_TOKENS = attrgetter("num_tokens")
 _REQUEST_ID = attrgetter("request_id")

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from coserve.contract.sampling import AdapterRef
 from coserve.policies.kv_blocks import PrefixHashes
-from coserve.policies.request import AdapterRef, Request
+from coserve.policies.request import Request
 from coserve.policies.request_rules import prefix_salt
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from coserve.policies.structured_output import JSON_LAYOUT, StructuredOutput
+from coserve.contract.structured_output import JSON_LAYOUT, StructuredOutput
 from coserve.tools.family import ToolFamily
 from coserve.tools.spec import ToolSpec
 

@@ -242,7 +242,7 @@ def test_a_job_row_written_before_the_typed_settings_loads(llama_dir: Path, stor
                                                           tmp_path: Path) -> None:
     """A row as older gateways stored it (the request's partial PEFT dict, nulls and unsorted
     modules included; hyperparameters with "auto") becomes the typed settings of the job's spec."""
-    from coserve.policies.training_settings import LoRASettings, OptimizerSettings
+    from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 
     llm = _llm(llama_dir)
     manager = _manager(store, llm, tmp_path / "data")

@@ -22,7 +22,7 @@ from deploy_config import local_args, serve_config
 from local_server import ADMIN_KEY, scrape
 
 from coserve import LLM, SamplingParams
-from coserve.api.ray_app import ENGINE_ACTOR, RAY_NAMESPACE, SCHEDULER_ACTOR
+from coserve.server.assembly import ENGINE_ACTOR, RAY_NAMESPACE, SCHEDULER_ACTOR
 
 KEY = "sk-ray-tenant-0123"
 OTHER_KEY = "sk-ray-other-0123"

@@ -11,13 +11,13 @@ import pytest
 
 from coserve.actors.client import LocalScheduler
 from coserve.actors.engine_actor import EngineActor
-from coserve.actors.messages import ChatSubmission, StreamBatch
-from coserve.actors.policy_setup import PolicyFactory, fcfs_policy
 from coserve.actors.scheduler import SchedulerActor, SchedulerSettings
+from coserve.contract.messages import ChatSubmission, StreamBatch
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import SamplingParams
 from coserve.platform.engine import EngineConfig
-from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.policies.policy_factory import PolicyFactory, fcfs_policy
 from coserve.policies.quotas import TenantLimits
-from coserve.policies.request import SamplingParams
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 

@@ -15,7 +15,8 @@ import yaml
 from deploy_config import DEPLOY, local_args, serve_config
 from ray.serve.schema import ServeDeploySchema
 
-from coserve.api.ray_app import app_builder, options_from_args
+from coserve.server.assembly import app_builder
+from coserve.server.options import options_from_args
 
 
 def _rayservice() -> dict[str, Any]:

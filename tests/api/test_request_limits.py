@@ -1,7 +1,7 @@
 """Request size limits through the real `--local` server: the JSON body cap (`--max-request-bytes`, 413,
 declared or chunked; uploads keep their own cap), and a prompt certainly over the context refused as
 `context_length_exceeded` from its length alone, without being encoded (the bound itself:
-tests/actors/test_prompt_encoder.py)."""
+tests/frontend/test_prompt_encoder.py)."""
 
 from __future__ import annotations
 

@@ -22,10 +22,10 @@ from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead
                                      truth_model_from_run)
 from coserve.bench.cluster_sim import JobArrival
 from coserve.bench.traces import RequestSpec, synthetic_training_examples
+from coserve.contract.training_settings import LoRASettings
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.finetune_job import FinetuneJobSpec
 from coserve.policies.latency import LatencyModel, ModelFingerprint
-from coserve.policies.training_settings import LoRASettings
 
 NUM_BLOCKS, BLOCK = 256, 16
 FP = ModelFingerprint("tiny", "here", "float32")

@@ -17,13 +17,12 @@ from coserve.bench.calibration import SweepSettings, fit_latency_model, profile_
 from coserve.bench.metrics import SLO, relative_error, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord, replay
-from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead_s, simulate,
-                                     truth_model_from_run)
+from coserve.bench.simulator import EngineShape, SimSettings, measured_overhead_s, simulate, truth_model_from_run
 from coserve.bench.traces import RequestSpec, synthetic_training_examples
+from coserve.contract.training_settings import LoRASettings
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.finetune_job import FinetuneJobSpec
 from coserve.policies.latency import ModelFingerprint
-from coserve.policies.training_settings import LoRASettings
 
 NUM_BLOCKS, BLOCK = 256, 16
 TINY_SWEEP = SweepSettings(decode_batches=(1, 4, 8), prompt_lens=(32,), decode_steps=3,

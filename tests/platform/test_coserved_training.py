@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from coserve.contract.plan import IterationPlan, NewSequence, ScheduledChunk
+from coserve.contract.sampling import SamplingParams
+from coserve.contract.training_plan import TrainingExample
+from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 from coserve.platform.engine import Engine, EngineConfig
 from coserve.platform.trainer import LoRAOptimizer, TrainableLoRA, TrainingSequence, save_checkpoint
-from coserve.policies.training_settings import LoRASettings, OptimizerSettings
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.data_position import DataPosition
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec, JobState
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import IterationPlan, NewSequence, ScheduledChunk
-from coserve.policies.request import SamplingParams
-from coserve.policies.training_plan import TrainingExample
 from train_reference import MAX_REL_ERR, check_weights, peft_adamw_run, rel_errs
 
 LORA = LoRASettings(r=4, lora_alpha=8)

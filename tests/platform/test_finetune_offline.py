@@ -12,9 +12,9 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from coserve import LLM, LoRARequest, SamplingParams
+from coserve.contract.plan import IterationPlan
 from coserve.platform.tiny_model import create_random_adapter
 from coserve.policies.finetune_job import JobState
-from coserve.policies.plan import IterationPlan
 from reference import greedy_reference
 
 EXAMPLES = [{"messages": [{"role": "system", "content": "Answer briefly."},

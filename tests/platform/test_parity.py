@@ -16,8 +16,8 @@ from reference import greedy_reference, random_prompts
 from transformers import AutoModelForCausalLM
 
 from coserve import LLM, LoRARequest, SamplingParams
+from coserve.contract.plan import IterationPlan
 from coserve.platform.tiny_model import create_random_adapter
-from coserve.policies.plan import IterationPlan
 
 STEPS = 10
 LENGTHS = [5, 23, 11, 40, 17]

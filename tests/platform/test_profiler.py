@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from coserve.cli import main
+from coserve.contract.plan import IterationResult
 from coserve.platform.engine import Engine, EngineConfig
 from coserve.platform.profiler import DesignedPlans, Scenario, SweepSettings, _Harness, design
 from coserve.policies.latency import COEFFICIENT_NAMES, LatencyModel
-from coserve.policies.plan import IterationResult
 
 
 def test_design_is_seeded_and_fits_the_context() -> None:

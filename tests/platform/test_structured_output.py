@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from coserve import LLM, SamplingParams
-from coserve.policies.structured_output import OutputFormat, StructuredOutput
+from coserve.contract.structured_output import OutputFormat, StructuredOutput
 
 # Every value is bounded (string lengths, item counts, integer ranges; a `number` could take digits
 # forever), so a random model cannot run past max_tokens inside a value: each output must close.

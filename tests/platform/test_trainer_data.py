@@ -15,13 +15,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from coserve.contract.training_settings import LoRASettings, resolve_hyperparameters
 from coserve.platform.config import ModelConfig
 from coserve.platform.model import Transformer
 from coserve.platform.tiny_model import create_tiny_model
 from coserve.platform.tokenizer_train import IM_END_TOKEN
-from coserve.platform.trainer import (IGNORE_INDEX, LoRAOptimizer, TemplateError, TrainableLoRA,
-                                      WindowedTrainer, encode_example, prepare_dataset, train_batch)
-from coserve.policies.training_settings import LoRASettings, resolve_hyperparameters
+from coserve.platform.trainer import (IGNORE_INDEX, LoRAOptimizer, TemplateError, TrainableLoRA, WindowedTrainer,
+                                      encode_example, prepare_dataset, train_batch)
 from coserve.platform.weights import load_weights
 
 Messages = list[dict[str, Any]]

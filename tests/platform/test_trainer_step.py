@@ -20,13 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 from coserve.platform.config import ModelConfig
 from coserve.platform.model import Transformer
 from coserve.platform.trainer import (DataPosition, LoRAOptimizer, NonFiniteGradientError, TrainableLoRA,
-                                      TrainingSequence, WindowedTrainer, load_checkpoint, save_checkpoint,
-                                      train_batch)
-from coserve.policies.training_settings import LoRASettings, OptimizerSettings
-from coserve.platform.trainer import checkpoint as checkpoint_module
+                                      TrainingSequence, WindowedTrainer, checkpoint as checkpoint_module,
+                                      load_checkpoint, save_checkpoint, train_batch)
 from coserve.platform.weights import load_weights
 from train_reference import MAX_REL_ERR, check_weights, peft_adamw_run, rel_errs, worst
 

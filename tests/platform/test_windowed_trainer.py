@@ -18,13 +18,13 @@ import torch.nn.functional as F
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from coserve.contract.training_settings import LoRASettings
 from coserve.platform.config import ModelConfig
 from coserve.platform.lora import load_peft_adapter
 from coserve.platform.model import Transformer
 from coserve.platform.trainer import (IGNORE_INDEX, TrainableLoRA, WindowedTrainer, chunked_cross_entropy,
-                                      full_cross_entropy, run_schedule, train_sequence, window_loss)
-from coserve.policies.training_settings import LoRASettings
-from coserve.platform.trainer import loss as loss_module
+                                      full_cross_entropy, loss as loss_module, run_schedule, train_sequence,
+                                      window_loss)
 from coserve.platform.weights import load_weights
 
 # prompt 0..19, answer 20..39, user turn 40..47, answer 48..63 (trained = the token is learned)

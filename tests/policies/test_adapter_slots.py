@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from coserve.contract.plan import AdapterLoad
+from coserve.contract.sampling import AdapterRef
 from coserve.policies.adapter_slots import AdapterSlots, SlotGrant
-from coserve.policies.plan import AdapterLoad
-from coserve.policies.request import AdapterRef
 
 
 def _ref(adapter_id: int) -> AdapterRef:

@@ -8,10 +8,11 @@ from coserving_sim import FakeClock, execute, make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coserve.contract.sampling import AdapterRef
 from coserve.policies.cluster import ClusterScheduler, NoEngine
 from coserve.policies.finetune_job import FinetuneJob
 from coserve.policies.finetune_types import JobEventKind
-from coserve.policies.request import AdapterRef, Request, RequestStatus
+from coserve.policies.request import Request, RequestStatus
 from coserve.policies.routing import RoutingWeights
 from coserve.policies.vtc import VTCWeights
 
@@ -327,7 +328,7 @@ def test_a_job_without_a_checkpoint_starts_over_and_a_pending_cancel_is_honoured
 
 
 def test_an_engine_failure_fails_its_plan_and_the_cluster_goes_on() -> None:
-    from coserve.policies.engine_contract import EngineFailure
+    from coserve.contract.engine import EngineFailure
     from coserve.policies.engine_core import StepFailed
 
     c = cluster(2)

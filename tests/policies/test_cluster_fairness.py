@@ -25,10 +25,10 @@ from coserving_sim import make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import AdapterRef
 from coserve.policies.cluster import ClusterScheduler
 from coserve.policies.finetune_types import JobEventKind
-from coserve.policies.plan import IterationPlan, IterationResult
-from coserve.policies.request import AdapterRef
 from coserve.policies.vtc import VTCWeights
 
 NUM_LAYERS = 4

@@ -7,14 +7,15 @@ import sys
 
 import pytest
 
+from coserve.contract.engine import Engine, EngineFailure, RuntimeLayout
+from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, TokenLogprobs
+from coserve.contract.sampling import SamplingParams
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.engine_contract import Engine, EngineFailure, RuntimeLayout
 from coserve.policies.engine_core import EngineCore, PlanInFlight, PlanMismatch, StepFailed
 from coserve.policies.inference import InferenceScheduler
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import IterationPlan, IterationResult, SampledToken, TokenLogprobs
-from coserve.policies.request import Request, RequestStatus, SamplingParams
+from coserve.policies.request import Request, RequestStatus
 
 TOKEN = 7
 LAYOUT = RuntimeLayout(num_kv_blocks=64, block_size=4, max_model_len=64, vocab_size=100,

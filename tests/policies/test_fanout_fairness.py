@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from coserving_sim import FakeClock, execute, make_policy, make_request
 
-from coserve.frontend import EosIds, expand_request
+from coserve.contract.sampling import EosIds, SamplingParams
 from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.request import Request, SamplingParams
+from coserve.policies.request import Request, expand_request
 
 DT = 0.03  # seconds per iteration
 HEAVY_TOKENS = 32

@@ -6,12 +6,13 @@ from typing import Any
 
 import pytest
 
+from coserve.contract.plan import AdapterLoad, IterationPlan, IterationResult, SampledToken
+from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.inference import InferenceScheduler, check_stop
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import AdapterLoad, IterationPlan, IterationResult, SampledToken
-from coserve.policies.request import AdapterRef, Request, RequestStatus, SamplingParams
+from coserve.policies.request import Request, RequestStatus
 
 BS = 4
 TOKEN = 50  # what the fake engine samples unless told otherwise

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import pytest
 from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, make_job, make_policy, make_request, step
 
-from coserve.actors.policy_setup import CoServingPolicyFactory
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.coserving import CoServingPolicy
@@ -19,6 +18,7 @@ from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.job_roster import Allowance, fixed_allowance
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures
+from coserve.policies.policy_factory import CoServingPolicyFactory
 from coserve.policies.request import Request
 from coserve.policies.share_registry import ShareKind, ShareOptions, build_policy, make_share, share_kind
 from coserve.policies.static_split import StaticSplitShare, split_kv

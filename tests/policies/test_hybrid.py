@@ -9,16 +9,17 @@ import pytest
 from coserving_sim import (BS, COEFFICIENTS, FP, FakeClock, execute, keep_busy, make_job, make_policy,
                            make_request, step)
 
+from coserve.contract.plan import IterationPlan
+from coserve.contract.sampling import AdapterRef
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.finetune_job import JobEventKind, JobPhase
 from coserve.policies.coserving import CoServingPolicy
+from coserve.policies.finetune_job import JobEventKind, JobPhase
 from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
-from coserve.policies.plan import IterationPlan
-from coserve.policies.request import AdapterRef, RequestStatus
+from coserve.policies.request import RequestStatus
 
 
 def predicted(policy: CoServingPolicy, plan: IterationPlan, extra: PlanFeatures | None = None) -> float:

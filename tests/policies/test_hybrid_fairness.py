@@ -13,8 +13,8 @@ from coserving_sim import execute, make_job, make_policy, make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.plan import IterationPlan, IterationResult
 from coserve.policies.vtc import VTCWeights
 
 NUM_LAYERS = 4

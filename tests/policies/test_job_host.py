@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from coserving_sim import BS, make_job, make_policy, make_request, step
 
-from coserve.finetune import OfflineJobs
+from coserve.contract.plan import IterationPlan
+from coserve.offline.finetune import OfflineJobs
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.inference import InferenceScheduler
 from coserve.policies.finetune_job import JobEventKind
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import IterationPlan
 from coserve.policies.share_registry import ShareKind
-from coserve.policies.vtc import VirtualTokenCounter, VTCWeights
+from coserve.policies.vtc import VTCWeights, VirtualTokenCounter
 
 
 def _host(also: set[str] | None = None, weight: float = 1.0) -> tuple[JobHost, VirtualTokenCounter]:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from coserving_sim import execute
 
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.training_plan import TrainingExample
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_core import EngineCore
-from coserve.policies.inference import InferenceScheduler
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec, JobState
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.job_pieces import JobPieces
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import IterationPlan, IterationResult
-from coserve.policies.training_plan import TrainingExample
 
 
 class Executor:

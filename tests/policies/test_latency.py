@@ -12,19 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from coserve.policies.latency import (
-    COEFFICIENT_NAMES,
-    LatencyModel,
-    ModelFingerprint,
-    PlanFeatures,
-    _nnls,
-    machine_id,
-    model_id_from_config,
-    plan_features,
-)
-from coserve.policies.plan import AdapterLoad, IterationPlan, NewSequence, ScheduledChunk
-from coserve.policies.request import SamplingParams
-from coserve.policies.training_plan import BackwardTasklet, ForwardWindow, TrainingWork
+from coserve.contract.plan import AdapterLoad, IterationPlan, NewSequence, ScheduledChunk
+from coserve.contract.sampling import SamplingParams
+from coserve.contract.training_plan import BackwardTasklet, ForwardWindow, TrainingWork
+from coserve.policies.latency import (COEFFICIENT_NAMES, LatencyModel, ModelFingerprint, PlanFeatures, _nnls,
+                                      machine_id, model_id_from_config, plan_features)
 
 FP = ModelFingerprint(model_id="abc123", machine="Linux-x86_64 | test-cpu x2 | cpu", dtype="float32")
 # Plausible CPU costs (seconds per unit); the fine-tuning features stay 0 in these samples.

@@ -18,9 +18,9 @@ from coserving_sim import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coserve.contract.plan import IterationPlan
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.latency import LatencyModel, plan_features
-from coserve.policies.plan import IterationPlan
 from coserve.policies.sample_guard import SampleGuard
 
 

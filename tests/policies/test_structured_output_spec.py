@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coserve.policies.request import SamplingParams
-from coserve.policies.structured_output import OutputFormat, StructuredOutput, StructuredOutputError
+from coserve.contract.sampling import SamplingParams
+from coserve.contract.structured_output import OutputFormat, StructuredOutput, StructuredOutputError
 
 
 def test_equal_schemas_give_equal_hashable_specs_that_survive_pickling() -> None:

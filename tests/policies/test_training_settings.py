@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from coserve.policies.training_settings import (BASE_LEARNING_RATE, TARGET_MODULES, LoRASettings,
-                                               OptimizerSettings, SettingsError, TooFewExamplesError,
-                                               resolve_hyperparameters)
+from coserve.contract.training_settings import (BASE_LEARNING_RATE, TARGET_MODULES, LoRASettings, OptimizerSettings,
+                                                SettingsError, TooFewExamplesError, resolve_hyperparameters)
 
 
 def test_defaults() -> None:
@@ -105,12 +104,12 @@ def test_hyperparameter_errors_are_typed() -> None:
 
 
 def test_the_settings_module_imports_no_torch() -> None:
-    code = "import sys, coserve.policies.training_settings; assert 'torch' not in sys.modules"
+    code = "import sys, coserve.contract.training_settings; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_hyperparameter_request_reads_and_writes_openai_json() -> None:
-    from coserve.policies.training_settings import HyperparameterRequest
+    from coserve.contract.training_settings import HyperparameterRequest
 
     request = HyperparameterRequest.from_dict({"n_epochs": 2, "batch_size": "auto",
                                                "learning_rate_multiplier": None})

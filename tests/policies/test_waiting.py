@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from coserve.contract.sampling import SamplingParams
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.request import Request, SamplingParams
-from coserve.policies.vtc import VirtualTokenCounter, VTCWeights
+from coserve.policies.request import Request
+from coserve.policies.vtc import VTCWeights, VirtualTokenCounter
 from coserve.policies.waiting import FifoQueue, TenantQueues
 
 

@@ -20,7 +20,7 @@ from coserve.api.protocol.strict import RequestModel
 from coserve.api.protocol.tools import (ChatCompletionMessageToolCall, ChoiceDeltaToolCall, ToolChoice,
                                         check_tool_request)
 from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow
-from coserve.policies.request import SamplingParams
+from coserve.contract.sampling import SamplingParams
 from coserve.tools.spec import ToolSpec
 
 MessageRole = Literal["system", "user", "assistant", "developer", "tool"]

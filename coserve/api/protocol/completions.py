@@ -13,11 +13,11 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from coserve.actors.messages import RawPrompt
 from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error, value_error
 from coserve.api.protocol.param_support import COMPLETIONS, EndpointParams
 from coserve.api.protocol.sampling import MAX_N, SamplingRequest
-from coserve.policies.request import SamplingParams
+from coserve.contract.messages import RawPrompt
+from coserve.contract.sampling import SamplingParams
 
 MAX_LOGPROBS = 5  # OpenAI's bound on the legacy `logprobs`
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 from coserve.api.protocol.base import OpenAIBaseModel, now, param_error
 from coserve.api.protocol.param_support import FINE_TUNING_JOBS
 from coserve.api.protocol.strict import RequestBody, RequestModel
-from coserve.policies.training_settings import BOUNDS, MAX_LEARNING_RATE_MULTIPLIER
+from coserve.contract.training_settings import BOUNDS, MAX_LEARNING_RATE_MULTIPLIER
 
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled",
                     "paused"]  # "paused" is not in the SDK's Literal; its lenient parser accepts it
@@ -56,7 +56,7 @@ class Method(RequestModel):
 class LoRAParams(RequestModel):
     """coserve extension: the LoRA adapter to train, in PEFT's `LoraConfig` names. None = server default.
 
-    The wire shape only: what the trainer accepts is `coserve.policies.training_settings.LoRASettings`,
+    The wire shape only: what the trainer accepts is `coserve.contract.training_settings.LoRASettings`,
     which the gateway builds from these (its `SettingsError` is the 400, naming `lora.<param>`).
     """
 

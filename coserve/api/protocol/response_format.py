@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from coserve.api.protocol.base import param_error
 from coserve.api.protocol.strict import RequestModel
-from coserve.policies.structured_output import StructuredOutput, StructuredOutputError
+from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
 
 
 class JsonSchemaFormat(RequestModel):

@@ -17,8 +17,8 @@ from pydantic import Field, field_validator, model_validator
 from coserve.api.protocol.base import param_error, value_error
 from coserve.api.protocol.param_support import EndpointParams
 from coserve.api.protocol.strict import RequestBody, RequestModel
-from coserve.policies.request import SamplingParams
-from coserve.policies.structured_output import StructuredOutput
+from coserve.contract.sampling import SamplingParams
+from coserve.contract.structured_output import StructuredOutput
 
 MAX_STOP_SEQUENCES = 4
 MAX_N = 128  # OpenAI's bound on `n`; a server may cap it lower (`coserve serve --max-n`)

@@ -7,7 +7,7 @@ same code that checks fine-tuning rows (`training_tools.check_tools`: type `func
 schema the grammar library can enforce (the arguments of a `required` or named call are generated
 under it). `tool_choice` and `parallel_tool_calls` need `tools`; a named function must be one of them.
 Whether the model can take tools at all depends on its chat template: the scheduler decides that
-(`coserve.actors.tool_admission`).
+(`coserve.frontend.tool_admission`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import model_serializer
 from coserve.api.protocol.base import OpenAIBaseModel, param_error
 from coserve.api.protocol.strict import RequestModel
 from coserve.api.protocol.training_tools import check_tools
-from coserve.policies.structured_output import StructuredOutput, StructuredOutputError
+from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
 
 

@@ -15,11 +15,11 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from coserve.actors.messages import ChatSubmission, LogprobEntry, OutputDelta, StreamBatch
 from coserve.api.protocol.base import ProtocolError, UsageInfo
 from coserve.api.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from coserve.api.serving.generation import DONE_EVENT, Generation, error_event, finish_reason, usage
 from coserve.api.state import GatewayState
+from coserve.contract.messages import ChatSubmission, LogprobEntry, OutputDelta, StreamBatch
 
 
 @dataclass

@@ -12,22 +12,20 @@ import math
 
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import CheckpointRecord, EventRecord, JobRecord, JobStatus
+from coserve.actors.store.usage import RESERVED_MODELS_KEY
 from coserve.api.auth import Caller
 from coserve.api.protocol.base import ProtocolError
-from coserve.api.protocol.fine_tuning import (CheckpointMetrics, FineTuningJob, FineTuningJobCheckpoint,
-                                              FineTuningJobCheckpointList, FineTuningJobCreate,
-                                              FineTuningJobError, FineTuningJobEvent,
-                                              FineTuningJobEventList, FineTuningJobList,
-                                              Hyperparameters, LoRAParams,
-                                              Method, SupervisedMethod)
 from coserve.api.protocol.files import validate_finetune_jsonl
-from coserve.actors.store.usage import RESERVED_MODELS_KEY
+from coserve.api.protocol.fine_tuning import (CheckpointMetrics, FineTuningJob, FineTuningJobCheckpoint,
+                                              FineTuningJobCheckpointList, FineTuningJobCreate, FineTuningJobError,
+                                              FineTuningJobEvent, FineTuningJobEventList, FineTuningJobList,
+                                              Hyperparameters, LoRAParams, Method, SupervisedMethod)
 from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
+from coserve.contract.training_settings import (MIN_EXAMPLES, HyperparameterRequest, LoRASettings, SettingsError,
+                                                TooFewExamplesError, auto_n_epochs)
 from coserve.policies.quotas import TenantQuota
 from coserve.policies.storage_quota import admit_job, has_storage_limits, models_per_job
 from coserve.policies.tenants import TenantsConfig
-from coserve.policies.training_settings import (MIN_EXAMPLES, HyperparameterRequest, LoRASettings,
-                                               SettingsError, TooFewExamplesError, auto_n_epochs)
 
 
 def to_job(record: JobRecord) -> FineTuningJob:

@@ -14,11 +14,11 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from coserve.actors.messages import AdapterSpec, Admission, ChatSubmission, Rejection, StreamBatch
 from coserve.api.protocol.base import ErrorBody, ErrorResponse, ProtocolError, UsageInfo
 from coserve.api.serving.models import model_not_found
 from coserve.api.state import GatewayState
-from coserve.policies.request import SamplingParams
+from coserve.contract.messages import AdapterSpec, Admission, ChatSubmission, Rejection, StreamBatch
+from coserve.contract.sampling import SamplingParams
 
 DONE_EVENT = "data: [DONE]\n\n"
 

@@ -1,5 +1,5 @@
 """Training data of a fine-tuning job: chat examples -> loss-masked sequences ("auto" hyperparameters:
-`coserve.policies.training_settings`).
+`coserve.contract.training_settings`).
 
 Loss mask (issue 3, item 1). An example is rendered with the tokenizer's own chat template, so the
 model trains on exactly the text it will see when served. The trained tokens are, for every assistant
@@ -40,10 +40,9 @@ from typing import Any
 
 import torch
 
-from coserve.platform.trainer.chat_render import (TemplateError, Tools, content_text, render,
-                                                  require_calls_rendered, require_tool_results_rendered,
-                                                  require_tool_support, require_tools_rendered,
-                                                  template_messages, tool_calls)
+from coserve.platform.trainer.chat_render import (TemplateError, Tools, content_text, render, require_calls_rendered,
+                                                  require_tool_results_rendered, require_tool_support,
+                                                  require_tools_rendered, template_messages, tool_calls)
 from coserve.platform.trainer.optimizer import TrainingSequence
 
 MAX_WARNED_INDICES = 20  # a warning names at most this many example indices

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from coserve.contract.training_settings import TARGET_MODULES, LoRASettings
 from coserve.platform.config import ModelConfig
 from coserve.platform.lora import AdapterLayer, AdapterWeights, contiguous_layer, fuse_layer
-from coserve.policies.training_settings import TARGET_MODULES, LoRASettings
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
+from coserve.contract.training_settings import OptimizerSettings
 from coserve.platform.trainer.lora_params import TrainableLoRA
 from coserve.platform.trainer.windowed import WindowedTrainer, train_sequence
-from coserve.policies.training_settings import OptimizerSettings
 
 STATE_FORMAT = 1  # version of `LoRAOptimizer.state_dict`'s layout
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from coserve.policies.plan import IterationPlan, IterationResult
+from coserve.contract.plan import IterationPlan, IterationResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,12 @@ import logging
 from dataclasses import dataclass, replace
 
 from coserve.actors.admission import context_rejection
-from coserve.actors.messages import AdapterSpec, ChatSubmission, Rejection
-from coserve.actors.prompt_encoder import PromptEncoder, PromptRefused
-from coserve.actors.tool_admission import PreparedChat, ToolSupport
-from coserve.frontend import AdapterChecker, chat_template_refusal
-from coserve.policies.request import AdapterRef, SamplingParams
+from coserve.contract.messages import AdapterSpec, ChatSubmission, Rejection
+from coserve.contract.sampling import AdapterRef, SamplingParams
+from coserve.frontend.adapter_check import AdapterChecker
+from coserve.frontend.chat_template import chat_template_refusal
+from coserve.frontend.prompt_encoder import PromptEncoder, PromptRefused
+from coserve.frontend.tool_admission import PreparedChat, ToolSupport
 from coserve.tools.family import ToolFamily
 
 logger = logging.getLogger(__name__)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from coserve.actors.messages import ChatSubmission, Rejection
-from coserve.actors.tool_admission import PreparedChat, ToolSupport
-from coserve.policies.request import SamplingParams
-from coserve.policies.structured_output import OutputFormat
+from coserve.contract.messages import ChatSubmission, Rejection
+from coserve.contract.sampling import SamplingParams
+from coserve.contract.structured_output import OutputFormat
+from coserve.frontend.tool_admission import PreparedChat, ToolSupport
 from coserve.tools.family import HERMES
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from coserve.detokenizer import TextTracker
-from coserve.policies.request import SamplingParams
+from coserve.contract.sampling import SamplingParams
+from coserve.frontend.detokenizer import TextTracker
 
 
 @pytest.mark.parametrize("skip_special", [True, False])

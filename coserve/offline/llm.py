@@ -16,10 +16,16 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from coserve.finetune import FIRST_TRAINING_ADAPTER_ID, FineTuneResult, OfflineJobs, prepare_job
-from coserve.frontend import AdapterChecker, EosIds, OutputTracker, encode_chat, expand_request
-from coserve.lora_request import LoRARequest
-from coserve.outputs import CompletionOutput, RequestOutput
+from coserve.contract.plan import TokenLogprobs
+from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
+from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
+from coserve.frontend.adapter_check import AdapterChecker
+from coserve.frontend.chat_template import encode_chat
+from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, prepare_job
+from coserve.frontend.output_tracker import OutputTracker
+from coserve.offline.finetune import FineTuneResult, OfflineJobs
+from coserve.offline.lora_request import LoRARequest
+from coserve.offline.outputs import CompletionOutput, RequestOutput
 from coserve.platform.engine import Engine, EngineConfig
 from coserve.policies import defaults
 from coserve.policies.adapter_slots import AdapterSlots
@@ -27,9 +33,7 @@ from coserve.policies.config import SchedulerConfig
 from coserve.policies.engine_core import EngineCore
 from coserve.policies.inference import InferenceScheduler
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import TokenLogprobs
-from coserve.policies.request import AdapterRef, Request, RequestStatus, SamplingParams
-from coserve.policies.training_settings import HyperparameterRequest, LoRASettings
+from coserve.policies.request import Request, RequestStatus, expand_request
 
 PromptType = str | dict
 ChatMessages = list[dict]

@@ -1,33 +1,40 @@
-"""coserve as a Ray Serve application: what `coserve serve` runs on Ray, and what `deploy/serve.yaml` names.
+"""Assembly: a coserve server built from its `ServeOptions`, in one process or on Ray.
 
-One ingress deployment (one replica: the scheduler is central) whose replica starts the SchedulerActor
-and the EngineActor when it starts. The replica owns them, so Serve's lifecycle is the application's:
-`serve shutdown`, `serve delete coserve` or a new config stop the replica, its `__del__` tells the
-scheduler to end the streams in flight, and Ray ends the actors with their owner. A restarted replica
-starts fresh actors, and the job manager resumes running jobs from their last checkpoint (the store
-and the adapters are in the data dir).
+- `--local` (`build_local_app`, `run_local`): one process. The scheduler's coroutines run on uvicorn's
+  event loop, the engine loop on a background thread (`coserve.actors.client.LocalScheduler`).
+- default (`run_ray`): Ray (a local cluster unless `RAY_ADDRESS` is set). The SchedulerActor is a named
+  async actor, the EngineActor takes the GPU, and the gateway is a Ray Serve ingress deployment: the same
+  FastAPI app, built in the replica (`GatewayIngress`), which starts and owns both actors
+  (`start_ray_actors`). `deploy/serve.yaml` runs the same application on an existing cluster.
 
-The data dir is locked by the scheduler actor (`coserve.actors.data_dir_lock`): an application started
-while another server serves the same data dir fails to deploy, its error naming the dir and the holder.
+On Ray there is one ingress deployment (one replica: the scheduler is central). The replica owns the
+actors, so Serve's lifecycle is the application's: `serve shutdown`, `serve delete coserve` or a new
+config stop the replica, its `__del__` tells the scheduler to end the streams in flight, and Ray ends
+the actors with their owner. A restarted replica starts fresh actors, and the job manager resumes
+running jobs from their last checkpoint (the store and the adapters are in the data dir).
 
-`app_builder` is Serve's application-builder entry point: `import_path: coserve.api.ray_app:app_builder`
+The data dir is locked by the scheduler (`coserve.actors.data_dir_lock`): with `--local` before the
+model loads; on Ray by the scheduler actor, so an application started while another server serves the
+same data dir fails to deploy, its error naming the dir and the holder.
+
+`app_builder` is Serve's application-builder entry point: `import_path: coserve.server.assembly:app_builder`
 with `args` named like `coserve serve`'s flags (`model`, `tenants`, `data_dir`, `max_num_seqs`, ...).
 Host and port are Serve's `http_options`, not arguments.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
 from typing import Any
 
-from coserve.serve import ENGINE_ID, ServeOptions
+from coserve.server.options import ServeOptions, options_from_args
 
 logger = logging.getLogger(__name__)
+
+ENGINE_ID = "engine-0"
 
 RAY_NAMESPACE = "coserve"
 SCHEDULER_ACTOR = "coserve-scheduler"
@@ -40,9 +47,67 @@ DEPLOYMENT_NAME = "coserve-gateway"
 # proxy, first come first served, and their TTFT would grow by whole requests (measured: 64 streaming
 # clients waited 13.7 s at the median for a first token, against 65 ms with `--local`).
 MAX_ONGOING_REQUESTS = 100_000
-# What `http_options` (host, port) and `coserve serve --local` decide: not application arguments.
-NOT_ARGS = frozenset({"host", "port", "local"})
 
+
+class PortUnavailable(RuntimeError):
+    """The host and port cannot be listened on (in use, or not an address of this machine)."""
+
+
+# ----------------------------------------------------------------------------------- local mode
+
+def build_local_app(opts: ServeOptions) -> Any:
+    """The FastAPI app with the scheduler and engine in this process (started by the app's lifespan)."""
+    from coserve.actors.client import LocalScheduler
+    from coserve.actors.data_dir_lock import DataDirLock
+    from coserve.actors.engine_actor import EngineActor
+    from coserve.actors.scheduler import SchedulerActor
+    from coserve.actors.store import MetadataStore
+    from coserve.api.app import build_app
+
+    tenants = opts.load_tenants()
+    # First, before the model loads and before anything opens the store: a second server on this data
+    # dir stops here (DataDirLocked). The scheduler, which owns the jobs, keeps the lock.
+    lock = DataDirLock.acquire(opts.data_dir)
+    try:
+        engine = EngineActor(opts.engine_config(), ENGINE_ID)
+        scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants), data_lock=lock)
+        store = MetadataStore(opts.data_dir)
+        return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
+                         max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics,
+                         max_request_bytes=opts.max_request_bytes, max_n=opts.max_n,
+                         max_upload_bytes=opts.max_upload_bytes)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def run_local(opts: ServeOptions) -> None:
+    """Serve with uvicorn until interrupted. The socket is bound first, so the banner names the port that
+    is actually listening (`--port 0` picks a free one) and a port in use fails before the model loads."""
+    import socket
+
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in opts.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((opts.host, opts.port))
+    except OSError as error:
+        sock.close()
+        raise PortUnavailable(f"--host {opts.host} --port {opts.port}: cannot listen there "
+                              f"({error.strerror})") from None
+    sock.listen(2048)
+    port = sock.getsockname()[1]
+    app = build_local_app(opts)
+    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{port}/v1 (local mode)", flush=True)
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly (uvicorn.run too)
+        pass
+
+
+# ------------------------------------------------------------------------------------- Ray mode
 
 class GatewayIngress:
     """The gateway's Serve replica: starts the scheduler and the engine, then serves the FastAPI app.
@@ -92,47 +157,10 @@ def build_application(opts: ServeOptions) -> Any:
     return ingress.bind(opts)
 
 
-def options_from_args(args: Mapping[str, Any]) -> ServeOptions:
-    """`ServeOptions` from a Serve config's `args`, checked as `coserve serve` checks its flags.
-
-    Raises:
-        ValueError: a missing `model` or `tenants`, an unknown argument, a value of the wrong type or out
-            of range (named as in the config).
-    """
-    fields = {f.name: f for f in dataclasses.fields(ServeOptions) if f.name not in NOT_ARGS}
-    unknown = sorted(set(args) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown coserve argument(s) {unknown}; known: {sorted(fields)}")
-    missing = [name for name in ("model", "tenants") if name not in args]
-    if missing:
-        raise ValueError(f"coserve needs the argument(s) {missing}")
-    for name, value in args.items():
-        _check_type(name, value, str(fields[name].type))
-    opts = ServeOptions(**dict(args))
-    opts.validate()
-    return opts
-
-
-def _check_type(name: str, value: Any, annotation: str) -> None:
-    """Check a YAML value against a `ServeOptions` annotation ("int", "float | None", "str", ...)."""
-    if value is None and "None" in annotation:
-        return
-    if annotation.startswith("int"):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif annotation.startswith("float"):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, str)
-    if not ok:
-        raise ValueError(f"argument {name} must be {annotation}, got {value!r}")
-
-
 def app_builder(args: dict[str, Any]) -> Any:
-    """Serve's application builder (`import_path: coserve.api.ray_app:app_builder`)."""
+    """Serve's application builder (`import_path: coserve.server.assembly:app_builder`)."""
     return build_application(options_from_args(args))
 
-
-# ------------------------------------------------------------------------------------- Ray mode
 
 def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
     """Create the named SchedulerActor and EngineActor, register the engine, start its loop.

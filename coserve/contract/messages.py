@@ -4,14 +4,14 @@ gateway -> SchedulerActor: `ChatSubmission` (answered by `Admission`; a chat con
 completions prompt as a `RawPrompt`), then `StreamBatch`es until one
 has `done`: from `stream(request_id)` in-process, or over Ray from `poll(origin)`, which returns the
 batches of all of one gateway replica's requests in one call. EngineActor <-> SchedulerActor: `IterationPlan` and
-`IterationResult` (policies/plan.py), or `EngineFailure` (policies/engine_contract.py) when a step raised.
+`IterationResult` (contract/plan.py), or `EngineFailure` (contract/engine.py) when a step raised.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coserve.policies.request import SamplingParams
+from coserve.contract.sampling import SamplingParams
 from coserve.tools.family import ToolFamily
 from coserve.tools.spec import ToolSpec
 

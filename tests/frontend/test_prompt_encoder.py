@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coserve.actors.prompt_encoder import PromptEncoder
+from coserve.frontend.prompt_encoder import PromptEncoder
 
 
 TEXTS = st.lists(st.sampled_from(["a", "b", " ", "  ", "\n", "\t", "é", "漢", "😀", "ab", "the",
@@ -93,8 +93,8 @@ def test_raw_prompts_skip_the_template_and_are_checked(llama_dir: Path) -> None:
     and what the model cannot take is refused naming `prompt`."""
     import pytest
 
-    from coserve.actors.messages import RawPrompt
-    from coserve.actors.prompt_encoder import PromptRefused
+    from coserve.contract.messages import RawPrompt
+    from coserve.frontend.prompt_encoder import PromptRefused
 
     encoder, tokenizer = _tiny_encoder(llama_dir)
     vocab = len(tokenizer)

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from coserve.policies.request import SamplingParams
-from coserve.policies.training_plan import TrainingReport, TrainingWork
+from coserve.contract.sampling import SamplingParams
+from coserve.contract.training_plan import TrainingReport, TrainingWork
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coserve.policies.training_settings import LoRASettings, OptimizerSettings
+from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 
 
 @dataclass(slots=True)

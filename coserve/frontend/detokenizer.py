@@ -14,9 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coserve.outputs import Logprob
-from coserve.policies.plan import TokenLogprobs
-from coserve.policies.request import SamplingParams
+from coserve.contract.sampling import SamplingParams
 
 _INCOMPLETE = "\ufffd"  # what a tokenizer decodes an unfinished UTF-8 sequence to
 
@@ -106,13 +104,3 @@ class TextTracker:
         if self._hold and self._sampling.stop:
             return self.text[:max(0, len(self.text) - self._hold)]
         return self.text
-
-
-def to_logprob_dict(lp: TokenLogprobs, tokenizer: object) -> dict[int, Logprob]:
-    """vLLM's per-token logprob dict: the sampled token and the top-N alternatives."""
-    # The sampled token comes first, as in vLLM, then the alternatives by rank.
-    out = {lp.token_id: Logprob(logprob=lp.logprob, rank=lp.rank,
-                                decoded_token=tokenizer.decode([lp.token_id]))}
-    for i, (tid, value) in enumerate(zip(lp.top_token_ids, lp.top_logprobs)):
-        out.setdefault(tid, Logprob(logprob=value, rank=i + 1, decoded_token=tokenizer.decode([tid])))
-    return out

@@ -1,4 +1,4 @@
-"""Fine-tuning jobs from chat examples: building a job's spec, and running jobs offline next to `LLM`.
+"""Fine-tuning jobs run offline next to `LLM` (their spec: `coserve.frontend.job_prep`).
 
     from coserve import LLM
     llm = LLM(model="path/to/hf-folder", dtype="float32")
@@ -14,76 +14,16 @@ SLO: each iteration gives fine-tuning what the inference tokens leave of `max_ba
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from coserve.platform.trainer.data import PreparedDataset, prepare_dataset
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob
 from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.finetune_job import (FinetuneJob, FinetuneJobSpec, JobEvent, JobEventKind,
-                                           JobState)
+from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind, JobState
 from coserve.policies.job_host import JobHost
 from coserve.policies.job_roster import whole_iteration_allowance
 from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.plan import IterationPlan, IterationResult
-from coserve.policies.training_plan import TrainingExample
-from coserve.policies.training_settings import HyperparameterRequest, LoRASettings, ResolvedHyperparameters
-from coserve.policies.vtc import VirtualTokenCounter, VTCWeights
-
-# Offline fine-tuning adapters take ids from here down, far from users' LoRARequest ids.
-FIRST_TRAINING_ADAPTER_ID = 2**40
-
-
-class ValidationFileError(ValueError):
-    """The validation file cannot be tokenized (its job fails with `invalid_validation_file`)."""
-
-
-@dataclass(slots=True)
-class PreparedJob:
-    """A job ready to schedule, and what preparing its data found."""
-
-    spec: FinetuneJobSpec
-    dataset: PreparedDataset
-    hyperparameters: ResolvedHyperparameters
-
-
-def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[Mapping[str, Any]]],
-                *, job_id: str, tenant: str, adapter_id: int, num_layers: int, max_len: int,
-                output_dir: str | Path, hyperparameters: HyperparameterRequest | None = None,
-                lora: LoRASettings | None = None, seed: int = 0,
-                base_model_name_or_path: str | None = None,
-                init_adapter: str | None = None,
-                validation: Sequence[Mapping[str, Any] | Sequence[Mapping[str, Any]]] = ()) -> PreparedJob:
-    """Tokenize the examples with the chat template and resolve every "auto" setting.
-
-    `hyperparameters` None is all "auto"; `lora` None trains `LoRASettings()`.
-
-    Raises:
-        TooFewExamplesError: fewer than 10 usable examples.
-        SettingsError: a bad hyperparameter (`param` names it).
-        ValueError: a conversation the template cannot mask exactly (`ValidationFileError` when it is
-            in the validation file).
-    """
-    dataset = prepare_dataset(tokenizer, examples, max_len)
-    resolved = (hyperparameters or HyperparameterRequest()).resolve(len(dataset.sequences),
-                                                                    dataset.trained_tokens)
-    try:
-        held_out = (prepare_dataset(tokenizer, validation, max_len, what="validation example").sequences
-                    if validation else [])
-    except ValueError as err:
-        raise ValidationFileError(str(err)) from err
-    spec = FinetuneJobSpec(
-        job_id=job_id, tenant=tenant, adapter_id=adapter_id,
-        examples=[TrainingExample(seq.token_ids.tolist(), seq.trained.tolist())
-                  for seq in dataset.sequences],
-        n_epochs=resolved.n_epochs, batch_size=resolved.batch_size, seed=seed,
-        num_layers=num_layers, output_dir=str(output_dir),
-        lora=lora or LoRASettings(), optimizer=resolved.optimizer_settings(),
-        base_model_name_or_path=base_model_name_or_path, init_adapter=init_adapter,
-        validation_examples=[TrainingExample(seq.token_ids.tolist(), seq.trained.tolist())
-                             for seq in held_out])
-    return PreparedJob(spec, dataset, resolved)
+from coserve.policies.vtc import VTCWeights, VirtualTokenCounter
 
 
 @dataclass(slots=True)

@@ -1,17 +1,13 @@
-"""`coserve serve`: assemble the gateway, the SchedulerActor and the EngineActor, locally or on Ray.
-
-- `--local`: one process. The scheduler's coroutines run on uvicorn's event loop, the engine loop on a
-  background thread (`coserve.actors.client.LocalScheduler`).
-- default: Ray (a local cluster unless `RAY_ADDRESS` is set). The SchedulerActor is a named async
-  actor, the EngineActor takes the GPU, and the gateway is a Ray Serve ingress deployment
-  (`coserve.api.ray_app`: the same FastAPI app, built in the replica, which starts and owns both actors;
-  `deploy/serve.yaml` runs the same application on an existing cluster). Ray mode lives there (actors,
-  deployment, `run_ray`); this module holds the options both modes take and the local mode.
+"""`ServeOptions`: the settings of `coserve serve` (its flags, or a Serve config's `args`), checked
+before anything heavy starts, and the scheduler, engine and policy settings they imply. The server is
+built from them by `coserve.server.assembly`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +17,9 @@ from coserve.policies import defaults
 
 logger = logging.getLogger(__name__)
 
-ENGINE_ID = "engine-0"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-class PortUnavailable(RuntimeError):
-    """The host and port cannot be listened on (in use, or not an address of this machine)."""
+# What `http_options` (host, port) and `coserve serve --local` decide: not application arguments.
+NOT_ARGS = frozenset({"host", "port", "local"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +110,9 @@ class ServeOptions:
 
         import torch  # noqa: F401  (resolve_dtype's torch dtypes)
 
-        from coserve.actors.policy_setup import CoServingPolicyFactory
         from coserve.platform.config import ModelConfig, resolve_dtype
         from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
+        from coserve.policies.policy_factory import CoServingPolicyFactory
 
         config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
         dtype = str(resolve_dtype(self.dtype, ModelConfig.from_pretrained(self.model)))
@@ -156,55 +149,36 @@ def _check_device(device: str) -> None:
         raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
-# ----------------------------------------------------------------------------------- local mode
+def options_from_args(args: Mapping[str, Any]) -> ServeOptions:
+    """`ServeOptions` from a Serve config's `args`, checked as `coserve serve` checks its flags.
 
-def build_local_app(opts: ServeOptions) -> Any:
-    """The FastAPI app with the scheduler and engine in this process (started by the app's lifespan)."""
-    from coserve.actors.client import LocalScheduler
-    from coserve.actors.data_dir_lock import DataDirLock
-    from coserve.actors.engine_actor import EngineActor
-    from coserve.actors.scheduler import SchedulerActor
-    from coserve.actors.store import MetadataStore
-    from coserve.api.app import build_app
-
-    tenants = opts.load_tenants()
-    # First, before the model loads and before anything opens the store: a second server on this data
-    # dir stops here (DataDirLocked). The scheduler, which owns the jobs, keeps the lock.
-    lock = DataDirLock.acquire(opts.data_dir)
-    try:
-        engine = EngineActor(opts.engine_config(), ENGINE_ID)
-        scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants), data_lock=lock)
-        store = MetadataStore(opts.data_dir)
-        return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
-                         max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics,
-                         max_request_bytes=opts.max_request_bytes, max_n=opts.max_n,
-                         max_upload_bytes=opts.max_upload_bytes)
-    except BaseException:
-        lock.release()
-        raise
+    Raises:
+        ValueError: a missing `model` or `tenants`, an unknown argument, a value of the wrong type or out
+            of range (named as in the config).
+    """
+    fields = {f.name: f for f in dataclasses.fields(ServeOptions) if f.name not in NOT_ARGS}
+    unknown = sorted(set(args) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown coserve argument(s) {unknown}; known: {sorted(fields)}")
+    missing = [name for name in ("model", "tenants") if name not in args]
+    if missing:
+        raise ValueError(f"coserve needs the argument(s) {missing}")
+    for name, value in args.items():
+        _check_type(name, value, str(fields[name].type))
+    opts = ServeOptions(**dict(args))
+    opts.validate()
+    return opts
 
 
-def run_local(opts: ServeOptions) -> None:
-    """Serve with uvicorn until interrupted. The socket is bound first, so the banner names the port that
-    is actually listening (`--port 0` picks a free one) and a port in use fails before the model loads."""
-    import socket
-
-    import uvicorn
-
-    family = socket.AF_INET6 if ":" in opts.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((opts.host, opts.port))
-    except OSError as error:
-        sock.close()
-        raise PortUnavailable(f"--host {opts.host} --port {opts.port}: cannot listen there "
-                              f"({error.strerror})") from None
-    sock.listen(2048)
-    port = sock.getsockname()[1]
-    app = build_local_app(opts)
-    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{port}/v1 (local mode)", flush=True)
-    try:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly (uvicorn.run too)
-        pass
+def _check_type(name: str, value: Any, annotation: str) -> None:
+    """Check a YAML value against a `ServeOptions` annotation ("int", "float | None", "str", ...)."""
+    if value is None and "None" in annotation:
+        return
+    if annotation.startswith("int"):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif annotation.startswith("float"):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise ValueError(f"argument {name} must be {annotation}, got {value!r}")

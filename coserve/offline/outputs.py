@@ -4,18 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass(slots=True)
-class Logprob:
-    """One token's log probability, its rank (1 = most likely) and its text."""
-
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-# Per output token: {token_id: Logprob}, holding the sampled token and the top-N alternatives.
-SampleLogprobs = list[dict[int, Logprob]]
+from coserve.frontend.logprobs import SampleLogprobs
 
 
 @dataclass(slots=True)

@@ -1,0 +1,8 @@
+"""The wire contract: the plain dataclasses that cross processes, and nothing else.
+
+gateway -> scheduler: `messages` (submissions, admissions, stream batches); scheduler <-> engine:
+`plan` (`IterationPlan`, `IterationResult`), `training_plan` (the fine-tuning work and its reports) and
+`engine` (the `Engine` protocol, its `RuntimeLayout`, `EngineFailure`); what they carry: `sampling`
+(`SamplingParams`, `AdapterRef`, `EosIds`), `structured_output`, `training_settings`. Torch-free; a
+second engine backend implements `engine.Engine` against these types.
+"""
