@@ -40,7 +40,7 @@ from coserve.policies.request import Request, RequestStatus
 from coserve.policies.routing import RouteChoice, RoutingWeights, route
 from coserve.policies.shared_vtc import SharedVtc
 from coserve.policies.vtc import VirtualTokenCounter, VTCWeights
-from coserve.policies.work_stealing import plan_steals
+from coserve.policies.work_stealing import can_steal, plan_steals
 
 # Builds an engine's policy with the cluster's shared counters (e.g. `share_registry.build_policy(...,
 # shared=shared)` over that engine's layout).
@@ -221,7 +221,11 @@ class ClusterScheduler:
     # ---------------------------------------------------------------------------- iterations
 
     def has_work(self, engine_id: str) -> bool:
-        return self._members[engine_id].core.has_work()
+        """Whether the engine's policy has work, or the engine could take waiting work from another
+        (`work_stealing`): what a driver asks before it lets an engine idle."""
+        member = self._members[engine_id]
+        return member.core.has_work() or (len(self._members) > 1
+                                          and can_steal(member, self._members.values()))
 
     def next_plan(self, engine_id: str) -> IterationPlan | None:
         """The engine's next plan, kept in flight until `apply` (`EngineCore.next_plan`); first, with

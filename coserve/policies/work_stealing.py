@@ -54,6 +54,16 @@ def plan_steals(thief: EngineMember, members: Iterable[EngineMember], vtc: Virtu
     return steals
 
 
+def can_steal(thief: EngineMember, members: Iterable[EngineMember]) -> bool:
+    """Whether `plan_steals` would find something for `thief` (a free slot, and a request waiting on
+    another engine beyond its free slots that fits `thief`): an idle engine has work after all."""
+    if thief.free_slots == 0:
+        return False
+    return any(m is not thief and m.policy.num_waiting > m.free_slots
+               and any(thief.fits(r) for queued in m.unsent.values() for r in queued.values())
+               for m in members)
+
+
 def _overdue(remote: dict[str, list[Steal]], cutoff: float, slots: int) -> list[Steal]:
     """Up to `slots` stealable requests that arrived by `cutoff`, oldest first (taken out of `remote`)."""
     overdue = sorted((s for stealable in remote.values() for s in stealable if s[0].arrival_time <= cutoff),

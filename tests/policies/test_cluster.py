@@ -409,3 +409,17 @@ def test_engines_with_a_shorter_context_get_only_what_fits() -> None:
     failover = c.engine_lost("long")  # nowhere to go: handed back like a started request
     assert [r.request_id for r in failover.stranded] == ["big"] and failover.rerouted == {}
     drain(c)
+
+
+def test_an_idle_engine_has_work_when_another_keeps_requests_waiting() -> None:
+    c = cluster(2, build=builder(config(scheduler={"max_num_seqs": 1})),
+                routing=RoutingWeights(adapter_affinity=10.0))
+    lora = AdapterRef(9, "lora", "/lora")
+    assert c.submit(make_request("base", "t", 4, 8)) == "e0"
+    assert [c.submit(adapter_request(f"x{i}", lora)) for i in range(2)] == ["e1", "e1"]  # affinity
+    c.step("e1", FakeEngine())  # x0 runs on e1, x1 waits there
+    c.abort("base")
+    assert not c.member("e0").core.has_work() and c.has_work("e0")
+    step = c.step("e0", FakeEngine())
+    assert [s.request_id for s in step.plan.new_sequences] == ["x1"] and c.steals == 1
+    drain(c)
