@@ -7,8 +7,8 @@ On one in-process engine (the `small` preset by default, float32, CPU):
 1. Fit the latency model on a short sweep of real iterations (`calibration.profile_engine`), measure
    the solo decode step at batch 8 and derive the SLOs from it (`calibration.calibrate_slo`: TPOT = 3 x
    that step, TTFT = 40 x TPOT); refit it with a few seconds of real co-serving iterations added
-   (`_calibrate`), and derive from the final model the policies' safety margins (held-out bias; for
-   coserve-strict also the warm-up's overrun, see `_calibrate`) and `max_num_seqs`; coserve's longest
+   (`calibrate`), and derive from the final model the policies' safety margins (held-out bias; for
+   coserve-strict also the warm-up's overrun, see `calibrate`) and `max_num_seqs`; coserve's longest
    stall is `--stall-multiple` (3) x the TPOT SLO. All are printed and written to the JSON.
 2. Measure fine-tuning alone (`finetune_only_tokens_per_s`): the coserve policy with no inference.
 3. For every rate and policy: a Poisson trace of `window_s` seconds (ShareGPT-like lengths divided by
@@ -123,7 +123,7 @@ def _settings(args: argparse.Namespace) -> tuple[list[float], list[str], float]:
     return rates, policies, window
 
 
-def _engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, str]:
+def engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, str]:
     """The engine, the prepared fine-tuning job and a description of the model."""
     from transformers import AutoTokenizer
 
@@ -195,7 +195,7 @@ def _setup(engine: Any, fit: LatencyFit, slo: SLO, stall_multiple: float,
                        max_stall_ms=stall_multiple * slo.tpot_s * 1000.0)
 
 
-def _calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSettings,
+def calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSettings,
                warmup_s: float, stall_multiple: float,
                slo: SLO | None = None) -> tuple[PolicySetup, LatencyFit, float]:
     """Fit the latency model in two passes and derive the SLOs and limits from the final one.
@@ -315,10 +315,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     rates, policies, window = _settings(args)
     with tempfile.TemporaryDirectory(prefix="coserve-bench-") as tmp:
-        engine, job_spec, model = _engine_and_job(args, Path(tmp))
+        engine, job_spec, model = engine_and_job(args, Path(tmp))
         t0 = time.monotonic()
         sweep = QUICK_SWEEP if args.quick else SweepSettings()
-        setup, fit, overrun = _calibrate(engine, job_spec, rates[len(rates) // 2], args.seed, sweep,
+        setup, fit, overrun = calibrate(engine, job_spec, rates[len(rates) // 2], args.seed, sweep,
                                          min(WARMUP_S, window), args.stall_multiple, _given_slo(args))
         slo = setup.slo
         print(f"latency model: held-out MAPE {fit.heldout_mape:.1f}%, mean measured/predicted "
