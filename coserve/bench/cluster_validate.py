@@ -175,7 +175,7 @@ def _short_job(engine: Any, workdir: Path, seed: int) -> FinetuneJobSpec:
 
     tokenizer = AutoTokenizer.from_pretrained(str(engine.config.model))
     return bench_job_spec(tokenizer, engine.model_config.num_layers, engine.layout.max_model_len,
-                          workdir / "job", seed, min_tokens=SHORT_JOB_TOKENS[0], max_tokens=SHORT_JOB_TOKENS[1])
+                          workdir / "job", seed, SHORT_JOB_TOKENS)
 
 
 def run_validation(args: argparse.Namespace) -> dict[str, Any]:

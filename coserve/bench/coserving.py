@@ -23,9 +23,11 @@ On one in-process engine (the `small` preset by default, float32, CPU):
 `--tpot-slo-ms` (and `--ttft-slo-ms`) replace the calibrated SLOs, e.g. with the papers' 50 ms TPOT for
 an 8B model on a GPU (`--device cuda --dtype bfloat16 --model-dir <real-size shape>`).
 
-The fine-tuning job: 64 synthetic chat examples of 256-1024 tokens (`traces.synthetic_chat_dataset`),
-LoRA r=16 alpha=32 on all seven projections, batch size 1 (so the window sees many completed optimizer
-steps), AdamW, as many epochs as allowed (it never ends during a run). Each run starts the job afresh.
+The fine-tuning job: 64 synthetic chat examples of 256-1024 tokens (`traces.synthetic_chat_dataset`;
+`--finetune-tokens 64,256` for a real model such as SmolLM2-135M, whose 1024-token steps outlast a short
+window), LoRA r=16 alpha=32 on all seven projections, batch size 1 (so the window sees many completed
+optimizer steps), AdamW, as many epochs as allowed (it never ends during a run). Each run starts the job
+afresh. A real model is `--model-dir DIR` with lower `--rates` (RESULTS.md has SmolLM2's command).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ REALIZED_TARGET = 0.9  # of the TPOT SLO: where the margin aims co-served iterat
 # 192 -> 236, rate 2 126 -> 192; 2026-11-21, /tmp runs noted in RESULTS.md).
 STALL_MULTIPLE = 3.0
 DECODE_SHARE = 0.6  # of the TPOT SLO a full decode batch may take (sets max_num_seqs)
+FINETUNE_TOKENS = (256, 1024)  # the fine-tuning examples' length range, templated tokens
 QUICK_SWEEP = SweepSettings(decode_batches=(1, 8, 16), decode_steps=4, forward_windows=(32, 128, 256),
                             backward_budgets=(512, 2048))
 
@@ -106,6 +109,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help=f"coserve's max_stall_ms as a multiple of the TPOT SLO, >= 1 (default "
                          f"{STALL_MULTIPLE:g}; the policy coserve-strict has none)")
     ap.add_argument("--seed", type=int, default=0, help="seed of traces and the fine-tuning data")
+    ap.add_argument("--finetune-tokens", default=f"{FINETUNE_TOKENS[0]},{FINETUNE_TOKENS[1]}",
+                    help="MIN,MAX templated tokens of the fine-tuning examples (default "
+                         f"{FINETUNE_TOKENS[0]},{FINETUNE_TOKENS[1]}; 64,256 for a real model on a CPU)")
 
 
 def _settings(args: argparse.Namespace) -> tuple[list[float], list[str], float]:
@@ -132,20 +138,28 @@ def engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, s
                                        max_num_seqs=32, max_batch_tokens=2 * MAX_BATCH_TOKENS))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     spec = bench_job_spec(tokenizer, engine.model_config.num_layers, engine.layout.max_model_len,
-                          workdir / "job", args.seed)
+                          workdir / "job", args.seed, finetune_tokens(args.finetune_tokens))
     cfg = engine.model_config
     model = (f"{model_dir.name} ({origin}): {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
              f"vocab {cfg.vocab_size}, {args.dtype} on {args.device}, engine {args.engine.value}")
     return engine, spec, model
 
 
+def finetune_tokens(text: str) -> tuple[int, int]:
+    """`--finetune-tokens MIN,MAX` as a pair; ValueError naming the option when it is not one."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or not 16 <= int(parts[0]) <= int(parts[1]):
+        raise ValueError(f"--finetune-tokens must be MIN,MAX with 16 <= MIN <= MAX, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Path,
-                   seed: int, min_tokens: int = 256, max_tokens: int = 1024) -> FinetuneJobSpec:
-    """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`; examples of
-    `min_tokens`-`max_tokens` tokens."""
+                   seed: int, lengths: tuple[int, int] = FINETUNE_TOKENS) -> FinetuneJobSpec:
+    """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`; `lengths` is the
+    examples' range of templated tokens."""
     from coserve.frontend.job_prep import prepare_job
 
-    examples = synthetic_chat_dataset(tokenizer, 64, seed=seed, min_tokens=min_tokens, max_tokens=max_tokens)
+    examples = synthetic_chat_dataset(tokenizer, 64, seed=seed, min_tokens=lengths[0], max_tokens=lengths[1])
     return prepare_job(tokenizer, examples, job_id="bench", tenant="finetune", adapter_id=TRAINING_ADAPTER_ID,
                        num_layers=num_layers, max_len=max_len, output_dir=output_dir,
                        hyperparameters=HyperparameterRequest(n_epochs=50, batch_size=1), lora=LoRASettings(r=16, lora_alpha=32),
@@ -338,7 +352,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                      "max_num_seqs": setup.scheduler.max_num_seqs, "max_batch_tokens": MAX_BATCH_TOKENS,
                      "safety_margin": setup.safety_margin,
                      "strict_safety_margin": setup.strict_safety_margin, "max_stall_ms": setup.max_stall_ms,
-                     "threads": torch.get_num_threads(),
+                     "threads": torch.get_num_threads(), "finetune_tokens": list(finetune_tokens(args.finetune_tokens)),
                      "seed": args.seed, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "latency_model": {"heldout_mape_percent": fit.heldout_mape, "warmup_overrun": overrun,
                           "heldout_mean_ratio": fit.heldout_mean_ratio,
@@ -372,6 +386,7 @@ def run_coserving_benchmark(args: argparse.Namespace) -> int:
     """Handler of `coserve bench co-serving`: run, write the JSON (and plots), return an exit code."""
     try:
         check_policy_names(_settings(args)[1])
+        finetune_tokens(args.finetune_tokens)
         if not 1.0 <= args.stall_multiple < math.inf:
             raise ValueError(f"--stall-multiple must be a number >= 1, got {args.stall_multiple}")
     except ValueError as error:  # a usage error, reported before minutes of work

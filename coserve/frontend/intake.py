@@ -54,7 +54,7 @@ class PromptIntake:
 
     def attach(self, max_model_len: int, max_lora_rank: int, structured_output: bool = True) -> None:
         """Take the (re)registered engine's context length, adapter rank limit and whether it enforces
-        grammars (vLLM's engine does not in coserve: such requests are refused here)."""
+        grammars (`RuntimeLayout.structured_output`; requests that need one are refused here if not)."""
         self._max_model_len = max_model_len
         self._adapters = AdapterChecker(self._model_config, max_lora_rank)
         self._structured_output = structured_output
@@ -116,11 +116,11 @@ class PromptIntake:
 
 
 def _no_grammar(sub: ChatSubmission) -> Rejection:
-    """The 400 for a request that needs a grammar on an engine that enforces none (vLLM's)."""
+    """The 400 for a request that needs a grammar on an engine that enforces none."""
     if sub.sampling.structured_output is not None:
         return Rejection(400, "'response_format' other than 'text' is not supported by this server's engine "
-                              "(coserve serve --engine vllm enforces no grammar); use the native engine.",
+                              "(it enforces no grammar).",
                          param="response_format", code="unsupported_value")
     return Rejection(400, "'tool_choice' 'required' or naming a function is not supported by this server's "
-                          "engine (coserve serve --engine vllm enforces no grammar); use 'auto' or 'none'.",
+                          "engine (it enforces no grammar); use 'auto' or 'none'.",
                      param="tool_choice", code="unsupported_value")

@@ -174,8 +174,7 @@ class LLM:
             raise ValueError(f"a prompt must be a string or {{'prompt_token_ids': [...]}}, got {prompt!r}")
         params.check_vocab(self.engine.layout.vocab_size)
         if params.structured_output is not None and not self.engine.layout.structured_output:
-            raise ValueError("structured_output: this engine does not enforce grammars (the vLLM engine); "
-                             "use engine='native'")
+            raise ValueError("structured_output: this engine does not enforce grammars")
         adapter = self._adapter_ref(lora)
         request_id = str(next(self._ids))
         children = expand_request(request_id, token_ids, params, self._eos, adapter)

@@ -14,10 +14,13 @@ the job manager, the metrics and the API are the ones of coserve's engine. One `
 5. every adapter saved in this step (checkpoint or final) is loaded into vLLM at once, so a fine-tuned
    model is served by vLLM the moment its job reports it.
 
-What vLLM does not do as coserve's engine does (refused before a request is queued, or documented):
-grammars (`response_format`, forced `tool_choice`) are refused (`RuntimeLayout.structured_output`);
-after a preemption a sequence is re-added with its outputs as prompt, so a seeded request's tokens and
-the frequency/presence penalties (output tokens only) may differ from an uninterrupted run.
+Grammars (`response_format`, forced `tool_choice`) are enforced by vLLM's own structured output (its
+`guidance` backend: llguidance, as on coserve's engine), with coserve's grammar text; a sequence whose
+grammar cannot go on ends with `grammar_error` as on coserve's engine. What vLLM does not do as
+coserve's engine does (documented in the README): after a preemption a sequence is re-added with its
+outputs as prompt (its grammar replayed through them), so a seeded request's tokens and the
+frequency/presence penalties (output tokens only) may differ from an uninterrupted run; logprobs
+under a grammar are vLLM's, after the grammar's mask.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from coserve.platform.config import ModelConfig
 from coserve.platform.engine import EngineConfig
 from coserve.platform.model import Transformer
 from coserve.platform.training_runtime import TrainingRuntime
-from coserve.platform.vllm_backend import SampledOutput, VllmRuntime, VllmSettings
+from coserve.platform.vllm_backend import VllmRuntime, VllmSettings
 from coserve.contract.engine import RuntimeLayout
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 
@@ -74,9 +77,8 @@ class VllmEngine:
             num_kv_blocks=self.runtime.num_blocks, block_size=self.runtime.block_size,
             max_model_len=self.runtime.max_model_len, vocab_size=self.model_config.vocab_size,
             num_adapter_slots=config.max_loras, max_lora_rank=config.max_lora_rank,
-            engine_owns_kv_cache=True, structured_output=False)
+            engine_owns_kv_cache=True)
         self._slots: dict[int, object] = {}  # bank slot -> vLLM LoRARequest
-        self._early: dict[str, SampledOutput] = {}  # tokens vLLM sampled before the plan asked (run)
 
     @property
     def num_sequences(self) -> int:
@@ -91,8 +93,6 @@ class VllmEngine:
         for load in plan.adapter_loads:
             self._slots[load.slot] = self.runtime.lora(load.path)
         self.runtime.abort(plan.freed)
-        for request_id in plan.freed:
-            self._early.pop(request_id, None)
         for new in plan.new_sequences:
             lora = None if new.adapter_slot < 0 else self._slots[new.adapter_slot]
             self.runtime.add(new.request_id, new.token_ids, new.sampling, new.num_output_tokens, lora)
@@ -119,16 +119,12 @@ class VllmEngine:
                 raise RuntimeError(f"plan schedules {chunk.request_id}, which vLLM does not hold")
         sampled = {s.request_id: s for s in self.runtime.run(
             {c.request_id: c.start + c.num_tokens for c in plan.chunks})}
-        for chunk in plan.chunks:
+        for chunk in (c for c in plan.chunks if c.sample):
             token = sampled.pop(chunk.request_id, None)
-            if not chunk.sample:
-                if token is not None:  # vLLM ran ahead on a prefix-cache hit: held until planned
-                    self._early[chunk.request_id] = token
-                continue
-            token = token or self._early.pop(chunk.request_id, None)
             if token is None:
                 raise RuntimeError(f"vLLM sampled no token for {chunk.request_id} at position "
                                    f"{chunk.start + chunk.num_tokens}")
-            result.sampled.append(SampledToken(chunk.request_id, token.token_id, token.logprobs))
+            result.sampled.append(SampledToken(chunk.request_id, token.token_id, token.logprobs,
+                                               grammar_error=token.grammar_error))
         if sampled:
-            raise RuntimeError(f"vLLM sampled for requests the plan did not schedule: {sorted(sampled)}")
+            raise RuntimeError(f"vLLM sampled for requests the plan did not sample: {sorted(sampled)}")

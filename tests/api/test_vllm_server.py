@@ -1,6 +1,6 @@
 """`coserve serve --engine vllm`: the API journey with the official `openai` client (chat, stream, files,
 a fine-tuning job, its fine-tuned model served by vLLM the moment it succeeds), the engine's refusals,
-and the same application on Ray. Replies are checked token for token against coserve's own engine."""
+and the same application on Ray (structured output: test_vllm_structured_server.py). Replies are checked token for token against coserve's own engine."""
 
 from __future__ import annotations
 
@@ -70,12 +70,6 @@ def test_chat_and_stream_match_the_native_engine(server: Server, native: LLM) ->
     lp = oa.chat.completions.create(model=server.base, messages=HELLO, max_tokens=3, temperature=0, logprobs=True,
                                     top_logprobs=2).choices[0].logprobs
     assert lp is not None and [len(t.top_logprobs) for t in lp.content] == [2, 2, 2]
-
-
-def test_grammars_are_refused_naming_the_param(server: Server) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        _chat(server.client(), server.base, response_format={"type": "json_object"})
-    assert info.value.body["param"] == "response_format" and "--engine vllm" in info.value.body["message"]
 
 
 def test_rank_above_vllms_limit_is_refused_at_job_creation(server: Server) -> None:
