@@ -33,7 +33,7 @@ from coserve.policies.inference import Budget, InferenceScheduler
 from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
-from coserve.policies.liveness import FinetuneFloor
+from coserve.policies.liveness import FinetuneFloor, growth_room
 from coserve.policies.online_latency import OnlineLatency
 from coserve.policies.plan_checks import check_sequences
 from coserve.policies.request import Request, RequestStatus
@@ -95,7 +95,7 @@ class CoServingPolicy:
                                              reclaim_kv=self._reclaim_kv,
                                              on_finished=share.watcher.on_request_finished)
         self._floor = FinetuneFloor(config.finetune_floor_every, config.finetune_floor_tokens,
-                                    config.scheduler.max_batch_tokens)
+                                    config.scheduler.max_batch_tokens, config.max_backward_token_layers)
         self._latency = OnlineLatency(config, latency)
 
     def _waiting_has(self, tenant: str) -> bool:
@@ -237,9 +237,7 @@ class CoServingPolicy:
         base = plan_features(plan, inference.running_adapters.slots,
                              distinct_adapters=self._scheduled_adapters(plan))
         if floor_due:  # first, so that the share cannot take the room it needs
-            inference_tokens = int(base.prefill_tokens + base.decode_tokens)
-            piece = floor.allowance(inference_tokens, self._co.scheduler.max_batch_tokens)
-            roster.fill_longest_waiting(plan, piece)
+            self._give_floor_piece(plan, base)
         allowance = share.allowance(self, base)
         if allowance is not None:
             roster.fill(plan, allowance)
@@ -253,6 +251,18 @@ class CoServingPolicy:
         self._check_budgets(plan, features)
         self._latency.planned(plan.step_id, features)
         return plan
+
+    def _give_floor_piece(self, plan: IterationPlan, base: PlanFeatures) -> None:
+        """The liveness floor's piece, to the job that has waited longest; grown (`liveness.growth_room`)
+        when the latency model predicts the plan's inference alone over the TPOT budget (corrected by
+        the model's measured bias, `overrun`, as the hybrid share's budget is)."""
+        floor, roster = self._floor, self._jobs.roster
+        growth = growth_room(self._latency.model, base, self._co.iteration_budget_s / self._latency.overrun,
+                             floor.max_forward_tokens, floor.max_backward_token_layers)
+        inference_tokens = int(base.prefill_tokens + base.decode_tokens)
+        roster.fill_longest_waiting(plan, floor.allowance(inference_tokens, self._co.scheduler.max_batch_tokens,
+                                                          growth))
+        floor.served(plan.step_id, roster)
 
     def _scheduled_adapters(self, plan: IterationPlan) -> int | None:
         """Distinct adapters of the plan's requests from the running tally when every running
