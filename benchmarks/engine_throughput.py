@@ -42,7 +42,9 @@ sys.path.insert(0, str(HERE))
 import _bench_arms as arms  # noqa: E402  (sibling helper module, also run as the arms' subprocess)
 
 OUT_DIR = HERE / "out"
-VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
+# vLLM is in .venv since `make venv` installs it (one environment); a separate .vllm-venv still wins.
+VLLM_PYTHON = next((p for p in (ROOT / ".vllm-venv" / "bin" / "python", ROOT / ".venv" / "bin" / "python")
+                    if p.exists()), ROOT / ".vllm-venv" / "bin" / "python")
 N_PROMPTS, PROMPT_LO, PROMPT_HI, MAX_TOKENS = 32, 48, 80, 64
 ARM_TITLES = {"coserve": "coserve LLM.generate", "hf": "transformers generate",
               "vllm": "vLLM-CPU LLM.generate"}

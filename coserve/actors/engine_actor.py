@@ -87,7 +87,7 @@ class EngineActor:
 
     def __init__(self, config: Any, engine_id: str = "engine-0") -> None:
         self.engine_id = engine_id
-        self.engine: Engine  # coserve's engine: the engine thread builds it before the constructor returns
+        self.engine: Engine  # the engine thread builds it before the constructor returns
         self._stats = LoopStats()
         self.error: str | None = None  # why the loop ended, when it was not a normal stop
         self._links: queue.Queue[SchedulerLink | None] = queue.Queue(maxsize=1)
@@ -104,9 +104,9 @@ class EngineActor:
     def _main(self, config: Any) -> None:
         """The engine thread: build the engine, then run the loop once `start` hands over a link."""
         try:
-            from coserve.platform.engine import Engine as TorchEngine
+            from coserve.platform.engines import build_engine
 
-            self.engine = TorchEngine(config)
+            self.engine = build_engine(config)  # the backend `config.engine` names
         except BaseException as error:  # noqa: BLE001 - re-raised by the constructor, on the caller's thread
             self._build_error = error
             return

@@ -40,6 +40,7 @@ from coserve.frontend.intake import PromptIntake
 from coserve.frontend.output_tracker import OutputTracker
 from coserve.policies import defaults
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.dedicated import DedicatedSettings
 from coserve.policies.engine_core import EngineCore, Step, StepFailed
 from coserve.policies.policy_factory import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.policies.quotas import TenantLimits
@@ -75,6 +76,7 @@ class SchedulerSettings:
     slo: Slo = Slo()
     data_dir: str | None = None  # the metadata store's folder: fine-tuning jobs run when it is set
     base_model_id: str = ""  # the base model's public id (fine-tuned ids start `ft:{base}:`)
+    dedicated: DedicatedSettings | None = None  # fine-tuning on Ray Train runs of their own (None: no Ray)
 
 
 class SchedulerActor:
@@ -136,17 +138,18 @@ class SchedulerActor:
         config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=self._settings.max_num_seqs,
                                  max_batch_tokens=self._settings.max_batch_tokens,
                                  block_size=layout.block_size,
-                                 enable_prefix_caching=self._settings.enable_prefix_caching)
+                                 enable_prefix_caching=self._settings.enable_prefix_caching
+                                 and not layout.engine_owns_kv_cache)
         self._policy = self._policy_factory(config, layout)
         self._core = EngineCore(self._policy)
         self._engines[engine_id] = layout
-        self._intake.attach(layout.max_model_len, layout.max_lora_rank)
+        self._intake.attach(layout.max_model_len, layout.max_lora_rank, layout.structured_output)
         jobs = self._policy.jobs
         if self._settings.data_dir is not None and jobs is not None:
             settings = FineTuningSettings(
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
                 data_dir=Path(self._settings.data_dir), num_layers=self._model_config.num_layers,
-                max_model_len=layout.max_model_len)
+                max_model_len=layout.max_model_len, dedicated=self._settings.dedicated)
             self._jobs = open_job_manager(settings, jobs, self._settings.tenant_limits, self._count_finetune)
 
     def engine_lost(self, engine_id: str, reason: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import llguidance
 import torch
 
-from coserve.contract.engine import RuntimeLayout
+from coserve.contract.engine import EngineKind, RuntimeLayout
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, SampledToken, ScheduledChunk, StepTimings
 from coserve.contract.sampling import SamplingParams
 from coserve.platform.attention import ChunkSpan, attends_row_wise, build_metadata
@@ -49,6 +49,10 @@ class EngineConfig:
     max_lora_rank: int = defaults.MAX_LORA_RANK
     seed: int = 0
     native_kernels: bool = True  # the C paged-decode kernel on CPU/fp32 (falls back to torch without gcc)
+    engine: EngineKind = EngineKind.NATIVE  # which backend builds from this (coserve.platform.engines)
+    # vLLM's own scheduler budgets (at least what coserve's scheduler plans); coserve's engine needs none.
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS
 
 
 @dataclass(slots=True)

@@ -178,6 +178,11 @@ class _Harness:
         self.job = JobPieces(FinetuneJob(spec, self.kv, self.slots))
         self.plans = DesignedPlans()
         self.core = EngineCore(self.plans, self.job)
+        # An engine that owns its KV cache (vLLM) needs the earlier tokens computed before the measured
+        # chunk: they are prefilled in unmeasured iterations, sharing one prefix (its prefix cache makes
+        # that cheap) up to the last whole block before the measured position.
+        self._fills = layout.engine_owns_kv_cache
+        self._shared = [self.rng.randrange(8, vocab) for _ in range(layout.max_model_len)] if self._fills else []
         self._load_adapters()
 
     def _run(self, plan: IterationPlan, job_budget: tuple[int, int] | None = None) -> Step:
@@ -225,14 +230,33 @@ class _Harness:
             slot = self.slots.slot_of(self.adapters[i % scenario.adapters].adapter_id) \
                 if scenario.adapters else -1
             self.slot_of[rid] = -1 if slot is None else slot
-            tokens = [self.rng.randrange(8, self.engine.model_config.vocab_size)
-                      for _ in range(start + count)]
+            shared = self._shared[:max(0, start - 1) // self.kv.block_size * self.kv.block_size]
+            tokens = shared + [self.rng.randrange(8, self.engine.model_config.vocab_size)
+                               for _ in range(start + count - len(shared))]
             if not self.kv.allocate_slots(rid, start + count):
                 raise ValueError("the KV cache is too small for the sweep: lower the contexts")
             setup.new_sequences.append(NewSequence(rid, tokens, GREEDY, adapter_slot=self.slot_of[rid]))
             measured.append(ScheduledChunk(rid, start, count, self.kv.block_table(rid), sample=True))
         self._run(setup)
+        if self._fills:
+            self._fill(measured)
         return measured
+
+    def _fill(self, measured: list[ScheduledChunk]) -> None:
+        """Unmeasured iterations computing each sequence's positions before its measured chunk."""
+        budget = min(SETUP_TOKENS, self.engine.config.max_batch_tokens)  # the engine's own step budget
+        pending = [(c.request_id, 0, c.start, c.block_table) for c in measured if c.start > 0]
+        while pending:
+            plan, left, rest = self.plans.new(), budget, []
+            for rid, pos, end, table in pending:
+                count = min(end - pos, left)
+                if count > 0:
+                    plan.chunks.append(ScheduledChunk(rid, pos, count, table, sample=False))
+                    left -= count
+                if pos + count < end:
+                    rest.append((rid, pos + count, end, table))
+            self._run(plan)
+            pending = rest
 
     def measure(self, scenario: Scenario) -> tuple[Sample, bool]:
         """Run the scenario; returns (features, seconds) and whether an optimizer step ran in it."""

@@ -56,6 +56,8 @@ class EngineLayout(Protocol):
     max_model_len: int
     num_adapter_slots: int
     max_lora_rank: int
+    engine_owns_kv_cache: bool
+    structured_output: bool
 
 
 PolicyFactory = Callable[[SchedulerConfig, EngineLayout], InferencePolicy]

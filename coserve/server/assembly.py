@@ -122,6 +122,8 @@ class GatewayIngress:
 
         self._opts = opts
         self._tenants = opts.load_tenants()
+        self._capacity = dedicated_capacity(opts)
+        self._capacity.check_default()  # routed jobs' workers must fit the cluster (ClusterTooSmall)
         # The scheduler actor takes the data dir's lock first (DataDirLocked, inside the actor's creation
         # error, when another server holds it): the store is opened only once this server owns the dir.
         self._scheduler_actor, self._engine_actor, self._layout = start_ray_actors(opts, self._tenants)
@@ -134,7 +136,7 @@ class GatewayIngress:
         return build_app(self._store, self._tenants, [self._opts.base_model_id], scheduler=self._scheduler,
                          max_lora_rank=self._layout.max_lora_rank, public_metrics=self._opts.public_metrics,
                          max_request_bytes=self._opts.max_request_bytes, max_n=self._opts.max_n,
-                         max_upload_bytes=self._opts.max_upload_bytes)
+                         max_upload_bytes=self._opts.max_upload_bytes, dedicated=self._capacity)
 
     def __del__(self) -> None:
         # Serve calls this on a graceful shutdown (and Python may again at collection): fail the streams
@@ -162,6 +164,19 @@ def app_builder(args: dict[str, Any]) -> Any:
     return build_application(options_from_args(args))
 
 
+def engine_gpus(opts: ServeOptions) -> int:
+    """GPUs the engine actor takes."""
+    return 1 if opts.device.startswith("cuda") else 0
+
+
+def dedicated_capacity(opts: ServeOptions) -> Any:
+    """The cluster's room for dedicated fine-tuning workers, beyond the engine's GPU."""
+    from coserve.dedicated.capacity import ClusterCapacity
+
+    gpus = engine_gpus(opts)
+    return ClusterCapacity(opts.dedicated_settings(), {"GPU": float(gpus)} if gpus else None)
+
+
 def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
     """Create the named SchedulerActor and EngineActor, register the engine, start its loop.
 
@@ -176,7 +191,7 @@ def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
     from coserve.actors.engine_actor import EngineActor, RayLink
     from coserve.actors.scheduler import SchedulerActor
 
-    gpus = 1 if opts.device.startswith("cuda") else 0
+    gpus = engine_gpus(opts)
     # max_restarts: a crashed engine comes back (the scheduler's supervisor restarts its loop); calls in
     # flight when it died fail rather than being retried on the new one.
     engine = ray.remote(EngineActor).options(name=ENGINE_ACTOR, namespace=RAY_NAMESPACE, num_cpus=0,
@@ -214,6 +229,11 @@ def run_ray(opts: ServeOptions) -> None:
     DataDirLock.check_free(opts.data_dir)
     ray.init(namespace=RAY_NAMESPACE, log_to_driver=True,
              **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
+    try:
+        dedicated_capacity(opts).check_default()  # before deploying: a clear error, not a failed replica
+    except BaseException:
+        ray.shutdown()
+        raise
     deploy_gateway(opts)
     print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (Ray Serve)", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` shuts down as cleanly as Ctrl-C
