@@ -118,7 +118,8 @@ def _engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, 
     from transformers import AutoTokenizer
 
     from coserve.bench.trainer import ensure_model
-    from coserve.platform.engine import Engine, EngineConfig
+    from coserve.platform.engine import Engine
+    from coserve.platform.engine_config import EngineConfig
 
     model_dir, origin = ensure_model(args.model_dir)
     engine = Engine(EngineConfig(model=str(model_dir), dtype=args.dtype, device=args.device,

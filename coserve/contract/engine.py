@@ -19,8 +19,21 @@ from coserve.contract.plan import IterationPlan, IterationResult
 
 
 @dataclass(frozen=True, slots=True)
+class TokenizerSpec:
+    """The engine's tokenizer, as the processes without torch rebuild it (`coserve.frontend.tokenizer`):
+    the serialized `tokenizers` tokenizer that transformers loads for the model (its class may change the
+    folder's `tokenizer.json`, e.g. Qwen2's digit splitting), the named special tokens and the chat
+    template(s). So the gateway's token ids are the engine's and the offline `LLM`'s."""
+
+    tokenizer_json: str
+    special_tokens: dict[str, str]
+    chat_template: str | dict[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeLayout:
-    """What the scheduler needs to know about a built engine (plain data: it crosses a Ray call)."""
+    """What the scheduler and the gateway need to know about a built engine (plain data: it crosses a
+    Ray call). `tokenizer` is None only for an engine a test lays out by hand without a gateway."""
 
     num_kv_blocks: int
     block_size: int
@@ -28,6 +41,7 @@ class RuntimeLayout:
     vocab_size: int
     num_adapter_slots: int
     max_lora_rank: int
+    tokenizer: TokenizerSpec | None = None
 
 
 @dataclass(slots=True)

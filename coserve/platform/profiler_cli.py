@@ -39,7 +39,8 @@ def register_profile(subparsers: Any) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from coserve.platform.engine import Engine, EngineConfig
+    from coserve.platform.engine import Engine
+    from coserve.platform.engine_config import EngineConfig
     from coserve.platform.profiler import SweepSettings, profile
     from coserve.platform.tiny_model import create_random_adapter
     from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config

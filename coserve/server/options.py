@@ -100,7 +100,7 @@ class ServeOptions:
             raise ValueError(f"--tenants {self.tenants}: no such file") from None
 
     def engine_config(self) -> Any:
-        from coserve.platform.engine import EngineConfig
+        from coserve.platform.engine_config import EngineConfig
 
         return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots)
 
@@ -108,16 +108,13 @@ class ServeOptions:
         """The hybrid token policy's factory: SLOs, tenant weights, the latency profile."""
         import json
 
-        import torch  # noqa: F401  (resolve_dtype's torch dtypes)
-
-        from coserve.platform.config import ModelConfig, resolve_dtype
+        from coserve.platform.config import ModelConfig, dtype_name
         from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
         from coserve.policies.policy_factory import CoServingPolicyFactory
 
         config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
-        dtype = str(resolve_dtype(self.dtype, ModelConfig.from_pretrained(self.model)))
-        fingerprint = ModelFingerprint(model_id_from_config(config), machine_id(self.device),
-                                       dtype.removeprefix("torch."))
+        dtype = dtype_name(self.dtype, ModelConfig.from_pretrained(self.model))
+        fingerprint = ModelFingerprint(model_id_from_config(config), machine_id(self.device), dtype)
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
                                       self.max_stall_ms, tenants.weights(), self.finetune_floor_every)
 
