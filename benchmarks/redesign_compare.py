@@ -1,23 +1,26 @@
 """Issue 17's redesign against the main before it: the engine benchmark and the co-serving benchmark
-of both trees, run alternately in one run, so that the drift of a shared machine hits both alike.
+of several trees, run alternately in one run, so that the drift of a shared machine hits them alike.
 
-usage (from the repository root, with a checkout of the main before the redesign beside it)::
+usage (from the repository root, with checkouts of the trees to compare beside it)::
 
     git worktree add --detach ../coserve-before-17 7769e5c
-    .venv/bin/python benchmarks/redesign_compare.py --baseline ../coserve-before-17 --rounds 3 \\
+    .venv/bin/python benchmarks/redesign_compare.py --baseline before=../coserve-before-17 --rounds 3 \\
         --json benchmarks/out/redesign_compare.json
 
-Each round runs, for each tree in turn (the order swaps every round), in a fresh subprocess with that
-tree on `PYTHONPATH`:
+`--baseline NAME=DIR` may be given more than once (e.g. the main before the redesign, and that main
+plus an engine change merged beside the redesign, to tell the two apart).
+
+Each round runs, for each tree in turn (the order rotates every round), in a fresh subprocess with
+that tree on `PYTHONPATH`:
 
 - engine: that tree's `benchmarks/_bench_arms.py coserve` on one spec: `engine_throughput.py`'s
   workload (32 prompts of 48-80 tokens, 64 greedy tokens each, half through a rank-16 LoRA, the
-  `small` llama), `LLM.generate` tokens/s; the greedy outputs of the two trees must be equal;
-- co-serving: that tree's `coserve bench co-serving --quick` with one policy and one rate and the SLOs
-  given (not calibrated, so both trees plan for the same SLO): fine-tuning and inference tokens/s, SLO
-  attainment, TPOT p99.
+  `small` llama), `LLM.generate` tokens/s; the greedy outputs of the trees must be equal;
+- co-serving: that tree's `coserve bench co-serving --quick` (its short calibration sweep) with one
+  policy, one rate, a 40 s window and the SLOs given (not calibrated, so every tree plans for the same
+  SLO): fine-tuning tokens/s (window and steady), inference tokens/s, SLO attainment, TPOT p99, TTFT p50.
 
-The report gives each figure per tree (median over rounds) and the per-round ratio current/baseline.
+The report gives each figure per tree (median over rounds) and the per-round ratios current/baseline.
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import engine_throughput  # noqa: E402  (the engine benchmark's workload)
 
-COSERVING_FIGURES = ("finetune_tokens_per_s", "inference_tokens_per_s", "slo_attainment", "tpot_p99_ms",
-                     "ttft_p50_ms")
+COSERVING_FIGURES = ("finetune_tokens_per_s", "finetune_steady_tokens_per_s", "inference_tokens_per_s",
+                     "slo_attainment", "tpot_p99_ms", "ttft_p50_ms")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", type=Path, required=True, help="a checkout of the main before the redesign")
+    ap.add_argument("--baseline", action="append", required=True, metavar="NAME=DIR",
+                    help="a tree to compare with (repeatable)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads (default 2)")
     ap.add_argument("--skip-engine", action="store_true")
@@ -54,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rate", default="2", help="co-serving request rate (default 2/s)")
     ap.add_argument("--tpot-slo-ms", type=float, default=80.0)
     ap.add_argument("--ttft-slo-ms", type=float, default=3200.0)
+    ap.add_argument("--window-s", type=float, default=40.0,
+                    help="co-serving arrival window (40 s: a 16 s window holds a handful of optimizer steps)")
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args(argv)
 
@@ -76,7 +82,8 @@ def run_coserving(tree: Path, args: argparse.Namespace, model_dir: Path, out: Pa
     cmd = [sys.executable, "-m", "coserve.cli", "bench", "co-serving", "--quick", "--json", str(out),
            "--model-dir", str(model_dir),
            "--threads", str(args.threads), "--policies", args.policy, "--rates", args.rate,
-           "--tpot-slo-ms", str(args.tpot_slo_ms), "--ttft-slo-ms", str(args.ttft_slo_ms)]
+           "--tpot-slo-ms", str(args.tpot_slo_ms), "--ttft-slo-ms", str(args.ttft_slo_ms),
+           "--window-s", str(args.window_s)]
     subprocess.run(cmd, env=_env(tree, args.threads), check=True, cwd=tree, timeout=7200,
                    stdout=subprocess.DEVNULL)
     result = json.loads(out.read_text())
@@ -88,7 +95,8 @@ def run_coserving(tree: Path, args: argparse.Namespace, model_dir: Path, out: Pa
 
 def one_round(index: int, trees: dict[str, Path], args: argparse.Namespace, spec_path: Path,
               model_dir: Path, tmp: Path) -> dict[str, dict[str, Any]]:
-    order = list(trees) if index % 2 == 0 else list(reversed(trees))
+    names = list(trees)
+    order = names[index % len(names):] + names[:index % len(names)]  # each tree goes first in turn
     results: dict[str, dict[str, Any]] = {name: {} for name in trees}
     for name in order:
         if not args.skip_engine:
@@ -106,23 +114,26 @@ def one_round(index: int, trees: dict[str, Path], args: argparse.Namespace, spec
 def summary(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """Per figure: each tree's median over rounds and the per-round current/baseline ratios."""
     out: dict[str, Any] = {}
+    names = list(rounds[0])
     figures = [("engine", "tokens_per_s")] + [("coserving", key) for key in COSERVING_FIGURES]
     for part, key in figures:
         if part not in rounds[0]["current"]:
             continue
-        values = {name: [r[name][part][key] for r in rounds] for name in ("baseline", "current")}
-        ratios = [c / b for b, c in zip(values["baseline"], values["current"]) if b and c is not None]
-        out[f"{part}.{key}"] = {name: statistics.median(v) for name, v in values.items() if None not in v}
-        out[f"{part}.{key}"]["ratios"] = ratios
+        values = {name: [r[name][part][key] for r in rounds] for name in names}
+        row: dict[str, Any] = {name: statistics.median(v) for name, v in values.items() if None not in v}
+        for name in names[:-1]:
+            row[f"current/{name}"] = [c / b for b, c in zip(values[name], values["current"]) if b and c is not None]
+        out[f"{part}.{key}"] = row
     if "engine" in rounds[0]["current"]:
-        out["engine.same_outputs"] = all(r["baseline"]["engine"]["outputs"] == r["current"]["engine"]["outputs"]
+        out["engine.same_outputs"] = all(len({json.dumps(r[n]["engine"]["outputs"]) for n in names}) == 1
                                          for r in rounds)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    trees = {"baseline": args.baseline.resolve(), "current": ROOT}
+    trees = {name: Path(path).resolve() for name, _, path in (b.partition("=") for b in args.baseline)}
+    trees["current"] = ROOT
     spec_args = argparse.Namespace(threads=args.threads, seed=0, max_batch_tokens=4096, memory_iterations=0,
                                    repeats=1)
     model_dir, _ = engine_throughput.ensure_model(None)
@@ -132,13 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         rounds = [one_round(i, trees, args, spec_path, model_dir, Path(tmp)) for i in range(args.rounds)]
-    result = {"summary": summary(rounds), "rounds": [{n: {p: {k: v for k, v in d.items() if k != "outputs"}
-                                                              for p, d in r[n].items()} for n in r} for r in rounds],
+    kept = [{n: {p: {k: v for k, v in d.items() if k != "outputs"} for p, d in r[n].items()} for n in r}
+            for r in rounds]
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+    result = {"summary": summary(rounds), "rounds": kept,
               "meta": {"started": started, "ended": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                       "baseline": str(trees["baseline"]), "machine": f"{platform.machine()}, {os.cpu_count()} "
-                       f"cores, {platform.system()} {platform.release()}", "command": " ".join(sys.argv),
-                       "threads": args.threads, "policy": args.policy, "rate": args.rate,
-                       "slo_ms": [args.tpot_slo_ms, args.ttft_slo_ms]}}
+                       "trees": {name: str(path) for name, path in trees.items()}, "machine": machine,
+                       "command": " ".join(sys.argv), "threads": args.threads, "policy": args.policy,
+                       "rate": args.rate, "slo_ms": [args.tpot_slo_ms, args.ttft_slo_ms],
+                       "window_s": args.window_s}}
     print(json.dumps(result["summary"], indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
