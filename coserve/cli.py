@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from coserve.bench.cli import register_bench
+from coserve.contract.engine import EngineKind
 from coserve.platform.profiler_cli import register_profile
 from coserve.policies import defaults
 
@@ -164,8 +165,10 @@ def _register_demo(subparsers: Subparsers) -> None:
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Handler of `coserve serve`: validate every setting, then serve until interrupted."""
     from coserve.actors.data_dir_lock import DataDirLocked
+    from coserve.contract.engine import EngineStartError
     from coserve.server.assembly import PortUnavailable, run_local, run_ray
     from coserve.server.options import ServeOptions
+    from coserve.dedicated.capacity import ClusterTooSmall
 
     opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
                         port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,
@@ -174,7 +177,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         device=args.device, latency_profile=args.latency_profile,
                         max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
                         public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes,
-                        max_n=args.max_n, max_upload_bytes=args.max_upload_bytes)
+                        max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine,
+                        dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers)
     try:
         opts.validate()
     except ValueError as error:
@@ -182,7 +186,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         (run_local if opts.local else run_ray)(opts)
-    except (DataDirLocked, PortUnavailable) as error:  # another server has it: nothing was touched
+    except (DataDirLocked, PortUnavailable, ClusterTooSmall) as error:  # nothing was touched
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except EngineStartError as error:  # the backend's own reason (vLLM could not load the model, ...)
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
@@ -201,6 +208,10 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--local", action="store_true", help="one process, no Ray")
+    serve.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
+                       metavar="{" + ",".join(k.value for k in EngineKind) + "}",
+                       help="the backend: native (coserve's engine) or vllm (vLLM's engine, fine-tuning on its "
+                            "weights; needs vLLM: make vllm) (default: native)")
     serve.add_argument("--max-num-seqs", type=int, default=defaults.MAX_NUM_SEQS,
                        help=f"requests running at once (default: {defaults.MAX_NUM_SEQS})")
     serve.add_argument("--max-batch-tokens", type=int, default=defaults.MAX_BATCH_TOKENS,
@@ -229,6 +240,14 @@ def _register_serve(subparsers: Subparsers) -> None:
                        help=f"LoRA adapters resident at once (default: {defaults.ADAPTER_SLOTS})")
     serve.add_argument("--latency-profile", default=None,
                        help="latency model fitted by `coserve profile --json` (default: learned online)")
+    serve.add_argument("--dedicated-min-tokens", type=int, default=None,
+                       help="run a fine-tuning job that trains at least this many tokens (its file's trained "
+                            "tokens x epochs) as a Ray Train run of its own, outside the shared engines "
+                            "(default: off; a job may still ask with extra_body={'training': {'mode': "
+                            "'dedicated'}})")
+    serve.add_argument("--dedicated-workers", type=int, default=2,
+                       help="workers of a dedicated run that does not say (one CPU each, one GPU each with "
+                            "--device cuda; default: 2)")
     serve.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
     serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     serve.set_defaults(handler=_cmd_serve)

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,13 +103,13 @@ def serve_command(model: Path, tenants: Path, data_dir: Path, port: int) -> list
 
 
 @contextmanager
-def serve_subprocess(model: Path, tenants: Path, data_dir: Path,
-                     key: str) -> Iterator[tuple[subprocess.Popen, openai.OpenAI]]:
-    """`coserve serve --local` in a subprocess; yields it and a client (API key `key`) once it answers.
-    On exit a server still running gets SIGINT (Ctrl-C: a clean stop), and is killed after 30 s."""
+def serve_subprocess(model: Path, tenants: Path, data_dir: Path, key: str,
+                     flags: Sequence[str] = ()) -> Iterator[tuple[subprocess.Popen, openai.OpenAI]]:
+    """`coserve serve --local` (plus `flags`) in a subprocess; yields it and a client (API key `key`) once
+    it answers. On exit a server still running gets SIGINT (Ctrl-C: a clean stop), and is killed after 30 s."""
     port = free_port()
     log = data_dir.parent / f"server-{port}.log"
-    cmd = serve_command(model, tenants, data_dir, port)
+    cmd = [*serve_command(model, tenants, data_dir, port), *flags]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=SERVE_ENV)
     try:

@@ -40,6 +40,8 @@ def tenants_file(tmp_path: Path) -> Path:
     (["--max-n", "129"], "--max-n must be in 1..128 (OpenAI's bound on n), got 129"),
     (["--dtype", "float8"], "--dtype must be one of"),
     (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["--dedicated-workers", "0"], "--dedicated-workers must be in 1..1024, got 0"),
+    (["--dedicated-min-tokens", "100000"], "--dedicated-min-tokens routes jobs to Ray Train runs: it needs Ray"),
 ])
 def test_bad_settings_exit_nonzero_with_message(llama_dir: Path, tenants_file: Path, extra: list[str],
                                                  message: str, capsys: pytest.CaptureFixture[str]) -> None:

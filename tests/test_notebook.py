@@ -1,12 +1,14 @@
-"""`notebooks/walkthrough.ipynb` runs end to end (nbclient, a real kernel): local server, chat, upload,
-fine-tune, events and loss curve, fine-tuned chat, a small co-serving benchmark. The stored copy keeps
-small outputs and no error."""
+"""`notebooks/walkthrough.ipynb` runs end to end (nbclient, a real kernel) on SmolLM2-135M-Instruct: local
+server, chat, streaming, a fine-tuning job that teaches "Ahoy!" openings, events and loss curve, the tuned
+model on unseen questions beside the unchanged base model, a small co-serving benchmark. The stored copy
+keeps small outputs and no error, and shows the habit learnt."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,21 +24,34 @@ def _errors(nb: nbformat.NotebookNode) -> list[str]:
             if o.output_type == "error"]
 
 
+def _check_outputs(text: str) -> None:
+    """What the notebook must show: the real model's answer, the job, the habit on unseen questions,
+    the base model unchanged, the benchmark."""
+    assert "The capital of France is Paris." in text
+    assert "succeeded ft:smollm2-135m-instruct:demo:pirate:" in text
+    tuned = [line for line in text.splitlines() if line.strip().startswith("tuned: ")]
+    assert len(tuned) == 4 and all(line.strip().startswith("tuned: Ahoy!") for line in tuned[:3]), tuned
+    assert "Paris" in tuned[3]
+    assert "base model answers unchanged by the job: True" in text
+    assert "SLO attainment" in text
+
+
 def test_stored_notebook_has_small_outputs_and_no_error() -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert NOTEBOOK.stat().st_size < 100_000
-    assert not _errors(nb) and "succeeded ft:tiny-llama:demo:numbers:" in _text(nb)
+    assert not _errors(nb)
+    _check_outputs(_text(nb))
 
 
-def test_notebook_runs_end_to_end() -> None:
+@pytest.mark.real_model
+def test_notebook_runs_end_to_end(smollm2_dir: Path) -> None:  # the fixture fetches the model it serves
     nb = nbformat.read(NOTEBOOK, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = []
-    NotebookClient(nb, timeout=300, kernel_name="python3",
+    NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT)}}).execute()
     assert not _errors(nb)
-    text = _text(nb)
-    assert "succeeded ft:tiny-llama:demo:numbers:" in text and "SLO attainment" in text
+    _check_outputs(_text(nb))
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) == 2

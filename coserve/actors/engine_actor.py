@@ -87,7 +87,7 @@ class EngineActor:
 
     def __init__(self, config: Any, engine_id: str = "engine-0") -> None:
         self.engine_id = engine_id
-        self.engine: Engine  # coserve's engine: the engine thread builds it before the constructor returns
+        self.engine: Engine  # the engine thread builds it before the constructor returns
         self._layout: RuntimeLayout
         self._stats = LoopStats()
         self.error: str | None = None  # why the loop ended, when it was not a normal stop
@@ -105,11 +105,12 @@ class EngineActor:
     def _main(self, config: Any) -> None:
         """The engine thread: build the engine, then run the loop once `start` hands over a link."""
         try:
-            from coserve.platform.engine import Engine as TorchEngine
+            from coserve.platform.engines import build_engine
             from coserve.platform.tokenizer_spec import read_tokenizer_spec
 
-            self.engine = TorchEngine(config)
-            # The tokenizer as this process loads it, for the gateway and the scheduler (no torch there).
+            self.engine = build_engine(config)  # the backend `config.engine` names
+            # The tokenizer as this process loads it (either backend loads the model folder's with
+            # transformers), for the gateway and the scheduler, which have no torch.
             self._layout = replace(self.engine.layout, tokenizer=read_tokenizer_spec(config.model))
         except BaseException as error:  # noqa: BLE001 - re-raised by the constructor, on the caller's thread
             self._build_error = error

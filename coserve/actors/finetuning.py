@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coserve.actors.dedicated_jobs import DedicatedJob, DedicatedJobs, is_dedicated, route_job
 from coserve.actors.job_failures import JobRefused, failure
 from coserve.actors.job_resume import resume_spec
 from coserve.actors.job_storage import JobStorage
@@ -31,6 +32,7 @@ from coserve.actors.store.records import JobRecord, JobStatus
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
 from coserve.policies.data_position import DataPosition
+from coserve.policies.dedicated import DedicatedSettings
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
 from coserve.policies.job_host import JobHost
 from coserve.policies.quotas import TenantLimits, TenantQuota
@@ -50,6 +52,7 @@ class FineTuningSettings:
     num_layers: int
     max_model_len: int
     stall_after_s: float = DEFAULT_STALL_AFTER_S  # a running job without progress this long gets an event
+    dedicated: DedicatedSettings | None = None  # jobs on Ray Train of their own (None: no Ray, none)
 
 
 @dataclass(slots=True)
@@ -69,7 +72,7 @@ class Intent:
 @dataclass(slots=True)
 class _Running:
     record: JobRecord
-    job: FinetuneJob
+    job: FinetuneJob | DedicatedJob
     started_at: float
     last_loss: float | None = None
 
@@ -79,9 +82,11 @@ def open_job_manager(settings: FineTuningSettings, host: JobHost, tokenizer: Any
                      on_trained: Callable[[str, int], None] | None = None) -> JobManager:
     """A job manager over the metadata store in `settings.data_dir`, with its own tokenizer (the engine's,
     rebuilt torch-free: `coserve.frontend.tokenizer`): training files are tokenized on a worker thread
-    (`JobManager.run`)."""
-    return JobManager(MetadataStore(settings.data_dir), host, tokenizer, settings, limits,
-                      on_trained=on_trained)
+    (`JobManager.run`). With `settings.dedicated`, large jobs run on Ray Train runs of their own."""
+    store = MetadataStore(settings.data_dir)
+    dedicated = None if settings.dedicated is None else DedicatedJobs(
+        settings.dedicated, store, settings.base_model_path, settings.data_dir)
+    return JobManager(store, host, tokenizer, settings, limits, on_trained=on_trained, dedicated=dedicated)
 
 
 def model_id(settings: FineTuningSettings, record: JobRecord) -> str:
@@ -95,7 +100,8 @@ class JobManager:
     def __init__(self, store: MetadataStore, host: JobHost, tokenizer: Any,
                  settings: FineTuningSettings, limits: Mapping[str, TenantLimits] | None = None,
                  clock: Callable[[], float] = time.time,
-                 on_trained: Callable[[str, int], None] | None = None) -> None:
+                 on_trained: Callable[[str, int], None] | None = None,
+                 dedicated: DedicatedJobs | None = None) -> None:
         self._store, self._host, self._tokenizer = store, host, tokenizer
         self._settings, self._limits, self._clock = settings, dict(limits or {}), clock
         self._on_trained = on_trained  # (tenant, trained tokens of a completed step), for metrics
@@ -104,6 +110,7 @@ class JobManager:
         self._next_adapter_id = FIRST_TRAINING_ADAPTER_ID
         self.watchdog = JobWatchdog(settings.stall_after_s)
         self._storage = JobStorage(store, self._limits)
+        self._dedicated = dedicated  # the jobs that train on Ray Train (None: no Ray)
 
     @property
     def num_running(self) -> int:
@@ -147,18 +154,22 @@ class JobManager:
             running = self._running.get(intent.job_id)
             if intent.cancel_id is not None:
                 if running is not None:
-                    self._host.remove_job(intent.job_id)  # the policy reports the cancellation
+                    self._runner(intent.job_id).remove_job(intent.job_id)  # it reports the cancellation
             elif intent.prepared is not None:
                 if running is None:
                     self._start(intent.record, intent.prepared)
             elif running is None:
                 continue  # it ended meanwhile
             elif intent.record.status == JobStatus.PAUSED and running.record.status != JobStatus.PAUSED:
-                self._host.pause_job(intent.job_id)
+                self._runner(intent.job_id).pause_job(intent.job_id)
                 running.record = intent.record
             elif intent.record.status == JobStatus.QUEUED:  # resumed
-                self._host.resume_job(intent.job_id)
+                self._runner(intent.job_id).resume_job(intent.job_id)
                 running.record = self._store.jobs.update(intent.job_id, status=JobStatus.RUNNING)
+
+    def _runner(self, job_id: str) -> JobHost | DedicatedJobs:
+        """Where job `job_id` runs: its own Ray Train run, or the shared engine's policy."""
+        return self._dedicated if self._dedicated is not None and job_id in self._dedicated else self._host
 
     def _validate(self, record: JobRecord) -> None:
         """Tokenize the training file and resolve "auto": queued, or failed with the reason."""
@@ -199,6 +210,8 @@ class JobManager:
             lora=LoRASettings.from_dict(record.extensions.get("lora") or {}), seed=record.seed,
             base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
             validation=validation)
+        route_job(self._store, record, prepared.hyperparameters.total_trained_tokens, self._settings.dedicated,
+                  decide=not resume)  # decided once, kept in the row; JobRefused when it needs Ray
         quota = TenantQuota(self._limits.get(record.tenant, TenantLimits()))
         # The concurrency part of the quota was checked when the job was created.
         refusal = quota.admit_job(0, prepared.hyperparameters.total_trained_tokens)
@@ -235,8 +248,11 @@ class JobManager:
 
     def _start(self, record: JobRecord, prepared: PreparedJob) -> None:
         """Hand a job to the policy (on the event loop)."""
-        job = FinetuneJob(prepared.spec, self._host.kv, self._host.adapters)
-        self._host.add_job(job)
+        if self._dedicated is not None and is_dedicated(record):
+            job: FinetuneJob | DedicatedJob = self._dedicated.start(record, prepared.spec)
+        else:
+            job = FinetuneJob(prepared.spec, self._host.kv, self._host.adapters)
+            self._host.add_job(job)
         record = self._store.jobs.update(record.id, status=JobStatus.RUNNING)
         self._running[record.id] = _Running(record, job, self._clock())
         resumed = prepared.spec.resume_from is not None
@@ -264,6 +280,11 @@ class JobManager:
             try:
                 intents = await asyncio.to_thread(self.collect, self.running)
                 self.apply(intents)
+                if self._dedicated is not None:
+                    await asyncio.to_thread(self._dedicated.poll)
+                    for job_id in self._dedicated.pop_lost():  # started again from its checkpoint next
+                        self._running.pop(job_id, None)
+                    self.record_events()
             except Exception:  # noqa: BLE001 - a bad job must not stop the others' reconciling
                 logger.exception("fine-tuning job reconcile failed")
                 intents = []
@@ -275,7 +296,8 @@ class JobManager:
     def watch(self) -> None:
         """Write an event on each running job that stopped moving (saying why) or moved again."""
         progress = {job_id: r.job.last_planned_step for job_id, r in self._running.items() if r.job.runnable}
-        for notice in self.watchdog.check(progress, self._host.finetune_held_back):
+        reasons = self._dedicated.held_back() if self._dedicated is not None else {}
+        for notice in self.watchdog.check(progress, self._host.finetune_held_back, reasons):
             if notice.stalled:
                 logger.warning("fine-tuning job %s: %s", notice.job_id, notice.message)
             self._store.events.add(notice.job_id, notice.message)
@@ -284,7 +306,8 @@ class JobManager:
 
     def record_events(self) -> None:
         """Write the jobs' events (steps, checkpoints, success, failure) into the store."""
-        for event in self._host.pop_job_events():
+        dedicated = self._dedicated.pop_job_events() if self._dedicated is not None else []
+        for event in self._host.pop_job_events() + dedicated:
             running = self._running.get(event.job_id)
             if running is None:
                 continue
@@ -317,7 +340,7 @@ class JobManager:
         if refusal is None:
             return True
         del self._running[running.record.id]
-        self._host.remove_job(running.record.id)
+        self._runner(running.record.id).remove_job(running.record.id)
         self._fail(running.record, QUOTA_CODES[refusal.limit], f"the adapter saved at step {event.step} "
                    f"was not kept: {refusal.reason}. Delete files or fine-tuned models to free space")
         return False

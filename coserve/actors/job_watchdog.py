@@ -54,13 +54,16 @@ class JobWatchdog:
         """Running jobs that count as stalled now."""
         return sum(w.stalled for w in self._watches.values())
 
-    def check(self, progress: Mapping[str, int], held_back: str | None) -> list[StallNotice]:
+    def check(self, progress: Mapping[str, int], held_back: str | None,
+              reasons: Mapping[str, str] | None = None) -> list[StallNotice]:
         """Compare each running job's progress marker (its last planned step; jobs that cannot run now,
         such as paused ones, are left out) with the last check's.
 
         Args:
             progress: job id -> progress marker, for the jobs that should be moving.
             held_back: the policy's latest reason for giving jobs no work (None: it gave them work).
+            reasons: job id -> why that job is not moving, for jobs the policy does not plan (a
+                dedicated Ray Train run); it replaces `held_back` for them.
         """
         now = self._clock()
         notices = []
@@ -73,7 +76,8 @@ class JobWatchdog:
                 watch = _Watch(marker, now)
             elif not watch.stalled and now - watch.since >= self.stall_after_s:
                 watch.stalled = True
-                why = held_back or "its next piece found no free KV block or adapter slot"
+                why = (reasons or {}).get(job_id) or held_back or \
+                    "its next piece found no free KV block or adapter slot"
                 notices.append(StallNotice(job_id, f"No progress for {now - watch.since:.0f} s: {why}",
                                            stalled=True))
             watches[job_id] = watch

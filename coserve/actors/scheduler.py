@@ -42,6 +42,7 @@ from coserve.frontend.tokenizer import Tokenizer
 from coserve.platform.config import ModelConfig
 from coserve.policies import defaults
 from coserve.policies.config import SchedulerConfig
+from coserve.policies.dedicated import DedicatedSettings
 from coserve.policies.engine_core import EngineCore, Step, StepFailed
 from coserve.policies.policy_factory import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
 from coserve.policies.quotas import TenantLimits
@@ -78,6 +79,7 @@ class SchedulerSettings:
     slo: Slo = Slo()
     data_dir: str | None = None  # the metadata store's folder: fine-tuning jobs run when it is set
     base_model_id: str = ""  # the base model's public id (fine-tuned ids start `ft:{base}:`)
+    dedicated: DedicatedSettings | None = None  # fine-tuning on Ray Train runs of their own (None: no Ray)
 
 
 class SchedulerActor:
@@ -135,7 +137,8 @@ class SchedulerActor:
         config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=self._settings.max_num_seqs,
                                  max_batch_tokens=self._settings.max_batch_tokens,
                                  block_size=layout.block_size,
-                                 enable_prefix_caching=self._settings.enable_prefix_caching)
+                                 enable_prefix_caching=self._settings.enable_prefix_caching
+                                 and not layout.engine_owns_kv_cache)
         self._policy = self._policy_factory(config, layout)
         self._core = EngineCore(self._policy)
         self._engines[engine_id] = layout
@@ -144,7 +147,7 @@ class SchedulerActor:
             settings = FineTuningSettings(
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
                 data_dir=Path(self._settings.data_dir), num_layers=self._num_layers,
-                max_model_len=layout.max_model_len)
+                max_model_len=layout.max_model_len, dedicated=self._settings.dedicated)
             self._jobs = open_job_manager(settings, jobs, Tokenizer.from_spec(layout.tokenizer),
                                           self._settings.tenant_limits, self._count_finetune)
 

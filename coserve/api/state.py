@@ -44,6 +44,8 @@ class GatewayState:
             against it).
         public_metrics: `/metrics` without an admin key, tenant labels summed away (False: admin only).
         max_n: the most completions (`n`) one chat request may ask for; more is a 400 naming `n`.
+        dedicated: the Ray cluster's room for dedicated fine-tuning runs (`DedicatedCapacity`); None: the
+            server has no Ray (`--local`), a job asking for a dedicated run is a 400.
     """
 
     store: MetadataStore
@@ -55,6 +57,7 @@ class GatewayState:
     max_lora_rank: int | None = None
     public_metrics: bool = False
     max_n: int = DEFAULT_MAX_N
+    dedicated: Any = None
 
 
 def get_state(request: Request) -> GatewayState:

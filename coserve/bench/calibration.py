@@ -2,9 +2,11 @@
 
 `profile_engine` runs a short sweep of real iterations that excites every feature the policies plan
 with: prefill chunks and decode batches of 1-32 requests at two context lengths (FCFS inference),
-fine-tuning forward windows of 32-256 tokens and backward tasklet runs of 256-4096 token-layers, alone
-and next to decode batches. `fit_latency_model` fits `LatencyModel` on 4/5 of the samples and reports
-the MAPE and the mean measured/predicted ratio on the held-out fifth.
+fine-tuning forward windows of 32-256 tokens and backward tasklet runs of 256-4096 token-layers next
+to a decode batch. `fit_latency_model` fits `LatencyModel` on 4/5 of the samples and reports the MAPE
+and the mean measured/predicted ratio on the held-out fifth. Only iterations with inference work are
+fitted (`PlanFeatures.has_inference`: the only ones the model decides; fine-tuning alone pulled the
+per-iteration constant, see `coserve.platform.profiler`).
 
 SLO rule (`calibrate_slo`), printed by the benchmark:
 
@@ -123,24 +125,21 @@ def _run_inference(engine: StepExecutor, layout: RuntimeLayout, settings: SweepS
 
 def _run_finetune(engine: StepExecutor, layout: RuntimeLayout, job_spec: FinetuneJobSpec,
                   settings: SweepSettings, samples: list[Sample]) -> None:
-    """Forward windows and backward runs of several sizes, alone and next to a decode batch."""
+    """Forward windows and backward runs of several sizes next to a decode batch."""
     policy = fcfs_policy(layout, settings.max_batch_tokens + max(settings.forward_windows),
                          settings.mixed_decode_batch)
     layers = job_spec.num_layers
     budgets = [(w, 0) for w in settings.forward_windows] + [(0, b) for b in settings.backward_budgets]
     pieces = JobPieces(FinetuneJob(job_spec, policy.kv, policy.adapters))
     core, tracker = EngineCore(policy, pieces), AdapterSlotTracker()
-    mix: list[str] = []
-    for mixed in (False, True):
-        if mixed:
-            mix = add_requests(policy, layout, "mix", settings.mixed_decode_batch, 64, 10_000)
-        for k in range(3 * len(budgets)):
-            forward, backward = budgets[k % len(budgets)]
-            # The job takes whatever its phase allows: a full-depth budget for the other phase keeps
-            # it moving through sequences when the rotation asks for work it cannot do now.
-            pieces.budget = (forward or 64, backward or 64 * layers)
-            step = core.step(engine)
-            samples.append((tracker.features(step.plan), step.result.timings.total_s))
+    mix = add_requests(policy, layout, "mix", settings.mixed_decode_batch, 64, 10_000)
+    for k in range(3 * len(budgets)):
+        forward, backward = budgets[k % len(budgets)]
+        # The job takes whatever its phase allows: a full-depth budget for the other phase keeps
+        # it moving through sequences when the rotation asks for work it cannot do now.
+        pieces.budget = (forward or 64, backward or 64 * layers)
+        step = core.step(engine)
+        samples.append((tracker.features(step.plan), step.result.timings.total_s))
     pieces.cancel()
     _abort_and_drain(policy, core, engine, mix)
 
@@ -173,7 +172,11 @@ def fit_latency_model(samples: Sequence[Sample], fingerprint: ModelFingerprint) 
     """Fit on 4/5 of the samples and measure the held-out fifth; return the model refitted on all.
 
     The held-out fifth is every fifth sample, so each kind of iteration of the sweep is represented.
+    Samples without inference work are left out (module docstring).
     """
+    samples = [s for s in samples if s[0].has_inference]
+    if not samples:
+        raise ValueError("no measured iteration holds inference work: nothing to fit the latency model on")
     held = [s for i, s in enumerate(samples) if i % 5 == 4]
     train = [s for i, s in enumerate(samples) if i % 5 != 4]
     model = LatencyModel(fingerprint)

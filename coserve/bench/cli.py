@@ -23,8 +23,40 @@ def _coserving(args: argparse.Namespace) -> int:
     return run_coserving_benchmark(args)
 
 
+def _cluster_validate(args: argparse.Namespace) -> int:
+    from coserve.bench.cluster_validate import run_validate_command
+
+    return run_validate_command(args)
+
+
+def _cluster_project(args: argparse.Namespace) -> int:
+    from coserve.bench.cluster_projection import run_project_command
+
+    return run_project_command(args)
+
+
+def _register_cluster(bench_sub: Any) -> None:
+    """`coserve bench cluster validate|project` (issue 19): several engines under one scheduler."""
+    cluster = bench_sub.add_parser(
+        "cluster", help="several engines under one scheduler: measured runs vs the simulator, projections",
+        description="validate: 1- and 2-engine runs measured here against the cluster simulator. project: N "
+                    "simulated engines x 1000 tenants, and where the central scheduler becomes the bottleneck.")
+    sub = cluster.add_subparsers(dest="cluster_command", metavar="MODE")
+    sub.required = True
+    from coserve.bench.cluster_projection import add_arguments as add_project_arguments  # no torch at import
+    from coserve.bench.cluster_validate import add_arguments as add_validate_arguments
+
+    validate = sub.add_parser("validate", help="measured 1- and 2-engine runs vs the cluster simulator")
+    add_validate_arguments(validate)
+    validate.set_defaults(handler=_cluster_validate)
+    project = sub.add_parser("project", help="N engines x 1000 tenants in the cluster simulator")
+    add_project_arguments(project)
+    project.set_defaults(handler=_cluster_project)
+
+
 def register_bench(subparsers: Any) -> None:
-    """Add `coserve bench trainer` and `coserve bench co-serving` to the `coserve` parser."""
+    """Add `coserve bench trainer`, `coserve bench co-serving` and `coserve bench cluster` to the `coserve`
+    parser."""
     bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     bench_sub.required = True
@@ -46,3 +78,4 @@ def register_bench(subparsers: Any) -> None:
 
     add_coserving_arguments(coserving)
     coserving.set_defaults(handler=_coserving)
+    _register_cluster(bench_sub)

@@ -7,8 +7,8 @@ On one in-process engine (the `small` preset by default, float32, CPU):
 1. Fit the latency model on a short sweep of real iterations (`calibration.profile_engine`), measure
    the solo decode step at batch 8 and derive the SLOs from it (`calibration.calibrate_slo`: TPOT = 3 x
    that step, TTFT = 40 x TPOT); refit it with a few seconds of real co-serving iterations added
-   (`_calibrate`), and derive from the final model the policies' safety margins (held-out bias; for
-   coserve-strict also the warm-up's overrun, see `_calibrate`) and `max_num_seqs`; coserve's longest
+   (`calibrate`), and derive from the final model the policies' safety margins (held-out bias; for
+   coserve-strict also the warm-up's overrun, see `calibrate`) and `max_num_seqs`; coserve's longest
    stall is `--stall-multiple` (3) x the TPOT SLO. All are printed and written to the JSON.
 2. Measure fine-tuning alone (`finetune_only_tokens_per_s`): the coserve policy with no inference.
 3. For every rate and policy: a Poisson trace of `window_s` seconds (ShareGPT-like lengths divided by
@@ -23,9 +23,11 @@ On one in-process engine (the `small` preset by default, float32, CPU):
 `--tpot-slo-ms` (and `--ttft-slo-ms`) replace the calibrated SLOs, e.g. with the papers' 50 ms TPOT for
 an 8B model on a GPU (`--device cuda --dtype bfloat16 --model-dir <real-size shape>`).
 
-The fine-tuning job: 64 synthetic chat examples of 256-1024 tokens (`traces.synthetic_chat_dataset`),
-LoRA r=16 alpha=32 on all seven projections, batch size 1 (so the window sees many completed optimizer
-steps), AdamW, as many epochs as allowed (it never ends during a run). Each run starts the job afresh.
+The fine-tuning job: 64 synthetic chat examples of 256-1024 tokens (`traces.synthetic_chat_dataset`;
+`--finetune-tokens 64,256` for a real model such as SmolLM2-135M, whose 1024-token steps outlast a short
+window), LoRA r=16 alpha=32 on all seven projections, batch size 1 (so the window sees many completed
+optimizer steps), AdamW, as many epochs as allowed (it never ends during a run). Each run starts the job
+afresh. A real model is `--model-dir DIR` with lower `--rates` (RESULTS.md has SmolLM2's command).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from coserve.bench.replay import RunLimits, RunRecord, replay
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
+from coserve.contract.engine import EngineKind
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.policies.finetune_job import FinetuneJobSpec
 from coserve.policies.latency import LatencyModel
@@ -76,6 +79,7 @@ REALIZED_TARGET = 0.9  # of the TPOT SLO: where the margin aims co-served iterat
 # 192 -> 236, rate 2 126 -> 192; 2026-11-21, /tmp runs noted in RESULTS.md).
 STALL_MULTIPLE = 3.0
 DECODE_SHARE = 0.6  # of the TPOT SLO a full decode batch may take (sets max_num_seqs)
+FINETUNE_TOKENS = (256, 1024)  # the fine-tuning examples' length range, templated tokens
 QUICK_SWEEP = SweepSettings(decode_batches=(1, 8, 16), decode_steps=4, forward_windows=(32, 128, 256),
                             backward_budgets=(512, 2048))
 
@@ -93,6 +97,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--window-s", type=float, default=None, help="arrival window per run (default 16 quick, 40 otherwise)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:1, ... (default cpu)")
+    ap.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
+                    metavar="{" + ",".join(k.value for k in EngineKind) + "}",
+                    help="the backend, as `coserve serve --engine` (default: native)")
     ap.add_argument("--dtype", default="float32", help="engine dtype (default float32)")
     ap.add_argument("--tpot-slo-ms", type=float, default=None,
                     help="use this TPOT SLO instead of the calibrated one (e.g. 50 for an 8B model on a GPU)")
@@ -102,6 +109,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help=f"coserve's max_stall_ms as a multiple of the TPOT SLO, >= 1 (default "
                          f"{STALL_MULTIPLE:g}; the policy coserve-strict has none)")
     ap.add_argument("--seed", type=int, default=0, help="seed of traces and the fine-tuning data")
+    ap.add_argument("--finetune-tokens", default=f"{FINETUNE_TOKENS[0]},{FINETUNE_TOKENS[1]}",
+                    help="MIN,MAX templated tokens of the fine-tuning examples (default "
+                         f"{FINETUNE_TOKENS[0]},{FINETUNE_TOKENS[1]}; 64,256 for a real model on a CPU)")
 
 
 def _settings(args: argparse.Namespace) -> tuple[list[float], list[str], float]:
@@ -113,33 +123,43 @@ def _settings(args: argparse.Namespace) -> tuple[list[float], list[str], float]:
     return rates, policies, window
 
 
-def _engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, str]:
+def engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, str]:
     """The engine, the prepared fine-tuning job and a description of the model."""
     from transformers import AutoTokenizer
 
     from coserve.bench.trainer import ensure_model
-    from coserve.platform.engine import Engine
     from coserve.platform.engine_config import EngineConfig
+    from coserve.platform.engines import build_engine
 
     model_dir, origin = ensure_model(args.model_dir)
-    engine = Engine(EngineConfig(model=str(model_dir), dtype=args.dtype, device=args.device,
-                                 num_kv_blocks=NUM_KV_BLOCKS, block_size=16, max_loras=2,
-                                 max_lora_rank=16, seed=args.seed))
+    engine = build_engine(EngineConfig(model=str(model_dir), dtype=args.dtype, device=args.device,
+                                       num_kv_blocks=NUM_KV_BLOCKS, block_size=16, max_loras=2,
+                                       max_lora_rank=16, seed=args.seed, engine=args.engine,
+                                       max_num_seqs=32, max_batch_tokens=2 * MAX_BATCH_TOKENS))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     spec = bench_job_spec(tokenizer, engine.model_config.num_layers, engine.layout.max_model_len,
-                          workdir / "job", args.seed)
+                          workdir / "job", args.seed, finetune_tokens(args.finetune_tokens))
     cfg = engine.model_config
     model = (f"{model_dir.name} ({origin}): {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
-             f"vocab {cfg.vocab_size}, {args.dtype} on {args.device}")
+             f"vocab {cfg.vocab_size}, {args.dtype} on {args.device}, engine {args.engine.value}")
     return engine, spec, model
 
 
+def finetune_tokens(text: str) -> tuple[int, int]:
+    """`--finetune-tokens MIN,MAX` as a pair; ValueError naming the option when it is not one."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or not 16 <= int(parts[0]) <= int(parts[1]):
+        raise ValueError(f"--finetune-tokens must be MIN,MAX with 16 <= MIN <= MAX, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Path,
-                   seed: int) -> FinetuneJobSpec:
-    """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`."""
+                   seed: int, lengths: tuple[int, int] = FINETUNE_TOKENS) -> FinetuneJobSpec:
+    """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`; `lengths` is the
+    examples' range of templated tokens."""
     from coserve.frontend.job_prep import prepare_job
 
-    examples = synthetic_chat_dataset(tokenizer, 64, seed=seed)
+    examples = synthetic_chat_dataset(tokenizer, 64, seed=seed, min_tokens=lengths[0], max_tokens=lengths[1])
     return prepare_job(tokenizer, examples, job_id="bench", tenant="finetune", adapter_id=TRAINING_ADAPTER_ID,
                        num_layers=num_layers, max_len=max_len, output_dir=output_dir,
                        hyperparameters=HyperparameterRequest(n_epochs=50, batch_size=1), lora=LoRASettings(r=16, lora_alpha=32),
@@ -169,12 +189,13 @@ def _setup(engine: Any, fit: LatencyFit, slo: SLO, stall_multiple: float,
     margin = fit.safety_margin if margin is None else margin
     scheduler = SchedulerConfig(max_model_len=engine.layout.max_model_len,
                                 max_num_seqs=_max_num_seqs(latency, slo, margin),
-                                max_batch_tokens=MAX_BATCH_TOKENS, block_size=engine.layout.block_size)
+                                max_batch_tokens=MAX_BATCH_TOKENS, block_size=engine.layout.block_size,
+                                enable_prefix_caching=not engine.layout.engine_owns_kv_cache)
     return PolicySetup(scheduler=scheduler, slo=slo, latency=latency, safety_margin=margin,
                        max_stall_ms=stall_multiple * slo.tpot_s * 1000.0)
 
 
-def _calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSettings,
+def calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSettings,
                warmup_s: float, stall_multiple: float,
                slo: SLO | None = None) -> tuple[PolicySetup, LatencyFit, float]:
     """Fit the latency model in two passes and derive the SLOs and limits from the final one.
@@ -294,10 +315,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     rates, policies, window = _settings(args)
     with tempfile.TemporaryDirectory(prefix="coserve-bench-") as tmp:
-        engine, job_spec, model = _engine_and_job(args, Path(tmp))
+        engine, job_spec, model = engine_and_job(args, Path(tmp))
         t0 = time.monotonic()
         sweep = QUICK_SWEEP if args.quick else SweepSettings()
-        setup, fit, overrun = _calibrate(engine, job_spec, rates[len(rates) // 2], args.seed, sweep,
+        setup, fit, overrun = calibrate(engine, job_spec, rates[len(rates) // 2], args.seed, sweep,
                                          min(WARMUP_S, window), args.stall_multiple, _given_slo(args))
         slo = setup.slo
         print(f"latency model: held-out MAPE {fit.heldout_mape:.1f}%, mean measured/predicted "
@@ -331,7 +352,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                      "max_num_seqs": setup.scheduler.max_num_seqs, "max_batch_tokens": MAX_BATCH_TOKENS,
                      "safety_margin": setup.safety_margin,
                      "strict_safety_margin": setup.strict_safety_margin, "max_stall_ms": setup.max_stall_ms,
-                     "threads": torch.get_num_threads(),
+                     "threads": torch.get_num_threads(), "finetune_tokens": list(finetune_tokens(args.finetune_tokens)),
                      "seed": args.seed, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "latency_model": {"heldout_mape_percent": fit.heldout_mape, "warmup_overrun": overrun,
                           "heldout_mean_ratio": fit.heldout_mean_ratio,
@@ -365,6 +386,7 @@ def run_coserving_benchmark(args: argparse.Namespace) -> int:
     """Handler of `coserve bench co-serving`: run, write the JSON (and plots), return an exit code."""
     try:
         check_policy_names(_settings(args)[1])
+        finetune_tokens(args.finetune_tokens)
         if not 1.0 <= args.stall_multiple < math.inf:
             raise ValueError(f"--stall-multiple must be a number >= 1, got {args.stall_multiple}")
     except ValueError as error:  # a usage error, reported before minutes of work

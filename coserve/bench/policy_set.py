@@ -30,6 +30,7 @@ from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.latency import LatencyModel
 from coserve.policies.share_registry import ShareKind, ShareOptions, build_policy
+from coserve.policies.shared_vtc import SharedVtc
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +79,13 @@ def _factory(setup: PolicySetup, config: CoServingConfig, kind: ShareKind,
              options: ShareOptions) -> PolicyFactory:
     """A factory of policies with a fresh share of `kind` and a private copy of the latency model."""
 
-    def build(num_blocks: int, block_size: int, adapters: AdapterSlots,
-              clock: Callable[[], float]) -> CoServingPolicy:
+    def build(num_blocks: int, block_size: int, adapters: AdapterSlots, clock: Callable[[], float], *,
+              shared: SharedVtc | None = None) -> CoServingPolicy:
         if block_size != config.scheduler.block_size:
             raise ValueError(f"the engine's KV blocks hold {block_size} tokens, the benchmark's "
                              f"SchedulerConfig.block_size is {config.scheduler.block_size}")
-        return build_policy(kind, config, num_blocks, adapters, setup.latency_copy(), options, clock=clock)
+        return build_policy(kind, config, num_blocks, adapters, setup.latency_copy(), options, clock=clock,
+                            shared=shared)
     return build
 
 

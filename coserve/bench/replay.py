@@ -19,6 +19,7 @@ fine-tuning progress counts completed optimizer steps only). Times are seconds f
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.contract.engine import StepExecutor
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.contract.sampling import SamplingParams
+from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.engine_core import EngineCore
@@ -35,6 +36,7 @@ from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.job_host import JobHost
 from coserve.policies.latency_features import PlanFeatures, plan_features
 from coserve.policies.request import Request
+from coserve.policies.shared_vtc import SharedVtc
 
 if TYPE_CHECKING:  # torch only where a real engine runs; the simulator imports this module too
     from coserve.platform.engine import Engine
@@ -95,6 +97,8 @@ class IterationRecord:
     engine_s: float  # the executor's own measure (`IterationResult.timings.total_s`)
     features: PlanFeatures
     trained_tokens: int  # trained tokens of optimizer steps completed in this iteration
+    engine_id: str = ""  # which engine ran it (several engines: `cluster_run`)
+    decide_s: float = 0.0  # the scheduler's thread CPU to apply this result and plan the next (cluster runs)
 
     @property
     def inference_tokens(self) -> int:
@@ -149,10 +153,19 @@ class AdapterSlotTracker:
 
 
 def make_request(spec: RequestSpec, vocab_size: int, t0: float) -> Request:
-    """The policy's request for a trace entry: greedy, EOS ignored so it yields `output_len` tokens."""
+    """The policy's request for a trace entry: greedy, EOS ignored so it yields `output_len` tokens,
+    through the trace's adapter if it names one (`adapter_ref`)."""
     return Request(spec.request_id, prompt_token_ids(spec, vocab_size),
                    SamplingParams(temperature=0.0, max_tokens=spec.output_len, ignore_eos=True),
-                   tenant=spec.tenant, arrival_time=t0 + spec.arrival_s)
+                   tenant=spec.tenant, arrival_time=t0 + spec.arrival_s,
+                   adapter=None if spec.adapter is None else adapter_ref(spec.adapter))
+
+
+def adapter_ref(name: str) -> AdapterRef:
+    """The adapter a trace entry names: a stable 40-bit id from the name (below the training jobs' ids
+    from 2**41), a path under /adapters (a simulated engine loads nothing)."""
+    digest = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=5).digest(), "big")
+    return AdapterRef(1 + digest % (2**40 - 1), name, f"/adapters/{name}")
 
 
 class _Observed:
@@ -239,7 +252,7 @@ def drive(policy: CoServingPolicy, executor: StepExecutor, clock: Clock, trace: 
         while next_arrival < len(pending) and pending[next_arrival].arrival_s <= now:
             lane.add(pending[next_arrival])
             next_arrival += 1
-        if _should_stop(now, limits, bool(pending), lane.unfinished, next_arrival == len(pending)):
+        if should_stop(now, limits, bool(pending), lane.unfinished, next_arrival == len(pending)):
             break
         if lane.core.has_work():
             if not lane.iterate().has_work:
@@ -255,8 +268,9 @@ def drive(policy: CoServingPolicy, executor: StepExecutor, clock: Clock, trace: 
                      ended_s=lane.now())
 
 
-def _should_stop(now: float, limits: RunLimits, has_trace: bool, unfinished: int,
-                 all_arrived: bool) -> bool:
+def should_stop(now: float, limits: RunLimits, has_trace: bool, unfinished: int, all_arrived: bool) -> bool:
+    """At the drain's end; without a trace at the window's end; else once every request arrived and
+    finished after the window."""
     if now >= limits.window_s + limits.drain_s:
         return True
     if not has_trace:
@@ -280,9 +294,13 @@ def finish_run(policy: CoServingPolicy, executor: StepExecutor, request_ids: Seq
     raise RuntimeError("the policy still has work after aborting every request and cancelling the job")
 
 
-# (num_kv_blocks, block_size, adapters, clock) -> a policy planning for an engine of that shape. The
-# factory builds the KV block manager(s): a static split carves the cache into two ranges.
-PolicyFactory = Callable[[int, int, AdapterSlots, Callable[[], float]], CoServingPolicy]
+class PolicyFactory(Protocol):
+    """(num_kv_blocks, block_size, adapters, clock) -> a policy planning for an engine of that shape,
+    counting with a cluster's `shared` counters when given. The factory builds the KV block manager(s):
+    a static split carves the cache into two ranges."""
+
+    def __call__(self, num_blocks: int, block_size: int, adapters: AdapterSlots, clock: Callable[[], float],
+                 *, shared: SharedVtc | None = None) -> CoServingPolicy: ...
 
 
 def job_host(policy: CoServingPolicy) -> JobHost:

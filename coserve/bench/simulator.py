@@ -7,9 +7,10 @@ prediction for the plan's features, plus a fixed per-iteration `overhead_s` (the
 which a real replay pays on the wall clock but the engine's timer does not see). The policy refines its
 own copy of the model from those times, as it would from measured ones.
 
-`simulate_cluster` runs N engines (one policy, KV cache and fine-tuning job each) behind a
-join-shortest-queue router: engines advance in order of their clocks; an arrival goes to the engine
-with the fewest unfinished requests when the earliest engine's clock passes its arrival time.
+`simulate_engines` runs N engines (one policy, KV cache and latency model each) under one
+`ClusterScheduler`, with its routing, late binding and job placement, in `cluster_sim`'s event loop
+(where the central scheduler's own time can be simulated too); `simulate_cluster` is its shorthand for
+N engines of one model.
 
 `gpu_latency_model` is a latency model for what-ifs at GPU scale (Llama-3.1-8B, bf16, one A100-80GB),
 derived from published hardware figures rather than measured (see its docstring).
@@ -17,20 +18,25 @@ derived from published hardware figures rather than measured (see its docstring)
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coserve.bench.replay import (IDLE_SLEEP_S, AdapterSlotTracker, EngineLane, PolicyFactory, RequestRecord, RunLimits,
-                                  RunRecord, drive, job_host)
+from coserve.bench.cluster_run import ClusterRun
+from coserve.bench.cluster_sim import JobArrival, SchedulerCost, SimEngine, run_cluster
+from coserve.bench.replay import (AdapterSlotTracker, EngineLane, PolicyFactory, RunLimits, RunRecord, drive,
+                                  job_host)
 from coserve.bench.traces import RequestSpec
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingReport
 from coserve.policies.adapter_slots import AdapterSlots
+from coserve.policies.cluster import ClusterScheduler
+from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
 from coserve.policies.latency import LatencyModel, ModelFingerprint
+from coserve.policies.routing import RoutingWeights
+from coserve.policies.shared_vtc import SharedVtc
 
 SIMULATED_TOKEN = 17  # the token every simulated sample returns (requests ignore EOS)
 # A run noisier than this (a machine under heavy contention) is not described by a latency model;
@@ -137,53 +143,53 @@ def simulate(make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: R
                  num_layers=shape.num_layers, job=job, policy_name=policy_name, rate=rate)
 
 
+def simulate_engines(make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,
+                     models: Sequence[LatencyModel], shape: EngineShape, *, jobs: Sequence[JobArrival] = (),
+                     sims: Sequence[SimSettings] = (), cost: SchedulerCost = SchedulerCost(),
+                     routing: RoutingWeights = RoutingWeights(), policy_name: str = "",
+                     rate: float = 0.0) -> ClusterRun:
+    """One engine per model in `models` (engine i answered by `models[i]` with `sims[i]`, default no
+    overhead or noise) under one `ClusterScheduler` (`cluster_sim.run_cluster`).
+
+    Raises:
+        ValueError: no model, or `sims` of another length.
+    """
+    if not models or (sims and len(sims) != len(models)):
+        raise ValueError(f"need one latency model per engine (and one SimSettings each if any), got "
+                         f"{len(models)} and {len(sims)}")
+    cluster = ClusterScheduler(routing=routing)
+    engines = []
+    for i, model in enumerate(models):
+        clock = VirtualClock()
+        sim = sims[i] if sims else SimSettings()
+        engine_id = f"engine-{i}"
+
+        def build(shared: SharedVtc, clock: VirtualClock = clock) -> CoServingPolicy:
+            return make_policy(shape.num_kv_blocks, shape.block_size, AdapterSlots(shape.num_adapter_slots),
+                               clock, shared=shared)
+        cluster.add_engine(engine_id, build)
+        executor = LatencyExecutor(model, clock, sim.overhead_s, sim.noise_sigma, sim.seed + i)
+        engines.append(SimEngine(engine_id, executor, clock))
+    return run_cluster(cluster, engines, trace, limits, vocab_size=shape.vocab_size, num_layers=shape.num_layers,
+                       jobs=jobs, cost=cost, policy_name=policy_name, rate=rate)
+
+
 def simulate_cluster(make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,
                      model: LatencyModel, shape: EngineShape, num_engines: int, *,
                      job_specs: Sequence[FinetuneJobSpec] = (), sim: SimSettings | None = None,
                      policy_name: str = "", rate: float = 0.0) -> RunRecord:
-    """N simulated engines behind a join-shortest-queue router (module docstring).
+    """N simulated engines of one latency model under one `ClusterScheduler` (`simulate_engines`); the
+    jobs of `job_specs` are submitted at the start and placed by the scheduler.
 
-    `job_specs[i]` (if given) trains on engine i. The record merges every engine's requests and
-    iterations (iteration times are per engine; throughputs add up over the shared window).
+    The record merges every engine's requests and iterations (iteration times are per engine;
+    throughputs add up over the shared window).
     """
     if num_engines < 1:
         raise ValueError(f"num_engines must be >= 1, got {num_engines}")
-    lanes = []
-    for i in range(num_engines):
-        lane, job = _lane(make_policy, model, shape, sim or SimSettings(),
-                          job_specs[i] if i < len(job_specs) else None, index=i)
-        if job is not None:
-            job_host(lane.policy).add_job(job)
-        lanes.append(lane)
-    pending = sorted(trace, key=lambda s: s.arrival_s)
-    stop = limits.window_s + limits.drain_s
-    heap = [(0.0, i) for i in range(num_engines)]  # (lane clock, lane index)
-    next_arrival = 0
-    while heap:
-        t, i = heapq.heappop(heap)
-        while next_arrival < len(pending) and pending[next_arrival].arrival_s <= t:
-            target = min(lanes, key=lambda lane: lane.unfinished)
-            target.add(pending[next_arrival])
-            next_arrival += 1
-        lane = lanes[i]
-        done = next_arrival == len(pending) and all(x.unfinished == 0 for x in lanes)
-        if t >= stop or (t >= limits.window_s and (done or not pending)):
-            continue  # this lane is finished; the others run on
-        if lane.core.has_work():
-            if not lane.iterate().has_work:  # as `replay.drive`: no spinning on empty plans
-                lane.clock.wait_until(lane.clock.now() + IDLE_SLEEP_S)
-        else:  # idle: sleep until the next arrival, or the window's end
-            wake = pending[next_arrival].arrival_s if next_arrival < len(pending) else limits.window_s
-            lane.clock.wait_until(max(min(wake, stop), t + 1e-6))
-        heapq.heappush(heap, (lane.now(), i))
-    records = {}
-    for lane in lanes:
-        records.update(lane.records)
-    merged = [records.get(s.request_id) or RequestRecord(s.request_id, s.arrival_s, s.prompt_len,
-                                                         s.output_len, s.tenant) for s in pending]
-    iterations = sorted((it for lane in lanes for it in lane.iterations), key=lambda it: it.start_s)
-    return RunRecord(policy_name, rate, limits.window_s, merged, iterations, shape.num_layers,
-                     ended_s=max(lane.now() for lane in lanes))
+    base = sim or SimSettings()
+    return simulate_engines(make_policy, trace, limits, [model] * num_engines, shape,
+                            jobs=[JobArrival(0.0, spec) for spec in job_specs], sims=[base] * num_engines,
+                            policy_name=policy_name, rate=rate).run
 
 
 def truth_model_from_run(run: RunRecord, fingerprint: ModelFingerprint) -> tuple[LatencyModel, float]:

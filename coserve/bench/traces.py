@@ -59,6 +59,9 @@ class RequestSpec:
     prompt_len: int
     output_len: int
     tenant: str = "default"
+    adapter: str | None = None  # the LoRA adapter it runs through (`replay.adapter_ref`); None: the base
+    prefix_group: str | None = None  # requests of one group share their first `prefix_len` prompt tokens
+    prefix_len: int = 0  # (a system prompt: what a prefix cache reuses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +163,20 @@ def make_trace(arrivals: np.ndarray, seed: int, lengths: tuple[LengthDistributio
 
 def prompt_token_ids(spec: RequestSpec, vocab_size: int, first_id: int = 16) -> list[int]:
     """A deterministic random prompt for `spec`: ids in [first_id, vocab_size), so special tokens
-    (which tiny-model tokenizers put first) are avoided; distinct requests share no prefix."""
-    # A stable digest of the id (str hash() is salted per process).
-    digest = sum((i + 1) * ord(c) for i, c in enumerate(spec.request_id))
-    rng = np.random.default_rng([digest, spec.prompt_len])
-    return rng.integers(first_id, vocab_size, size=spec.prompt_len).tolist()
+    (which tiny-model tokenizers put first) are avoided; distinct requests share no prefix, except the
+    first `prefix_len` tokens of a `prefix_group`'s requests."""
+    rng = np.random.default_rng([_digest(spec.request_id), spec.prompt_len])
+    ids = rng.integers(first_id, vocab_size, size=spec.prompt_len).tolist()
+    shared = min(spec.prefix_len, spec.prompt_len - 1) if spec.prefix_group is not None else 0
+    if shared > 0:
+        group = np.random.default_rng([_digest(spec.prefix_group or ""), 7])
+        ids[:shared] = group.integers(first_id, vocab_size, size=shared).tolist()
+    return ids
+
+
+def _digest(text: str) -> int:
+    """A stable digest of a name (str hash() is salted per process)."""
+    return sum((i + 1) * ord(c) for i, c in enumerate(text))
 
 
 # --------------------------------------------------------------------------- fine-tuning data

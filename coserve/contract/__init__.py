@@ -2,7 +2,8 @@
 
 gateway -> scheduler: `messages` (submissions, admissions, stream batches); scheduler <-> engine:
 `plan` (`IterationPlan`, `IterationResult`), `training_plan` (the fine-tuning work and its reports) and
-`engine` (the `Engine` protocol, its `RuntimeLayout`, `EngineFailure`); what they carry: `sampling`
+`engine` (the `Engine` protocol, its `RuntimeLayout`, `EngineFailure`); job manager <-> a dedicated
+Ray Train run: `dedicated_run` (`RunSpec`, `Command`, `RunUpdate`); what they carry: `sampling`
 (`SamplingParams`, `AdapterRef`, `EosIds`), `structured_output`, `training_settings`. Torch-free; a
 second engine backend implements `engine.Engine` against these types.
 """

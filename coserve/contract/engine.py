@@ -12,10 +12,31 @@ backend (vLLM next) implements `Engine` (`layout` and `step`) and the scheduler 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Protocol
 
 from coserve.contract.plan import IterationPlan, IterationResult
+
+
+class EngineKind(enum.Enum):
+    """Which backend executes the plans (`coserve serve --engine`, `LLM(engine=...)`); each kind has its
+    builder in `coserve.platform.engines`."""
+
+    NATIVE = "native"  # coserve's own torch engine (coserve.platform.engine)
+    VLLM = "vllm"  # vLLM's engine, co-serving on its weights (coserve.platform.vllm_engine)
+
+    @classmethod
+    def parse(cls, value: str | EngineKind) -> EngineKind:
+        """The kind named `value`.
+
+        Raises:
+            ValueError: no such kind (the message lists them).
+        """
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"engine must be one of {', '.join(k.value for k in cls)}, got {value!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +54,15 @@ class TokenizerSpec:
 @dataclass(frozen=True, slots=True)
 class RuntimeLayout:
     """What the scheduler and the gateway need to know about a built engine (plain data: it crosses a
-    Ray call). `tokenizer` is None only for an engine a test lays out by hand without a gateway."""
+    Ray call). `tokenizer` is None only for an engine a test lays out by hand without a gateway.
+
+    `engine_owns_kv_cache`: the engine keeps its own KV cache and prefix cache (vLLM): block tables are
+    the scheduler's accounting only (it then matches no prefix and plans every chunk from the first
+    uncomputed position, so its block count bounds the engine's), and a sequence's earlier positions
+    must have been computed by earlier chunks (no plan can start a sequence past position 0).
+    `structured_output`: the engine enforces grammars (`SamplingParams.structured_output`); when it
+    does not, the gateway refuses requests that need one before they are queued.
+    """
 
     num_kv_blocks: int
     block_size: int
@@ -42,6 +71,13 @@ class RuntimeLayout:
     num_adapter_slots: int
     max_lora_rank: int
     tokenizer: TokenizerSpec | None = None
+    engine_owns_kv_cache: bool = False
+    structured_output: bool = True
+
+
+class EngineStartError(RuntimeError):
+    """A backend could not be built; the message is the backend's own reason (e.g. vLLM missing, or the
+    model vLLM could not load), shown to the operator as is."""
 
 
 @dataclass(slots=True)

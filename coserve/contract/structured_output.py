@@ -106,6 +106,21 @@ class StructuredOutput:
             raise StructuredOutputError(error)
         return grammar
 
+    def lark_grammar(self) -> str:
+        """The same grammar as Lark text (llguidance's dialect), for an engine that takes only Lark
+        (vLLM's `guidance` backend): a JSON spec becomes `start: %json {schema}` with the fixed layout
+        in the schema's `x-guidance`, which is what `grammar()`'s layout override does.
+
+        Raises:
+            StructuredOutputError: as `check`.
+        """
+        self.check()
+        if self.format is OutputFormat.LARK:
+            return self.schema_json
+        schema = json.loads(self.schema_json) if self.format is OutputFormat.JSON_SCHEMA else {"type": "object"}
+        schema["x-guidance"] = {**schema.get("x-guidance", {}), **JSON_LAYOUT}
+        return f"start: %json {json.dumps(schema, separators=(',', ':'))}\n"
+
 
 @functools.lru_cache(maxsize=_CHECK_CACHE_SIZE)
 def _compile(output_format: OutputFormat, schema_json: str) -> tuple[str, str | None]:

@@ -49,11 +49,14 @@ class PromptIntake:
         self._tools = ToolSupport(tokenizer)
         self._max_model_len = 0
         self._adapters: AdapterChecker | None = None
+        self._structured_output = True
 
-    def attach(self, max_model_len: int, max_lora_rank: int) -> None:
-        """Take the engine's context length and adapter rank limit."""
+    def attach(self, max_model_len: int, max_lora_rank: int, structured_output: bool = True) -> None:
+        """Take the (re)registered engine's context length, adapter rank limit and whether it enforces
+        grammars (`RuntimeLayout.structured_output`; requests that need one are refused here if not)."""
         self._max_model_len = max_model_len
         self._adapters = AdapterChecker(self._model_config, max_lora_rank)
+        self._structured_output = structured_output
 
     def close(self) -> None:
         """Stop the encoder's threads."""
@@ -69,6 +72,8 @@ class PromptIntake:
         prepared = self._tools.prepare(sub)
         if not isinstance(prepared, PreparedChat):
             return prepared
+        if prepared.sampling.structured_output is not None and not self._structured_output:
+            return _no_grammar(sub)
         sampling = prepared.sampling
         room = self._max_model_len - (sampling.max_tokens or 1)
         source = "messages" if sub.raw is None else "prompt"  # the param a refusal names
@@ -122,3 +127,14 @@ def context_rejection(prompt_len: int, max_tokens: int | None, max_model_len: in
     return Rejection(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
                           f"requested {some}{wanted} tokens ({detail}). Please reduce the length of the "
                           f"{param} or completion.", param=param, code="context_length_exceeded")
+
+
+def _no_grammar(sub: ChatSubmission) -> Rejection:
+    """The 400 for a request that needs a grammar on an engine that enforces none."""
+    if sub.sampling.structured_output is not None:
+        return Rejection(400, "'response_format' other than 'text' is not supported by this server's engine "
+                              "(it enforces no grammar).",
+                         param="response_format", code="unsupported_value")
+    return Rejection(400, "'tool_choice' 'required' or naming a function is not supported by this server's "
+                          "engine (it enforces no grammar); use 'auto' or 'none'.",
+                     param="tool_choice", code="unsupported_value")

@@ -49,14 +49,15 @@ class SchedulerFrontend:
         tokenizer: the model's tokenizer (chat template included).
         model_config: the model's config (vocabulary size, EOS ids, shapes for the adapter check).
         max_model_len / max_lora_rank: the engine's context length and adapter rank limit.
+        structured_output: the engine enforces grammars (requests that need one are refused if not).
     """
 
     def __init__(self, scheduler: TokenScheduler, tokenizer: Any, model_config: ModelConfig,
-                 max_model_len: int, max_lora_rank: int) -> None:
+                 max_model_len: int, max_lora_rank: int, structured_output: bool = True) -> None:
         self.scheduler = scheduler
         self._tokenizer = tokenizer
         self._intake = PromptIntake(tokenizer, model_config)
-        self._intake.attach(max_model_len, max_lora_rank)
+        self._intake.attach(max_model_len, max_lora_rank, structured_output)
         self._eos = EosIds.resolve(tokenizer, model_config.eos_token_ids)
         self._texts: dict[str, TextStream] = {}  # admitted, stream not read yet
 
@@ -71,7 +72,7 @@ class SchedulerFrontend:
         if layout.tokenizer is None:
             raise ValueError("the engine reported no tokenizer; the gateway needs it")
         return cls(scheduler, Tokenizer.from_spec(layout.tokenizer), ModelConfig.from_pretrained(model),
-                   layout.max_model_len, layout.max_lora_rank)
+                   layout.max_model_len, layout.max_lora_rank, layout.structured_output)
 
     async def start(self) -> None:
         await self.scheduler.start()

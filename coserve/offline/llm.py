@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coserve.contract.engine import EngineKind
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
@@ -27,8 +28,8 @@ from coserve.frontend.output_tracker import OutputTracker
 from coserve.offline.finetune import FineTuneResult, OfflineJobs
 from coserve.offline.lora_request import LoRARequest
 from coserve.offline.outputs import CompletionOutput, RequestOutput
-from coserve.platform.engine import Engine
 from coserve.platform.engine_config import EngineConfig
+from coserve.platform.engines import build_engine
 from coserve.policies import defaults
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
@@ -65,6 +66,9 @@ class LLM:
         native_kernels: use the C paged-decode kernel on CPU in float32 (else pure torch).
         gpu_memory_utilization: on CUDA, the share of the memory left free by the weights that the
             KV cache takes (default 0.9).
+        engine: "native" (coserve's engine) or "vllm" (vLLM's, with fine-tuning on its weights; needs
+            vLLM installed: `make vllm`). On "vllm", vLLM sizes its own KV cache (`num_kv_blocks` and
+            `block_size` are its) and caches prefixes itself.
         enable_lora, enforce_eager: accepted for vLLM compatibility (LoRA is always on; coserve has
             no CUDA graphs to skip). `use_tqdm` of `generate` and
             `chat` likewise: no progress bar is drawn.
@@ -78,20 +82,23 @@ class LLM:
                  enable_prefix_caching: bool = True, max_loras: int = defaults.ADAPTER_SLOTS,
                  max_lora_rank: int = defaults.MAX_LORA_RANK,
                  native_kernels: bool = True, gpu_memory_utilization: float = 0.9,
-                 enable_lora: bool = True, enforce_eager: bool = True) -> None:
+                 enable_lora: bool = True, enforce_eager: bool = True,
+                 engine: str | EngineKind = EngineKind.NATIVE) -> None:
         from transformers import AutoTokenizer  # the tokenizer only; no modeling code
 
-        self.engine = Engine(EngineConfig(
+        batch_tokens = max_batch_tokens or max_num_batched_tokens or defaults.MAX_BATCH_TOKENS
+        self.engine = build_engine(EngineConfig(
             model=model, dtype=dtype, device=device, block_size=block_size,
             num_kv_blocks=num_kv_blocks, kv_cache_memory_gb=kv_cache_memory_gb,
             max_model_len=max_model_len, max_loras=max_loras, max_lora_rank=max_lora_rank, seed=seed,
-            native_kernels=native_kernels, gpu_memory_utilization=gpu_memory_utilization))
+            native_kernels=native_kernels, gpu_memory_utilization=gpu_memory_utilization,
+            engine=EngineKind.parse(engine), max_num_seqs=max_num_seqs, max_batch_tokens=batch_tokens))
         # After the engine: a folder that is not a supported model is reported as such first.
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
         layout = self.engine.layout
+        enable_prefix_caching = enable_prefix_caching and not layout.engine_owns_kv_cache
         self.scheduler_config = SchedulerConfig(
-            max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
-            max_batch_tokens=max_batch_tokens or max_num_batched_tokens or defaults.MAX_BATCH_TOKENS,
+            max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs, max_batch_tokens=batch_tokens,
             block_size=layout.block_size, enable_prefix_caching=enable_prefix_caching)
         self.policy = InferenceScheduler(
             self.scheduler_config,
@@ -175,6 +182,8 @@ class LLM:
         else:
             raise ValueError(f"a prompt must be a string or {{'prompt_token_ids': [...]}}, got {prompt!r}")
         params.check_vocab(self.engine.layout.vocab_size)
+        if params.structured_output is not None and not self.engine.layout.structured_output:
+            raise ValueError("structured_output: this engine does not enforce grammars")
         adapter = self._adapter_ref(lora)
         request_id = str(next(self._ids))
         children = expand_request(request_id, token_ids, params, self._eos, adapter)

@@ -17,7 +17,7 @@ from pathlib import Path
 import llguidance
 import torch
 
-from coserve.contract.engine import RuntimeLayout
+from coserve.contract.engine import EngineKind, RuntimeLayout
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, SampledToken, ScheduledChunk, StepTimings
 from coserve.contract.sampling import SamplingParams
 from coserve.platform.attention import ChunkSpan, attends_row_wise, build_metadata

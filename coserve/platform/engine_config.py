@@ -1,10 +1,11 @@
-"""`EngineConfig`: how to build coserve's engine (torch-free, so that whoever starts an engine actor
-need not load torch: the engine's own process builds the engine from it)."""
+"""`EngineConfig`: how to build an engine, of either backend (torch-free, so that whoever starts an
+engine actor need not load torch: the engine's own process builds the engine from it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coserve.contract.engine import EngineKind
 from coserve.policies import defaults
 
 
@@ -24,3 +25,7 @@ class EngineConfig:
     max_lora_rank: int = defaults.MAX_LORA_RANK
     seed: int = 0
     native_kernels: bool = True  # the C paged-decode kernel on CPU/fp32 (falls back to torch without gcc)
+    engine: EngineKind = EngineKind.NATIVE  # which backend builds from this (coserve.platform.engines)
+    # vLLM's own scheduler budgets (at least what coserve's scheduler plans); coserve's engine needs none.
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS

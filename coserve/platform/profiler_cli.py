@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from coserve.contract.engine import EngineKind
+
 
 def register_profile(subparsers: Any) -> None:
     """Add `coserve profile` to the `coserve` parser."""
@@ -35,15 +37,19 @@ def register_profile(subparsers: Any) -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per scenario, the fastest kept (default: 3)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
+                        metavar="{" + ",".join(k.value for k in EngineKind) + "}",
+                        help="the backend to profile, as `coserve serve --engine` (default: native)")
     parser.set_defaults(handler=_cmd_profile)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from coserve.platform.engine import Engine
+    from coserve.contract.engine import EngineStartError
     from coserve.platform.engine_config import EngineConfig
+    from coserve.platform.engines import build_engine
     from coserve.platform.profiler import SweepSettings, profile
     from coserve.platform.tiny_model import create_random_adapter
-    from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
+    from coserve.policies.latency import ModelFingerprint, engine_machine_id, model_id_from_config
 
     if args.adapters < 0 or args.iterations < 4 or args.max_context < 16 or args.repeats < 1:
         print("error: --adapters must be >= 0, --iterations >= 4, --max-context >= 16, --repeats >= 1",
@@ -54,11 +60,16 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                              repeats=args.repeats)
     # Room for every decode at the longest context, the longest prefill and the training sequence.
     tokens = max(settings.decodes) * (max(contexts) + 1) + 512 + settings.finetune_length + 1024
-    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                                 num_kv_blocks=tokens // 16 + 1, block_size=16,
-                                 max_loras=args.adapters + 1, max_lora_rank=16, seed=args.seed))
+    try:
+        engine = build_engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                                           num_kv_blocks=tokens // 16 + 1, block_size=16,
+                                           max_loras=args.adapters + 1, max_lora_rank=16, seed=args.seed,
+                                           engine=args.engine, max_batch_tokens=2048))
+    except EngineStartError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
-    fingerprint = ModelFingerprint(model_id_from_config(config), machine_id(args.device),
+    fingerprint = ModelFingerprint(model_id_from_config(config), engine_machine_id(args.device, args.engine),
                                    str(engine.dtype).removeprefix("torch."))
     with tempfile.TemporaryDirectory() as tmp:
         adapters = [str(create_random_adapter(args.model, Path(tmp) / f"a{i}", seed=i, r=8,

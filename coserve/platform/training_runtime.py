@@ -1,10 +1,12 @@
 """The engine's side of fine-tuning: each job's trainable adapter, optimizer and sequences, and the
 execution of a plan's `TrainingWork` (see `coserve.contract.training_plan` for the contract).
 
-Forward windows do not run here: the engine puts them in its fused forward with the inference tokens
-(`Engine.step`), asks `window_rows` how to place them and hands the results back through
-`keep_layer_input` and `record_windows`. Everything else (backward tasklets, optimizer steps, saves)
-runs here after the forward.
+Forward windows do not run here on coserve's engine: it puts them in its fused forward with the
+inference tokens (`Engine.step`), asks `window_rows` how to place them and hands the results back
+through `keep_layer_input` and `record_windows`. An engine that owns no coserve KV cache nor LoRA bank
+(vLLM: `cache` and `bank` None) runs them here instead (`run_windows`: the trainer's own forward, K/V
+in the sequence's dense buffers). Everything else (backward tasklets, optimizer steps, saves) runs here
+after the forward.
 
 A job's failure (a NaN/inf loss or gradient, an unreadable checkpoint, settings the engine cannot
 hold) is reported and the job's state dropped; the engine keeps serving.
@@ -24,9 +26,10 @@ from coserve.contract.training_plan import (ForwardWindow, JobFailure, JobStart,
 from coserve.platform.kv_cache import KVCache
 from coserve.platform.lora import LoRABank
 from coserve.platform.model import Transformer
-from coserve.platform.trainer.checkpoint import load_checkpoint, save_checkpoint
+from coserve.platform.trainer.checkpoint import save_checkpoint
 from coserve.platform.trainer.lora_params import TrainableLoRA
 from coserve.platform.trainer.optimizer import LoRAOptimizer, NonFiniteGradientError
+from coserve.platform.trainer.setup import build_trainable
 from coserve.platform.trainer.windowed import SequenceState, WindowedTrainer
 from coserve.policies.data_position import DataPosition
 
@@ -72,8 +75,9 @@ class TrainingRuntime:
     """Per-engine fine-tuning state, driven by each plan's `TrainingWork`."""
 
     model: Transformer
-    cache: KVCache
-    bank: LoRABank
+    cache: KVCache | None  # None: forward windows run standalone (`run_windows`)
+    bank: LoRABank | None  # None: no bank to install the job's adapter in (the trainer keeps it)
+    max_lora_rank: int = 0  # the largest rank a job may have, when there is no bank
     jobs: dict[str, _Job] = field(default_factory=dict)
     sequences: dict[str, _Sequence] = field(default_factory=dict)
 
@@ -97,8 +101,8 @@ class TrainingRuntime:
             if job is None:
                 continue  # the job failed in this plan; its work is skipped
             ids, trained = (job.validation if seq.evaluate else job.examples)[seq.example_index]
-            state = job.trainer.start_sequence(ids, trained, seq.loss_normalizer, paged=True,
-                                               keep_inputs=not seq.evaluate)
+            state = job.trainer.start_sequence(ids, trained, seq.loss_normalizer,
+                                               paged=self.cache is not None, keep_inputs=not seq.evaluate)
             grads = None if seq.evaluate else [None if p.grad is None else p.grad.clone()
                                                for p in job.lora.parameters()]
             self.sequences[seq.sequence_id] = _Sequence(seq.job_id, state, grads)
@@ -106,19 +110,14 @@ class TrainingRuntime:
     def _build_job(self, start: JobStart) -> _Job:
         cfg = self.model.cfg
         try:
-            if start.resume_from is not None:
-                lora, optimizer, _ = load_checkpoint(start.resume_from, cfg, self.model.device)
-            elif start.init_adapter is not None:  # its own LoRA settings; a fresh optimizer
-                lora = TrainableLoRA.from_pretrained(start.init_adapter, cfg, self.model.device)
-                optimizer = LoRAOptimizer(lora, start.optimizer)
-            else:
-                lora = TrainableLoRA.init(cfg, start.lora, start.seed, self.model.device)
-                optimizer = LoRAOptimizer(lora, start.optimizer)
+            lora, optimizer = build_trainable(cfg, self.model.device, start.lora, start.optimizer, start.seed,
+                                              start.resume_from, start.init_adapter)
         except (OSError, ValueError, TypeError, KeyError) as err:
             raise JobError("invalid_job", f"cannot set up the job's adapter: {err}") from err
-        if lora.config.r > self.bank.max_rank:
+        max_rank = self.max_lora_rank if self.bank is None else self.bank.max_rank
+        if lora.config.r > max_rank:
             raise JobError("invalid_job", f"LoRA rank {lora.config.r} is above the engine's "
-                           f"max_lora_rank {self.bank.max_rank}")
+                           f"max_lora_rank {max_rank}")
         device = self.model.device
         def tensors(examples: list[TrainingExample]) -> list[tuple[torch.Tensor, torch.Tensor]]:
             return [(torch.tensor(e.token_ids, dtype=torch.int64, device=device),
@@ -131,6 +130,9 @@ class TrainingRuntime:
     def _install(self, job_id: str) -> None:
         """Put the job's current weights into its bank slot (forward windows run through them)."""
         job = self.jobs[job_id]
+        if self.bank is None:  # standalone windows use the trainer's snapshot
+            job.trainer.refresh_adapter()
+            return
         self.bank.install(job.slot, job.lora.adapter_weights(adapter_id=-1, dtype=self.model.dtype))
 
     def _drop_sequence(self, sequence_id: str) -> None:
@@ -148,7 +150,8 @@ class TrainingRuntime:
             return
         for sequence_id in [s for s, seq in self.sequences.items() if seq.job_id == job_id]:
             del self.sequences[sequence_id]
-        if self.bank.slots[job.slot] is not None and self.bank.slots[job.slot].adapter_id == -1:
+        if self.bank is not None and self.bank.slots[job.slot] is not None \
+                and self.bank.slots[job.slot].adapter_id == -1:
             self.bank.unload(job.slot)
 
     def _fail(self, job_id: str, code: str, message: str, report: TrainingReport) -> None:
@@ -197,13 +200,31 @@ class TrainingRuntime:
             rows = hidden[row:row + w.num_tokens].clone()  # a normal tensor: autograd may use it
             job = self.jobs[seq.job_id]
             result = job.trainer.record_window(seq.state, w.start, w.start + w.num_tokens, rows)
-            if not math.isfinite(result.loss_sum):
-                self._fail(seq.job_id, "non_finite_loss", f"the training loss became "
-                           f"{result.loss_sum} on sequence {w.sequence_id}; the job stopped", report)
-                continue
-            report.windows.append(WindowReport(w.sequence_id, result.loss_sum, result.num_tokens))
-            if seq.grad_before is None and seq.state.forward_done:  # evaluated: nothing more to do
-                del self.sequences[w.sequence_id]
+            self._window_done(w, seq, result.loss_sum, result.num_tokens, report)
+
+    def run_windows(self, work: TrainingWork, report: TrainingReport) -> None:
+        """Run the plan's forward windows with the trainer's own forward (an engine without a coserve
+        KV cache: each window's K/V stay in its sequence's dense buffers; block tables are unused)."""
+        for w in work.forward_windows:
+            seq = self.sequences.get(w.sequence_id)
+            if seq is None:
+                continue  # its job failed or stopped
+            if w.start != seq.state.forward_end:
+                raise RuntimeError(f"window [{w.start}, {w.start + w.num_tokens}) of {w.sequence_id} does "
+                                   f"not continue its forward at {seq.state.forward_end}")
+            result = self.jobs[seq.job_id].trainer.forward_window(seq.state, w.num_tokens)
+            self._window_done(w, seq, result.loss_sum, result.num_tokens, report)
+
+    def _window_done(self, w: ForwardWindow, seq: _Sequence, loss_sum: float, num_tokens: int,
+                     report: TrainingReport) -> None:
+        """Report a window's loss; a non-finite loss fails its job; an evaluated sequence is done."""
+        if not math.isfinite(loss_sum):
+            self._fail(seq.job_id, "non_finite_loss", f"the training loss became "
+                       f"{loss_sum} on sequence {w.sequence_id}; the job stopped", report)
+            return
+        report.windows.append(WindowReport(w.sequence_id, loss_sum, num_tokens))
+        if seq.grad_before is None and seq.state.forward_done:  # evaluated: nothing more to do
+            del self.sequences[w.sequence_id]
 
     # ------------------------------------------------------------------------ after the forward
 

@@ -45,6 +45,9 @@ class AdmissionOrder(Protocol):
     def finished(self, request: Request) -> None:
         """A request finished (stopped, aborted, at its length limit)."""
 
+    def withdrawn(self, request: Request) -> None:
+        """A waiting request that was never admitted left this queue for another engine's."""
+
     def sampled(self, touched: Sequence[Request]) -> None:
         """The requests in `touched` received a token in the iteration just applied."""
 
@@ -71,6 +74,9 @@ class FifoOrder:
     def finished(self, request: Request) -> None:
         pass
 
+    def withdrawn(self, request: Request) -> None:
+        pass
+
     def sampled(self, touched: Sequence[Request]) -> None:
         pass
 
@@ -84,15 +90,17 @@ class VtcOrder:
         ttft_guard_s: waiting time after which a request is overdue.
         on_change: called with a tenant whose sub-queue just became empty or non-empty (the owner
             reports the tenant's backlog, requests and jobs together, to `vtc`).
+        input_charged: the ids of requests whose prompt was charged, when several engines share the
+            counters (`shared_vtc.SharedVtc`: a re-routed request is not charged twice); None: its own.
     """
 
     def __init__(self, vtc: VirtualTokenCounter, default_weight: float, ttft_guard_s: float,
-                 on_change: Callable[[str], None]) -> None:
+                 on_change: Callable[[str], None], input_charged: set[str] | None = None) -> None:
         self._vtc = vtc
         self._default_weight = default_weight
         self._guard_s = ttft_guard_s
         self._queue = TenantQueues(vtc, on_change)
-        self._input_charged: set[str] = set()
+        self._input_charged: set[str] = set() if input_charged is None else input_charged
         self._overdue: list[Request] = []  # this plan's overdue waiting requests, oldest last
         self._fanouts = FanOuts()  # the guard acts for one sequence of a fan-out (n > 1), not all of them
 
@@ -130,6 +138,10 @@ class VtcOrder:
 
     def finished(self, request: Request) -> None:
         self._input_charged.discard(request.request_id)
+        self._fanouts.finished(request)
+
+    def withdrawn(self, request: Request) -> None:
+        # Not charged here (never admitted); a charge made on a lost engine stays in the shared set.
         self._fanouts.finished(request)
 
     def sampled(self, touched: Sequence[Request]) -> None:

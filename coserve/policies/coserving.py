@@ -33,10 +33,11 @@ from coserve.policies.inference import Budget, InferenceScheduler
 from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
-from coserve.policies.liveness import FinetuneFloor
+from coserve.policies.liveness import FinetuneFloor, growth_room
 from coserve.policies.online_latency import OnlineLatency
 from coserve.policies.plan_checks import check_sequences
 from coserve.policies.request import Request, RequestStatus
+from coserve.policies.shared_vtc import SharedVtc
 from coserve.policies.vtc import VirtualTokenCounter
 
 
@@ -54,15 +55,21 @@ class CoServingPolicy:
         finetune_kv: fine-tuning's own KV range when `share.kv_fraction` is set (a static split,
             `split_kv`); None: `kv`. `build_policy` (`share_registry`) cuts the cache as the share says.
         clock: seconds on the scale of `Request.arrival_time` (for the TTFT guard).
+        shared: the counters of a `ClusterScheduler`, shared with the other engines' policies
+            (`shared_vtc`); None: counters of its own (one engine).
 
     Raises:
         ValueError: `finetune_kv` given without `share.kv_fraction` or missing with it, its block size
-            differs from `kv`'s, or `kv` disagrees with `config`.
+            differs from `kv`'s, `kv` disagrees with `config`, or `shared` counts with other token
+            weights than `config.vtc`.
     """
 
     def __init__(self, config: CoServingConfig, kv: KVBlockManager, adapters: AdapterSlots,
                  latency: LatencyModel, *, share: FinetuneShare, finetune_kv: KVBlockManager | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, shared: SharedVtc | None = None) -> None:
+        if shared is not None and shared.vtc.weights != config.vtc:
+            raise ValueError(f"the shared counters weigh tokens {shared.vtc.weights}, this policy's "
+                             f"config {config.vtc}")
         if (finetune_kv is None) != (share.kv_fraction is None):
             raise ValueError("finetune_kv must be given exactly when the share keeps a KV range of its own "
                              f"(the {share.label}: kv_fraction={share.kv_fraction})")
@@ -72,20 +79,31 @@ class CoServingPolicy:
         self._share = share
         self._clock = clock
         self._now = clock()
-        self._vtc = VirtualTokenCounter(config.vtc, config.tenant_weights)
+        if shared is None:
+            self._vtc = VirtualTokenCounter(config.vtc, config.tenant_weights)
+            backlogged: Callable[[str], bool] = self._waiting_has
+        else:  # several engines: a tenant queued on any of them is backlogged (`shared_vtc`)
+            self._vtc, backlogged = shared.vtc, shared.backlogged
+            for tenant, weight in config.tenant_weights.items():
+                self._vtc.ensure_tenant(tenant, weight)
         self._jobs = JobHost(self._vtc, kv if finetune_kv is None else finetune_kv, adapters,
-                             default_weight=config.default_tenant_weight, also_backlogged=self._waiting_has)
+                             default_weight=config.default_tenant_weight, also_backlogged=backlogged)
         self._order = VtcOrder(self._vtc, config.default_tenant_weight, config.ttft_guard_s,
-                               self._jobs.sync_backlog)
+                               self._jobs.sync_backlog,
+                               input_charged=None if shared is None else shared.input_charged)
         self._inference = InferenceScheduler(config.scheduler, kv, adapters, order=self._order,
                                              reclaim_kv=self._reclaim_kv,
                                              on_finished=share.watcher.on_request_finished)
         self._floor = FinetuneFloor(config.finetune_floor_every, config.finetune_floor_tokens,
-                                    config.scheduler.max_batch_tokens)
+                                    config.scheduler.max_batch_tokens, config.max_backward_token_layers)
         self._latency = OnlineLatency(config, latency)
 
     def _waiting_has(self, tenant: str) -> bool:
         return self._order.queue.has_tenant(tenant)
+
+    def has_backlog(self, tenant: str) -> bool:
+        """Whether the tenant has a queued request or a runnable job here (its backlog on this engine)."""
+        return self._order.queue.has_tenant(tenant) or self._jobs.roster.has_runnable(tenant)
 
     def _reclaim_kv(self, plan: IterationPlan) -> bool:
         return self._share.kv_fraction is None and self._jobs.roster.reclaim_kv(plan)
@@ -108,6 +126,10 @@ class CoServingPolicy:
     def get_request(self, request_id: str) -> Request | None:
         """The unfinished request with this id, or None."""
         return self._inference.get_request(request_id)
+
+    def withdraw(self, request_id: str) -> Request | None:
+        """Take out a waiting request never admitted, for another engine (`InferenceScheduler.withdraw`)."""
+        return self._inference.withdraw(request_id)
 
     def has_unfinished(self) -> bool:
         return self._inference.has_unfinished()
@@ -215,9 +237,7 @@ class CoServingPolicy:
         base = plan_features(plan, inference.running_adapters.slots,
                              distinct_adapters=self._scheduled_adapters(plan))
         if floor_due:  # first, so that the share cannot take the room it needs
-            inference_tokens = int(base.prefill_tokens + base.decode_tokens)
-            piece = floor.allowance(inference_tokens, self._co.scheduler.max_batch_tokens)
-            roster.fill_longest_waiting(plan, piece)
+            self._give_floor_piece(plan, base)
         allowance = share.allowance(self, base)
         if allowance is not None:
             roster.fill(plan, allowance)
@@ -231,6 +251,18 @@ class CoServingPolicy:
         self._check_budgets(plan, features)
         self._latency.planned(plan.step_id, features)
         return plan
+
+    def _give_floor_piece(self, plan: IterationPlan, base: PlanFeatures) -> None:
+        """The liveness floor's piece, to the job that has waited longest; grown (`liveness.growth_room`)
+        when the latency model predicts the plan's inference alone over the TPOT budget (corrected by
+        the model's measured bias, `overrun`, as the hybrid share's budget is)."""
+        floor, roster = self._floor, self._jobs.roster
+        growth = growth_room(self._latency.model, base, self._co.iteration_budget_s / self._latency.overrun,
+                             floor.max_forward_tokens, floor.max_backward_token_layers)
+        inference_tokens = int(base.prefill_tokens + base.decode_tokens)
+        roster.fill_longest_waiting(plan, floor.allowance(inference_tokens, self._co.scheduler.max_batch_tokens,
+                                                          growth))
+        floor.served(plan.step_id, roster)
 
     def _scheduled_adapters(self, plan: IterationPlan) -> int | None:
         """Distinct adapters of the plan's requests from the running tally when every running

@@ -66,7 +66,8 @@ class CoServingConfig:
     finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY
     """Liveness floor (`liveness.FinetuneFloor`): after this many plans in a row that gave the
     runnable fine-tuning jobs nothing (a tight SLO, a full batch, waiting requests), the next plan gives
-    one job a piece of `finetune_floor_tokens`, whatever the SLO. So no setting freezes a job."""
+    one job a piece of `finetune_floor_tokens`, whatever the SLO. So no setting freezes a job. While
+    inference alone is predicted over the SLO, a floor-fed job's piece grows (`liveness.py`)."""
 
     finetune_floor_tokens: int = 16
     """Size of a floor piece (forward tokens, or backward token-layers), and of every piece while the

@@ -124,6 +124,18 @@ class InferenceScheduler:
         """The unfinished request with this id, or None."""
         return self._requests.get(request_id)
 
+    def withdraw(self, request_id: str) -> Request | None:
+        """Take out a waiting request that was never admitted (no blocks, no slot, no engine state) so
+        that another engine can queue it; None when there is no such request."""
+        request = self._requests.get(request_id)
+        if request is None or request.status is not RequestStatus.WAITING or request_id in self._in_engine:
+            return None
+        self._waiting.remove(request)
+        del self._requests[request_id]
+        self._order.withdrawn(request)
+        self._on_finished(request)  # it leaves this engine's watchers too
+        return request
+
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 

@@ -22,6 +22,37 @@ def hash_block(parent_hash: int, block_tokens: tuple[int, ...], salt: int) -> in
     return hash((parent_hash, block_tokens, salt))
 
 
+class PrefixHashes:
+    """The chained hashes of a prompt's full blocks, computed only as far as they are asked for.
+
+    A router probes several engines' caches with one prompt (`KVBlockManager.cached_prefix_blocks`);
+    most miss at the first block, so the chain is not hashed further than the longest hit.
+
+    Args:
+        token_ids: the prompt.
+        salt: its prefix salt (`request_rules.prefix_salt`).
+        block_size: tokens per block of the caches probed.
+    """
+
+    def __init__(self, token_ids: list[int], salt: int, block_size: int) -> None:
+        self._tokens, self._salt, self._block_size = token_ids, salt, block_size
+        # As `match_prefix`: the last token is always computed, so (len - 1) // block_size at most.
+        self.max_blocks = max(0, len(token_ids) - 1) // block_size
+        self._hashes: list[int] = []
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    def __getitem__(self, index: int) -> int:
+        hashes, size = self._hashes, self._block_size
+        while len(hashes) <= index:
+            k = len(hashes)
+            parent = hashes[-1] if hashes else _ROOT_HASH
+            hashes.append(hash_block(parent, tuple(self._tokens[k * size:(k + 1) * size]), self._salt))
+        return hashes[index]
+
+
 @dataclass(slots=True, frozen=True)
 class _BlockKey:
     """What a cached block holds; compared on a hash hit so a collision can never alias K/V."""
@@ -275,6 +306,21 @@ class KVBlockManager:
         num_cached = len(matched) * self._block_size
         self.stats.hit_tokens += num_cached
         return num_cached
+
+    def cached_prefix_blocks(self, prefix: PrefixHashes) -> int:
+        """How many leading full blocks of `prefix` this cache holds (in use or free but cached).
+
+        Read only (no reference taken, no stats): what a router asks of several engines before it
+        picks one. Compares hashes only, unlike `match_prefix`: a collision would misroute a request,
+        never alias its K/V.
+        """
+        if not self.enable_prefix_caching or prefix.block_size != self._block_size:
+            return 0
+        cached = self._hash_to_block
+        count = 0
+        while count < prefix.max_blocks and prefix[count] in cached:
+            count += 1
+        return count
 
     def _lookup_chain(self, token_ids: list[int], salt: int) -> tuple[list[int], list[int]]:
         # (len - 1) // block_size full blocks at most: the last token is always computed.

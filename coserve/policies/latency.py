@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from coserve.contract.engine import EngineKind
 from coserve.policies.latency_features import (
     CONSTANT,
     FEATURE_NAMES,
@@ -96,6 +97,13 @@ def machine_id(device: str = "cpu") -> str:
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{platform.system()}-{platform.machine()} | {_cpu_model()} x{cores} | {device}"
+
+
+def engine_machine_id(device: str, engine: EngineKind) -> str:
+    """`machine_id` plus the engine when it is not coserve's own: a profile measured on one backend
+    is refused by a server running the other (their iterations cost differently)."""
+    base = machine_id(device)
+    return base if engine is EngineKind.NATIVE else f"{base} | engine {engine.value}"
 
 
 def _positive(name: str, value: float) -> float:

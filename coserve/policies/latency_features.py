@@ -103,6 +103,13 @@ class PlanFeatures:
     def __add__(self, other: PlanFeatures) -> PlanFeatures:
         return PlanFeatures.from_vector([a + b for a, b in zip(self.vector(), other.vector())])
 
+    @property
+    def has_inference(self) -> bool:
+        """Whether the iteration holds inference work (decodes or a prefill chunk): the iterations the
+        latency model decides (with no request running or waiting, fine-tuning gets the whole
+        iteration whatever the model says), and the ones it is fitted and checked on."""
+        return bool(self.decode_tokens or self.prefill_tokens)
+
     def with_finetune(self, forward_tokens: float, backward_token_layers: float,
                       pieces: float) -> PlanFeatures:
         """These features with the fine-tuning amounts replaced (the planner's per-job what-if)."""

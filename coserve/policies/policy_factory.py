@@ -58,6 +58,8 @@ class EngineLayout(Protocol):
     num_adapter_slots: int
     max_lora_rank: int
     tokenizer: TokenizerSpec | None
+    engine_owns_kv_cache: bool
+    structured_output: bool
 
 
 PolicyFactory = Callable[[SchedulerConfig, EngineLayout], InferencePolicy]

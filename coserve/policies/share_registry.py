@@ -23,6 +23,7 @@ from coserve.policies.hybrid import HybridShare
 from coserve.policies.hybrid_config import CoServingConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel
+from coserve.policies.shared_vtc import SharedVtc
 from coserve.policies.static_split import DEFAULT_FINETUNE_FRACTION, StaticSplitShare, split_kv
 from coserve.policies.temporal import DEFAULT_INFERENCE_ITERATIONS, temporal_share
 
@@ -85,9 +86,11 @@ def make_share(kind: ShareKind, config: CoServingConfig,
 
 def build_policy(kind: ShareKind, config: CoServingConfig, num_blocks: int, adapters: AdapterSlots,
                  latency: LatencyModel, options: ShareOptions = ShareOptions(), *,
-                 clock: Callable[[], float] = time.monotonic) -> CoServingPolicy:
+                 clock: Callable[[], float] = time.monotonic,
+                 shared: SharedVtc | None = None) -> CoServingPolicy:
     """A co-serving policy with a fresh share of `kind`, over a KV cache of `num_blocks` blocks (of
-    `config.scheduler.block_size` tokens), cut in two when the share keeps a range of its own.
+    `config.scheduler.block_size` tokens), cut in two when the share keeps a range of its own; with
+    `shared`, counting with the counters of a `ClusterScheduler` (`CoServingPolicy`).
 
     Raises:
         ValueError: `options` out of range for `kind`, or a KV range that would get no block.
@@ -96,8 +99,8 @@ def build_policy(kind: ShareKind, config: CoServingConfig, num_blocks: int, adap
     scheduler = config.scheduler
     if share.kv_fraction is None:
         kv = KVBlockManager(num_blocks, scheduler.block_size, scheduler.enable_prefix_caching)
-        return CoServingPolicy(config, kv, adapters, latency, share=share, clock=clock)
+        return CoServingPolicy(config, kv, adapters, latency, share=share, clock=clock, shared=shared)
     inference, finetune = split_kv(num_blocks, scheduler.block_size, share.kv_fraction,
                                    scheduler.enable_prefix_caching)
     return CoServingPolicy(config, inference, adapters, latency, share=share, finetune_kv=finetune,
-                           clock=clock)
+                           clock=clock, shared=shared)

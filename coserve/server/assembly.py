@@ -55,16 +55,18 @@ class PortUnavailable(RuntimeError):
 
 # ----------------------------------------------------------------------------- the gateway (both modes)
 
-def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, layout: Any) -> Any:
+def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, layout: Any,
+                dedicated: Any = None) -> Any:
     """The gateway's FastAPI app over a scheduler client (`LocalScheduler` or `RayScheduler`): its
-    `SchedulerFrontend` holds the tokenizer (prompts in, text out); the scheduler sees token ids."""
+    `SchedulerFrontend` holds the tokenizer (prompts in, text out); the scheduler sees token ids.
+    `dedicated`: the Ray cluster's room for dedicated fine-tuning runs (None with `--local`)."""
     from coserve.api.app import build_app
     from coserve.frontend.scheduler_frontend import SchedulerFrontend
 
     frontend = SchedulerFrontend.for_engine(opts.model, scheduler, layout)
     return build_app(store, tenants, [opts.base_model_id], scheduler=frontend, max_lora_rank=layout.max_lora_rank,
                      public_metrics=opts.public_metrics, max_request_bytes=opts.max_request_bytes, max_n=opts.max_n,
-                     max_upload_bytes=opts.max_upload_bytes)
+                     max_upload_bytes=opts.max_upload_bytes, dedicated=dedicated)
 
 
 # ----------------------------------------------------------------------------------- local mode
@@ -132,6 +134,8 @@ class GatewayIngress:
 
         self._opts = opts
         self._tenants = opts.load_tenants()
+        self._capacity = dedicated_capacity(opts)
+        self._capacity.check_default()  # routed jobs' workers must fit the cluster (ClusterTooSmall)
         # The scheduler actor takes the data dir's lock first (DataDirLocked, inside the actor's creation
         # error, when another server holds it): the store is opened only once this server owns the dir.
         self._scheduler_actor, self._engine_actor, self._layout = start_ray_actors(opts, self._tenants)
@@ -139,7 +143,8 @@ class GatewayIngress:
         self._scheduler = RayScheduler(self._scheduler_actor)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return gateway_app(self._opts, self._tenants, self._store, self._scheduler, self._layout)
+        return gateway_app(self._opts, self._tenants, self._store, self._scheduler, self._layout,
+                           dedicated=self._capacity)
 
     def __del__(self) -> None:
         # Serve calls this on a graceful shutdown (and Python may again at collection): fail the streams
@@ -167,6 +172,19 @@ def app_builder(args: dict[str, Any]) -> Any:
     return build_application(options_from_args(args))
 
 
+def engine_gpus(opts: ServeOptions) -> int:
+    """GPUs the engine actor takes."""
+    return 1 if opts.device.startswith("cuda") else 0
+
+
+def dedicated_capacity(opts: ServeOptions) -> Any:
+    """The cluster's room for dedicated fine-tuning workers, beyond the engine's GPU."""
+    from coserve.dedicated.capacity import ClusterCapacity
+
+    gpus = engine_gpus(opts)
+    return ClusterCapacity(opts.dedicated_settings(), {"GPU": float(gpus)} if gpus else None)
+
+
 def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
     """Create the named SchedulerActor and EngineActor, register the engine, start its loop.
 
@@ -181,7 +199,7 @@ def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
     from coserve.actors.engine_actor import EngineActor, RayLink
     from coserve.actors.scheduler import SchedulerActor
 
-    gpus = 1 if opts.device.startswith("cuda") else 0
+    gpus = engine_gpus(opts)
     # max_restarts: a crashed engine comes back (the scheduler's supervisor restarts its loop); calls in
     # flight when it died fail rather than being retried on the new one.
     engine = ray.remote(EngineActor).options(name=ENGINE_ACTOR, namespace=RAY_NAMESPACE, num_cpus=0,
@@ -219,6 +237,11 @@ def run_ray(opts: ServeOptions) -> None:
     DataDirLock.check_free(opts.data_dir)
     ray.init(namespace=RAY_NAMESPACE, log_to_driver=True,
              **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
+    try:
+        dedicated_capacity(opts).check_default()  # before deploying: a clear error, not a failed replica
+    except BaseException:
+        ray.shutdown()
+        raise
     deploy_gateway(opts)
     print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (Ray Serve)", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` shuts down as cleanly as Ctrl-C

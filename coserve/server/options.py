@@ -14,6 +14,7 @@ from typing import Any
 
 from coserve.actors.metrics import Slo
 from coserve.policies import defaults
+from coserve.contract.engine import EngineKind
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ class ServeOptions:
     max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
     max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128
     max_upload_bytes: int = 128 * 1024 * 1024  # POST /v1/files (api.state.DEFAULT_MAX_UPLOAD_BYTES: why)
+    dedicated_min_tokens: int | None = None  # jobs training this many tokens go to Ray Train (None: never)
+    dedicated_workers: int = 2  # workers of a dedicated run that does not say (policies.dedicated)
+    engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.platform.engines)
 
     @property
     def base_model_id(self) -> str:
@@ -81,6 +85,16 @@ class ServeOptions:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         _check_device(self.device)
+        self.dedicated_settings()
+        if self.local and self.dedicated_min_tokens is not None:
+            raise ValueError("--dedicated-min-tokens routes jobs to Ray Train runs: it needs Ray (not --local)")
+        if self.engine is EngineKind.VLLM:  # missing or another version: the install command, before loading
+            from coserve.platform.vllm_backend import VllmUnavailable, check_vllm
+
+            try:
+                check_vllm()
+            except VllmUnavailable as error:
+                raise ValueError(str(error)) from None
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"--model {self.model}: not a model folder (no config.json)")
         from coserve.platform.config import ModelConfig
@@ -99,22 +113,38 @@ class ServeOptions:
         except FileNotFoundError:
             raise ValueError(f"--tenants {self.tenants}: no such file") from None
 
+    def dedicated_settings(self) -> Any:
+        """Dedicated fine-tuning on Ray Train (`coserve.policies.dedicated`); None with `--local`.
+
+        Raises:
+            ValueError: a threshold < 1 or a worker count outside 1..1024, named as flags.
+        """
+        from coserve.policies.dedicated import DedicatedSettings
+
+        settings = DedicatedSettings(min_trained_tokens=self.dedicated_min_tokens,
+                                     default_workers=self.dedicated_workers,
+                                     use_gpu=self.device.startswith("cuda"), dtype=self.dtype)
+        return None if self.local else settings
+
     def engine_config(self) -> Any:
         from coserve.platform.engine_config import EngineConfig
 
-        return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots)
+        return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots,
+                            engine=self.engine, max_num_seqs=self.max_num_seqs,
+                            max_batch_tokens=self.max_batch_tokens)
 
     def policy_factory(self, tenants: Any) -> Any:
         """The hybrid token policy's factory: SLOs, tenant weights, the latency profile."""
         import json
 
         from coserve.platform.config import ModelConfig, dtype_name
-        from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
+        from coserve.policies.latency import ModelFingerprint, engine_machine_id, model_id_from_config
         from coserve.policies.policy_factory import CoServingPolicyFactory
 
         config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
         dtype = dtype_name(self.dtype, ModelConfig.from_pretrained(self.model))
-        fingerprint = ModelFingerprint(model_id_from_config(config), machine_id(self.device), dtype)
+        fingerprint = ModelFingerprint(model_id_from_config(config), engine_machine_id(self.device, self.engine),
+                                       dtype)
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
                                       self.max_stall_ms, tenants.weights(), self.finetune_floor_every)
 
@@ -129,7 +159,8 @@ class ServeOptions:
         return SchedulerSettings(model=self.model, max_num_seqs=self.max_num_seqs,
                                  max_batch_tokens=self.max_batch_tokens,
                                  tenant_limits={name: t.limits for name, t in tenants.tenants.items()}, slo=slo,
-                                 data_dir=str(Path(self.data_dir).resolve()), base_model_id=self.base_model_id)
+                                 data_dir=str(Path(self.data_dir).resolve()), base_model_id=self.base_model_id,
+                                 dedicated=self.dedicated_settings())
 
 
 def _check_device(device: str) -> None:
@@ -162,7 +193,10 @@ def options_from_args(args: Mapping[str, Any]) -> ServeOptions:
         raise ValueError(f"coserve needs the argument(s) {missing}")
     for name, value in args.items():
         _check_type(name, value, str(fields[name].type))
-    opts = ServeOptions(**dict(args))
+    values = dict(args)
+    if "engine" in values:  # a name in the config: the typed setting
+        values["engine"] = EngineKind.parse(values["engine"])
+    opts = ServeOptions(**values)
     opts.validate()
     return opts
 

@@ -246,6 +246,69 @@ def _stream_outcome(srv: RayServer) -> str:
     return "closed without [DONE]"
 
 
+def test_dedicated_job_trains_on_ray_train_and_its_model_answers(ray_server: RayServer) -> None:
+    """A job asking for a dedicated run trains as a Ray Train TorchTrainer of 2 CPU workers (gloo), outside
+    the engine: the same events (metrics per step, checkpoints, status), checkpoints that are servable models,
+    and the fine-tuned model answering through the engine the moment the job succeeds. More workers than the
+    cluster has (2 CPUs) is a 400 at creation naming `training.workers` and the cluster."""
+    from local_server import poll_job, upload_jsonl
+
+    oa = client(ray_server)
+    lines = [{"messages": [{"role": "user", "content": f"Code for {i}?"},
+                           {"role": "assistant", "content": f"The code for {i} is {i * 7}."}]} for i in range(12)]
+    file_id = upload_jsonl(oa, lines)
+    with pytest.raises(openai.BadRequestError) as info:
+        oa.fine_tuning.jobs.create(model=ray_server.base, training_file=file_id,
+                                   extra_body={"training": {"mode": "dedicated", "workers": 3}})
+    assert info.value.param == "training.workers" and info.value.code == "insufficient_cluster_capacity"
+    assert "at most 2 worker(s) of {'CPU': 1.0} (the cluster has {'CPU': 2.0})" in info.value.message
+    job = oa.fine_tuning.jobs.create(model=ray_server.base, training_file=file_id, suffix="ded",
+                                     hyperparameters={"n_epochs": 2, "batch_size": 4},
+                                     extra_body={"training": {"mode": "dedicated", "workers": 2}})
+    assert job.model_extra["training"] == {"mode": "dedicated", "workers": 2}
+    done = poll_job(oa, job.id, timeout=300, interval=0.5)
+    assert done.status == "succeeded", (done.error, [e.message for e in oa.fine_tuning.jobs.list_events(job.id).data])
+
+    events = oa.fine_tuning.jobs.list_events(job.id, limit=100).data[::-1]  # oldest first
+    messages = [e.message for e in events]
+    assert any(m.startswith("Training on Ray Train: a TorchTrainer of 2 worker(s)") for m in messages), messages
+    assert any(m.startswith("Ray Train started 2 worker(s) (gloo)") for m in messages), messages
+    metrics = [e.data for e in events if e.type == "metrics"]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6] and all(m["total_steps"] == 6 for m in metrics)
+    assert all(m["train_loss"] > 0 for m in metrics)
+    checkpoints = oa.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert [c.step_number for c in checkpoints] == [6, 3]
+    assert messages[-1] == "The job has successfully completed" and done.trained_tokens > 0
+    # Servable at once, through the engine: the fine-tuned model and a checkpoint.
+    for model in (done.fine_tuned_model, checkpoints[1].fine_tuned_model_checkpoint):
+        reply = oa.chat.completions.create(model=model, messages=[{"role": "user", "content": "Code for 3?"}],
+                                           max_tokens=8, temperature=0)
+        assert reply.model == model and reply.choices[0].message.content
+    assert (ray_server.data_dir / "adapters" / job.id / "run-1" / "ckpt-step-3" / "optimizer.pt").is_file()
+
+    # Cancelled while its workers train: they stop at the next step boundary and the job says so.
+    long = oa.fine_tuning.jobs.create(model=ray_server.base, training_file=file_id,
+                                      hyperparameters={"n_epochs": 50, "batch_size": 1},
+                                      extra_body={"training": {"mode": "dedicated"}})  # the default: 2
+    poll_job(oa, long.id, lambda j: j.status in ("failed", "succeeded") or any(
+        e.type == "metrics" for e in oa.fine_tuning.jobs.list_events(j.id, limit=100).data), timeout=300, interval=0.5)
+    assert oa.fine_tuning.jobs.cancel(long.id).status == "cancelled"
+    deadline = time.monotonic() + 120
+    while "Fine-tuning job cancelled" not in [e.message for e in oa.fine_tuning.jobs.list_events(long.id).data]:
+        assert time.monotonic() < deadline, [e.message for e in oa.fine_tuning.jobs.list_events(long.id).data]
+        time.sleep(0.5)
+    # The runs' Ray actors are gone once their jobs ended (their workers with them).
+    while any(a["name"].startswith("coserve-dedicated-") for a in ray_list_named_actors()):
+        assert time.monotonic() < deadline, ray_list_named_actors()
+        time.sleep(0.5)
+
+
+def ray_list_named_actors() -> list[dict[str, str]]:
+    import ray
+
+    return ray.util.list_named_actors(all_namespaces=True)
+
+
 def test_killed_engine_comes_back_and_loses_no_job(ray_server: RayServer) -> None:
     """Last in this module: it kills the engine process. Running streams end with an error that says
     the engine stopped, the actor is restarted and serves again, the job resumes from its checkpoint."""

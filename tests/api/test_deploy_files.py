@@ -55,6 +55,9 @@ def test_every_config_argument_is_accepted(llama_dir: Path, tenants_file: Path, 
     ({"max_n": 200}, "--max-n must be in 1..128"),
     ({"max_n": "16"}, "max_n must be int"),
     ({"device": "tpu"}, "device"),
+    ({"dedicated_workers": 0}, "--dedicated-workers must be in 1..1024"),
+    ({"dedicated_min_tokens": 0}, "--dedicated-min-tokens must be >= 1"),
+    ({"dedicated_min_tokens": "1000"}, "dedicated_min_tokens must be int"),
 ])
 def test_bad_arguments_are_named(llama_dir: Path, tenants_file: Path, tmp_path: Path, change: dict[str, Any],
                                  match: str) -> None:

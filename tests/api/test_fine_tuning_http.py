@@ -147,3 +147,33 @@ def test_lora_values_the_store_cannot_keep_are_400(server: LocalServer) -> None:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}, error
         assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
+def test_training_extension_is_checked_and_dedicated_needs_ray(server: LocalServer) -> None:
+    """`extra_body={"training": ...}` (where the job trains) is typed strictly, each bad value a 400 naming
+    it; a dedicated Ray Train run is a clear 400 on this `--local` server (no Ray), and nothing is stored."""
+    oa = client(server)
+    file_id = upload_jsonl(oa, LINES)
+    before = len(oa.fine_tuning.jobs.list(limit=100).data)
+    cases = [({"mode": "elsewhere"}, "training.mode", "invalid_value"),
+             ({"mode": "dedicated", "workers": "2"}, "training.workers", "invalid_type"),
+             ({"mode": "dedicated", "workers": 2.0}, "training.workers", "invalid_type"),
+             ({"mode": "dedicated", "workers": True}, "training.workers", "invalid_type"),
+             ({"mode": "dedicated", "workers": 0}, "training.workers", None),
+             ({"mode": "dedicated", "gpus": 1}, "training.gpus", None),
+             ({"mode": "coserved", "workers": 2}, "training.workers", "invalid_training"),
+             ({"workers": 2}, "training.workers", "invalid_training"),
+             ({"mode": "dedicated"}, "training.mode", "dedicated_training_unavailable"),
+             ({"mode": "dedicated", "workers": 2}, "training.mode", "dedicated_training_unavailable")]
+    for training, param, code in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            oa.fine_tuning.jobs.create(model=server.base, training_file=file_id, extra_body={"training": training})
+        assert err.value.status_code == 400 and err.value.body["param"] == param, (training, err.value.body)
+        assert code is None or err.value.body["code"] == code, (training, err.value.body)
+    assert "without Ray (--local)" in err.value.message
+    assert len(oa.fine_tuning.jobs.list(limit=100).data) == before
+    # Asking for the co-served mode is what happens anyway: accepted and echoed.
+    job = oa.fine_tuning.jobs.create(model=server.base, training_file=file_id,
+                                     extra_body={"training": {"mode": "coserved"}})
+    assert job.model_extra["training"] == {"mode": "coserved", "workers": None}
+    oa.fine_tuning.jobs.cancel(job.id)

@@ -11,22 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import jsonschema
 import openai
 import pytest
 
 from local_server import LocalServer, local_server
+from tool_cases import MESSAGES, NAMED, TOOLS, valid_calls
 
 KEY = "sk-tools-0123456789"
-WEATHER_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
-                  "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]},
-                                 "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                           "parameters": WEATHER_SCHEMA, "strict": True}},
-         {"type": "function", "function": {"name": "now", "description": "The time"}}]
-SCHEMAS = {"get_weather": WEATHER_SCHEMA, "now": {"type": "object", "additionalProperties": False}}
-MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
-NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 @pytest.fixture(scope="module")
@@ -35,28 +26,18 @@ def qwen(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
         yield srv
 
 
-def _valid_calls(calls: list) -> list[tuple[str, dict]]:
-    out = []
-    for call in calls:
-        assert call.type == "function" and call.id.startswith("call_")
-        arguments = json.loads(call.function.arguments)
-        jsonschema.validate(arguments, SCHEMAS[call.function.name])
-        out.append((call.function.name, arguments))
-    return out
-
-
 def test_required_and_named_replies_are_valid_calls(qwen: LocalServer) -> None:
     oa = qwen.client(KEY)
     reply = oa.chat.completions.create(model=qwen.base, messages=MESSAGES, tools=TOOLS, tool_choice="required",
                                        n=4, temperature=1.0, seed=3, max_completion_tokens=400)
     for choice in reply.choices:
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
-        assert 1 <= len(_valid_calls(choice.message.tool_calls))
+        assert 1 <= len(valid_calls(choice.message.tool_calls))
     named = oa.chat.completions.create(model=qwen.base, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,
                                        parallel_tool_calls=False, n=3, seed=5, max_completion_tokens=100)
     for choice in named.choices:
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
-        [(name, _)] = _valid_calls(choice.message.tool_calls)
+        [(name, _)] = valid_calls(choice.message.tool_calls)
         assert name == "get_weather"
 
 
@@ -71,7 +52,7 @@ def test_streamed_calls_reassemble_to_the_same_calls(qwen: LocalServer) -> None:
     assert len(streamed) == 2
     for one, other in zip(streamed, whole, strict=True):
         assert one.finish_reason == "tool_calls" and one.message.content is None
-        assert _valid_calls(one.message.tool_calls) == _valid_calls(other.message.tool_calls)  # same seeds
+        assert valid_calls(one.message.tool_calls) == valid_calls(other.message.tool_calls)  # same seeds
     assert "tool_calls.function.arguments.done" in events
     raw = httpx.post(f"{qwen.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                      json={**options, "n": 1, "stream": True, "tool_choice": NAMED, "parallel_tool_calls": False},

@@ -72,3 +72,16 @@ def test_safety_margin_absorbs_the_mean_under_prediction() -> None:
     assert LatencyFit(model, 10.0, 1.25).safety_margin == pytest.approx(1 - 1 / (1.05 * 1.25))
     assert LatencyFit(model, 10.0, 0.8).safety_margin == 0.1  # over-prediction: the floor
     assert LatencyFit(model, 90.0, 3.0).safety_margin == 0.4  # the ceiling
+
+
+def test_fit_leaves_out_iterations_without_inference() -> None:
+    """Fine-tuning alone (a backward-only iteration runs no forward pass) is never decided by the model:
+    such samples must not pull the per-iteration constant that every co-served iteration pays."""
+    truth = LatencyModel(FP, {"constant": 0.02, "decode_tokens": 0.001, "ft_forward_tokens": 0.0002})
+    served = [(f, truth.predict(f)) for f in (PlanFeatures(decode_tokens=d, num_sequences=d, ft_forward_tokens=w)
+                                              for d in range(1, 9) for w in (0, 16, 64))]
+    alone = [(PlanFeatures(ft_backward_token_layers=b), 0.001) for b in (256, 1024, 4096) for _ in range(8)]
+    fit = fit_latency_model(served + alone, FP)
+    assert fit.model.coefficients["constant"] == pytest.approx(0.02, rel=0.01)
+    with pytest.raises(ValueError, match="inference work"):
+        fit_latency_model(alone, FP)

@@ -55,3 +55,20 @@ def test_unknown_policy_is_a_usage_error(tmp_path: Path, capsys) -> None:
     code = main(["bench", "co-serving", "--json", str(tmp_path / "x.json"), "--policies", "coserve,fifo"])
     assert code == 2 and "fifo" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_finetune_tokens_sets_the_jobs_example_lengths(llama_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from coserve.bench.coserving import bench_job_spec, finetune_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(str(llama_dir))
+    spec = bench_job_spec(tokenizer, 2, 4096, tmp_path / "job", 0, finetune_tokens("64,128"))
+    lengths = [len(example.token_ids) for example in spec.examples]
+    assert len(lengths) == 64 and 60 <= min(lengths) and max(lengths) <= 132  # a few tokens of template slack
+
+
+@pytest.mark.parametrize("value", ["64", "64,32", "8,64", "a,b", "64,128,256"])
+def test_bad_finetune_tokens_is_a_usage_error(value: str, tmp_path: Path, capsys) -> None:
+    code = main(["bench", "co-serving", "--json", str(tmp_path / "x.json"), "--finetune-tokens", value])
+    assert code == 2 and "--finetune-tokens" in capsys.readouterr().err

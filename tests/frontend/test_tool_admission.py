@@ -62,3 +62,26 @@ def test_chatml_refuses_tools(model_dirs: dict[str, Path]) -> None:
 @pytest.mark.real_model
 def test_smollm2_refuses_tools(smollm2_dir: Path) -> None:
     _refuses_tools(Tokenizer.from_pretrained(smollm2_dir))
+
+
+def test_an_engine_without_grammars_refuses_forced_calls_and_json(model_dirs: dict[str, Path]) -> None:
+    """An engine that enforces no grammar (`RuntimeLayout.structured_output` false; both of coserve's do):
+    a forced `tool_choice` or a JSON `response_format` is a 400 naming it, before anything is queued;
+    `auto` tools and plain text still pass."""
+    import asyncio
+
+    from coserve.contract.structured_output import StructuredOutput
+    from coserve.frontend.intake import Intake, PromptIntake
+    from coserve.platform.config import ModelConfig
+
+    intake = PromptIntake(Tokenizer.from_pretrained(model_dirs["qwen2"]),
+                          ModelConfig.from_pretrained(model_dirs["qwen2"]))
+    intake.attach(max_model_len=512, max_lora_rank=16, structured_output=False)
+    try:
+        forced = asyncio.run(intake.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.REQUIRED))))
+        assert isinstance(forced, Rejection) and forced.param == "tool_choice" and "enforces no grammar" in forced.message
+        json_out = asyncio.run(intake.prepare(_submission(None, structured_output=StructuredOutput.json_object())))
+        assert isinstance(json_out, Rejection) and json_out.param == "response_format"
+        assert isinstance(asyncio.run(intake.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.AUTO)))), Intake)
+    finally:
+        intake.close()

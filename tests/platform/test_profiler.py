@@ -25,7 +25,7 @@ def test_design_is_seeded_and_fits_the_context() -> None:
         assert all(c < 300 for c in s.decode_contexts)
         assert s.prefill is None or sum(s.prefill) <= 300
         assert 0 <= s.adapters <= 2 and not (s.forward_tokens and s.backward_tokens)
-        assert s.decode_contexts or s.prefill or s.forward_tokens or s.backward_tokens  # has work
+        assert s.decode_contexts or s.prefill  # inference work: what the latency model decides
 
 
 def test_measured_iteration_does_the_designed_work(model_dirs: dict[str, Path]) -> None:

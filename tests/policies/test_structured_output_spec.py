@@ -4,6 +4,7 @@ grammar library cannot enforce with a message that names it."""
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -106,3 +107,48 @@ def test_lark_grammars_are_checked_like_schemas() -> None:
     for bad in ("start: undefined_rule\n", 'start: "a" (\n', 'start: %json {"not": {}}\n'):
         with pytest.raises(StructuredOutputError):
             StructuredOutput.lark(bad).check()
+
+
+_SAME_LANGUAGE = [
+    (StructuredOutput.json_schema({
+        "type": "object", "additionalProperties": False, "required": ["a", "c"],
+        "$defs": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"enum": ["x", "y"]},
+                       "c": {"type": "array", "items": {"anyOf": [{"type": "null"}, {"type": "boolean"}]}}}}),
+     {'{"a": 5, "c": [null, true]}': "complete", '{"a": 5, "b": "x", "c": []}': "complete",
+      '{"a":5,"c":[]}': "refused", '{"a": 500, "c": []}': "refused", '{"a": 5}': "refused", '{"a": 5, ': "prefix",
+      '{"a": 5, "c": [], "d": 1}': "refused", '{"a": 5, "c": [nu': "prefix"}),
+    (StructuredOutput.json_object(),
+     {"{}": "complete", '{"k": [1, {"j": "v"}]}': "complete", '{"k":1}': "refused", "[]": "refused"}),
+    # The schema's own layout settings give way to the fixed layout, in both forms.
+    (StructuredOutput.json_schema({"type": "object", "x-guidance": {"item_separator": ",", "lenient": True}}),
+     {'{"a": 1, "b": 2}': "complete", '{"a": 1,"b": 2}': "refused"}),
+]
+
+
+def _outcome(tokenizer: object, grammar: str, text: str) -> str:
+    import llguidance
+
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    if not matcher.consume_tokens(tokenizer.tokenize_str(text)):
+        return "refused"
+    return "complete" if matcher.is_accepting() else "prefix"
+
+
+@pytest.mark.parametrize(("spec", "texts"), _SAME_LANGUAGE, ids=["schema", "json_object", "own_layout"])
+def test_the_lark_form_derives_what_the_grammar_derives(spec: StructuredOutput, texts: dict[str, str],
+                                                        llama_dir: Path) -> None:
+    """vLLM's guidance backend takes Lark: `lark_grammar()` must accept exactly what `grammar()` does."""
+    import llguidance
+
+    tokenizer = llguidance.LLTokenizer(str(llama_dir / "tokenizer.json"))
+    assert spec.lark_grammar().startswith("start: %json {")
+    for text, expected in texts.items():
+        assert [_outcome(tokenizer, g, text) for g in (spec.grammar(), spec.lark_grammar())] == [expected] * 2, text
+
+
+def test_a_lark_spec_is_its_own_lark_form_and_a_refused_spec_has_none() -> None:
+    text = 'start: "<a>" body\nbody: %json {"type": "object"}\n'
+    assert StructuredOutput.lark(text).lark_grammar() == text
+    with pytest.raises(StructuredOutputError, match="not"):
+        StructuredOutput.json_schema({"not": {"type": "string"}}).lark_grammar()

@@ -15,6 +15,7 @@ from coserve.api.protocol.base import OpenAIBaseModel, now, param_error
 from coserve.api.protocol.param_support import FINE_TUNING_JOBS
 from coserve.api.protocol.strict import RequestBody, RequestModel
 from coserve.contract.training_settings import BOUNDS, MAX_LEARNING_RATE_MULTIPLIER
+from coserve.policies.dedicated import MAX_WORKERS
 
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled",
                     "paused"]  # "paused" is not in the SDK's Literal; its lenient parser accepts it
@@ -68,6 +69,15 @@ class LoRAParams(RequestModel):
     use_rslora: bool | None = None
 
 
+class TrainingParams(RequestModel):
+    """coserve extension: where the job trains. `mode` "coserved" (in the shared engines' iterations, the
+    default) or "dedicated" (a Ray Train run of its own on `workers` workers, default the server's
+    `--dedicated-workers`). The wire shape only: `coserve.policies.dedicated.TrainingRequest` checks it."""
+
+    mode: Literal["coserved", "dedicated"] | None = None
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | None = None
+
+
 MetadataKey = Annotated[str, Field(min_length=1, max_length=64)]
 MetadataValue = Annotated[str, Field(max_length=512)]
 
@@ -91,6 +101,7 @@ class FineTuningJobCreate(RequestBody):
 
     # --- coserve extensions (not in the OpenAI spec; send them with `extra_body=`) ---
     lora: LoRAParams | None = None
+    training: TrainingParams | None = None
     # --- end of coserve extensions ---
 
     @model_validator(mode="before")
@@ -152,6 +163,7 @@ class FineTuningJob(OpenAIBaseModel):
 
     # --- coserve extensions ---
     lora: LoRAParams | None = None
+    training: TrainingParams | None = None  # where the job trains (a routed job says "dedicated" once routed)
     # --- end of coserve extensions ---
 
 

@@ -126,7 +126,8 @@ CHAT_COMPLETIONS = EndpointParams("`POST /v1/chat/completions` (`client.chat.com
     "function_call": refused(_LEGACY_FUNCTIONS),
     "functions": refused(_LEGACY_FUNCTIONS),
     "logit_bias": supported("keys are token ids of the model's tokenizer"),
-    "logprobs": supported(),
+    "logprobs": differs("under a grammar on `--engine vllm`, after the grammar's mask (over the tokens it "
+                        "allows; see Structured output)"),
     "max_completion_tokens": supported(),
     "max_tokens": supported("deprecated alias of `max_completion_tokens`"),
     "metadata": differs(f"{_IGNORED}: nothing is stored (OpenAI keeps it only with `store`)"),
@@ -141,9 +142,10 @@ CHAT_COMPLETIONS = EndpointParams("`POST /v1/chat/completions` (`client.chat.com
     "prompt_cache_options": differs(f"{_IGNORED}: prefix caching is automatic"),
     "prompt_cache_retention": differs(f"{_IGNORED}: prefix caching is automatic"),
     "reasoning_effort": refused("no reasoning model is served"),
-    "response_format": supported("`text`, `json_object`, `json_schema` (see Structured output)"),
+    "response_format": differs("`text`, `json_object`, `json_schema` (see Structured output), on both engines"),
     "safety_identifier": differs(_IGNORED),
-    "seed": supported("the same seed gives the same tokens whatever else is batched"),
+    "seed": supported("the same seed gives the same tokens whatever else is batched (on `--engine vllm`, "
+                      "unless the request is preempted)"),
     "service_tier": differs("one tier: `auto` or `default`", _is(None, "auto", "default")),
     "stop": supported("up to 4 strings"),
     "store": refused("completions are not stored (false is accepted)", _is(None, False)),
@@ -151,10 +153,11 @@ CHAT_COMPLETIONS = EndpointParams("`POST /v1/chat/completions` (`client.chat.com
     "stream_options": differs("`include_usage`; `include_obfuscation` is accepted and not used"),
     "temperature": supported(),
     "tool_choice": differs("`none`, `auto`, `required`, a named function; `required` and a named function "
-                           "are enforced by a grammar (see Tools)"),
+                           "are enforced by a grammar (see Tools), on both engines"),
     "tools": differs("functions; the model's chat template must render tools, and calls are read in the "
                      "hermes format (Qwen2.5, Qwen3, Hermes templates; see Tools); otherwise a 400"),
-    "top_logprobs": supported(),
+    "top_logprobs": differs("under a grammar on `--engine vllm`, only tokens the grammar allows, so possibly "
+                            "fewer than asked"),
     "top_p": supported(),
     "user": differs(_IGNORED),
     "verbosity": refused("no model served takes a verbosity"),

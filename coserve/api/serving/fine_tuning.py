@@ -19,8 +19,10 @@ from coserve.api.protocol.files import validate_finetune_jsonl
 from coserve.api.protocol.fine_tuning import (CheckpointMetrics, FineTuningJob, FineTuningJobCheckpoint,
                                               FineTuningJobCheckpointList, FineTuningJobCreate, FineTuningJobError,
                                               FineTuningJobEvent, FineTuningJobEventList, FineTuningJobList,
-                                              Hyperparameters, LoRAParams, Method, SupervisedMethod)
+                                              Hyperparameters, LoRAParams, Method, SupervisedMethod,
+                                              TrainingParams)
 from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
+from coserve.api.serving.training_mode import DedicatedCapacity, training_extension
 from coserve.contract.training_settings import (MIN_EXAMPLES, HyperparameterRequest, LoRASettings, SettingsError,
                                                 TooFewExamplesError, auto_n_epochs)
 from coserve.policies.quotas import TenantQuota
@@ -32,7 +34,7 @@ def to_job(record: JobRecord) -> FineTuningJob:
     """The OpenAI `fine_tuning.job` of a stored job."""
     hp = Hyperparameters(**{k: record.hyperparameters.get(k, "auto")
                             for k in ("n_epochs", "batch_size", "learning_rate_multiplier")})
-    lora = record.extensions.get("lora")
+    lora, training = record.extensions.get("lora"), record.extensions.get("training")
     return FineTuningJob(
         id=record.id, created_at=record.created_at, model=record.model, organization_id=record.tenant,
         status=record.status.value, training_file=record.training_file,
@@ -42,7 +44,8 @@ def to_job(record: JobRecord) -> FineTuningJob:
         trained_tokens=record.trained_tokens, estimated_finish=record.estimated_finish,
         error=FineTuningJobError(**record.error) if record.error else None,
         metadata=record.metadata, result_files=record.result_files,
-        user_provided_suffix=record.suffix, lora=LoRAParams(**lora) if lora else None)
+        user_provided_suffix=record.suffix, lora=LoRAParams(**lora) if lora else None,
+        training=TrainingParams(**training) if training else None)
 
 
 def to_event(record: EventRecord) -> FineTuningJobEvent:
@@ -104,12 +107,13 @@ class FineTuningService:
         tenants: the tenants file (limits on concurrent jobs).
         base_models: the base model ids a job may train from (besides the tenant's fine-tuned models).
         max_lora_rank: the engine's largest adapter rank; a larger `lora.r` is a 400 (None: unchecked).
+        dedicated: the Ray cluster's room for dedicated runs (None: no Ray; asking for one is a 400).
     """
 
     def __init__(self, store: MetadataStore, tenants: TenantsConfig, base_models: tuple[str, ...],
-                 max_lora_rank: int | None = None) -> None:
+                 max_lora_rank: int | None = None, dedicated: DedicatedCapacity | None = None) -> None:
         self.store, self.tenants, self.base_models = store, tenants, base_models
-        self.max_lora_rank = max_lora_rank
+        self.max_lora_rank, self.dedicated = max_lora_rank, dedicated
 
     def create(self, tenant: str, body: FineTuningJobCreate) -> FineTuningJob:
         """Check the model, the files and the tenant's job limit, then record the job.
@@ -118,7 +122,8 @@ class FineTuningService:
             ProtocolError: 400 naming `model`, `training_file` or `validation_file`; 429 over the
                 tenant's concurrent-jobs limit; 403 `model_quota_exceeded` when the models the job will
                 write (reserved now) do not fit under `max_fine_tuned_models`, or `storage_quota_exceeded`
-                when the tenant has no byte left under `max_stored_bytes`.
+                when the tenant has no byte left under `max_stored_bytes`; 400 naming `training.mode`
+                or `training.workers` for a dedicated run this server cannot hold (`training_mode`).
         """
         self._check_model(tenant, body.model)
         lora_settings(body.lora, self.max_lora_rank)
@@ -128,6 +133,7 @@ class FineTuningService:
             raise ProtocolError("lora: a job that continues a fine-tuned model trains that model's adapter "
                                 "as it is (its r, lora_alpha and target_modules); leave lora out",
                                 param="lora", code="invalid_lora")
+        training = training_extension(body.training, self.dedicated)
         count = self._count_examples(tenant, body.training_file, "training_file")
         if count < MIN_EXAMPLES:
             err = TooFewExamplesError(count)
@@ -149,6 +155,8 @@ class FineTuningService:
         extensions: dict[str, object] = {RESERVED_MODELS_KEY: reserved}
         if lora:
             extensions["lora"] = lora
+        if training:
+            extensions["training"] = training
         record = self.store.jobs.create(
             tenant, body.model, body.training_file, validation_file=body.validation_file,
             hyperparameters=hp.to_dict(), method={"type": "supervised"}, suffix=body.suffix,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
@@ -40,7 +40,18 @@ STATE_FORMAT = 1  # version of `LoRAOptimizer.state_dict`'s layout
 
 
 class NonFiniteGradientError(FloatingPointError):
-    """The batch's loss or gradient norm is NaN/inf; the job must fail, the weights are untouched."""
+    """The batch's loss or gradient norm is NaN/inf; the job must fail, the weights are untouched.
+    `loss` is the batch loss the step was given (None: not given)."""
+
+    def __init__(self, message: str, loss: float | None = None) -> None:
+        super().__init__(message)
+        self.loss = loss
+
+    @property
+    def code(self) -> str:
+        """The job's error code: `non_finite_loss` when the loss itself is NaN/inf."""
+        return "non_finite_loss" if self.loss is not None and not math.isfinite(self.loss) \
+            else "non_finite_gradient"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +111,7 @@ class LoRAOptimizer:
         if not math.isfinite(norm) or (loss is not None and not math.isfinite(loss)):
             self.zero_grad()
             raise NonFiniteGradientError(f"non-finite training signal at step {self.step_count + 1}:"
-                                         f" loss={loss}, gradient norm={norm}")
+                                         f" loss={loss}, gradient norm={norm}", loss)
         clip_grads_with_norm_(self.params, self.config.max_grad_norm, total)
         self._adamw.step()
         self.zero_grad()
@@ -165,13 +176,28 @@ class TrainingSequence:
         return int(torch.as_tensor(self.trained)[1:].sum())
 
 
+class GradientSync(Protocol):
+    """Data parallelism for `train_batch`: the part of a batch this process trains, and the sum over
+    every process of the gradients and the loss (DDP's all-reduce); `data_parallel.ProcessGroupSync`."""
+
+    def shard(self, batch: list[TrainingSequence]) -> list[TrainingSequence]: ...
+
+    def all_reduce(self, params: list[torch.Tensor], loss_sum: float) -> float:
+        """Sum every process's `.grad` into each of `params` (None where no process has one) and
+        return the summed loss."""
+
+
 def train_batch(trainer: WindowedTrainer, optimizer: LoRAOptimizer,
-                batch: list[TrainingSequence]) -> StepStats:
+                batch: list[TrainingSequence], sync: GradientSync | None = None) -> StepStats:
     """Accumulate the batch-mean gradient over `batch`, take one optimizer step, refresh the trainer.
 
     Sequences without a trained token add nothing to the loss or the gradient and are skipped (the
     job counts them). Raises ValueError when the whole batch has no trained token, and
     NonFiniteGradientError (weights untouched) on a NaN/inf loss or gradient.
+
+    With `sync`, this process trains only its shard of the batch (still normalised by the whole
+    batch's trained tokens), and the gradients and loss are summed over the processes before the
+    step: every process then takes the same step as one process training the whole batch.
     """
     if trainer.lora is not optimizer.lora:
         raise ValueError("the trainer and the optimizer must share one TrainableLoRA")
@@ -181,11 +207,13 @@ def train_batch(trainer: WindowedTrainer, optimizer: LoRAOptimizer,
         raise ValueError(f"a batch of {len(batch)} sequences with no trained token")
     optimizer.zero_grad()  # a batch owns its accumulation: never inherit a stale gradient
     loss_sum = 0.0
-    for seq in live:
+    for seq in live if sync is None else sync.shard(live):
         windows = seq.forward_windows or [int(seq.token_ids.numel())]
         state = train_sequence(trainer, seq.token_ids, seq.trained, windows, seq.backward_windows,
                                loss_normalizer=total)
         loss_sum += state.loss_sum
+    if sync is not None:
+        loss_sum = sync.all_reduce(optimizer.params, loss_sum)
     stats = optimizer.step(loss=loss_sum / total, num_sequences=len(live), num_tokens=total)
     trainer.refresh_adapter()  # forward windows of the next batch must see the new weights
     return stats

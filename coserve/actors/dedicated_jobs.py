@@ -1,0 +1,313 @@
+"""Dedicated fine-tuning jobs on the scheduler's side: the `JobManager`'s runner for jobs that train on
+Ray Train instead of the shared engines.
+
+`route_job` decides once, when a job's file is tokenized, whether it runs dedicated (it asked, or it is
+over the operator's threshold: `coserve.policies.dedicated.route`) and keeps the decision in the job row.
+`DedicatedJobs` launches each such job's `DedicatedRun` actor once the cluster has its workers free
+(until then the job waits, with an event saying for what), names it after the job (a job manager rebuilt
+after an engine restart finds the run still going and adopts it), relays cancel, pause and resume as
+commands, and `poll`s the runs (on the job loop's worker thread): the runs' `JobEvent`s are
+the co-served jobs' (steps, checkpoints, validation, success, failure, cancellation), so the job manager
+records both kinds with the same handlers; the runs' notes (workers started, a worker failed) go to the
+job's events as they are. A run whose actor died is reported `lost`: the job manager forgets it and
+starts it again from its last checkpoint, as after a server restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coserve.actors.job_failures import JobRefused
+from coserve.actors.store import JobRecord, MetadataStore
+from coserve.contract.dedicated_run import Command, RunSpec
+from coserve.policies.dedicated import (TRAINING_KEY, DedicatedSettings, Route, TrainingMode, TrainingRequest,
+                                        capacity, route)
+from coserve.policies.finetune_types import FinetuneJobSpec, JobEvent, JobEventKind
+
+logger = logging.getLogger(__name__)
+
+RUN_NAMESPACE = "coserve"
+PLACEMENT_GROUP_KEY = "ray_placement_group"  # the job row's extension: its latest run's placement group
+POLL_TIMEOUT_S = 10.0
+
+
+def is_dedicated(record: JobRecord) -> bool:
+    """Whether the job row says the job runs on Ray Train."""
+    return TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY)).mode == TrainingMode.DEDICATED
+
+
+def route_job(store: MetadataStore, record: JobRecord, trained_tokens: int, settings: DedicatedSettings | None,
+              decide: bool = True) -> Route:
+    """How a tokenized job trains: decided when its file is first tokenized (`decide`) and kept in the row
+    (with an event when the operator's threshold chose it); read back from the row on a resume.
+
+    Raises:
+        JobRefused: the job runs dedicated but this server has no Ray (`dedicated_training_unavailable`).
+    """
+    request = TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY))
+    decision = route(request, trained_tokens, settings if decide else None)
+    if decision.dedicated and settings is None:
+        raise JobRefused("the job asks for a dedicated Ray Train run, and this server runs without Ray "
+                         "(--local)", "dedicated_training_unavailable", "training.mode")
+    if decision.dedicated and request.mode is None:
+        extensions = {**record.extensions, TRAINING_KEY: {"mode": TrainingMode.DEDICATED.value,
+                                                          "workers": decision.workers}}
+        store.jobs.update(record.id, extensions=extensions)
+        record.extensions = extensions
+        store.events.add(record.id, f"Routed to a dedicated Ray Train run on {decision.workers} worker(s): "
+                                    f"{decision.reason}")
+    return decision
+
+
+@dataclass(slots=True)
+class DedicatedJob:
+    """A dedicated job as the job manager sees it (what it reads of a running job: `spec`, `total_steps`,
+    `trained_tokens`, `runnable`, `last_planned_step`)."""
+
+    spec: FinetuneJobSpec
+    tenant: str
+    run: RunSpec | None  # to launch once the cluster has its workers free (None: launched or adopted)
+    handle: Any  # the DedicatedRun actor (None until launched)
+    workers: int
+    trained_tokens: int
+    started: bool = False  # the workers are up
+    paused: bool = False
+    ended: bool = False
+    progress: int = 0  # moves with every report: the watchdog's marker
+    last_step: int = 0
+    waiting: str = ""  # why the run is not launched or its workers not up yet (for the watchdog)
+    placement_group: str | None = None  # the run's Ray placement group (hex id), once its workers are up
+    checkpoints: set[int] = field(default_factory=set)  # steps whose checkpoint was reported
+
+    @property
+    def total_steps(self) -> int:
+        return -(-len(self.spec.examples) // self.spec.batch_size) * self.spec.n_epochs
+
+    @property
+    def runnable(self) -> bool:
+        return not self.paused and not self.ended
+
+    @property
+    def last_planned_step(self) -> int:
+        return self.progress
+
+    def held_back(self) -> str:
+        if not self.started:
+            return self.waiting or f"Ray Train is starting {self.workers} worker(s)"
+        return f"its Ray Train run ({self.workers} workers) is on step {self.last_step + 1}/{self.total_steps}"
+
+    def keep(self, event: JobEvent) -> bool:
+        """Whether to record `event`: a checkpoint reported again (its steps redone after a worker
+        failure) is registered once."""
+        if event.kind == JobEventKind.STEP:
+            self.last_step = max(self.last_step, event.step)
+        if event.kind != JobEventKind.CHECKPOINT:
+            return True
+        fresh = event.step not in self.checkpoints
+        self.checkpoints.add(event.step)
+        return fresh
+
+
+class DedicatedJobs:
+    """The dedicated runs of one job manager.
+
+    A run is launched only when the cluster has its workers free (first come, first served): until then
+    the job waits with an event saying for what, and cancelling it ends nothing on Ray. A launched run's
+    placement group is kept in the job row (`PLACEMENT_GROUP_KEY`): a run whose driver died (the scheduler
+    restarted, or the run's actor was lost) leaves its placement group behind on a cluster without Ray's
+    state API (Ray Train's own cleaner needs it), so the job's next run removes it first.
+
+    Args:
+        settings: the server's dedicated settings (workers, GPU or CPU, dtype, retries).
+        store: where the runs' notes go.
+        model: the base model folder; data_dir: the runs' checkpoints go to `{data_dir}/adapters/{job}/`.
+    """
+
+    def __init__(self, settings: DedicatedSettings, store: MetadataStore, model: str, data_dir: Path,
+                 namespace: str = RUN_NAMESPACE) -> None:
+        self._settings, self._store, self._model = settings, store, model
+        self._data_dir, self._namespace = Path(data_dir).resolve(), namespace
+        self._jobs: dict[str, DedicatedJob] = {}
+        self._lock = threading.Lock()  # `_events` and `_lost`: filled by `poll` on a worker thread
+        self._events: list[JobEvent] = []
+        self._lost: list[str] = []
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    # ------------------------------------------------------------------------- control (event loop)
+
+    def start(self, record: JobRecord, spec: FinetuneJobSpec) -> DedicatedJob:
+        """Queue the job's run (launched by `poll` when its workers are free), or adopt the run still
+        going under its name (a job manager rebuilt after an engine restart); returns the job."""
+        import ray
+
+        workers = TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY)).workers \
+            or self._settings.default_workers
+        name, handle, run = _run_name(record.id), None, None
+        try:
+            handle = ray.get_actor(name, namespace=self._namespace)
+        except ValueError:  # no such actor: a run to launch, after what a dead one left behind
+            _remove_placement_group(record.extensions.get(PLACEMENT_GROUP_KEY))
+            storage = self._data_dir / "adapters" / record.id
+            run = RunSpec(spec, self._model, self._settings.dtype, str(storage), _next_run_name(storage),
+                          workers, self._settings.use_gpu, self._settings.max_failures)
+        job = DedicatedJob(spec, record.tenant, run, handle, workers,
+                           max(spec.start_trained_tokens, record.trained_tokens or 0))
+        self._jobs[record.id] = job
+        self._store.events.add(record.id, "Still training on Ray Train (the engine's restart did not stop it)"
+                               if handle is not None else f"Training on Ray Train: a TorchTrainer of {workers} "
+                               f"worker(s) of {self._settings.per_worker()}, outside the shared engines")
+        return job
+
+    def remove_job(self, job_id: str) -> bool:
+        """Cancel: a queued run is dropped now; a launched one stops at its next step boundary (its workers
+        end cleanly, giving their resources back). The cancellation event follows."""
+        job = self._jobs.get(job_id)
+        if job is None or job.ended:
+            return False
+        if job.handle is not None:
+            job.handle.command.remote(int(Command.STOP))
+            return True
+        job.ended = True
+        self._jobs.pop(job_id)
+        with self._lock:
+            self._events.append(JobEvent(job_id, JobEventKind.CANCELLED, job.last_step,
+                                         message="the job was cancelled"))
+        return True
+
+    def pause_job(self, job_id: str) -> bool:
+        """Pause at the next step boundary; the workers wait there (they keep their resources)."""
+        return self._command(job_id, Command.PAUSE, paused=True)
+
+    def resume_job(self, job_id: str) -> bool:
+        return self._command(job_id, Command.RUN, paused=False)
+
+    def _command(self, job_id: str, command: Command, paused: bool) -> bool:
+        job = self._jobs.get(job_id)
+        if job is None or job.ended:
+            return False
+        job.paused = paused
+        if job.handle is not None:
+            job.handle.command.remote(int(command))
+        return True
+
+    def pop_job_events(self) -> list[JobEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def pop_lost(self) -> list[str]:
+        """The jobs whose run's actor died since the last call (their event says so): the job manager
+        forgets them, and its next reconcile starts them again from their last checkpoint."""
+        with self._lock:
+            lost, self._lost = self._lost, []
+        return lost
+
+    def held_back(self) -> dict[str, str]:
+        """Why each dedicated job is not moving, for the watchdog."""
+        return {job_id: job.held_back() for job_id, job in list(self._jobs.items())}
+
+    # ------------------------------------------------------------------------- polling (any thread)
+
+    def poll(self) -> None:
+        """Launch the queued runs whose workers are free, then collect every run's events and notes (a
+        worker thread: it waits on Ray)."""
+        import ray
+
+        self._launch_queued()
+        for job_id, job in list(self._jobs.items()):
+            if job.handle is None:
+                continue
+            try:
+                update, trained = ray.get(job.handle.poll.remote(), timeout=POLL_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                continue  # busy; the next poll asks again
+            except ray.exceptions.RayActorError as err:
+                self._jobs.pop(job_id, None)
+                _remove_placement_group(job.placement_group)
+                self._store.events.add(job_id, f"The Ray Train run stopped ({str(err).splitlines()[0][:300]}); "
+                                               f"the job resumes from its last checkpoint")
+                with self._lock:
+                    self._lost.append(job_id)
+                continue
+            self._absorb(job_id, job, update, trained)
+
+    def _launch_queued(self) -> None:
+        """First come, first served: launch queued runs while the cluster has their workers free."""
+        import ray
+
+        from coserve.dedicated.run import launch
+
+        queued = [(job_id, job) for job_id, job in self._jobs.items() if job.run is not None and not job.paused]
+        if not queued:
+            return
+        free, total = ray.available_resources(), ray.cluster_resources()
+        per_worker = self._settings.per_worker()
+        for job_id, job in queued:
+            if capacity(free, per_worker) < job.workers:
+                now_free = {k: free.get(k, 0.0) for k in per_worker}
+                why = (f"waiting for {job.workers} free worker(s) of {per_worker}: the cluster has "
+                       f"{ {k: total.get(k, 0.0) for k in per_worker} }, {now_free} of it free (other work "
+                       f"holds the rest)")
+                if not job.waiting:
+                    self._store.events.add(job_id, why[0].upper() + why[1:])
+                job.waiting = why
+                return  # the runs behind it wait too: no overtaking
+            job.handle, job.run, job.waiting = launch(job.run, _run_name(job_id), self._namespace), None, ""
+            free = {k: v - per_worker.get(k, 0.0) * job.workers for k, v in free.items()}
+
+    def _absorb(self, job_id: str, job: DedicatedJob, update: Any, trained: int) -> None:
+        import ray
+
+        job.trained_tokens = max(job.trained_tokens, trained)
+        job.started = job.started or bool(update.workers)
+        if update.placement_group and update.placement_group != job.placement_group:
+            job.placement_group = update.placement_group
+            self._keep_placement_group(job_id, job)
+        for note in update.notes:
+            self._store.events.add(job_id, note)
+        kept = [e for e in update.events if job.keep(e)]
+        if update.notes or update.events:
+            job.progress += 1
+        with self._lock:
+            self._events.extend(kept)
+        if update.done:
+            job.ended = True
+            self._jobs.pop(job_id, None)
+            ray.kill(job.handle)  # its workers are gone (fit returned); its name frees for a later run
+
+    def _keep_placement_group(self, job_id: str, job: DedicatedJob) -> None:
+        record = self._store.jobs.get(job.tenant, job_id)
+        if record is not None and not record.status.is_terminal:
+            self._store.jobs.update(job_id, extensions={**record.extensions,
+                                                        PLACEMENT_GROUP_KEY: job.placement_group})
+
+
+def _run_name(job_id: str) -> str:
+    return f"coserve-dedicated-{job_id}"
+
+
+def _remove_placement_group(hex_id: str | None) -> None:
+    """Remove a dead run's placement group if Ray still has it (its workers died with the run's driver,
+    the resources they reserved did not)."""
+    if not hex_id:
+        return
+    import ray
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    group = PlacementGroup(ray.PlacementGroupID.from_hex(hex_id))
+    if placement_group_table(group).get("state") not in (None, "REMOVED"):
+        remove_placement_group(group)
+        logger.info("removed the placement group %s a dedicated run left behind", hex_id)
+
+
+def _next_run_name(storage: Path) -> str:
+    """`run-N`, one more than the runs the job's folder holds: each attempt (a restart resumes from the
+    last checkpoint) gets a fresh Ray Train run folder, so no attempt restores another's snapshot."""
+    runs = [p.name for p in storage.glob("run-*") if p.name[4:].isdigit()] if storage.is_dir() else []
+    return f"run-{1 + max((int(name[4:]) for name in runs), default=0)}"

@@ -1,0 +1,158 @@
+"""Dedicated fine-tuning: which jobs leave the shared engines for a Ray Train run of their own, on how
+many workers, and whether the cluster can ever hold them (pure Python, no torch, no Ray).
+
+A job asks with the coserve extension `training` (`{"mode": "dedicated", "workers": 2}`, or
+`{"mode": "coserved"}` to stay on the engines whatever its size); a job that does not ask is routed by
+the operator's threshold (`DedicatedSettings.min_trained_tokens`, `coserve serve --dedicated-min-tokens`,
+off by default): one that trains at least that many tokens (its file's trained tokens x its epochs) runs
+dedicated on `default_workers` workers. The job row keeps the decision (`TRAINING_KEY` in its
+extensions), so a restarted server runs the job the same way.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from coserve.contract.training_settings import SettingsError
+
+TRAINING_KEY = "training"  # the job row's extension holding {"mode": ..., "workers": ...}
+DEFAULT_WORKERS = 2
+MAX_WORKERS = 1024
+DEFAULT_MAX_FAILURES = 3  # worker failures a run recovers from (Ray Train's FailureConfig.max_failures)
+
+
+class TrainingMode(str, enum.Enum):
+    COSERVED = "coserved"  # in the engines' iterations, next to inference (the default)
+    DEDICATED = "dedicated"  # a Ray Train TorchTrainer of its own (data parallel over `workers`)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRequest:
+    """What a job asked for (`training` extension); None fields: not given.
+
+    Raises:
+        SettingsError: an unknown mode, workers that are not an integer in 1..MAX_WORKERS, or workers
+            with the co-served mode (it has no workers to size); `param` is `training.<name>`.
+    """
+
+    mode: TrainingMode | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and not isinstance(self.mode, TrainingMode):
+            try:
+                object.__setattr__(self, "mode", TrainingMode(self.mode))
+            except ValueError:
+                raise SettingsError("training.mode", f"training.mode must be one of "
+                                    f"{[m.value for m in TrainingMode]}, got {self.mode!r}") from None
+        if self.workers is not None and (type(self.workers) is not int
+                                         or not 1 <= self.workers <= MAX_WORKERS):
+            raise SettingsError("training.workers", f"training.workers must be an integer in "
+                                f"1..{MAX_WORKERS}, got {self.workers!r}")
+        if self.workers is not None and self.mode != TrainingMode.DEDICATED:
+            raise SettingsError("training.workers", "training.workers sizes a dedicated run: give it "
+                                "with training.mode \"dedicated\"")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> TrainingRequest:
+        """From the request's (or the job row's) JSON; None or {} asks for nothing.
+
+        Raises:
+            SettingsError: an unknown key, or what `__post_init__` refuses.
+        """
+        raw = raw or {}
+        unknown = sorted(set(raw) - {"mode", "workers"})
+        if unknown:
+            raise SettingsError(f"training.{unknown[0]}", f"unknown training setting(s) {unknown}; "
+                                                          f"use ['mode', 'workers']")
+        return cls(**{k: v for k, v in raw.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.mode is not None:
+            out["mode"] = self.mode.value
+        if self.workers is not None:
+            out["workers"] = self.workers
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DedicatedSettings:
+    """The server's dedicated-training settings (plain data: sent to the scheduler actor).
+
+    Args:
+        min_trained_tokens: route a job that did not ask to a dedicated run when it trains at least this
+            many tokens (None: never; jobs then run dedicated only when they ask).
+        default_workers: workers of a dedicated run that did not say (and of a routed job).
+        use_gpu: one GPU per worker (NCCL) rather than one CPU (gloo); the engine's device decides.
+        dtype: the base model's dtype on the workers (the engine's, so both modes compute alike).
+        max_failures: worker failures a run recovers from, from its last checkpoint.
+    """
+
+    min_trained_tokens: int | None = None
+    default_workers: int = DEFAULT_WORKERS
+    use_gpu: bool = False
+    dtype: str = "auto"
+    max_failures: int = DEFAULT_MAX_FAILURES
+
+    def __post_init__(self) -> None:
+        if self.min_trained_tokens is not None and self.min_trained_tokens < 1:
+            raise ValueError(f"--dedicated-min-tokens must be >= 1, got {self.min_trained_tokens}")
+        if not 1 <= self.default_workers <= MAX_WORKERS:
+            raise ValueError(f"--dedicated-workers must be in 1..{MAX_WORKERS}, got {self.default_workers}")
+        if self.max_failures < 0:
+            raise ValueError(f"max_failures must be >= 0, got {self.max_failures}")
+
+    def per_worker(self) -> dict[str, float]:
+        """The Ray resources one worker takes."""
+        return {"CPU": 1.0, "GPU": 1.0} if self.use_gpu else {"CPU": 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How a job trains: dedicated on `workers` workers, or co-served (`workers` None); `reason` says why
+    (for the job's events)."""
+
+    workers: int | None
+    reason: str
+
+    @property
+    def dedicated(self) -> bool:
+        return self.workers is not None
+
+
+def route(request: TrainingRequest, trained_tokens: int, settings: DedicatedSettings | None) -> Route:
+    """Dedicated or co-served for a job whose total trained tokens are `trained_tokens`.
+
+    `settings` None: the server has no dedicated training (no Ray); jobs are co-served (one that asks
+    for a dedicated run is refused before it gets here).
+    """
+    if request.mode == TrainingMode.DEDICATED:
+        workers = request.workers or (settings.default_workers if settings else DEFAULT_WORKERS)
+        return Route(workers, f"the job asked for a dedicated run on {workers} worker(s)")
+    if request.mode == TrainingMode.COSERVED or settings is None or settings.min_trained_tokens is None:
+        return Route(None, "co-served")
+    if trained_tokens >= settings.min_trained_tokens:
+        return Route(settings.default_workers, f"{trained_tokens} trained tokens >= the server's "
+                     f"dedicated threshold of {settings.min_trained_tokens} (--dedicated-min-tokens)")
+    return Route(None, "co-served")
+
+
+def capacity(total: Mapping[str, float], per_worker: Mapping[str, float],
+             reserved: Mapping[str, float] | None = None) -> int:
+    """Workers of `per_worker` resources a cluster of `total` resources can ever hold at once, beyond
+    what the server's own actors keep (`reserved`, e.g. the engine's GPU)."""
+    reserved = reserved or {}
+    counts = [math.floor((total.get(name, 0.0) - reserved.get(name, 0.0)) / amount + 1e-9)
+              for name, amount in per_worker.items() if amount > 0]
+    return max(0, min(counts)) if counts else 0
+
+
+def capacity_text(total: Mapping[str, float], per_worker: Mapping[str, float], workers: int) -> str:
+    """E.g. `2 worker(s) of {'CPU': 1.0} (the cluster has {'CPU': 2.0})`, for refusals and events."""
+    shown = {name: total.get(name, 0.0) for name in per_worker}
+    return f"{workers} worker(s) of {dict(per_worker)} (the cluster has {shown})"
