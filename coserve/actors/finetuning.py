@@ -297,7 +297,8 @@ class JobManager:
         """Write an event on each running job that stopped moving (saying why) or moved again."""
         progress = {job_id: r.job.last_planned_step for job_id, r in self._running.items() if r.job.runnable}
         reasons = self._dedicated.held_back() if self._dedicated is not None else {}
-        for notice in self.watchdog.check(progress, self._host.finetune_held_back, reasons):
+        for notice in self.watchdog.check(progress, self._host.finetune_held_back, reasons,
+                                          self._host.roster.last_plan_step):
             if notice.stalled:
                 logger.warning("fine-tuning job %s: %s", notice.job_id, notice.message)
             self._store.events.add(notice.job_id, notice.message)
