@@ -14,10 +14,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from coserve.policies.defaults import FINETUNE_FLOOR_EVERY
+
 DEFAULT_STALL_AFTER_S = 60.0
-SLOW_ENGINE_PLANS = 2
+SLOW_ENGINE_PLANS = FINETUNE_FLOOR_EVERY + 1
 """A stalled job whose engine built at most this many plans meanwhile waits for the engine, not for
-room in its plans: a slow machine, where each of the job's pieces waits for the iteration before."""
+room in its plans: the liveness floor gives a job a piece every `FINETUNE_FLOOR_EVERY` plans (the
+default), so no piece in fewer plans is a slow machine, not a job left out."""
 
 
 @dataclass(slots=True)
