@@ -77,15 +77,12 @@ class _Running:
     last_loss: float | None = None
 
 
-def open_job_manager(settings: FineTuningSettings, host: JobHost,
+def open_job_manager(settings: FineTuningSettings, host: JobHost, tokenizer: Any,
                      limits: Mapping[str, TenantLimits] | None,
                      on_trained: Callable[[str, int], None] | None = None) -> JobManager:
-    """A job manager over the metadata store in `settings.data_dir`, with its own tokenizer:
-    training files are tokenized on a worker thread (`JobManager.run`), while chat requests use the
-    scheduler's tokenizer on the event loop."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(settings.base_model_path)
+    """A job manager over the metadata store in `settings.data_dir`, with its own tokenizer (the engine's,
+    rebuilt torch-free: `coserve.frontend.tokenizer`): training files are tokenized on a worker thread
+    (`JobManager.run`). With `settings.dedicated`, large jobs run on Ray Train runs of their own."""
     store = MetadataStore(settings.data_dir)
     dedicated = None if settings.dedicated is None else DedicatedJobs(
         settings.dedicated, store, settings.base_model_path, settings.data_dir)
@@ -300,7 +297,8 @@ class JobManager:
         """Write an event on each running job that stopped moving (saying why) or moved again."""
         progress = {job_id: r.job.last_planned_step for job_id, r in self._running.items() if r.job.runnable}
         reasons = self._dedicated.held_back() if self._dedicated is not None else {}
-        for notice in self.watchdog.check(progress, self._host.finetune_held_back, reasons):
+        for notice in self.watchdog.check(progress, self._host.finetune_held_back, reasons,
+                                          self._host.roster.last_plan_step):
             if notice.stalled:
                 logger.warning("fine-tuning job %s: %s", notice.job_id, notice.message)
             self._store.events.add(notice.job_id, notice.message)

@@ -14,13 +14,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from coserve.policies.defaults import FINETUNE_FLOOR_EVERY
+
 DEFAULT_STALL_AFTER_S = 60.0
+SLOW_ENGINE_PLANS = FINETUNE_FLOOR_EVERY + 1
+"""A stalled job whose engine built at most this many plans meanwhile waits for the engine, not for
+room in its plans: the liveness floor gives a job a piece every `FINETUNE_FLOOR_EVERY` plans (the
+default), so no piece in fewer plans is a slow machine, not a job left out."""
 
 
 @dataclass(slots=True)
 class _Watch:
     progress: int  # the job's last planned step when last seen moving
     since: float  # when that was
+    plan_step: int  # the engine's last plan then (-1: not known)
     stalled: bool = False
 
 
@@ -55,7 +62,7 @@ class JobWatchdog:
         return sum(w.stalled for w in self._watches.values())
 
     def check(self, progress: Mapping[str, int], held_back: str | None,
-              reasons: Mapping[str, str] | None = None) -> list[StallNotice]:
+              reasons: Mapping[str, str] | None = None, plan_step: int = -1) -> list[StallNotice]:
         """Compare each running job's progress marker (its last planned step; jobs that cannot run now,
         such as paused ones, are left out) with the last check's.
 
@@ -64,22 +71,31 @@ class JobWatchdog:
             held_back: the policy's latest reason for giving jobs no work (None: it gave them work).
             reasons: job id -> why that job is not moving, for jobs the policy does not plan (a
                 dedicated Ray Train run); it replaces `held_back` for them.
+            plan_step: step id of the engine's last plan (-1: not known), to tell a slow engine apart.
         """
         now = self._clock()
         notices = []
         watches = {}
         for job_id, marker in progress.items():
-            watch = self._watches.get(job_id) or _Watch(marker, now)
+            watch = self._watches.get(job_id) or _Watch(marker, now, plan_step)
             if marker != watch.progress:
                 if watch.stalled:
                     notices.append(StallNotice(job_id, "Training resumed", stalled=False))
-                watch = _Watch(marker, now)
+                watch = _Watch(marker, now, plan_step)
             elif not watch.stalled and now - watch.since >= self.stall_after_s:
                 watch.stalled = True
-                why = (reasons or {}).get(job_id) or held_back or \
-                    "its next piece found no free KV block or adapter slot"
+                why = (reasons or {}).get(job_id) or held_back or self._unplanned(watch, now, plan_step)
                 notices.append(StallNotice(job_id, f"No progress for {now - watch.since:.0f} s: {why}",
                                            stalled=True))
             watches[job_id] = watch
         self._watches = watches
         return notices
+
+    @staticmethod
+    def _unplanned(watch: _Watch, now: float, plan_step: int) -> str:
+        """Why a job the policy did not hold back got no work: a slow engine, or no room for its piece."""
+        plans = plan_step - watch.plan_step
+        if watch.plan_step >= 0 and plans <= SLOW_ENGINE_PLANS:
+            return (f"the engine built {plans} plan{'' if plans == 1 else 's'} in {now - watch.since:.0f} s "
+                    "(a machine too slow for the batch: the job's pieces wait for its iterations)")
+        return "its next piece found no free KV block or adapter slot"

@@ -79,6 +79,9 @@ class JobRoster:
         self._cancels: list[str] = []  # applied in the next plan (the engine learns it there)
         self._pauses: list[str] = []
         self._events: list[JobEvent] = []
+        self.last_plan_step = -1
+        """Step id of the last plan built (-1: none yet); the watchdog tells a slow engine from a job
+        left out of the plans by it."""
 
     def __iter__(self) -> Iterator[TrainingJob]:
         return iter(self._jobs.values())
@@ -134,6 +137,7 @@ class JobRoster:
 
     def apply_control(self, plan: IterationPlan) -> None:
         """Carry out the pauses and cancellations asked since the last plan; cancelled jobs leave."""
+        self.last_plan_step = plan.step_id
         for job_id in self._pauses:
             if job_id in self._jobs:
                 self._jobs[job_id].pause(plan)

@@ -62,7 +62,9 @@ def growth_room(latency: LatencyModel, base: PlanFeatures, budget_s: float, max_
     """The room for a grown floor piece beside `base` (the plan's inference work), or None when the
     floor must not grow: the model is still warming up, or it predicts inference alone within
     `budget_s` (the TPOT SLO can hold in this iteration). Otherwise the largest piece of each kind
-    that the model predicts to add at most `GROWN_PIECE_COST` x the inference's own time."""
+    that the model predicts to add at most `GROWN_PIECE_COST` x the inference's own time, as one piece
+    (a backward piece over several layers runs as one tasklet per layer, each adding the model's fixed
+    cost of a piece: the planner does not see the sequence length, as in `hybrid.py`)."""
     if not latency.trusted:
         return None
     inference_s = latency.predict(base)

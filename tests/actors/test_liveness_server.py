@@ -37,7 +37,7 @@ def test_a_job_finishes_beside_chat_under_a_tiny_budget_and_an_impossible_slo(
         model_dirs: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """64 batch tokens and a 1 ms TPOT SLO that no iteration can meet, while two clients keep chatting:
     only the liveness floor trains, and the job still succeeds. The server says plainly, once it has
-    measured its decodes, that one decode iteration already exceeds the SLO and which flag to change."""
+    measured its decodes, that its decode iterations already exceed the SLO and which flag to change."""
     caplog.set_level(logging.WARNING, logger="coserve")
     with local_server(model_dirs["qwen2"], tmp_path, TENANTS, max_num_seqs=8, max_batch_tokens=64,
                       tpot_slo_ms=1.0) as srv:
@@ -93,3 +93,19 @@ def test_the_watchdog_says_once_why_a_job_stopped_and_when_it_moves_again() -> N
     assert dog.stalled == 0
     with pytest.raises(ValueError):
         JobWatchdog(stall_after_s=0)
+
+
+def test_the_watchdog_tells_a_slow_engine_from_a_job_left_out_of_its_plans() -> None:
+    clock = _Clock()
+    dog = JobWatchdog(stall_after_s=60.0, clock=clock)
+    assert dog.check({"slow": 3, "left-out": 4}, None, plan_step=10) == []
+    clock.now = 61.0
+    slow, left_out = dog.check({"slow": 3, "left-out": 4}, None, plan_step=12)
+    assert slow.message == ("No progress for 61 s: the engine built 2 plans in 61 s (a machine too slow for "
+                            "the batch: the job's pieces wait for its iterations)")
+    assert left_out.message == slow.message  # both saw the same two plans
+    dog = JobWatchdog(stall_after_s=60.0, clock=clock)
+    assert dog.check({"left-out": 4}, None, plan_step=12) == []
+    clock.now = 130.0
+    [notice] = dog.check({"left-out": 4}, None, plan_step=400)
+    assert notice.message == "No progress for 69 s: its next piece found no free KV block or adapter slot"
