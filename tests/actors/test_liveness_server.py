@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -33,9 +34,11 @@ def test_a_job_that_is_the_first_thing_a_fresh_server_does_succeeds_on_defaults(
 
 
 def test_a_job_finishes_beside_chat_under_a_tiny_budget_and_an_impossible_slo(
-        model_dirs: dict[str, Path], tmp_path: Path) -> None:
+        model_dirs: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """64 batch tokens and a 1 ms TPOT SLO that no iteration can meet, while two clients keep chatting:
-    only the liveness floor trains, and the job still succeeds."""
+    only the liveness floor trains, and the job still succeeds. The server says plainly, once it has
+    measured its decodes, that its decode iterations already exceed the SLO and which flag to change."""
+    caplog.set_level(logging.WARNING, logger="coserve")
     with local_server(model_dirs["qwen2"], tmp_path, TENANTS, max_num_seqs=8, max_batch_tokens=64,
                       tpot_slo_ms=1.0) as srv:
         oa = srv.client(KEY)
@@ -56,6 +59,10 @@ def test_a_job_finishes_beside_chat_under_a_tiny_budget_and_an_impossible_slo(
             for thread in clients:
                 thread.join(60)
         assert job.status == "succeeded"
+    warnings = [r.getMessage() for r in caplog.records if "raise --tpot-slo-ms" in r.getMessage()]
+    # One decode, or the full batch of 8 when the model learned online prices one decode under 1 ms.
+    assert warnings and warnings[0].startswith("coserve: tpot_slo_ms=1 ") and \
+        "is below the predicted" in warnings[0] and " decode(s) on this machine" in warnings[0], warnings
 
 
 class _Clock:
