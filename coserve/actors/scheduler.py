@@ -156,7 +156,7 @@ class SchedulerActor:
         """The engine died or its loop stopped: end every live stream with an error that says so, drop
         the policy and the in-memory jobs (the store keeps them running, with their checkpoints), and
         end any call still waiting in `exchange`. New requests are a 503 until the engine is back."""
-        if self._engines.pop(engine_id, None) is None:
+        if engine_id not in self._engines:
             return
         logger.error("engine %s lost: %s", engine_id, reason)
         self._generation += 1
@@ -164,6 +164,7 @@ class SchedulerActor:
             self._job_task.cancel()
         self._fail_live(f"The engine stopped before this request finished ({reason}); it is being "
                         "restarted. Retry the request.")
+        del self._engines[engine_id]
         self._job_task, self._jobs, self._policy, self._core = None, None, None, None
 
     async def supervise(self, engine_id: str, handle: object, link: object) -> None:
@@ -176,7 +177,11 @@ class SchedulerActor:
             self._supervisor = asyncio.get_running_loop().create_task(supervisor.run())
 
     def _count_finetune(self, tenant: str, tokens: int) -> None:
-        self.metrics.count_tokens("finetune", tenant, tokens)
+        self.metrics.count_tokens("finetune", tenant, tokens, self._engine_id())
+
+    def _engine_id(self) -> str:
+        """The one engine's id (the metrics' `engine` label)."""
+        return next(iter(self._engines))
 
     def _start_job_loop(self) -> None:
         if self._jobs is not None and self._job_task is None:
@@ -196,7 +201,7 @@ class SchedulerActor:
         if engine_id not in self._engines:
             raise ValueError(f"unknown engine {engine_id!r}")
         if result is not None:
-            self._apply(result)
+            self._apply(engine_id, result)
         self._start_job_loop()
         idle_s = 0.0
         generation = self._generation
@@ -272,11 +277,12 @@ class SchedulerActor:
 
     async def metrics_text(self) -> str:
         """Prometheus text of the scheduler's metrics."""
-        queues = None
+        queues = {}
         if self._policy is not None:
             kv = self._policy.kv
-            queues = QueueState(waiting=self._policy.num_waiting, running=self._policy.num_running,
-                                kv_blocks_used=kv.num_blocks - kv.num_free_blocks, kv_blocks_total=kv.num_blocks)
+            queues[self._engine_id()] = QueueState(
+                waiting=self._policy.num_waiting, running=self._policy.num_running,
+                kv_blocks_used=kv.num_blocks - kv.num_free_blocks, kv_blocks_total=kv.num_blocks)
         self.metrics.finetune_stalled.set(self._jobs.watchdog.stalled if self._jobs is not None else 0)
         return self.metrics.render(queues)
 
@@ -319,15 +325,15 @@ class SchedulerActor:
             self._quotas.refund(state.tenant, state.estimate)
             raise
         self._streams.add(request_id, state)
-        self.metrics.count_tokens("prompt", state.tenant, state.prompt_tokens)
+        self.metrics.count_tokens("prompt", state.tenant, state.prompt_tokens, self._engine_id())
         self._work.set()
 
-    def _apply(self, result: IterationResult | EngineFailure) -> None:
+    def _apply(self, engine_id: str, result: IterationResult | EngineFailure) -> None:
         """The engine's answer to the plan in flight, then the outputs. A failed step fails the plan's
         requests; so does a bug here, and the engine loop goes on."""
         plan = self._core.in_flight
         try:
-            self._emit(self._core.apply(result))
+            self._emit(engine_id, self._core.apply(result))
         except StepFailed as failed:
             self._fail_plan(failed.plan, failed.message)
         except Exception as error:  # noqa: BLE001 - a bug here must not stop the engine loop
@@ -335,9 +341,9 @@ class SchedulerActor:
             if plan is not None:
                 self._fail_plan(plan, f"internal error: {type(error).__name__}: {error}")
 
-    def _emit(self, step: Step) -> None:
+    def _emit(self, engine_id: str, step: Step) -> None:
         """The outputs of an applied step: stop strings, streams, first tokens, metrics, job events."""
-        self.metrics.iterations.inc()
+        self.metrics.iteration(engine_id)
         logprobs = step.logprobs()
         changed: dict[int, SubmissionState] = {}
         now = time.monotonic()
@@ -350,8 +356,8 @@ class SchedulerActor:
                 self._policy.abort(request.request_id, RequestStatus.FINISHED_STOPPED)
             first = state.on_token(index, now)
             if first is not None:
-                self.metrics.first_token(state.tenant, first)
-            self.metrics.count_tokens("completion", state.tenant, 1)
+                self.metrics.first_token(state.tenant, first, engine_id)
+            self.metrics.count_tokens("completion", state.tenant, 1, engine_id)
             changed[id(state)] = state
         for state in changed.values():
             state.emit()
@@ -379,7 +385,7 @@ class SchedulerActor:
         for tracker in state.trackers:
             self._owner.pop(tracker.request.request_id, None)
             self.metrics.finished(state.tenant, outcome or tracker.request.finish_reason or "abort",
-                                  state.tpot(tracker))
+                                  state.tpot(tracker), self._engine_id() if self._engines else None)
         self._quotas.refund(state.tenant, state.estimate - state.prompt_tokens - state.completion_tokens())
         state.close()
 
