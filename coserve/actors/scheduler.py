@@ -28,8 +28,10 @@ from pathlib import Path
 
 from coserve.actors.admission import QuotaBook
 from coserve.actors.data_dir_lock import DataDirLock
+from coserve.actors.engine_cluster import ClusterEngines
+from coserve.actors.engine_set import Budgets, EngineSet, SingleEngine
 from coserve.actors.finetuning import FineTuningSettings, JobManager, open_job_manager
-from coserve.actors.metrics import QueueState, SchedulerMetrics, Slo
+from coserve.actors.metrics import SchedulerMetrics, Slo
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.contract.engine import EngineFailure
@@ -39,12 +41,11 @@ from coserve.contract.sampling import EosIds
 from coserve.frontend.intake import PromptIntake
 from coserve.frontend.output_tracker import OutputTracker
 from coserve.policies import defaults
-from coserve.policies.config import SchedulerConfig
 from coserve.policies.dedicated import DedicatedSettings
-from coserve.policies.engine_core import EngineCore, Step, StepFailed
-from coserve.policies.policy_factory import EngineLayout, InferencePolicy, PolicyFactory, fcfs_policy
+from coserve.policies.engine_core import Step, StepFailed
+from coserve.policies.policy_factory import EngineLayout, PolicyFactory, fcfs_policy
 from coserve.policies.quotas import TenantLimits
-from coserve.policies.request import RequestStatus, expand_request
+from coserve.policies.request import Request, RequestStatus, expand_request
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class SchedulerSettings:
     data_dir: str | None = None  # the metadata store's folder: fine-tuning jobs run when it is set
     base_model_id: str = ""  # the base model's public id (fine-tuned ids start `ft:{base}:`)
     dedicated: DedicatedSettings | None = None  # fine-tuning on Ray Train runs of their own (None: no Ray)
+    engines: int = 1  # engines it drives: 1, one policy; more, a ClusterScheduler (`EngineSet`)
 
 
 class SchedulerActor:
@@ -110,78 +112,87 @@ class SchedulerActor:
         self._intake = PromptIntake(self._tokenizer, self._model_config)
         self._quotas = QuotaBook(settings.tenant_limits)
         self.metrics = SchedulerMetrics(settings.slo)
-        self._engines: dict[str, EngineLayout] = {}
-        self._policy: InferencePolicy | None = None
-        self._core: EngineCore | None = None  # the iteration loop over the policy (one plan in flight)
+        budgets = Budgets(settings.max_num_seqs, settings.max_batch_tokens, settings.enable_prefix_caching)
+        # The engines' decisions: one engine's policy, or several under one ClusterScheduler.
+        self._engines: EngineSet = (SingleEngine(budgets, policy_factory) if settings.engines == 1
+                                    else ClusterEngines(budgets, policy_factory))
+        self._served_by: dict[str, str] = {}  # child request id -> the engine that produced its tokens
         self._streams = StreamHub()
         self._owner: dict[str, tuple[SubmissionState, int]] = {}  # child request id -> (submission, index)
         self._work = asyncio.Event()
         self._closed = False
         self._jobs: JobManager | None = None
         self._job_task: asyncio.Task[None] | None = None
-        self._generation = 0  # +1 each time an engine is lost: calls of the lost engine's loop end
-        self._supervisor: asyncio.Task[None] | None = None
+        self._generations: dict[str, int] = {}  # +1 each time the engine is lost: its loop's calls end
+        self._supervisors: dict[str, asyncio.Task[None]] = {}
 
     # --------------------------------------------------------------------------- engines
 
     def register_engine(self, engine_id: str, layout: EngineLayout) -> None:
-        """Add an engine and build the policy over its layout.
+        """Add an engine: its policy over its layout (`EngineSet.add`), and the job manager with the
+        first engine.
 
-        An engine registered again after `engine_lost` (Ray restarted it) gets a fresh policy and job
-        manager: the jobs resume from their last checkpoints, as after a server restart.
+        One engine registered again after `engine_lost` (Ray restarted it) gets a fresh policy and job
+        manager: the jobs resume from their last checkpoints, as after a server restart. One of several
+        engines simply joins again (its jobs moved to the others meanwhile).
 
         Raises:
-            ValueError: a second engine (one engine per scheduler for now) or a duplicate id.
+            ValueError: an id already registered, or a second engine of a one-engine scheduler.
         """
-        if self._engines:
-            raise ValueError(f"engine {engine_id!r}: this scheduler already drives {list(self._engines)}")
-        config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=self._settings.max_num_seqs,
-                                 max_batch_tokens=self._settings.max_batch_tokens,
-                                 block_size=layout.block_size,
-                                 enable_prefix_caching=self._settings.enable_prefix_caching
-                                 and not layout.engine_owns_kv_cache)
-        self._policy = self._policy_factory(config, layout)
-        self._core = EngineCore(self._policy)
-        self._engines[engine_id] = layout
+        if engine_id in self._engines.ids:
+            raise ValueError(f"engine {engine_id!r} is already registered")
+        self._engines.add(engine_id, layout)
+        self._generations.setdefault(engine_id, 0)
         self._intake.attach(layout.max_model_len, layout.max_lora_rank, layout.structured_output)
-        jobs = self._policy.jobs
-        if self._settings.data_dir is not None and jobs is not None:
+        jobs = self._engines.jobs
+        if self._settings.data_dir is not None and jobs is not None and self._jobs is None:
             settings = FineTuningSettings(
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
                 data_dir=Path(self._settings.data_dir), num_layers=self._model_config.num_layers,
                 max_model_len=layout.max_model_len, dedicated=self._settings.dedicated)
             self._jobs = open_job_manager(settings, jobs, self._settings.tenant_limits, self._count_finetune)
+        self._work.set()  # held requests or waiting jobs may have been placed on it
 
     def engine_lost(self, engine_id: str, reason: str) -> None:
-        """The engine died or its loop stopped: end every live stream with an error that says so, drop
-        the policy and the in-memory jobs (the store keeps them running, with their checkpoints), and
-        end any call still waiting in `exchange`. New requests are a 503 until the engine is back."""
-        if engine_id not in self._engines:
+        """The engine died or its loop stopped; any call of its loop still waiting in `exchange` ends.
+
+        One engine: every live stream ends with an error that says so, the policy and the in-memory
+        jobs go (the store keeps them running, with their checkpoints), and new requests are a 503 until
+        the engine is back. One of several: its requests without a token start over on the others,
+        the streams of the others end with an error, and its jobs resume on another engine from their
+        last checkpoint (`EngineLoss`)."""
+        if engine_id not in self._engines.ids:
             return
         logger.error("engine %s lost: %s", engine_id, reason)
-        self._generation += 1
-        if self._job_task is not None:
-            self._job_task.cancel()
-        self._fail_live(f"The engine stopped before this request finished ({reason}); it is being "
-                        "restarted. Retry the request.")
-        del self._engines[engine_id]
-        self._job_task, self._jobs, self._policy, self._core = None, None, None, None
+        self._generations[engine_id] += 1
+        message = (f"The engine stopped before this request finished ({reason}); it is being restarted. "
+                   "Retry the request.")
+        loss = self._engines.lose(engine_id)
+        if loss.stranded is None:
+            self._fail_live(message)
+        else:
+            self._fail_requests(loss.stranded, message)
+            logger.warning("engine %s lost: %d request(s) re-routed, %d held, %d ended", engine_id,
+                           len(loss.rerouted), len(loss.held), len(loss.stranded))
+        if loss.jobs_lost:
+            if self._job_task is not None:
+                self._job_task.cancel()
+            self._job_task, self._jobs = None, None
+        elif self._jobs is not None:
+            self._jobs.record_events()  # where each job went (placed elsewhere, or waiting and why)
+        self._work.set()
 
     async def supervise(self, engine_id: str, handle: object, link: object) -> None:
         """Watch the Ray engine actor `handle` and bring it back after a crash
         (`coserve.actors.engine_supervisor`); `link` is what its restarted loop talks through."""
         from coserve.actors.engine_supervisor import EngineSupervisor
 
-        if self._supervisor is None:
+        if engine_id not in self._supervisors:
             supervisor = EngineSupervisor(self, engine_id, handle, link)
-            self._supervisor = asyncio.get_running_loop().create_task(supervisor.run())
+            self._supervisors[engine_id] = asyncio.get_running_loop().create_task(supervisor.run())
 
-    def _count_finetune(self, tenant: str, tokens: int) -> None:
-        self.metrics.count_tokens("finetune", tenant, tokens, self._engine_id())
-
-    def _engine_id(self) -> str:
-        """The one engine's id (the metrics' `engine` label)."""
-        return next(iter(self._engines))
+    def _count_finetune(self, tenant: str, tokens: int, engine_id: str) -> None:
+        self.metrics.count_tokens("finetune", tenant, tokens, engine_id)
 
     def _start_job_loop(self) -> None:
         if self._jobs is not None and self._job_task is None:
@@ -189,25 +200,28 @@ class SchedulerActor:
             self._job_task = loop.create_task(self._jobs.run(self._work.set, lambda: self._closed))
 
     def engines(self) -> list[str]:
-        return list(self._engines)
+        return list(self._engines.ids)
 
     async def exchange(self, engine_id: str,
                        result: IterationResult | EngineFailure | None) -> IterationPlan | None:
         """Apply the engine's last result and hand it the next plan; waits while there is no work.
+        Each engine has its own plan in flight and its own call here.
 
         Returns:
             The next plan, or None when the scheduler is shut down (the engine loop ends).
         """
-        if engine_id not in self._engines:
+        if engine_id not in self._engines.ids:
             raise ValueError(f"unknown engine {engine_id!r}")
         if result is not None:
             self._apply(engine_id, result)
+            if len(self._engines.ids) > 1:
+                self._work.set()  # the others may take work this step left waiting (late binding)
         self._start_job_loop()
         idle_s = 0.0
-        generation = self._generation
-        while not self._closed and generation == self._generation:
-            if self._core.has_work():
-                plan = self._core.next_plan()
+        generation = self._generations[engine_id]
+        while not self._closed and generation == self._generations[engine_id]:
+            if self._engines.has_work(engine_id):
+                plan = self._engines.next_plan(engine_id)
                 if plan is not None:
                     return plan
                 # Work that cannot run yet (no free blocks): back off, up to EMPTY_PLAN_WAIT_S, unless
@@ -228,13 +242,13 @@ class SchedulerActor:
     async def submit(self, sub: ChatSubmission) -> Admission:
         """Prepare the prompt (`PromptIntake`: tokenized off the loop, context and adapter checked), check
         the quota, then queue the `n` children."""
-        if self._policy is None or self._closed:
+        if not self._engines.ids or self._closed:
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
         intake = await self._intake.prepare(sub)
         if isinstance(intake, Rejection):
             return Admission(rejection=intake)
-        if self._policy is None or self._closed:  # the engine went away while the prompt was encoded
+        if not self._engines.ids or self._closed:  # the engines went away while the prompt was encoded
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
         prompt, sampling, adapter = intake.prompt, intake.sampling, intake.adapter
@@ -277,20 +291,14 @@ class SchedulerActor:
 
     async def metrics_text(self) -> str:
         """Prometheus text of the scheduler's metrics."""
-        queues = {}
-        if self._policy is not None:
-            kv = self._policy.kv
-            queues[self._engine_id()] = QueueState(
-                waiting=self._policy.num_waiting, running=self._policy.num_running,
-                kv_blocks_used=kv.num_blocks - kv.num_free_blocks, kv_blocks_total=kv.num_blocks)
         self.metrics.finetune_stalled.set(self._jobs.watchdog.stalled if self._jobs is not None else 0)
-        return self.metrics.render(queues)
+        return self.metrics.render(self._engines.queue_states())
 
     async def shutdown(self) -> None:
         """Fail what is in flight, then end the engines' loops (their next exchange returns None)."""
         self._closed = True
         self._intake.close()
-        for task in (self._job_task, self._supervisor):
+        for task in (self._job_task, *self._supervisors.values()):
             if task is not None:
                 task.cancel()
         self._fail_live("The server is shutting down.")
@@ -309,31 +317,41 @@ class SchedulerActor:
             self._finalize(state, outcome="error")
         self._work.set()
 
+    def _fail_requests(self, requests: list[Request], message: str) -> None:
+        """End the submissions of `requests` (a lost engine's, with tokens sent) with `message`; their
+        other choices, on other engines, end with them."""
+        states = {id(o[0]): o[0] for r in requests if (o := self._owner.get(r.request_id)) is not None}
+        for state in states.values():
+            self._finish_all(state, RequestStatus.FINISHED_ABORTED)
+            state.error = message
+            self._finalize(state, outcome="error")
+
     # --------------------------------------------------------------------------- internals
 
     def _queue(self, request_id: str, state: SubmissionState) -> None:
         added: list[str] = []
+        engines: list[str] = []
         try:
             for index, tracker in enumerate(state.trackers):
-                self._policy.add_request(tracker.request)
+                engines.append(self._engines.submit(tracker.request))
                 added.append(tracker.request.request_id)
                 self._owner[tracker.request.request_id] = (state, index)
         except ValueError:
             for child_id in added:
-                self._policy.abort(child_id)
+                self._engines.abort(child_id)
                 self._owner.pop(child_id, None)
             self._quotas.refund(state.tenant, state.estimate)
             raise
         self._streams.add(request_id, state)
-        self.metrics.count_tokens("prompt", state.tenant, state.prompt_tokens, self._engine_id())
+        self.metrics.count_tokens("prompt", state.tenant, state.prompt_tokens, engines[0])
         self._work.set()
 
     def _apply(self, engine_id: str, result: IterationResult | EngineFailure) -> None:
         """The engine's answer to the plan in flight, then the outputs. A failed step fails the plan's
         requests; so does a bug here, and the engine loop goes on."""
-        plan = self._core.in_flight
+        plan = self._engines.in_flight(engine_id)
         try:
-            self._emit(engine_id, self._core.apply(result))
+            self._emit(engine_id, self._engines.apply(engine_id, result))
         except StepFailed as failed:
             self._fail_plan(failed.plan, failed.message)
         except Exception as error:  # noqa: BLE001 - a bug here must not stop the engine loop
@@ -352,8 +370,9 @@ class SchedulerActor:
             if owner is None:
                 continue
             state, index = owner
+            self._served_by[request.request_id] = engine_id
             if state.trackers[index].on_token(logprobs.get(request.request_id)):
-                self._policy.abort(request.request_id, RequestStatus.FINISHED_STOPPED)
+                self._engines.abort(request.request_id, RequestStatus.FINISHED_STOPPED)
             first = state.on_token(index, now)
             if first is not None:
                 self.metrics.first_token(state.tenant, first, engine_id)
@@ -364,7 +383,7 @@ class SchedulerActor:
             if state.all_finished():
                 self._finalize(state, outcome=None)
         if self._jobs is not None:
-            self._jobs.record_events()
+            self._jobs.record_events(engine_id)
 
     def _fail_plan(self, plan: IterationPlan, message: str) -> None:
         logger.error("engine step %d failed: %s", plan.step_id, message)
@@ -378,14 +397,14 @@ class SchedulerActor:
     def _finish_all(self, state: SubmissionState, status: RequestStatus) -> None:
         for tracker in state.trackers:
             if not tracker.request.is_finished:
-                self._policy.abort(tracker.request.request_id, status)
+                self._engines.abort(tracker.request.request_id, status)
 
     def _finalize(self, state: SubmissionState, outcome: str | None) -> None:
         """Close a submission: usage, metrics, quota refund, the stream's last batch."""
         for tracker in state.trackers:
             self._owner.pop(tracker.request.request_id, None)
             self.metrics.finished(state.tenant, outcome or tracker.request.finish_reason or "abort",
-                                  state.tpot(tracker), self._engine_id() if self._engines else None)
+                                  state.tpot(tracker), self._served_by.pop(tracker.request.request_id, None))
         self._quotas.refund(state.tenant, state.estimate - state.prompt_tokens - state.completion_tokens())
         state.close()
 
