@@ -28,7 +28,8 @@ from coserve.bench.calibration import add_requests, fcfs_policy
 from coserve.bench.coserving import NUM_KV_BLOCKS, bench_job_spec
 from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.trainer import ensure_model
-from coserve.platform.engine import Engine, EngineConfig
+from coserve.platform.engine import Engine
+from coserve.platform.engine_config import EngineConfig
 from coserve.policies.engine_core import EngineCore
 from coserve.policies.finetune_job import FinetuneJob
 from coserve.policies.job_pieces import JobPieces

@@ -196,7 +196,8 @@ def main() -> int:
                         help="time iterations by the wall clock (as the server does) or by the stepping "
                              "thread's CPU time (a diagnostic; use OMP_NUM_THREADS=1)")
     args = parser.parse_args()
-    from coserve.platform.engine import Engine, EngineConfig
+    from coserve.platform.engine import Engine
+    from coserve.platform.engine_config import EngineConfig
     from coserve.platform.profiler import SweepSettings, scenario_runs
     from coserve.platform.tiny_model import create_random_adapter
     from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config

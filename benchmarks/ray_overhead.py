@@ -1,12 +1,13 @@
 """Per-iteration overhead of the Ray path against `--local`: the scheduler <-> engine boundary.
 
 The same workload runs twice on the same SchedulerActor / EngineActor classes, submitted and read
-through the gateway's `SchedulerClient`: in-process (`LocalScheduler`: scheduler on an asyncio loop,
+through the gateway's `SchedulerFrontend` (prompts in, text out) over its scheduler client: in-process
+(`LocalScheduler`: scheduler on an asyncio loop,
 engine loop on a thread, one `run_coroutine_threadsafe` per iteration) and as Ray actors
 (`RayScheduler`: one `exchange` actor call per iteration between engine and scheduler, plan and result
 pickled, plus one `poll` call per iteration that carries every live stream's tokens to the gateway). The engine loop measures where its
 time goes: inside `Engine.step`, and outside it (the `exchange` call: transport plus the scheduler's
-own work of applying the result, detokenizing and planning). The gateway/HTTP is not included.
+own work of applying the result and planning; detokenizing is the gateway's). HTTP is not included.
 
 usage: python benchmarks/ray_overhead.py [--model DIR] [--requests 16] [--max-tokens 128] [--repeats 3]
                                         [--drain concurrent|sequential] [--json FILE]
@@ -27,10 +28,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # both modes: one torch thread pe
 
 from coserve.actors.client import LocalScheduler, RayScheduler  # noqa: E402
 from coserve.actors.engine_actor import EngineActor, RayLink  # noqa: E402
-from coserve.contract.messages import ChatSubmission  # noqa: E402
 from coserve.actors.scheduler import SchedulerActor, SchedulerSettings  # noqa: E402
-from coserve.platform.engine import EngineConfig  # noqa: E402
 from coserve.contract.sampling import SamplingParams  # noqa: E402
+from coserve.frontend.messages import ChatSubmission  # noqa: E402
+from coserve.frontend.scheduler_frontend import SchedulerFrontend  # noqa: E402
+from coserve.platform.engine_config import EngineConfig  # noqa: E402
 
 
 def submissions(count: int, max_tokens: int, tag: str) -> list[ChatSubmission]:
@@ -58,7 +60,7 @@ async def _drain(client: object, request_id: str) -> int:
 
 
 async def run_once(args: argparse.Namespace, tag: str, client: object, stats: object) -> dict:
-    """One workload through a `SchedulerClient` (what the gateway uses), engine stats around it."""
+    """One workload through a `SchedulerFrontend` (what the gateway uses), engine stats around it."""
     subs = submissions(args.requests, args.max_tokens, tag)
     before = await stats()
     start = time.perf_counter()
@@ -99,15 +101,20 @@ def main() -> None:
     settings = SchedulerSettings(model=args.model, max_num_seqs=args.requests)
 
     local = LocalScheduler(SchedulerActor(settings), EngineActor(engine_config))
+    layout = local.engine.layout()
+
+    def frontend(client: object) -> SchedulerFrontend:
+        return SchedulerFrontend.for_engine(args.model, client, layout)
 
     async def local_stats() -> dict:
         return local.engine.stats()
 
     async def local_runs() -> list[dict]:
-        await local.start()
-        await run_once(args, "warmup", local, local_stats)
-        runs = [await run_once(args, f"local{r}", local, local_stats) for r in range(args.repeats)]
-        await local.close()
+        gateway = frontend(local)
+        await gateway.start()
+        await run_once(args, "warmup", gateway, local_stats)
+        runs = [await run_once(args, f"local{r}", gateway, local_stats) for r in range(args.repeats)]
+        await gateway.close()
         return runs
 
     results = {"local": median_of(asyncio.run(local_runs()))}
@@ -125,7 +132,7 @@ def main() -> None:
         return await engine.stats.remote()
 
     async def ray_runs() -> list[dict]:
-        client = RayScheduler(scheduler)
+        client = frontend(RayScheduler(scheduler))
         await run_once(args, "warmup", client, ray_stats)
         return [await run_once(args, f"ray{r}", client, ray_stats) for r in range(args.repeats)]
 

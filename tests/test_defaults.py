@@ -9,7 +9,7 @@ import inspect
 from coserve.actors.scheduler import SchedulerSettings
 from coserve.cli import build_parser
 from coserve.offline.llm import LLM
-from coserve.platform.engine import EngineConfig
+from coserve.platform.engine_config import EngineConfig
 from coserve.policies import defaults
 from coserve.policies.config import SchedulerConfig
 from coserve.policies.hybrid_config import CoServingConfig

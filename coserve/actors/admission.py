@@ -1,33 +1,22 @@
-"""Admission checks of the scheduler: the context length and the tenants' request/token quotas.
+"""Admission in the scheduler: may a token submission be queued? Its request id (its key) must not be
+in use, and its tenant's request and token quotas must allow it; an admitted submission's adapter gets
+its engine id here.
 
 Quota state (`TenantQuota` token buckets) lives here, in the scheduler, so every gateway replica draws
 from the same buckets. A request is charged its estimate (prompt + n x max output) when admitted and
-refunded what it did not use when it ends.
+refunded what it did not use when it ends. The checks that need the tokenizer (context length, the
+adapter's files) ran in the gateway before (`coserve.frontend.intake`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from coserve.contract.messages import Rejection
+from coserve.contract.messages import AdapterSpec, Rejection, TokenSubmission
+from coserve.contract.sampling import AdapterRef
 from coserve.policies.quotas import TenantLimits, TenantQuota
-
-
-def context_rejection(prompt_len: int, max_tokens: int | None, max_model_len: int, *,
-                      at_least: bool = False, param: str = "messages") -> Rejection | None:
-    """400 `context_length_exceeded` when the prompt plus the requested output (at least one token)
-    does not fit the context; None when it does. `at_least`: `prompt_len` is a lower bound (the prompt
-    was too long to be worth encoding), and the message says so. `param`: where the prompt came from
-    (`messages` for chat, `prompt` for completions)."""
-    wanted = prompt_len + (max_tokens or 1)
-    if wanted <= max_model_len:
-        return None
-    some = "at least " if at_least else ""
-    detail = f"{some}{prompt_len} in the {param}" + (f", {max_tokens} in the completion" if max_tokens else "")
-    return Rejection(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
-                          f"requested {some}{wanted} tokens ({detail}). Please reduce the length of the "
-                          f"{param} or completion.", param=param, code="context_length_exceeded")
 
 
 class QuotaBook:
@@ -75,3 +64,54 @@ class QuotaBook:
         quota = self._quotas.get(tenant)
         if quota is not None and tokens > 0:
             quota.refund(tokens, self._clock())
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """An admitted submission: what its tenant was charged (refunded what it does not use) and the
+    adapter it runs through (None: the base model)."""
+
+    tenant: str
+    estimate: int
+    adapter: AdapterRef | None
+
+
+class AdmissionControl:
+    """Admits token submissions: one key per live request, the tenants' quotas, adapter ids.
+
+    Args:
+        limits: tenant -> its limits (from the tenants file; absent: unlimited).
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, limits: Mapping[str, TenantLimits], clock: Callable[[], float] = time.monotonic) -> None:
+        self._quotas = QuotaBook(limits, clock)
+        self._adapter_ids: dict[str, int] = {}  # adapter folder -> engine adapter id (>= 1)
+
+    def admit(self, sub: TokenSubmission, key_in_use: bool) -> Charge | Rejection:
+        """Charge `sub` against its tenant's quotas, or say why it cannot be queued.
+
+        Args:
+            key_in_use: a live submission already has `sub.request_id`.
+        """
+        if key_in_use:
+            return Rejection(409, f"A request with id {sub.request_id!r} is already in progress.",
+                             param="request_id", code="duplicate_request")
+        sampling = sub.sampling
+        estimate = self._quotas.estimate(sub.tenant, len(sub.prompt_token_ids), sampling.n, sampling.max_tokens,
+                                         client_limit=sub.client_max_tokens)
+        refusal = self._quotas.admit(sub.tenant, estimate, requests=int(sub.counts_request))
+        if refusal is not None:
+            return refusal
+        return Charge(sub.tenant, estimate, self._adapter_ref(sub.adapter))
+
+    def refund(self, tenant: str, tokens: int) -> None:
+        """Give back tokens charged but not used (nothing when `tokens` <= 0)."""
+        self._quotas.refund(tenant, tokens)
+
+    def _adapter_ref(self, spec: AdapterSpec | None) -> AdapterRef | None:
+        """The engine's handle on an adapter: one id per folder, for as long as the scheduler lives."""
+        if spec is None:
+            return None
+        adapter_id = self._adapter_ids.setdefault(spec.path, len(self._adapter_ids) + 1)
+        return AdapterRef(adapter_id=adapter_id, name=spec.name, path=spec.path)

@@ -1,4 +1,6 @@
-"""The gateway's view of the scheduler: the same async surface in-process (`--local`) and over Ray.
+"""The gateway's view of the scheduler, token ids in and out: the same async surface in-process
+(`--local`) and over Ray (both are `coserve.frontend.scheduler_frontend.TokenScheduler`s). The
+gateway's `SchedulerFrontend` sits on top (prompts in, text out).
 
 `LocalScheduler` owns a SchedulerActor and an EngineActor in this process: the scheduler's coroutines
 run on the gateway's event loop, the engine loop on a background thread. `RayScheduler` wraps the
@@ -12,36 +14,15 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any
 
 from coserve.actors.engine_actor import EngineActor, LocalLink
 from coserve.actors.scheduler import SchedulerActor
-from coserve.contract.messages import Admission, ChatSubmission, StreamBatch
+from coserve.contract.messages import Admission, TokenBatch, TokenSubmission
 
 # A finished request whose stream was never read (its client left before the response started) is
 # forgotten after this long.
 UNREAD_TTL_S = 60.0
-
-
-class SchedulerClient(Protocol):
-    """What the gateway calls."""
-
-    async def start(self) -> None:
-        """Called once the event loop runs (app start-up)."""
-
-    async def close(self) -> None:
-        """Called at app shutdown."""
-
-    async def submit(self, sub: ChatSubmission) -> Admission: ...
-
-    def stream(self, request_id: str) -> AsyncIterator[StreamBatch]: ...
-
-    async def abort(self, request_id: str) -> bool: ...
-
-    async def metrics_text(self) -> str: ...
-
-    async def health(self) -> str | None:
-        """None when requests can be served, else why not."""
 
 
 class LocalScheduler:
@@ -67,11 +48,14 @@ class LocalScheduler:
         await asyncio.to_thread(self.engine.join, 30.0)
         self.scheduler.release_data_dir()  # the engine's last result is recorded: another server may start
 
-    async def submit(self, sub: ChatSubmission) -> Admission:
+    async def submit(self, sub: TokenSubmission) -> Admission:
         return await self.scheduler.submit(sub)
 
-    def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
+    def stream(self, request_id: str) -> AsyncIterator[TokenBatch]:
         return self.scheduler.stream(request_id)
+
+    async def stop(self, request_id: str, index: int) -> bool:
+        return await self.scheduler.stop(request_id, index)
 
     async def abort(self, request_id: str) -> bool:
         return await self.scheduler.abort(request_id)
@@ -103,7 +87,7 @@ class RayScheduler:
         self._health_timeout_s = health_timeout_s
         self._poll_timeout_s = poll_timeout_s
         self._origin = f"gateway-{uuid.uuid4().hex[:12]}"
-        self._queues: dict[str, asyncio.Queue[StreamBatch]] = {}
+        self._queues: dict[str, asyncio.Queue[TokenBatch]] = {}
         self._pump: asyncio.Task[None] | None = None
         self._unread_done: dict[str, float] = {}  # request id -> when its last batch arrived
 
@@ -115,7 +99,7 @@ class RayScheduler:
         if self._pump is not None:
             self._pump.cancel()
 
-    async def submit(self, sub: ChatSubmission) -> Admission:
+    async def submit(self, sub: TokenSubmission) -> Admission:
         sub.origin = self._origin
         # The queue exists before the request does: a running pump may fetch its first batch at once.
         self._queues[sub.request_id] = asyncio.Queue()
@@ -130,12 +114,12 @@ class RayScheduler:
             self._queues.pop(sub.request_id, None)
         return admission
 
-    def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
+    def stream(self, request_id: str) -> AsyncIterator[TokenBatch]:
         return self._read(request_id, self._queues.get(request_id))
 
-    async def _read(self, request_id: str, queue: asyncio.Queue[StreamBatch] | None) -> AsyncIterator[StreamBatch]:
+    async def _read(self, request_id: str, queue: asyncio.Queue[TokenBatch] | None) -> AsyncIterator[TokenBatch]:
         if queue is None:
-            yield StreamBatch(done=True, error=f"unknown request {request_id!r}")
+            yield TokenBatch(done=True, error=f"unknown request {request_id!r}")
             return
         try:
             while True:
@@ -162,7 +146,7 @@ class RayScheduler:
         except Exception as error:  # noqa: BLE001 - the scheduler is unreachable: fail every stream
             message = f"The scheduler is unreachable: {type(error).__name__}: {error}"
             for queue in self._queues.values():
-                queue.put_nowait(StreamBatch(done=True, error=message))
+                queue.put_nowait(TokenBatch(done=True, error=message))
         finally:
             self._pump = None
 
@@ -173,6 +157,9 @@ class RayScheduler:
             if now - done_at > UNREAD_TTL_S:
                 self._unread_done.pop(request_id)
                 self._queues.pop(request_id, None)
+
+    async def stop(self, request_id: str, index: int) -> bool:
+        return await self.handle.stop.remote(request_id, index)
 
     async def abort(self, request_id: str) -> bool:
         return await self.handle.abort.remote(request_id)

@@ -18,10 +18,10 @@ import os
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
-from coserve.contract.engine import Engine, EngineFailure
+from coserve.contract.engine import Engine, EngineFailure, RuntimeLayout
 from coserve.contract.plan import IterationPlan, IterationResult
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class EngineActor:
     def __init__(self, config: Any, engine_id: str = "engine-0") -> None:
         self.engine_id = engine_id
         self.engine: Engine  # the engine thread builds it before the constructor returns
+        self._layout: RuntimeLayout
         self._stats = LoopStats()
         self.error: str | None = None  # why the loop ended, when it was not a normal stop
         self._links: queue.Queue[SchedulerLink | None] = queue.Queue(maxsize=1)
@@ -105,8 +106,12 @@ class EngineActor:
         """The engine thread: build the engine, then run the loop once `start` hands over a link."""
         try:
             from coserve.platform.engines import build_engine
+            from coserve.platform.tokenizer_spec import read_tokenizer_spec
 
             self.engine = build_engine(config)  # the backend `config.engine` names
+            # The tokenizer as this process loads it (either backend loads the model folder's with
+            # transformers), for the gateway and the scheduler, which have no torch.
+            self._layout = replace(self.engine.layout, tokenizer=read_tokenizer_spec(config.model))
         except BaseException as error:  # noqa: BLE001 - re-raised by the constructor, on the caller's thread
             self._build_error = error
             return
@@ -116,9 +121,10 @@ class EngineActor:
         if link is not None:
             self._run(link)
 
-    def layout(self) -> Any:
-        """The engine's `RuntimeLayout` (KV blocks, context length, adapter slots) for the scheduler."""
-        return self.engine.layout
+    def layout(self) -> RuntimeLayout:
+        """The engine's `RuntimeLayout` (KV blocks, context length, adapter slots, its tokenizer) for the
+        scheduler and the gateway."""
+        return self._layout
 
     def start(self, link: SchedulerLink) -> None:
         """Start the loop on the engine thread.

@@ -79,15 +79,12 @@ class _Running:
     last_loss: float | None = None
 
 
-def open_job_manager(settings: FineTuningSettings, host: JobRunner,
+def open_job_manager(settings: FineTuningSettings, host: JobRunner, tokenizer: Any,
                      limits: Mapping[str, TenantLimits] | None,
                      on_trained: Callable[[str, int, str], None] | None = None) -> JobManager:
-    """A job manager over the metadata store in `settings.data_dir`, with its own tokenizer:
-    training files are tokenized on a worker thread (`JobManager.run`), while chat requests use the
-    scheduler's tokenizer on the event loop."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(settings.base_model_path)
+    """A job manager over the metadata store in `settings.data_dir`, with its own tokenizer (the engine's,
+    rebuilt torch-free: `coserve.frontend.tokenizer`): training files are tokenized on a worker thread
+    (`JobManager.run`). With `settings.dedicated`, large jobs run on Ray Train runs of their own."""
     store = MetadataStore(settings.data_dir)
     dedicated = None if settings.dedicated is None else DedicatedJobs(
         settings.dedicated, store, settings.base_model_path, settings.data_dir)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobRecord
-from coserve.platform.trainer.checkpoint import read_trainer_state
+from coserve.contract.trainer_state import read_trainer_state
 from coserve.policies.finetune_types import FinetuneJobSpec, trained_tokens_before
 
 

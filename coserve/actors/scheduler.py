@@ -1,10 +1,13 @@
-"""`SchedulerActor`: the central actor. It decides; engines execute.
+"""`SchedulerActor`: the central actor. It decides; engines execute; the gateways hold the tokenizer.
 
-It owns the policy (what runs in each iteration), the tokenizer side of generation (chat template,
-incremental detokenization, stop strings, logprobs), tenant quotas, the per-request token streams the
-gateway reads (`StreamHub`), the metrics, and the engine registry. On Ray it also supervises the engine
-actor (`supervise`): a crashed engine's streams end with an error, its jobs resume from their
-checkpoints on the restarted engine (`engine_lost`, then `register_engine` again).
+It composes three parts, each a class of its own with its own tests: admission (`AdmissionControl`:
+request keys, the tenants' quotas, adapter ids), the token streams the gateways read (`StreamHub`),
+and the iteration loop over the policy (`EngineCore`: the plan in flight, the result fed back). Around
+them: the engine registry, the fine-tuning job manager and the metrics. It sees token ids only: the
+gateway's `SchedulerFrontend` renders and encodes prompts, decodes outputs and watches stop strings
+(`stop` ends a choice whose text reached one). On Ray it also supervises the engine actor
+(`supervise`): a crashed engine's streams end with an error, its jobs resume from their checkpoints on
+the restarted engine (`engine_lost`, then `register_engine` again). Its process imports no torch.
 
 A plain class: `ray.remote(SchedulerActor)` makes it an async Ray actor in cluster mode; with `--local`
 it lives in the gateway's process and its coroutines run on the gateway's event loop. Either way every
@@ -12,9 +15,9 @@ method runs on one event loop thread, so no state here needs a lock. Engines tal
 `exchange(engine_id, result) -> next plan` (one round trip per iteration), the two halves of the
 iteration loop `EngineCore` (`apply` the result, `next_plan`).
 
-The policy sits behind `PolicyFactory`: anything with the `InferencePolicy` surface (`add_request`,
-`abort`, `plan`, `update`, `has_work`, `num_waiting`, `num_running`, `kv`, `jobs`) plugs in; fine-tuning
-jobs run when its `jobs` is a `JobHost` (not None) and the server has a data dir.
+The policy sits behind `PolicyFactory` (`coserve.policies.policy_factory`): anything with the
+`InferencePolicy` surface plugs in; fine-tuning jobs run when its `jobs` is a `JobHost` (not None) and
+the server has a data dir.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coserve.actors.admission import QuotaBook
+from coserve.actors.admission import AdmissionControl
 from coserve.actors.data_dir_lock import DataDirLock
 from coserve.actors.engine_cluster import ClusterEngines
 from coserve.actors.engine_set import Budgets, EngineSet, SingleEngine
@@ -35,11 +38,10 @@ from coserve.actors.metrics import SchedulerMetrics, Slo
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.contract.engine import EngineFailure
-from coserve.contract.messages import Admission, ChatSubmission, Rejection, StreamBatch
+from coserve.contract.messages import Admission, Rejection, TokenBatch, TokenSubmission
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.contract.sampling import EosIds
-from coserve.frontend.intake import PromptIntake
-from coserve.frontend.output_tracker import OutputTracker
+from coserve.frontend.tokenizer import Tokenizer
+from coserve.platform.config import ModelConfig
 from coserve.policies import defaults
 from coserve.policies.dedicated import DedicatedSettings
 from coserve.policies.engine_core import Step, StepFailed
@@ -63,7 +65,8 @@ class SchedulerSettings:
     """How to build a SchedulerActor (plain data: it is sent to the actor's process).
 
     Args:
-        model: the base model folder (tokenizer, chat template, EOS ids).
+        model: the base model folder (its config; the job manager tokenizes training files with its
+            tokenizer).
         max_num_seqs / max_batch_tokens / enable_prefix_caching: the policy's budgets.
         tenant_limits: requests/min and tokens/min per tenant (absent: unlimited).
         slo: latency objectives for the SLO attainment metrics.
@@ -82,7 +85,7 @@ class SchedulerSettings:
 
 
 class SchedulerActor:
-    """Queues, plans, output processing and streams for every engine (one engine for now).
+    """Admission, token streams and the iteration loop for every engine (one engine for now).
 
     Args:
         settings: see `SchedulerSettings`.
@@ -97,20 +100,13 @@ class SchedulerActor:
 
     def __init__(self, settings: SchedulerSettings, policy_factory: PolicyFactory = fcfs_policy,
                  data_lock: DataDirLock | None = None) -> None:
-        from transformers import AutoTokenizer
-
-        from coserve.platform.config import ModelConfig
-
         if data_lock is None and settings.data_dir is not None:
             data_lock = DataDirLock.acquire(settings.data_dir, wait_s=DATA_DIR_HANDOVER_S)
         self._data_lock = data_lock
         self._settings = settings
         self._policy_factory = policy_factory
-        self._tokenizer = AutoTokenizer.from_pretrained(settings.model)
-        self._model_config = ModelConfig.from_pretrained(settings.model)
-        self._eos = EosIds.resolve(self._tokenizer, self._model_config.eos_token_ids)
-        self._intake = PromptIntake(self._tokenizer, self._model_config)
-        self._quotas = QuotaBook(settings.tenant_limits)
+        self._num_layers = ModelConfig.from_pretrained(settings.model).num_layers
+        self._admission = AdmissionControl(settings.tenant_limits)
         self.metrics = SchedulerMetrics(settings.slo)
         budgets = Budgets(settings.max_num_seqs, settings.max_batch_tokens, settings.enable_prefix_caching)
         # The engines' decisions: one engine's policy, or several under one ClusterScheduler.
@@ -137,20 +133,23 @@ class SchedulerActor:
         engines simply joins again (its jobs moved to the others meanwhile).
 
         Raises:
-            ValueError: an id already registered, or a second engine of a one-engine scheduler.
+            ValueError: an id already registered, or a second engine of a one-engine scheduler; an
+                engine without a tokenizer when fine-tuning jobs run (they read training files with it).
         """
         if engine_id in self._engines.ids:
             raise ValueError(f"engine {engine_id!r} is already registered")
+        if self._settings.data_dir is not None and layout.tokenizer is None:
+            raise ValueError(f"engine {engine_id!r} reported no tokenizer: training files cannot be read")
         self._engines.add(engine_id, layout)
         self._generations.setdefault(engine_id, 0)
-        self._intake.attach(layout.max_model_len, layout.max_lora_rank, layout.structured_output)
         jobs = self._engines.jobs
         if self._settings.data_dir is not None and jobs is not None and self._jobs is None:
             settings = FineTuningSettings(
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
-                data_dir=Path(self._settings.data_dir), num_layers=self._model_config.num_layers,
+                data_dir=Path(self._settings.data_dir), num_layers=self._num_layers,
                 max_model_len=layout.max_model_len, dedicated=self._settings.dedicated)
-            self._jobs = open_job_manager(settings, jobs, self._settings.tenant_limits, self._count_finetune)
+            self._jobs = open_job_manager(settings, jobs, Tokenizer.from_spec(layout.tokenizer),
+                                          self._settings.tenant_limits, self._count_finetune)
         self._work.set()  # held requests or waiting jobs may have been placed on it
 
     def engine_lost(self, engine_id: str, reason: str) -> None:
@@ -239,41 +238,47 @@ class SchedulerActor:
 
     # ---------------------------------------------------------------------------- requests
 
-    async def submit(self, sub: ChatSubmission) -> Admission:
-        """Prepare the prompt (`PromptIntake`: tokenized off the loop, context and adapter checked), check
-        the quota, then queue the `n` children."""
+    async def submit(self, sub: TokenSubmission) -> Admission:
+        """Admit the submission (`AdmissionControl`: its key, the tenant's quota), then queue its `n`
+        children (each routed to an engine)."""
         if not self._engines.ids or self._closed:
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
-        intake = await self._intake.prepare(sub)
-        if isinstance(intake, Rejection):
-            return Admission(rejection=intake)
-        if not self._engines.ids or self._closed:  # the engines went away while the prompt was encoded
-            return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
-                                                 type="server_error"))
-        prompt, sampling, adapter = intake.prompt, intake.sampling, intake.adapter
-        estimate = self._quotas.estimate(sub.tenant, len(prompt), sampling.n, sampling.max_tokens,
-                                         client_limit=sub.sampling.max_tokens)
-        rejection = self._quotas.admit(sub.tenant, estimate, requests=int(sub.counts_request))
-        if rejection is not None:
+        charge = self._admission.admit(sub, key_in_use=self._streams.get(sub.request_id) is not None)
+        if isinstance(charge, Rejection):
             self.metrics.finished(sub.tenant, "rejected", None)
-            return Admission(rejection=rejection)
-        children = expand_request(sub.request_id, prompt, sampling, self._eos, adapter, sub.tenant)
+            return Admission(rejection=charge)
+        children = expand_request(sub.request_id, sub.prompt_token_ids, sub.sampling, sub.eos, charge.adapter,
+                                  sub.tenant)
         self._streams.drop_unread()
-        notify = self._streams.notifier(sub.origin)
-        state = SubmissionState(sub.tenant, [OutputTracker(c, self._tokenizer) for c in children],
-                                len(prompt), estimate, time.monotonic(), notify, sub.origin)
+        state = SubmissionState(sub.tenant, children, len(sub.prompt_token_ids), charge.estimate, time.monotonic(),
+                                self._streams.notifier(sub.origin), sub.origin)
         try:
             self._queue(sub.request_id, state)
         except ValueError as error:
-            return _reject(400, str(error), param="messages")
-        return Admission(prompt_tokens=len(prompt), tool_family=intake.tool_family, prompt_text=intake.prompt_text)
+            return Admission(rejection=Rejection(400, str(error), param="messages"))
+        return Admission(prompt_tokens=len(sub.prompt_token_ids))
 
-    def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
-        """The request's output, batch by batch, until a batch with `done`."""
+    async def stop(self, request_id: str, index: int) -> bool:
+        """The gateway found a stop string in choice `index`: finish its request with `stop`. False when
+        the request or the choice is unknown or already finished."""
+        state = self._streams.get(request_id)
+        if state is None or state.done or not 0 <= index < len(state.children):
+            return False
+        child = state.children[index]
+        if child.is_finished or not self._engines.abort(child.request_id, RequestStatus.FINISHED_STOPPED):
+            return False
+        state.emit()
+        if state.all_finished():
+            self._finalize(state, outcome=None)
+        self._work.set()  # the next plan frees the stopped request's engine state
+        return True
+
+    def stream(self, request_id: str) -> AsyncIterator[TokenBatch]:
+        """The request's output tokens, batch by batch, until a batch with `done`."""
         return self._streams.stream(request_id)
 
-    async def poll(self, origin: str, timeout_s: float = 5.0) -> dict[str, StreamBatch]:
+    async def poll(self, origin: str, timeout_s: float = 5.0) -> dict[str, TokenBatch]:
         """The pending batches of every request `origin` submitted, in one call (the Ray gateway's
         stream pump: one actor call per iteration whatever the number of live streams). Waits up to
         `timeout_s` for one; returns {} when none came."""
@@ -297,7 +302,6 @@ class SchedulerActor:
     async def shutdown(self) -> None:
         """Fail what is in flight, then end the engines' loops (their next exchange returns None)."""
         self._closed = True
-        self._intake.close()
         for task in (self._job_task, *self._supervisors.values()):
             if task is not None:
                 task.cancel()
@@ -332,15 +336,15 @@ class SchedulerActor:
         added: list[str] = []
         engines: list[str] = []
         try:
-            for index, tracker in enumerate(state.trackers):
-                engines.append(self._engines.submit(tracker.request))
-                added.append(tracker.request.request_id)
-                self._owner[tracker.request.request_id] = (state, index)
+            for index, child in enumerate(state.children):
+                engines.append(self._engines.submit(child))
+                added.append(child.request_id)
+                self._owner[child.request_id] = (state, index)
         except ValueError:
             for child_id in added:
                 self._engines.abort(child_id)
                 self._owner.pop(child_id, None)
-            self._quotas.refund(state.tenant, state.estimate)
+            self._admission.refund(state.tenant, state.estimate)
             raise
         self._streams.add(request_id, state)
         self.metrics.count_tokens("prompt", state.tenant, state.prompt_tokens, engines[0])
@@ -360,7 +364,7 @@ class SchedulerActor:
                 self._fail_plan(plan, f"internal error: {type(error).__name__}: {error}")
 
     def _emit(self, engine_id: str, step: Step) -> None:
-        """The outputs of an applied step: stop strings, streams, first tokens, metrics, job events."""
+        """The outputs of an applied step: token streams, first tokens, metrics, job events."""
         self.metrics.iteration(engine_id)
         logprobs = step.logprobs()
         changed: dict[int, SubmissionState] = {}
@@ -371,9 +375,7 @@ class SchedulerActor:
                 continue
             state, index = owner
             self._served_by[request.request_id] = engine_id
-            if state.trackers[index].on_token(logprobs.get(request.request_id)):
-                self._engines.abort(request.request_id, RequestStatus.FINISHED_STOPPED)
-            first = state.on_token(index, now)
+            first = state.on_token(index, now, logprobs.get(request.request_id))
             if first is not None:
                 self.metrics.first_token(state.tenant, first, engine_id)
             self.metrics.count_tokens("completion", state.tenant, 1, engine_id)
@@ -395,18 +397,15 @@ class SchedulerActor:
             self._finalize(state, outcome="error")
 
     def _finish_all(self, state: SubmissionState, status: RequestStatus) -> None:
-        for tracker in state.trackers:
-            if not tracker.request.is_finished:
-                self._engines.abort(tracker.request.request_id, status)
+        for child in state.children:
+            if not child.is_finished:
+                self._engines.abort(child.request_id, status)
 
     def _finalize(self, state: SubmissionState, outcome: str | None) -> None:
         """Close a submission: usage, metrics, quota refund, the stream's last batch."""
-        for tracker in state.trackers:
-            self._owner.pop(tracker.request.request_id, None)
-            self.metrics.finished(state.tenant, outcome or tracker.request.finish_reason or "abort",
-                                  state.tpot(tracker), self._served_by.pop(tracker.request.request_id, None))
-        self._quotas.refund(state.tenant, state.estimate - state.prompt_tokens - state.completion_tokens())
+        for index, child in enumerate(state.children):
+            self._owner.pop(child.request_id, None)
+            self.metrics.finished(state.tenant, outcome or child.finish_reason or "abort", state.tpot(index),
+                                  self._served_by.pop(child.request_id, None))
+        self._admission.refund(state.tenant, state.estimate - state.prompt_tokens - state.completion_tokens())
         state.close()
-
-def _reject(status: int, message: str, *, param: str | None = None, code: str | None = None) -> Admission:
-    return Admission(rejection=Rejection(status, message, param=param, code=code))

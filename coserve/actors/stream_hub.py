@@ -1,4 +1,4 @@
-"""`StreamHub`: the scheduler's live submissions and the streams the gateways read from them.
+"""`StreamHub`: the scheduler's live submissions and the token streams the gateways read from them.
 
 A submission is registered once admitted and forgotten once its last batch is taken (or, unread, after
 `UNREAD_TTL_S`). In-process, a gateway reads one request's stream (`stream`); a Ray gateway replica
@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from coserve.actors.streams import SubmissionState
-from coserve.contract.messages import StreamBatch
+from coserve.contract.messages import TokenBatch
 
 # A finished submission whose stream nobody read is dropped after this long.
 UNREAD_TTL_S = 60.0
@@ -42,15 +42,19 @@ class StreamHub:
         if state.origin:
             self._by_origin.setdefault(state.origin, set()).add(request_id)
 
+    def get(self, request_id: str) -> SubmissionState | None:
+        """The registered submission `request_id` (None when unknown or forgotten)."""
+        return self._subs.get(request_id)
+
     def live(self) -> list[SubmissionState]:
         """Every registered submission not yet done."""
         return [state for state in self._subs.values() if not state.done]
 
-    async def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
+    async def stream(self, request_id: str) -> AsyncIterator[TokenBatch]:
         """The request's output, batch by batch, until a batch with `done`."""
         state = self._subs.get(request_id)
         if state is None:
-            yield StreamBatch(done=True, error=f"unknown request {request_id!r}")
+            yield TokenBatch(done=True, error=f"unknown request {request_id!r}")
             return
         while True:
             await state.changed.wait()
@@ -59,7 +63,7 @@ class StreamHub:
             if batch.done:
                 return
 
-    async def poll(self, origin: str, timeout_s: float) -> dict[str, StreamBatch]:
+    async def poll(self, origin: str, timeout_s: float) -> dict[str, TokenBatch]:
         """The pending batches of every request `origin` submitted; waits up to `timeout_s` for one,
         returns {} when none came."""
         event = self._origin_events.setdefault(origin, asyncio.Event())
@@ -95,7 +99,7 @@ class StreamHub:
         ids = self._by_origin.get(origin, ())
         return [rid for rid in ids if (state := self._subs.get(rid)) is not None and state.changed.is_set()]
 
-    def _take(self, request_id: str, state: SubmissionState) -> StreamBatch:
+    def _take(self, request_id: str, state: SubmissionState) -> TokenBatch:
         batch = state.take()
         if batch.done:
             self.forget(request_id)

@@ -1,8 +1,7 @@
-"""The scheduler's state of one chat submission: its `n` children and the stream the gateway reads.
+"""The scheduler's state of one submission: its `n` child requests and the token stream the gateway reads.
 
-Deltas accumulate between reads and are taken as one `StreamBatch`, so a slow reader gets bigger
-batches instead of a growing backlog of messages. Text is released through `TextTracker.stream_text`:
-a possible stop-string prefix is held back until it is known not to be one.
+Deltas accumulate between reads and are taken as one `TokenBatch`, so a slow reader gets bigger batches
+instead of a growing backlog of messages. Token ids only: the gateway decodes them (`TextStream`).
 """
 
 from __future__ import annotations
@@ -10,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from coserve.contract.messages import LogprobEntry, OutputDelta, StreamBatch
-from coserve.frontend.output_tracker import OutputTracker
+from coserve.contract.messages import TokenBatch, TokenDelta
+from coserve.contract.plan import TokenLogprobs
+from coserve.policies.request import Request
 
 
 class SubmissionState:
@@ -19,7 +19,7 @@ class SubmissionState:
 
     Args:
         tenant: who asked.
-        trackers: one per child (choice index = position).
+        children: one request per choice (choice index = position).
         prompt_tokens: the prompt's length (counted once for all choices, as OpenAI does).
         estimate: tokens charged against the tenant's quota at admission.
         arrival: `time.monotonic()` at admission.
@@ -27,12 +27,12 @@ class SubmissionState:
         origin: that gateway replica ("" in-process).
     """
 
-    def __init__(self, tenant: str, trackers: list[OutputTracker], prompt_tokens: int, estimate: int,
+    def __init__(self, tenant: str, children: list[Request], prompt_tokens: int, estimate: int,
                  arrival: float, notify: asyncio.Event | None = None, origin: str = "") -> None:
         self.tenant = tenant
         self.origin = origin
         self._notify = notify  # set with `changed`: wakes a poller of many submissions
-        self.trackers = trackers
+        self.children = children
         self.prompt_tokens = prompt_tokens
         self.estimate = estimate
         self.arrival = arrival
@@ -40,69 +40,53 @@ class SubmissionState:
         self.done = False
         self.closed_at: float | None = None  # time.monotonic() at close()
         self.error: str | None = None
-        self._sent_text = [0] * len(trackers)
-        self._sent_tokens = [0] * len(trackers)
-        self._sent_logprobs = [0] * len(trackers)
-        self._reported_finish = [False] * len(trackers)
-        self._first_at: list[float | None] = [None] * len(trackers)
-        self._last_at: list[float | None] = [None] * len(trackers)
-        self._pending: list[OutputDelta] = []
+        n = len(children)
+        self._sent = [0] * n
+        self._logprobs: list[list[TokenLogprobs]] = [[] for _ in range(n)]  # not sent yet
+        self._reported_finish = [False] * n
+        self._first_at: list[float | None] = [None] * n
+        self._last_at: list[float | None] = [None] * n
+        self._pending: list[TokenDelta] = []
 
-    def on_token(self, index: int, now: float) -> float | None:
-        """Record a token of child `index` at `now`; returns the TTFT when it is the child's first."""
+    def on_token(self, index: int, now: float, logprobs: TokenLogprobs | None = None) -> float | None:
+        """Record a token of child `index` at `now` (with its logprobs when the child asked for them);
+        returns the TTFT when it is the child's first."""
+        if logprobs is not None and self.children[index].sampling.logprobs is not None:
+            self._logprobs[index].append(logprobs)
         self._last_at[index] = now
         if self._first_at[index] is None:
             self._first_at[index] = now
             return now - self.arrival
         return None
 
-    def tpot(self, tracker: OutputTracker) -> float | None:
-        """Mean time between the child's output tokens (None with fewer than two)."""
-        index = self.trackers.index(tracker)
-        count = tracker.request.num_output_tokens
+    def tpot(self, index: int) -> float | None:
+        """Mean time between child `index`'s output tokens (None with fewer than two)."""
+        count = self.children[index].num_output_tokens
         first, last = self._first_at[index], self._last_at[index]
         if count < 2 or first is None or last is None:
             return None
         return (last - first) / (count - 1)
 
     def completion_tokens(self) -> int:
-        return sum(t.request.num_output_tokens for t in self.trackers)
+        return sum(child.num_output_tokens for child in self.children)
 
     def all_finished(self) -> bool:
-        return all(t.request.is_finished for t in self.trackers)
+        return all(child.is_finished for child in self.children)
 
     def emit(self) -> None:
-        """Queue each child's new text, logprobs and (once) its finish reason; wake the reader."""
-        for index, tracker in enumerate(self.trackers):
-            request = tracker.request
-            finished = request.is_finished
-            text = tracker.text.stream_text(finished)
-            new_text = text[self._sent_text[index]:]
-            new_tokens = request.num_output_tokens - self._sent_tokens[index]
-            finish = request.finish_reason if finished and not self._reported_finish[index] else None
-            if not new_text and not new_tokens and finish is None:
+        """Queue each child's new tokens, logprobs and (once) its finish reason; wake the reader."""
+        for index, child in enumerate(self.children):
+            tokens = child.output_tokens_since(self._sent[index])
+            finish = child.finish_reason if child.is_finished and not self._reported_finish[index] else None
+            if not tokens and finish is None:
                 continue
-            self._sent_text[index] = len(text)
-            self._sent_tokens[index] = request.num_output_tokens
+            self._sent[index] += len(tokens)
             self._reported_finish[index] = self._reported_finish[index] or finish is not None
-            self._pending.append(OutputDelta(index=index, text=new_text, num_tokens=new_tokens,
-                                             logprobs=self._new_logprobs(index, tracker),
-                                             finish_reason=finish))
+            logprobs = None
+            if child.sampling.logprobs is not None:
+                logprobs, self._logprobs[index] = self._logprobs[index], []
+            self._pending.append(TokenDelta(index=index, token_ids=tokens, logprobs=logprobs, finish_reason=finish))
         self._wake()
-
-    def _new_logprobs(self, index: int, tracker: OutputTracker) -> list[LogprobEntry] | None:
-        if tracker.logprobs is None:
-            return None
-        start, self._sent_logprobs[index] = self._sent_logprobs[index], len(tracker.logprobs)
-        top_n = tracker.request.sampling.logprobs or 0
-        entries = []
-        for per_token in tracker.logprobs[start:]:
-            sampled = next(iter(per_token.values()))  # the sampled token comes first
-            top = sorted((lp for lp in per_token.values() if lp.rank is not None and lp.rank <= top_n),
-                         key=lambda lp: lp.rank)
-            entries.append(LogprobEntry(token=sampled.decoded_token or "", logprob=sampled.logprob,
-                                        top=[(lp.decoded_token or "", lp.logprob) for lp in top]))
-        return entries
 
     def close(self) -> None:
         """The submission is over (finished, aborted or failed): the next batch is the last."""
@@ -115,10 +99,9 @@ class SubmissionState:
         if self._notify is not None:
             self._notify.set()
 
-    def take(self) -> StreamBatch:
+    def take(self) -> TokenBatch:
         """Everything pending, as one batch."""
         self.changed.clear()
-        batch = StreamBatch(deltas=self._pending, done=self.done, error=self.error,
-                            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens())
+        batch = TokenBatch(deltas=self._pending, done=self.done, error=self.error)
         self._pending = []
         return batch

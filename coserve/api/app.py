@@ -41,7 +41,7 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
         max_upload_bytes: the largest file `POST /v1/files` accepts (413 beyond).
         max_request_bytes: the largest body of every other endpoint (413 `request_too_large` beyond,
             also for chunked bodies without a Content-Length).
-        scheduler: the `SchedulerClient` behind `/v1/chat/completions` and `/metrics`; started and
+        scheduler: the `SchedulerFrontend` behind the generation endpoints and `/metrics`; started and
             closed with the app (its lifespan). None: no chat (503).
         max_lora_rank: the engine's largest adapter rank: a fine-tuning job asking for more is a 400
             (None: not checked here; the engine then fails the job).

@@ -38,8 +38,8 @@ class GatewayState:
         base_models: ids of the base models this server serves (visible to every tenant).
         max_upload_bytes: the largest file accepted by `POST /v1/files`.
         max_request_bytes: the largest body accepted by every other endpoint (JSON bodies).
-        scheduler: the `coserve.actors.client.SchedulerClient` chat completions go to (None: the
-            gateway serves no chat, e.g. in tests of the other endpoints).
+        scheduler: the `coserve.frontend.scheduler_frontend.SchedulerFrontend` chat and completions go
+            to (None: the gateway serves no chat, e.g. in tests of the other endpoints).
         max_lora_rank: the engine's largest adapter rank (None: fine-tuning requests are not checked
             against it).
         public_metrics: `/metrics` without an admin key, tenant labels summed away (False: admin only).

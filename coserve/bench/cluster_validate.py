@@ -184,7 +184,7 @@ def run_validation(args: argparse.Namespace) -> dict[str, Any]:
 
     from coserve.bench.coserving import QUICK_SWEEP, STALL_MULTIPLE, WARMUP_S, calibrate, engine_and_job
     from coserve.bench.calibration import SweepSettings
-    from coserve.platform.engine import EngineConfig
+    from coserve.platform.engine_config import EngineConfig
     from coserve.policies.latency import machine_id
 
     torch.set_num_threads(1)  # one per engine: every engine thread runs with one

@@ -128,7 +128,7 @@ def engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, s
     from transformers import AutoTokenizer
 
     from coserve.bench.trainer import ensure_model
-    from coserve.platform.engine import EngineConfig
+    from coserve.platform.engine_config import EngineConfig
     from coserve.platform.engines import build_engine
 
     model_dir, origin = ensure_model(args.model_dir)

@@ -40,15 +40,28 @@ class EngineKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class TokenizerSpec:
+    """The engine's tokenizer, as the processes without torch rebuild it (`coserve.frontend.tokenizer`):
+    the serialized `tokenizers` tokenizer that transformers loads for the model (its class may change the
+    folder's `tokenizer.json`, e.g. Qwen2's digit splitting), the named special tokens and the chat
+    template(s). So the gateway's token ids are the engine's and the offline `LLM`'s."""
+
+    tokenizer_json: str
+    special_tokens: dict[str, str]
+    chat_template: str | dict[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeLayout:
-    """What the scheduler needs to know about a built engine (plain data: it crosses a Ray call).
+    """What the scheduler and the gateway need to know about a built engine (plain data: it crosses a
+    Ray call). `tokenizer` is None only for an engine a test lays out by hand without a gateway.
 
     `engine_owns_kv_cache`: the engine keeps its own KV cache and prefix cache (vLLM): block tables are
     the scheduler's accounting only (it then matches no prefix and plans every chunk from the first
     uncomputed position, so its block count bounds the engine's), and a sequence's earlier positions
     must have been computed by earlier chunks (no plan can start a sequence past position 0).
     `structured_output`: the engine enforces grammars (`SamplingParams.structured_output`); when it
-    does not, requests that need one are refused before they are queued.
+    does not, the gateway refuses requests that need one before they are queued.
     """
 
     num_kv_blocks: int
@@ -57,6 +70,7 @@ class RuntimeLayout:
     vocab_size: int
     num_adapter_slots: int
     max_lora_rank: int
+    tokenizer: TokenizerSpec | None = None
     engine_owns_kv_cache: bool = False
     structured_output: bool = True
 

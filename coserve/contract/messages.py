@@ -1,60 +1,54 @@
-"""What the gateway and the actors send each other: plain dataclasses (they cross Ray calls).
+"""What the gateway and the scheduler send each other: plain dataclasses (they cross Ray calls).
 
-gateway -> SchedulerActor: `ChatSubmission` (answered by `Admission`; a chat conversation, or a
-completions prompt as a `RawPrompt`), then `StreamBatch`es until one
+The scheduler sees token ids only; the gateway (`coserve.frontend`) owns the tokenizer: it renders and
+encodes the prompt, decodes the output and watches the stop strings.
+
+gateway -> SchedulerActor: `TokenSubmission` (answered by `Admission`), then `TokenBatch`es until one
 has `done`: from `stream(request_id)` in-process, or over Ray from `poll(origin)`, which returns the
-batches of all of one gateway replica's requests in one call. EngineActor <-> SchedulerActor: `IterationPlan` and
-`IterationResult` (contract/plan.py), or `EngineFailure` (contract/engine.py) when a step raised.
+batches of all of one gateway replica's requests in one call. When the gateway's detokenizer finds a
+stop string in choice `i`, it calls `stop(request_id, i)`; a client that goes away is `abort(request_id)`.
+EngineActor <-> SchedulerActor: `IterationPlan` and `IterationResult` (`plan.py`), or `EngineFailure`
+(`engine.py`) when a step raised.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coserve.contract.sampling import SamplingParams
-from coserve.tools.family import ToolFamily
-from coserve.tools.spec import ToolSpec
+from coserve.contract.plan import TokenLogprobs
+from coserve.contract.sampling import EosIds, SamplingParams
 
 
 @dataclass(slots=True)
 class AdapterSpec:
-    """The LoRA adapter of a fine-tuned model, resolved by the gateway from the store."""
+    """The LoRA adapter of a fine-tuned model, resolved by the gateway from the store (and checked)."""
 
     name: str  # the public model id
     path: str  # the PEFT folder
 
 
 @dataclass(slots=True)
-class RawPrompt:
-    """A completions prompt, sent to the model as is (no chat template): text or token ids, one set.
+class TokenSubmission:
+    """One prompt to complete `sampling.n` times, as token ids.
 
-    Text is tokenized with the tokenizer's special tokens (a BOS where the model has one), as vLLM's
-    completions endpoint does; token ids are taken as they are (checked against the vocabulary).
-    """
-
-    text: str | None = None
-    token_ids: list[int] | None = None
-    echo: bool = False  # the client wants the prompt's text back (`Admission.prompt_text`)
-
-
-@dataclass(slots=True)
-class ChatSubmission:
-    """One chat completion request (or one prompt of a completions request), validated by the gateway.
-
-    The prompt is `messages` rendered with the chat template, or, when `raw` is set, that raw prompt
-    (`messages` is then empty). `sampling.max_tokens` is the client's limit or None (the scheduler
-    fills in the room left in the context); `sampling.n` completions are generated.
+    Args:
+        sampling: `max_tokens` set (the client's limit, or the room the context leaves).
+        eos: the model's EOS id and its other end-of-turn ids (stop tokens unless `ignore_eos`).
+        client_max_tokens: the client's own `max_tokens` (None: none given), which the quota
+            estimate needs.
+        origin: the gateway replica that submitted it: `poll(origin)` returns its batches.
+        counts_request: False for a later prompt of one completions request (counted once).
     """
 
     request_id: str
     tenant: str
-    messages: list[dict]
+    prompt_token_ids: list[int]
     sampling: SamplingParams
+    eos: EosIds
     adapter: AdapterSpec | None = None
-    origin: str = ""  # the gateway replica that submitted it: `poll(origin)` returns its batches
-    tools: ToolSpec | None = None  # the request's tools (rendered by the chat template)
-    raw: RawPrompt | None = None
-    counts_request: bool = True  # False: a later prompt of one completions request (counted once)
+    client_max_tokens: int | None = None
+    origin: str = ""
+    counts_request: bool = True
 
 
 @dataclass(slots=True)
@@ -71,44 +65,27 @@ class Rejection:
 
 @dataclass(slots=True)
 class Admission:
-    """The answer to a submission: accepted (`prompt_tokens` set) or `rejection`.
-
-    `tool_family` is the model's tool-call format when the gateway must read calls out of the replies
-    (tools given, `tool_choice` not `none`, a known family); None otherwise.
-    """
+    """The answer to a submission: accepted (`prompt_tokens` set) or `rejection`."""
 
     prompt_tokens: int = 0
     rejection: Rejection | None = None
-    tool_family: ToolFamily | None = None
-    prompt_text: str | None = None  # a `RawPrompt` with `echo`: its text (token ids decoded)
 
 
 @dataclass(slots=True)
-class LogprobEntry:
-    """One output token's text, log probability and the top alternatives `(text, logprob)`."""
-
-    token: str
-    logprob: float
-    top: list[tuple[str, float]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class OutputDelta:
-    """What one choice gained since the previous batch."""
+class TokenDelta:
+    """What one choice gained since the previous batch: its new token ids (with their logprobs when
+    asked for) and, in its last delta, why it finished."""
 
     index: int
-    text: str
-    num_tokens: int  # new output tokens
-    logprobs: list[LogprobEntry] | None = None
-    finish_reason: str | None = None  # set once, in the choice's last delta
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None
 
 
 @dataclass(slots=True)
-class StreamBatch:
+class TokenBatch:
     """Deltas gathered since the last batch; the last batch has `done` (and maybe `error`)."""
 
-    deltas: list[OutputDelta] = field(default_factory=list)
+    deltas: list[TokenDelta] = field(default_factory=list)
     done: bool = False
     error: str | None = None  # the request failed (after it was admitted)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0  # totals so far, over all choices

@@ -77,7 +77,7 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
     import torch
 
     from coserve.platform.trainer import TrainingSequence, WindowedTrainer
-    from coserve.platform.trainer.checkpoint import STATE_FILE, read_trainer_state
+    from coserve.contract.trainer_state import STATE_FILE, read_trainer_state
     from coserve.platform.trainer.data_parallel import ProcessGroupSync
     from coserve.platform.trainer.setup import build_trainable
 
@@ -205,7 +205,7 @@ def _report(worker: _Worker, name: str, write: Any, metrics: dict[str, Any]) -> 
     """
     import ray.train
 
-    from coserve.platform.trainer.checkpoint import STATE_FILE
+    from coserve.contract.trainer_state import STATE_FILE
 
     target = Path(worker.spec.storage_path) / worker.spec.run_name / name
     if worker.rank != 0 or (name != FINAL_DIR and (target / STATE_FILE).is_file()):

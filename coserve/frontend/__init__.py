@@ -1,3 +1,5 @@
-"""The tokenizer side: prompts in (chat templates, tools, tokenization off the event loop, the
-admission checks that need a tokenizer), text out (incremental detokenization, stop strings, decoded
-logprobs), and a fine-tuning job's data (`job_prep`). Used by the offline `LLM` and the server."""
+"""The tokenizer side, in the gateway's process (and the offline `LLM`'s): the `SchedulerFrontend` in
+front of the scheduler, prompts in (the torch-free `Tokenizer`, chat templates, tools, tokenization off
+the event loop, the admission checks that need a tokenizer), text out (`TextStream`: incremental
+detokenization, stop strings, decoded logprobs), and a fine-tuning job's data (`training_data`,
+`job_prep`, which the scheduler's job manager runs). Nothing here imports torch."""

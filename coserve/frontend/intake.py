@@ -1,5 +1,5 @@
-"""What a chat or completions submission becomes before quotas and queueing: the prompt's token ids,
-the sampling settings and the adapter, or the reason it is refused.
+"""What a chat or completions submission becomes in the gateway, before the scheduler's quotas and
+queueing: the prompt's token ids, the sampling settings and the adapter, or the reason it is refused.
 
 `PromptIntake` holds the tokenizer side of admission: the `logit_bias` check against the vocabulary,
 tools (`tool_admission`), rendering and tokenizing off the event loop (`prompt_encoder`), the context
@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from coserve.actors.admission import context_rejection
-from coserve.contract.messages import AdapterSpec, ChatSubmission, Rejection
-from coserve.contract.sampling import AdapterRef, SamplingParams
+from coserve.contract.messages import AdapterSpec, Rejection
+from coserve.contract.sampling import SamplingParams
 from coserve.frontend.adapter_check import AdapterChecker
 from coserve.frontend.chat_template import chat_template_refusal
+from coserve.frontend.messages import ChatSubmission
 from coserve.frontend.prompt_encoder import PromptEncoder, PromptRefused
 from coserve.frontend.tool_admission import PreparedChat, ToolSupport
 from coserve.tools.family import ToolFamily
@@ -30,7 +30,7 @@ class Intake:
 
     prompt: list[int]
     sampling: SamplingParams
-    adapter: AdapterRef | None
+    adapter: AdapterSpec | None  # checked: it fits the model and the engine's bank
     tool_family: ToolFamily | None
     prompt_text: str | None  # a raw prompt's text, for `echo`
 
@@ -49,7 +49,6 @@ class PromptIntake:
         self._tools = ToolSupport(tokenizer)
         self._max_model_len = 0
         self._adapters: AdapterChecker | None = None
-        self._adapter_ids: dict[str, int] = {}  # adapter folder -> engine adapter id (>= 1)
         self._structured_output = True
 
     def attach(self, max_model_len: int, max_lora_rank: int, structured_output: bool = True) -> None:
@@ -95,24 +94,39 @@ class PromptIntake:
             return too_long
         if sampling.max_tokens is None:
             sampling = replace(sampling, max_tokens=self._max_model_len - len(encoded.ids))
-        adapter = self._adapter_ref(sub.adapter)
-        if isinstance(adapter, Rejection):
-            return adapter
-        return Intake(encoded.ids, sampling, adapter, prepared.family, encoded.text)
+        refused = self._check_adapter(sub.adapter)
+        if refused is not None:
+            return refused
+        return Intake(encoded.ids, sampling, sub.adapter, prepared.family, encoded.text)
 
-    def _adapter_ref(self, spec: AdapterSpec | None) -> AdapterRef | Rejection | None:
+    def _check_adapter(self, spec: AdapterSpec | None) -> Rejection | None:
         if spec is None:
             return None
-        adapter_id = self._adapter_ids.setdefault(spec.path, len(self._adapter_ids) + 1)
         try:
-            self._adapters.check(adapter_id, spec.path)
+            self._adapters.check_path(spec.path)
         except (OSError, ValueError) as error:
             logger.warning("adapter of %s at %s cannot be served: %s", spec.name, spec.path, error)
             # The reason names the server's folders: it goes to the log above, not to the client.
             return Rejection(400, f"The model `{spec.name}` cannot be served: its adapter on this server "
                                   "is missing or does not fit the base model.", param="model",
                              code="model_not_available")
-        return AdapterRef(adapter_id=adapter_id, name=spec.name, path=spec.path)
+        return None
+
+
+def context_rejection(prompt_len: int, max_tokens: int | None, max_model_len: int, *,
+                      at_least: bool = False, param: str = "messages") -> Rejection | None:
+    """400 `context_length_exceeded` when the prompt plus the requested output (at least one token)
+    does not fit the context; None when it does. `at_least`: `prompt_len` is a lower bound (the prompt
+    was too long to be worth encoding), and the message says so. `param`: where the prompt came from
+    (`messages` for chat, `prompt` for completions)."""
+    wanted = prompt_len + (max_tokens or 1)
+    if wanted <= max_model_len:
+        return None
+    some = "at least " if at_least else ""
+    detail = f"{some}{prompt_len} in the {param}" + (f", {max_tokens} in the completion" if max_tokens else "")
+    return Rejection(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
+                          f"requested {some}{wanted} tokens ({detail}). Please reduce the length of the "
+                          f"{param} or completion.", param=param, code="context_length_exceeded")
 
 
 def _no_grammar(sub: ChatSubmission) -> Rejection:

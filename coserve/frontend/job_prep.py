@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings, ResolvedHyperparameters
-from coserve.platform.trainer.data import PreparedDataset, prepare_dataset
+from coserve.frontend.training_data import TrainingData, prepare_training_data
 from coserve.policies.finetune_job import FinetuneJobSpec
 
 
@@ -28,7 +27,7 @@ class PreparedJob:
     """A job ready to schedule, and what preparing its data found."""
 
     spec: FinetuneJobSpec
-    dataset: PreparedDataset
+    dataset: TrainingData
     hyperparameters: ResolvedHyperparameters
 
 
@@ -49,22 +48,20 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
         ValueError: a conversation the template cannot mask exactly (`ValidationFileError` when it is
             in the validation file).
     """
-    dataset = prepare_dataset(tokenizer, examples, max_len)
-    resolved = (hyperparameters or HyperparameterRequest()).resolve(len(dataset.sequences),
+    dataset = prepare_training_data(tokenizer, examples, max_len)
+    resolved = (hyperparameters or HyperparameterRequest()).resolve(len(dataset.examples),
                                                                     dataset.trained_tokens)
     try:
-        held_out = (prepare_dataset(tokenizer, validation, max_len, what="validation example").sequences
+        held_out = (prepare_training_data(tokenizer, validation, max_len, what="validation example").examples
                     if validation else [])
     except ValueError as err:
         raise ValidationFileError(str(err)) from err
     spec = FinetuneJobSpec(
         job_id=job_id, tenant=tenant, adapter_id=adapter_id,
-        examples=[TrainingExample(seq.token_ids.tolist(), seq.trained.tolist())
-                  for seq in dataset.sequences],
+        examples=dataset.examples,
         n_epochs=resolved.n_epochs, batch_size=resolved.batch_size, seed=seed,
         num_layers=num_layers, output_dir=str(output_dir),
         lora=lora or LoRASettings(), optimizer=resolved.optimizer_settings(),
         base_model_name_or_path=base_model_name_or_path, init_adapter=init_adapter,
-        validation_examples=[TrainingExample(seq.token_ids.tolist(), seq.trained.tolist())
-                             for seq in held_out])
+        validation_examples=held_out)
     return PreparedJob(spec, dataset, resolved)

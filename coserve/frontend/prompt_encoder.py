@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from coserve.contract.messages import RawPrompt
+from coserve.frontend.messages import RawPrompt
 
 # Prompts rendered and encoded at once: more threads than cores would only slow each other down, but
 # one slow prompt must not hold up every other tenant's.

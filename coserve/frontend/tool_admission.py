@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from coserve.contract.messages import ChatSubmission, Rejection
+from coserve.contract.messages import Rejection
 from coserve.contract.sampling import SamplingParams
-from coserve.platform.trainer.chat_render import TemplateError, require_tool_support, template_messages
+from coserve.frontend.chat_render import TemplateError, require_tool_support, template_messages
+from coserve.frontend.messages import ChatSubmission
 from coserve.tools.family import ToolFamily, detect_family, template_text
 from coserve.tools.grammar import tool_call_grammar
 from coserve.tools.spec import ToolChoiceMode

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from coserve.contract.engine import EngineKind
@@ -27,7 +28,7 @@ from coserve.frontend.output_tracker import OutputTracker
 from coserve.offline.finetune import FineTuneResult, OfflineJobs
 from coserve.offline.lora_request import LoRARequest
 from coserve.offline.outputs import CompletionOutput, RequestOutput
-from coserve.platform.engine import EngineConfig
+from coserve.platform.engine_config import EngineConfig
 from coserve.platform.engines import build_engine
 from coserve.policies import defaults
 from coserve.policies.adapter_slots import AdapterSlots
@@ -39,6 +40,14 @@ from coserve.policies.request import Request, RequestStatus, expand_request
 
 PromptType = str | dict
 ChatMessages = list[dict]
+
+
+@dataclass(slots=True)
+class _Run:
+    """A request the `LLM` runs, and the text side of its output."""
+
+    request: Request
+    output: OutputTracker
 
 
 class LLM:
@@ -165,7 +174,7 @@ class LLM:
             raise
 
     def _prepare(self, prompt: PromptType, params: SamplingParams,
-                 lora: LoRARequest | None) -> tuple[str, str | None, list[OutputTracker]]:
+                 lora: LoRARequest | None) -> tuple[str, str | None, list[_Run]]:
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -178,7 +187,7 @@ class LLM:
         adapter = self._adapter_ref(lora)
         request_id = str(next(self._ids))
         children = expand_request(request_id, token_ids, params, self._eos, adapter)
-        return request_id, text, [OutputTracker(child, self.tokenizer) for child in children]
+        return request_id, text, [_Run(c, OutputTracker(c.sampling, self.tokenizer)) for c in children]
 
     def _adapter_ref(self, lora: LoRARequest | None) -> AdapterRef | None:
         if lora is None:
@@ -232,7 +241,7 @@ class LLM:
         return self.wait(self.start_fine_tune(examples, output_dir, hyperparameters, lora, seed,
                                               validation=validation))
 
-    def _run_to_completion(self, tracked: list[OutputTracker]) -> None:
+    def _run_to_completion(self, tracked: list[_Run]) -> None:
         by_id = {t.request.request_id: t for t in tracked}
         while self.core.has_work():
             self._iteration(by_id)
@@ -242,7 +251,7 @@ class LLM:
         interleaves other work, such as a server's job manager."""
         self._iteration({})
 
-    def _iteration(self, by_id: dict[str, OutputTracker]) -> None:
+    def _iteration(self, by_id: dict[str, _Run]) -> None:
         """One iteration: inference first, fine-tuning in what is left, then the outputs."""
         step = self.core.step(self.engine)
         logprobs = step.logprobs()
@@ -251,19 +260,20 @@ class LLM:
             if item is not None:
                 self._on_token(item, logprobs.get(request.request_id))
 
-    def _on_token(self, item: OutputTracker, lp: TokenLogprobs | None) -> None:
-        if item.on_token(lp):
+    def _on_token(self, item: _Run, lp: TokenLogprobs | None) -> None:
+        item.output.add(item.request.output_token_ids[-1:], None if lp is None else [lp])
+        if item.output.stopped and not item.request.is_finished:
             self.policy.abort(item.request.request_id, RequestStatus.FINISHED_STOPPED)
 
     def _request_output(self, request_id: str, prompt: str | None,
-                        tracked: list[OutputTracker]) -> RequestOutput:
+                        tracked: list[_Run]) -> RequestOutput:
         outputs = []
         for index, item in enumerate(tracked):
             token_ids = list(item.request.output_token_ids)
             outputs.append(CompletionOutput(
-                index=index, text=item.final_text(), token_ids=token_ids,
-                cumulative_logprob=item.cumulative_logprob, logprobs=item.logprobs,
-                finish_reason=item.request.finish_reason, stop_reason=item.stop_reason))
+                index=index, text=item.output.final_text(), token_ids=token_ids,
+                cumulative_logprob=item.output.cumulative_logprob, logprobs=item.output.logprobs,
+                finish_reason=item.request.finish_reason, stop_reason=item.output.stop_reason))
         return RequestOutput(request_id=request_id, prompt=prompt,
                              prompt_token_ids=list(tracked[0].request.prompt_token_ids),
                              outputs=outputs, finished=True)

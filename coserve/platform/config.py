@@ -3,6 +3,9 @@
 Only the families whose forward coserve implements are accepted; anything else is refused with a
 message naming what is supported. Rope settings are read in both spellings transformers has used:
 `rope_scaling` + `rope_theta` (transformers 4.x) and `rope_parameters` (transformers 5.x).
+
+Torch-free (torch is imported by `resolve_dtype` only): the gateway and the scheduler read the model's
+shapes, vocabulary size and EOS ids without loading torch.
 """
 
 from __future__ import annotations
@@ -11,8 +14,7 @@ import enum
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import Any
 
 
 class Architecture(enum.Enum):
@@ -27,14 +29,15 @@ class Architecture(enum.Enum):
 SUPPORTED_ARCHITECTURES = ", ".join(a.value for a in Architecture)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
+# Accepted dtype spellings -> torch's name of the dtype.
+DTYPES: dict[str, str] = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
 
 
@@ -202,12 +205,23 @@ def _max_positions(raw: dict) -> int:
     return limit
 
 
-def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
-    """Map a user dtype ("auto", "float32", "bfloat16", ...) to a torch dtype."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
+def dtype_name(dtype: str, config: ModelConfig) -> str:
+    """The canonical name ("float32", "bfloat16", "float16") of a user dtype ("auto": the model's).
+
+    Raises:
+        ValueError: an unsupported dtype.
+    """
     if dtype == "auto":
         dtype = config.torch_dtype
     if dtype not in DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; use auto, float32, bfloat16 or float16")
     return DTYPES[dtype]
+
+
+def resolve_dtype(dtype: Any, config: ModelConfig) -> Any:
+    """Map a user dtype ("auto", "float32", "bfloat16", ...) or a torch dtype to a torch dtype."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return getattr(torch, dtype_name(dtype, config))

@@ -22,6 +22,7 @@ from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, S
 from coserve.contract.sampling import SamplingParams
 from coserve.platform.attention import ChunkSpan, attends_row_wise, build_metadata
 from coserve.platform.config import ModelConfig, resolve_dtype
+from coserve.platform.engine_config import EngineConfig
 from coserve.platform.grammar import GrammarCompiler
 from coserve.platform.kv_cache import KVCache
 from coserve.platform.lora import LoRABank, LoRASegment
@@ -30,29 +31,6 @@ from coserve.platform.native import load_paged_decode
 from coserve.platform.sampler import RowSampling, Sampler
 from coserve.platform.training_runtime import TrainingRuntime, WindowRows
 from coserve.platform.weights import load_weights
-from coserve.policies import defaults
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """How to build an engine. Sizes are the user's; measured facts go into `RuntimeLayout`."""
-
-    model: str
-    dtype: str = "auto"
-    device: str = "cpu"
-    block_size: int = defaults.BLOCK_SIZE
-    num_kv_blocks: int | None = None  # overrides kv_cache_memory_gb
-    kv_cache_memory_gb: float | None = None  # default: 0.5 on CPU, a share of free memory on CUDA
-    gpu_memory_utilization: float = 0.9  # CUDA: share of the memory free after loading the weights
-    max_model_len: int | None = None
-    max_loras: int = defaults.ADAPTER_SLOTS  # adapter slots in the bank
-    max_lora_rank: int = defaults.MAX_LORA_RANK
-    seed: int = 0
-    native_kernels: bool = True  # the C paged-decode kernel on CPU/fp32 (falls back to torch without gcc)
-    engine: EngineKind = EngineKind.NATIVE  # which backend builds from this (coserve.platform.engines)
-    # vLLM's own scheduler budgets (at least what coserve's scheduler plans); coserve's engine needs none.
-    max_num_seqs: int = defaults.MAX_NUM_SEQS
-    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from coserve.platform.engine import EngineConfig
+from coserve.platform.engine_config import EngineConfig
 from coserve.contract.engine import Engine, EngineKind
 
 

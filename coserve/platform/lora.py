@@ -9,9 +9,6 @@ small matmuls per projection whatever subset of q/k/v or gate/up it targets.
 from __future__ import annotations
 
 import enum
-import json
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from coserve.contract.training_settings import TARGET_MODULES
+from coserve.platform.adapter_files import WEIGHTS_FILE, check_adapter
 from coserve.platform.config import ModelConfig
 
 
@@ -38,13 +36,6 @@ FUSED_MODULES: dict[Projection, tuple[str, ...]] = {
     Projection.GATE_UP: ("gate_proj", "up_proj"),
     Projection.DOWN: ("down_proj",),
 }
-_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
-
-
-class AdapterError(ValueError):
-    """A LoRA adapter that cannot be served: missing files, unsupported modules, rank too large."""
-
-
 @dataclass(slots=True)
 class LoRAPair:
     """One fused projection's LoRA, stored transposed for `x @ a_t @ b_t` (no per-call transposes)."""
@@ -65,93 +56,29 @@ class AdapterWeights:
     layers: list[AdapterLayer]
 
 
-@dataclass(frozen=True, slots=True)
-class AdapterConfig:
-    """The parts of PEFT's adapter_config.json that the forward needs."""
-
-    r: int
-    lora_alpha: float
-    use_rslora: bool
-
-    def scale(self, rank: int) -> float:
-        return self.lora_alpha / (math.sqrt(rank) if self.use_rslora else rank)
-
-
-def read_adapter_config(path: str | Path) -> AdapterConfig:
-    """Read and validate a PEFT `adapter_config.json`.
-
-    Raises:
-        AdapterError: missing file or a feature coserve does not serve.
-    """
-    cfg_path = Path(path) / "adapter_config.json"
-    if not cfg_path.is_file():
-        raise AdapterError(f"no adapter_config.json in {path}: not a PEFT LoRA adapter folder")
-    raw = json.loads(cfg_path.read_text())
-    if raw.get("peft_type", "LORA") != "LORA":
-        raise AdapterError(f"adapter {path} is {raw.get('peft_type')}, only LORA is supported")
-    unsupported = [k for k in ("use_dora", "modules_to_save", "alpha_pattern", "rank_pattern")
-                   if raw.get(k)]
-    if raw.get("bias", "none") != "none":
-        unsupported.append(f"bias={raw['bias']}")
-    if unsupported:
-        raise AdapterError(f"adapter {path} uses unsupported PEFT features: {', '.join(unsupported)}")
-    return AdapterConfig(r=int(raw["r"]), lora_alpha=float(raw.get("lora_alpha", raw["r"])),
-                         use_rslora=bool(raw.get("use_rslora", False)))
-
-
-def _read_tensors(path: Path, cfg: ModelConfig) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
-    weights_path = path / "adapter_model.safetensors"
-    if not weights_path.is_file():
-        raise AdapterError(f"no adapter_model.safetensors in {path}")
-    found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for name, tensor in load_file(str(weights_path)).items():
-        match = _KEY.search(name)
-        if match is None:
-            raise AdapterError(f"adapter {path}: unsupported weight {name!r}; LoRA may target only "
-                               f"{', '.join(TARGET_MODULES)} of the decoder layers")
-        layer, module, which = int(match[1]), match[2], match[3]
-        if module not in TARGET_MODULES or layer >= cfg.num_layers:
-            raise AdapterError(f"adapter {path}: unsupported target module {module!r} (layer {layer});"
-                               f" supported: {', '.join(TARGET_MODULES)}")
-        found.setdefault((layer, module), {})[which] = tensor
-    if not found:
-        raise AdapterError(f"adapter {path} has no LoRA weights")
-    return found
-
-
 def load_peft_adapter(path: str | Path, adapter_id: int, cfg: ModelConfig, max_rank: int,
                       dtype: torch.dtype, device: torch.device) -> AdapterWeights:
-    """Load a PEFT LoRA folder into the fused layout, checking it fits this model and bank.
+    """Load a PEFT LoRA folder into the fused layout, checking it fits this model and bank first
+    (`adapter_files.check_adapter`).
 
     Raises:
         AdapterError: unsupported modules or features, a rank above `max_rank`, wrong shapes.
     """
     path = Path(path)
-    acfg = read_adapter_config(path)
-    tensors = _read_tensors(path, cfg)
+    checked = check_adapter(path, cfg, max_rank)
+    weights = load_file(str(path / WEIGHTS_FILE))
+    tensors = {key: {which: weights[name] for which, name in pair.items()}
+               for key, pair in checked.tensors.items()}
     shapes = cfg.linear_shapes()
-    rank = 0
-    for (layer, module), pair in tensors.items():
-        if set(pair) != {"A", "B"}:
-            raise AdapterError(f"adapter {path}: layer {layer} {module} lacks lora_A or lora_B")
-        r = pair["A"].shape[0]
-        rank = max(rank, r)
-        d_in, d_out = shapes[module]
-        if tuple(pair["A"].shape) != (r, d_in) or tuple(pair["B"].shape) != (d_out, r):
-            raise AdapterError(f"adapter {path}: {module} of layer {layer} has shapes "
-                               f"{tuple(pair['A'].shape)}/{tuple(pair['B'].shape)}, model expects "
-                               f"({r}, {d_in})/({d_out}, {r})")
-    if rank > max_rank:
-        raise AdapterError(f"adapter {path} has rank {rank}, above the bank's max_lora_rank {max_rank}")
     layers = []
     for i in range(cfg.num_layers):
         present = {m: pair for (layer, m), pair in tensors.items() if layer == i}
         a = {m: pair["A"].to(device, torch.float32) for m, pair in present.items()}
         b = {m: pair["B"].to(device, torch.float32) for m, pair in present.items()}
-        scale = {m: acfg.scale(t.shape[0]) for m, t in a.items()}
+        scale = {m: checked.config.scale(t.shape[0]) for m, t in a.items()}
         layers.append(contiguous_layer(fuse_layer(a, b, scale, shapes, dtype)))
     modules = tuple(m for m in TARGET_MODULES if any(k[1] == m for k in tensors))
-    return AdapterWeights(adapter_id=adapter_id, rank=rank, target_modules=modules, layers=layers)
+    return AdapterWeights(adapter_id=adapter_id, rank=checked.rank, target_modules=modules, layers=layers)
 
 
 def fuse_layer(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],

@@ -45,7 +45,7 @@ def register_profile(subparsers: Any) -> None:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     from coserve.contract.engine import EngineStartError
-    from coserve.platform.engine import EngineConfig
+    from coserve.platform.engine_config import EngineConfig
     from coserve.platform.engines import build_engine
     from coserve.platform.profiler import SweepSettings, profile
     from coserve.platform.tiny_model import create_random_adapter

@@ -30,7 +30,7 @@ import time
 import torch
 
 from coserve.platform.config import ModelConfig
-from coserve.platform.engine import EngineConfig
+from coserve.platform.engine_config import EngineConfig
 from coserve.platform.model import Transformer
 from coserve.platform.training_runtime import TrainingRuntime
 from coserve.platform.vllm_backend import VllmRuntime, VllmSettings

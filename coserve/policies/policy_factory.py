@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from coserve.contract.engine import TokenizerSpec
 from coserve.policies import defaults
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
@@ -58,6 +59,7 @@ class EngineLayout(Protocol):
     max_model_len: int
     num_adapter_slots: int
     max_lora_rank: int
+    tokenizer: TokenizerSpec | None
     engine_owns_kv_cache: bool
     structured_output: bool
 

@@ -72,6 +72,10 @@ class Request:
     def output_token_ids(self) -> tuple[int, ...]:
         return tuple(self._output_token_ids)
 
+    def output_tokens_since(self, start: int) -> list[int]:
+        """The output tokens from position `start` on (a stream's new tokens, without copying the rest)."""
+        return self._output_token_ids[start:]
+
     @property
     def num_output_tokens(self) -> int:
         return len(self._output_token_ids)

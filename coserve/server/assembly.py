@@ -54,6 +54,22 @@ class PortUnavailable(RuntimeError):
     """The host and port cannot be listened on (in use, or not an address of this machine)."""
 
 
+# ----------------------------------------------------------------------------- the gateway (both modes)
+
+def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, layout: Any,
+                dedicated: Any = None) -> Any:
+    """The gateway's FastAPI app over a scheduler client (`LocalScheduler` or `RayScheduler`): its
+    `SchedulerFrontend` holds the tokenizer (prompts in, text out); the scheduler sees token ids.
+    `dedicated`: the Ray cluster's room for dedicated fine-tuning runs (None with `--local`)."""
+    from coserve.api.app import build_app
+    from coserve.frontend.scheduler_frontend import SchedulerFrontend
+
+    frontend = SchedulerFrontend.for_engine(opts.model, scheduler, layout)
+    return build_app(store, tenants, [opts.base_model_id], scheduler=frontend, max_lora_rank=layout.max_lora_rank,
+                     public_metrics=opts.public_metrics, max_request_bytes=opts.max_request_bytes, max_n=opts.max_n,
+                     max_upload_bytes=opts.max_upload_bytes, dedicated=dedicated)
+
+
 # ----------------------------------------------------------------------------------- local mode
 
 def build_local_app(opts: ServeOptions) -> Any:
@@ -63,7 +79,6 @@ def build_local_app(opts: ServeOptions) -> Any:
     from coserve.actors.engine_actor import EngineActor
     from coserve.actors.scheduler import SchedulerActor
     from coserve.actors.store import MetadataStore
-    from coserve.api.app import build_app
 
     tenants = opts.load_tenants()
     # First, before the model loads and before anything opens the store: a second server on this data
@@ -72,11 +87,8 @@ def build_local_app(opts: ServeOptions) -> Any:
     try:
         engine = EngineActor(opts.engine_config(), ENGINE_ID)
         scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants), data_lock=lock)
-        store = MetadataStore(opts.data_dir)
-        return build_app(store, tenants, [opts.base_model_id], scheduler=LocalScheduler(scheduler, engine),
-                         max_lora_rank=engine.layout().max_lora_rank, public_metrics=opts.public_metrics,
-                         max_request_bytes=opts.max_request_bytes, max_n=opts.max_n,
-                         max_upload_bytes=opts.max_upload_bytes)
+        return gateway_app(opts, tenants, MetadataStore(opts.data_dir), LocalScheduler(scheduler, engine),
+                           engine.layout())
     except BaseException:
         lock.release()
         raise
@@ -133,12 +145,8 @@ class GatewayIngress:
         self._scheduler = RayScheduler(self._scheduler_actor)
 
     def __serve_build_asgi_app__(self) -> Any:
-        from coserve.api.app import build_app
-
-        return build_app(self._store, self._tenants, [self._opts.base_model_id], scheduler=self._scheduler,
-                         max_lora_rank=self._layout.max_lora_rank, public_metrics=self._opts.public_metrics,
-                         max_request_bytes=self._opts.max_request_bytes, max_n=self._opts.max_n,
-                         max_upload_bytes=self._opts.max_upload_bytes, dedicated=self._capacity)
+        return gateway_app(self._opts, self._tenants, self._store, self._scheduler, self._layout,
+                           dedicated=self._capacity)
 
     def __del__(self) -> None:
         # Serve calls this on a graceful shutdown (and Python may again at collection): fail the streams

@@ -156,7 +156,7 @@ class ServeOptions:
         return None if self.local else settings
 
     def engine_config(self) -> Any:
-        from coserve.platform.engine import EngineConfig
+        from coserve.platform.engine_config import EngineConfig
 
         return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots,
                             engine=self.engine, max_num_seqs=self.max_num_seqs,
@@ -166,16 +166,14 @@ class ServeOptions:
         """The hybrid token policy's factory: SLOs, tenant weights, the latency profile."""
         import json
 
-        import torch  # noqa: F401  (resolve_dtype's torch dtypes)
-
-        from coserve.platform.config import ModelConfig, resolve_dtype
+        from coserve.platform.config import ModelConfig, dtype_name
         from coserve.policies.latency import ModelFingerprint, engine_machine_id, model_id_from_config
         from coserve.policies.policy_factory import CoServingPolicyFactory
 
         config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
-        dtype = str(resolve_dtype(self.dtype, ModelConfig.from_pretrained(self.model)))
+        dtype = dtype_name(self.dtype, ModelConfig.from_pretrained(self.model))
         fingerprint = ModelFingerprint(model_id_from_config(config), engine_machine_id(self.device, self.engine),
-                                       dtype.removeprefix("torch."))
+                                       dtype)
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
                                       self.max_stall_ms, tenants.weights(), self.finetune_floor_every)
 

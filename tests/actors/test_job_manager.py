@@ -19,7 +19,7 @@ from coserve.actors.store.records import JobStatus
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate
 from coserve.api.serving.fine_tuning import FineTuningService
-from coserve.platform.trainer.checkpoint import STATE_FILE
+from coserve.contract.trainer_state import STATE_FILE
 from coserve.policies.tenants import parse_tenants
 
 BASE = "tiny-llama"

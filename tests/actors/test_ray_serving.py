@@ -202,6 +202,36 @@ def test_health_metrics_and_engine_loop_on_ray(ray_server: RayServer) -> None:
     assert stats["iterations"] > 0 and stats["failures"] == 0
 
 
+def test_stop_strings_on_ray_and_no_torch_in_the_gateway_or_the_scheduler(ray_server: RayServer,
+                                                                           llama_dir: Path) -> None:
+    """The gateway replica detokenizes and watches the stop strings, the scheduler actor sees token ids
+    and stops a choice when told: a stop string cuts the reply as offline. Neither process has imported
+    torch, after all the serving above; the engine's process has."""
+    import ray
+
+    llm = LLM(model=str(llama_dir), dtype="float32")
+    free = llm.chat(HELLO, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].outputs[0].text
+    stop = free[len(free) // 2:len(free) // 2 + 3]
+    ref = llm.chat(HELLO, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop]))[0].outputs[0]
+    out = client(ray_server).chat.completions.create(model=ray_server.base, messages=HELLO, max_tokens=24,
+                                                     temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+    assert out.choices[0].message.content == ref.text == free[:free.index(stop)]
+    assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == len(ref.token_ids) < 24
+
+    def torch_loaded(_actor: object) -> bool:
+        import sys
+
+        return "torch" in sys.modules
+
+    replicas = [a for a in ray.util.list_named_actors(all_namespaces=True) if "SERVE_REPLICA" in a["name"]]
+    assert replicas
+    for replica in replicas:
+        assert not ray.get(ray.get_actor(replica["name"], namespace=replica["namespace"])
+                           .__ray_call__.remote(torch_loaded))
+    assert not ray.get(ray_server.scheduler.__ray_call__.remote(torch_loaded))
+    assert ray.get(ray_server.engine.__ray_call__.remote(torch_loaded))
+
+
 def _stream_outcome(srv: RayServer) -> str:
     """One long stream: "done" when it finished, else the error it ended with."""
     body = {"model": srv.base, "messages": HELLO, "max_tokens": 400, "stream": True, "ignore_eos": True}

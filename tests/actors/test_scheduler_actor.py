@@ -1,5 +1,5 @@
-"""SchedulerActor and EngineActor in-process, without HTTP: the policy seam, `poll` (the Ray gateway's
-multiplexed streams), abort and quota refunds."""
+"""SchedulerActor and EngineActor in-process, without HTTP, behind the gateway's `SchedulerFrontend`: the
+policy seam, `poll` (the Ray gateway's multiplexed token streams), `stop`, abort and quota refunds."""
 
 from __future__ import annotations
 
@@ -12,20 +12,28 @@ import pytest
 from coserve.actors.client import LocalScheduler
 from coserve.actors.engine_actor import EngineActor
 from coserve.actors.scheduler import SchedulerActor, SchedulerSettings
-from coserve.contract.messages import ChatSubmission, StreamBatch
+from coserve.contract.messages import TokenSubmission
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.contract.sampling import SamplingParams
-from coserve.platform.engine import EngineConfig
+from coserve.contract.sampling import EosIds, SamplingParams
+from coserve.frontend.messages import ChatSubmission, StreamBatch
+from coserve.frontend.scheduler_frontend import SchedulerFrontend
+from coserve.frontend.tokenizer import Tokenizer
+from coserve.platform.engine_config import EngineConfig
 from coserve.policies.policy_factory import PolicyFactory, fcfs_policy
 from coserve.policies.quotas import TenantLimits
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 
 
-def submission(request_id: str, max_tokens: int | None = 8, origin: str = "", tenant: str = "t",
-               n: int = 1) -> ChatSubmission:
-    return ChatSubmission(request_id=request_id, tenant=tenant, messages=HELLO, origin=origin,
+def submission(request_id: str, max_tokens: int | None = 8, tenant: str = "t", n: int = 1) -> ChatSubmission:
+    return ChatSubmission(request_id=request_id, tenant=tenant, messages=HELLO,
                           sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, n=n, ignore_eos=True))
+
+
+def token_submission(request_id: str, prompt: list[int], origin: str, n: int = 1) -> TokenSubmission:
+    return TokenSubmission(request_id=request_id, tenant="t", prompt_token_ids=prompt, origin=origin,
+                           sampling=SamplingParams(temperature=0.0, max_tokens=8, n=n, ignore_eos=True),
+                           eos=EosIds(eos=None, extra=()))
 
 
 async def collect(batches: AsyncIterator[StreamBatch]) -> tuple[dict[int, str], StreamBatch]:
@@ -43,18 +51,21 @@ def engine_config(llama_dir: Path) -> EngineConfig:
     return EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=160)
 
 
-def run(llama_dir: Path, engine_config: EngineConfig, body: Callable[[LocalScheduler], Awaitable[object]],
+def run(llama_dir: Path, engine_config: EngineConfig, body: Callable[[SchedulerFrontend], Awaitable[object]],
         policy_factory: PolicyFactory = fcfs_policy, **settings: object) -> object:
-    """Run `body(local)` on a fresh in-process scheduler + engine, on a new event loop."""
+    """Run `body(gateway)` on a fresh in-process scheduler + engine behind the gateway's frontend, on a
+    new event loop (`gateway.scheduler` is the `LocalScheduler`)."""
     async def main() -> object:
+        engine = EngineActor(engine_config)
         local = LocalScheduler(SchedulerActor(SchedulerSettings(model=str(llama_dir), **settings),
-                                              policy_factory),
-                               EngineActor(engine_config))
-        await local.start()
+                                              policy_factory), engine)
+        layout = engine.layout()
+        gateway = SchedulerFrontend.for_engine(str(llama_dir), local, layout)
+        await gateway.start()
         try:
-            return await body(local)
+            return await body(gateway)
         finally:
-            await local.close()
+            await gateway.close()
             assert not local.engine.running()
     return asyncio.run(main())
 
@@ -74,9 +85,9 @@ def test_policy_seam_gets_the_engine_layout(llama_dir: Path, engine_config: Engi
         built.append((config, layout))
         return policy
 
-    async def body(local: LocalScheduler) -> tuple[dict[int, str], StreamBatch]:
-        assert (await local.submit(submission("a", max_tokens=5))).rejection is None
-        return await collect(local.stream("a"))
+    async def body(gateway: SchedulerFrontend) -> tuple[dict[int, str], StreamBatch]:
+        assert (await gateway.submit(submission("a", max_tokens=5))).rejection is None
+        return await collect(gateway.stream("a"))
 
     texts, last = run(llama_dir, engine_config, body, factory, max_num_seqs=3)
     config, layout = built[0]
@@ -85,43 +96,45 @@ def test_policy_seam_gets_the_engine_layout(llama_dir: Path, engine_config: Engi
 
 
 def test_poll_returns_every_request_of_its_origin(llama_dir: Path, engine_config: EngineConfig) -> None:
-    async def body(local: LocalScheduler) -> None:
-        scheduler = local.scheduler
+    async def body(gateway: SchedulerFrontend) -> None:
+        scheduler = gateway.scheduler.scheduler
+        prompt = Tokenizer.from_spec(gateway.scheduler.engine.layout().tokenizer).encode("Hello there")
         for rid in ("p1", "p2"):
-            assert (await local.submit(submission(rid, origin="gw-1"))).rejection is None
-        assert (await local.submit(submission("other", origin="gw-2", n=2))).rejection is None
-        texts: dict[str, str] = {"p1": "", "p2": ""}
+            assert (await scheduler.submit(token_submission(rid, prompt, origin="gw-1"))).rejection is None
+        assert (await scheduler.submit(token_submission("other", prompt, origin="gw-2", n=2))).rejection is None
+        tokens: dict[str, list[int]] = {"p1": [], "p2": []}
         done: set[str] = set()
         while done != {"p1", "p2"}:
             batches = await scheduler.poll("gw-1", timeout_s=5.0)
             assert batches and set(batches) <= {"p1", "p2"}
             for rid, batch in batches.items():
-                texts[rid] += "".join(d.text for d in batch.deltas)
+                tokens[rid] += [t for d in batch.deltas for t in d.token_ids]
                 if batch.done:
                     done.add(rid)
-        assert texts["p1"] == texts["p2"] and texts["p1"]  # same prompt, greedy
+        assert tokens["p1"] == tokens["p2"] and len(tokens["p1"]) == 8  # same prompt, greedy
         assert await scheduler.poll("gw-1", timeout_s=0.05) == {}
         others = await scheduler.poll("gw-2", timeout_s=5.0)
         assert set(others) == {"other"}
-        unknown_texts, unknown = await collect(scheduler.stream("never-submitted"))
-        assert unknown.done and "unknown request" in unknown.error and unknown_texts == {}
+        unknown = [batch async for batch in scheduler.stream("never-submitted")]
+        assert len(unknown) == 1 and unknown[0].done and "unknown request" in unknown[0].error
+        assert not unknown[0].deltas
 
     run(llama_dir, engine_config, body)
 
 
 def test_abort_refunds_the_quota(llama_dir: Path, engine_config: EngineConfig) -> None:
-    async def body(local: LocalScheduler) -> None:
-        first = await local.submit(submission("big", max_tokens=200, tenant="q"))
+    async def body(gateway: SchedulerFrontend) -> None:
+        first = await gateway.submit(submission("big", max_tokens=200, tenant="q"))
         assert first.rejection is None
-        refused = await local.submit(submission("second", max_tokens=200, tenant="q"))
+        refused = await gateway.submit(submission("second", max_tokens=200, tenant="q"))
         assert refused.rejection is not None and refused.rejection.status == 429
         assert refused.rejection.retry_after_s > 0
-        assert await local.abort("big") is True and await local.abort("big") is False
-        again = await local.submit(submission("third", max_tokens=200, tenant="q"))
+        assert await gateway.abort("big") is True and await gateway.abort("big") is False
+        again = await gateway.submit(submission("third", max_tokens=200, tenant="q"))
         assert again.rejection is None  # the aborted request's unused tokens came back
-        _, last = await collect(local.stream("third"))
+        _, last = await collect(gateway.stream("third"))
         assert last.done and last.completion_tokens == 200
-        metrics = await local.metrics_text()
+        metrics = await gateway.metrics_text()
         assert 'coserve_requests_total{outcome="abort",tenant="q"} 1.0' in metrics
         assert 'coserve_requests_total{outcome="rejected",tenant="q"} 1.0' in metrics
 
@@ -130,8 +143,8 @@ def test_abort_refunds_the_quota(llama_dir: Path, engine_config: EngineConfig) -
 
 def test_a_failed_engine_step_fails_its_requests_and_the_loop_goes_on(llama_dir: Path,
                                                                       engine_config: EngineConfig) -> None:
-    async def body(local: LocalScheduler) -> None:
-        engine = local.engine.engine
+    async def body(gateway: SchedulerFrontend) -> None:
+        engine = gateway.scheduler.engine.engine
         real_step, calls = engine.step, []
 
         def failing_once(plan: IterationPlan) -> IterationResult:
@@ -141,12 +154,37 @@ def test_a_failed_engine_step_fails_its_requests_and_the_loop_goes_on(llama_dir:
             return real_step(plan)
 
         engine.step = failing_once  # type: ignore[method-assign]
-        assert (await local.submit(submission("doomed", max_tokens=4))).rejection is None
-        _, last = await collect(local.stream("doomed"))
+        assert (await gateway.submit(submission("doomed", max_tokens=4))).rejection is None
+        _, last = await collect(gateway.stream("doomed"))
         assert last.done and "The engine failed while generating: RuntimeError: device lost" in last.error
-        assert (await local.submit(submission("next", max_tokens=4))).rejection is None
-        _, after = await collect(local.stream("next"))
+        assert (await gateway.submit(submission("next", max_tokens=4))).rejection is None
+        _, after = await collect(gateway.stream("next"))
         assert after.done and after.error is None and after.completion_tokens == 4
-        assert 'coserve_requests_total{outcome="error",tenant="t"} 1.0' in await local.metrics_text()
+        assert 'coserve_requests_total{outcome="error",tenant="t"} 1.0' in await gateway.metrics_text()
+
+    run(llama_dir, engine_config, body)
+
+
+def test_a_stop_string_the_gateway_sees_stops_the_request_in_the_scheduler(llama_dir: Path,
+                                                                          engine_config: EngineConfig) -> None:
+    async def body(gateway: SchedulerFrontend) -> None:
+        assert (await gateway.submit(submission("free", max_tokens=24))).rejection is None
+        free, _ = await collect(gateway.stream("free"))
+        text = free[0]
+        stop = text[len(text) // 2:len(text) // 2 + 3]  # a piece of the greedy text, well before its end
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])
+        sub = ChatSubmission(request_id="cut", tenant="t", messages=HELLO, sampling=params)
+        assert (await gateway.submit(sub)).rejection is None
+        scheduler = gateway.scheduler.scheduler
+        child = scheduler._streams.get("cut").children[0]  # the scheduler's request, to see it stop
+        batches = [batch async for batch in gateway.stream("cut")]
+        last = batches[-1]
+        assert "".join(d.text for b in batches for d in b.deltas) == text[:text.index(stop)]
+        assert [d.finish_reason for b in batches for d in b.deltas if d.finish_reason] == ["stop"]
+        assert last.done and last.error is None and last.completion_tokens < 24
+        # The scheduler stopped generating it: no more than the engine made before the stop arrived.
+        assert child.finish_reason == "stop" and child.num_output_tokens <= last.completion_tokens + 2
+        assert await scheduler.stop("cut", 0) is False and await scheduler.stop("never-submitted", 0) is False
+        assert 'coserve_requests_total{outcome="stop",tenant="t"} 1.0' in await gateway.metrics_text()
 
     run(llama_dir, engine_config, body)

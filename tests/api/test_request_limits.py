@@ -74,9 +74,9 @@ def test_uploads_keep_their_own_larger_cap(server: LocalServer) -> None:
 def test_a_prompt_certainly_over_the_context_is_refused_before_encoding(
         served: tuple[LocalServer, Any]) -> None:
     server, app = served
-    scheduler = app.state.gateway.scheduler.scheduler
+    frontend = app.state.gateway.scheduler
     encoded: list[int] = []
-    tokenizer = scheduler._tokenizer  # noqa: SLF001 - count what the real tokenizer is asked to encode
+    tokenizer = frontend._tokenizer  # noqa: SLF001 - count what the real tokenizer is asked to encode
     real_encode = tokenizer.encode
     tokenizer.encode = lambda text, **kw: encoded.append(len(text)) or real_encode(text, **kw)
     try:

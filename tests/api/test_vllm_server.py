@@ -37,7 +37,7 @@ class Server:
     @property
     def runtime(self) -> Any:
         """The vLLM runtime inside the engine (local mode: the same process)."""
-        return self.app.state.gateway.scheduler.engine.engine.runtime
+        return self.app.state.gateway.scheduler.scheduler.engine.engine.runtime  # frontend -> LocalScheduler
 
 
 @pytest.fixture(scope="module")

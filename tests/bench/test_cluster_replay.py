@@ -47,7 +47,7 @@ def _trace(n: int, spacing: float) -> list[RequestSpec]:
 @pytest.fixture(scope="module")
 def cluster_bench(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     from coserve.bench.cluster_replay import replay_engines
-    from coserve.platform.engine import EngineConfig
+    from coserve.platform.engine_config import EngineConfig
 
     config = EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK,
                           max_loras=2, max_lora_rank=8)
@@ -111,7 +111,7 @@ def test_the_validation_rows_feed_the_projection(llama_dir: Path, tmp_path: Path
     from coserve.bench.cluster_plots import validation_plot
     from coserve.bench.cluster_projection import measured_engine, project_point
     from coserve.bench.cluster_validate import _measure_pair
-    from coserve.platform.engine import EngineConfig
+    from coserve.platform.engine_config import EngineConfig
 
     config = EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK,
                           max_loras=2, max_lora_rank=8)

@@ -42,7 +42,8 @@ def _trace(n: int, spacing: float) -> list[RequestSpec]:
 
 @pytest.fixture(scope="module")
 def bench(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from coserve.platform.engine import Engine, EngineConfig
+    from coserve.platform.engine import Engine
+    from coserve.platform.engine_config import EngineConfig
 
     engine = Engine(EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=NUM_BLOCKS,
                                  block_size=BLOCK, max_loras=2, max_lora_rank=8))

@@ -22,7 +22,7 @@ from coserve.contract.training_settings import HyperparameterRequest, LoRASettin
 from coserve.dedicated.run import launch
 from coserve.frontend.job_prep import prepare_job
 from coserve.offline.finetune import FineTuneResult
-from coserve.platform.trainer.checkpoint import read_trainer_state
+from coserve.contract.trainer_state import read_trainer_state
 from coserve.policies.finetune_types import JobEvent, JobEventKind
 
 EXAMPLES = [{"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},

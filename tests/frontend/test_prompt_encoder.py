@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coserve.frontend.prompt_encoder import PromptEncoder
+from coserve.frontend.tokenizer import Tokenizer
 
 
 TEXTS = st.lists(st.sampled_from(["a", "b", " ", "  ", "\n", "\t", "é", "漢", "😀", "ab", "the",
@@ -27,9 +28,7 @@ def test_the_token_bound_never_exceeds_the_real_count(llama_dir: Path, text: str
 
 
 def test_the_token_bound_holds_on_smollm2(smollm2_dir: Path) -> None:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    tokenizer = Tokenizer.from_pretrained(smollm2_dir)
     encoder = PromptEncoder(tokenizer, threads=1)
     try:
         # Whitespace runs are SmolLM2's longest tokens (81 characters): the worst case of the bound.
@@ -45,9 +44,7 @@ _TINY: dict[Path, tuple[PromptEncoder, Any]] = {}
 def _tiny_encoder(model: Path) -> tuple[PromptEncoder, Any]:
     """The tiny model's encoder and tokenizer, loaded once (hypothesis calls the test many times)."""
     if model not in _TINY:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        tokenizer = Tokenizer.from_pretrained(model)
         _TINY[model] = PromptEncoder(tokenizer, threads=1), tokenizer
     return _TINY[model]
 
@@ -93,7 +90,7 @@ def test_raw_prompts_skip_the_template_and_are_checked(llama_dir: Path) -> None:
     and what the model cannot take is refused naming `prompt`."""
     import pytest
 
-    from coserve.contract.messages import RawPrompt
+    from coserve.frontend.messages import RawPrompt
     from coserve.frontend.prompt_encoder import PromptRefused
 
     encoder, tokenizer = _tiny_encoder(llama_dir)

@@ -1,4 +1,4 @@
-"""What each chat template can do with tools, as the scheduler probes it: the tiny qwen2/qwen3 models
+"""What each chat template can do with tools, as the gateway probes it: the tiny qwen2/qwen3 models
 (Qwen's tool template) take tools and calls in the hermes format; ChatML and SmolLM2's template take
 neither, so requests with them are refused rather than rendered without them."""
 
@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
-from coserve.contract.messages import ChatSubmission, Rejection
+from coserve.contract.messages import Rejection
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.structured_output import OutputFormat
+from coserve.frontend.messages import ChatSubmission
+from coserve.frontend.tokenizer import Tokenizer
 from coserve.frontend.tool_admission import PreparedChat, ToolSupport
 from coserve.tools.family import HERMES
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
@@ -31,7 +32,7 @@ def _submission(tools: ToolSpec | None, messages: list[dict] | None = None, **sa
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_qwen_templates_take_tools_and_force_calls(model_dirs: dict[str, Path], arch: str) -> None:
-    support = ToolSupport(AutoTokenizer.from_pretrained(model_dirs[arch]))
+    support = ToolSupport(Tokenizer.from_pretrained(model_dirs[arch]))
     assert support.renders_calls and support.renders_tools and support.family is HERMES
     prepared = support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.REQUIRED), HISTORY))
     assert isinstance(prepared, PreparedChat) and prepared.family is HERMES and prepared.tools == [TOOL]
@@ -55,12 +56,12 @@ def _refuses_tools(tokenizer: object) -> None:
 
 
 def test_chatml_refuses_tools(model_dirs: dict[str, Path]) -> None:
-    _refuses_tools(AutoTokenizer.from_pretrained(model_dirs["llama"]))
+    _refuses_tools(Tokenizer.from_pretrained(model_dirs["llama"]))
 
 
 @pytest.mark.real_model
 def test_smollm2_refuses_tools(smollm2_dir: Path) -> None:
-    _refuses_tools(AutoTokenizer.from_pretrained(smollm2_dir))
+    _refuses_tools(Tokenizer.from_pretrained(smollm2_dir))
 
 
 def test_an_engine_without_grammars_refuses_forced_calls_and_json(model_dirs: dict[str, Path]) -> None:
@@ -73,7 +74,7 @@ def test_an_engine_without_grammars_refuses_forced_calls_and_json(model_dirs: di
     from coserve.frontend.intake import Intake, PromptIntake
     from coserve.platform.config import ModelConfig
 
-    intake = PromptIntake(AutoTokenizer.from_pretrained(model_dirs["qwen2"]),
+    intake = PromptIntake(Tokenizer.from_pretrained(model_dirs["qwen2"]),
                           ModelConfig.from_pretrained(model_dirs["qwen2"]))
     intake.attach(max_model_len=512, max_lora_rank=16, structured_output=False)
     try:

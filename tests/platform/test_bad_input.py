@@ -11,8 +11,8 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from coserve import LLM, LoRARequest, SamplingParams
+from coserve.platform.adapter_files import AdapterError
 from coserve.platform.config import UnsupportedModelError
-from coserve.platform.lora import AdapterError
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from coserve.contract.plan import IterationPlan, NewSequence, ScheduledChunk
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
-from coserve.platform.engine import Engine, EngineConfig
+from coserve.platform.engine import Engine
+from coserve.platform.engine_config import EngineConfig
 from coserve.platform.trainer import LoRAOptimizer, TrainableLoRA, TrainingSequence, save_checkpoint
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.data_position import DataPosition

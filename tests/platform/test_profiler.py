@@ -10,7 +10,8 @@ import pytest
 
 from coserve.cli import main
 from coserve.contract.plan import IterationResult
-from coserve.platform.engine import Engine, EngineConfig
+from coserve.platform.engine import Engine
+from coserve.platform.engine_config import EngineConfig
 from coserve.platform.profiler import DesignedPlans, Scenario, SweepSettings, _Harness, design
 from coserve.policies.latency import COEFFICIENT_NAMES, LatencyModel
 

@@ -16,8 +16,8 @@ from pydantic import Field, field_validator, model_validator
 from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error, value_error
 from coserve.api.protocol.param_support import COMPLETIONS, EndpointParams
 from coserve.api.protocol.sampling import MAX_N, SamplingRequest
-from coserve.contract.messages import RawPrompt
 from coserve.contract.sampling import SamplingParams
+from coserve.frontend.messages import RawPrompt
 
 MAX_LOGPROBS = 5  # OpenAI's bound on the legacy `logprobs`
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions

@@ -35,6 +35,9 @@ async def respond(http: Request, work: Coroutine[Any, Any, T], abort: Abort) -> 
             task.cancel()
             with anyio.CancelScope(shield=True):
                 await abort()
+                # The cancellation is delivered on the task's next turn: wait for it, or a task whose
+                # abort never suspended is read while still pending (InvalidStateError, a 500).
+                await asyncio.wait({task})
     if task.cancelled():
         return error_json(499, "The client closed the request.", code="client_closed_request")  # nobody reads it
     return task.result()

@@ -18,7 +18,7 @@ from coserve.api.protocol.chat import (ChatCompletion, ChatCompletionChoice, Cha
 from coserve.api.serving.generation import DONE_EVENT, Generation, batch_usage, error_event, finish_reason
 from coserve.api.serving.tool_output import ToolStream, finish_with_calls, tool_message
 from coserve.api.state import GatewayState
-from coserve.contract.messages import ChatSubmission, LogprobEntry, OutputDelta, StreamBatch
+from coserve.frontend.messages import ChatSubmission, LogprobEntry, OutputDelta, StreamBatch
 from coserve.tools.family import ToolFamily
 
 

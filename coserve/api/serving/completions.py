@@ -19,7 +19,7 @@ from coserve.api.protocol.base import ProtocolError, UsageInfo
 from coserve.api.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from coserve.api.serving.generation import DONE_EVENT, Generation, error_event, finish_reason, usage
 from coserve.api.state import GatewayState
-from coserve.contract.messages import ChatSubmission, LogprobEntry, OutputDelta, StreamBatch
+from coserve.frontend.messages import ChatSubmission, LogprobEntry, OutputDelta, StreamBatch
 
 
 @dataclass

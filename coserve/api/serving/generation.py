@@ -17,8 +17,9 @@ from pathlib import Path
 from coserve.api.protocol.base import ErrorBody, ErrorResponse, ProtocolError, UsageInfo
 from coserve.api.serving.models import model_not_found
 from coserve.api.state import GatewayState
-from coserve.contract.messages import AdapterSpec, Admission, ChatSubmission, Rejection, StreamBatch
+from coserve.contract.messages import AdapterSpec, Rejection
 from coserve.contract.sampling import SamplingParams
+from coserve.frontend.messages import ChatAdmission, ChatSubmission, StreamBatch
 
 DONE_EVENT = "data: [DONE]\n\n"
 
@@ -53,7 +54,7 @@ class Generation:
         except ValueError as error:
             raise ProtocolError(str(error), code="invalid_value") from None
 
-    async def submit(self, submission: ChatSubmission) -> Admission:
+    async def submit(self, submission: ChatSubmission) -> ChatAdmission:
         """Queue `submission`. Raises its rejection as a `ProtocolError`."""
         admission = await self.scheduler.submit(submission)
         if admission.rejection is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from coserve.api.protocol.chat import ChatCompletionChunkChoice, ChatCompletionMessage, ChoiceDelta, ChoiceLogprobs
 from coserve.api.protocol.tools import (ChatCompletionMessageToolCall, ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction,
                                         FunctionCall)
-from coserve.contract.messages import OutputDelta
+from coserve.frontend.messages import OutputDelta
 from coserve.tools.family import ToolFamily
 from coserve.tools.parser import ParsedCall, StreamingToolParser, parse_tool_calls
 
