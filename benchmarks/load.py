@@ -36,6 +36,7 @@ import openai
 from coserve.bench.metrics import percentile_ms
 
 KEY = "sk-load-tenant-0123456789"
+ADMIN_KEY = "sk-load-admin-0123456789"  # reads /metrics (the per-engine counts)
 MODEL_DIR = Path(".coserve/models/tiny-llama")
 WORDS = "the a river stone quiet bright garden number story window morning light city paper".split()
 
@@ -112,7 +113,8 @@ def start_server(root: Path, model: Path, port: int, ray: bool,
     """`coserve serve` in its own process group; returns once /health answers. `tenants_file` is the
     tenants file's content (default: the one tenant `load`, key `KEY`)."""
     tenants = root / "tenants.yaml"
-    tenants.write_text(json.dumps(tenants_file or {"tenants": {"load": {"api_keys": [KEY]}}}))
+    tenants.write_text(json.dumps(tenants_file or {"tenants": {"load": {"api_keys": [KEY]}},
+                                                   "admin_api_keys": [ADMIN_KEY]}))
     cmd = [sys.executable, "-m", "coserve.cli", "serve", "--model", str(model), "--tenants", str(tenants),
            "--data-dir", str(root / "data"), "--port", str(port), *([] if ray else ["--local"]),
            *([] if engines is None else ["--engines", str(engines)])]
@@ -208,12 +210,32 @@ def main() -> None:
             trained_before = sync.fine_tuning.jobs.retrieve(job_id).trained_tokens or 0
             stats, wall = asyncio.run(drive(url, model, args.clients, args.duration_s))
             job = sync.fine_tuning.jobs.retrieve(job_id)
-            result = {**run_header(args), **report(stats, wall, job, trained_before)}
+            result = {**run_header(args), **report(stats, wall, job, trained_before),
+                      "per_engine": per_engine(f"http://127.0.0.1:{args.port}")}
             if job.status not in ("succeeded", "failed", "cancelled"):
                 sync.fine_tuning.jobs.cancel(job_id)
         finally:
             stop_server(server)
     emit(result, args.json)
+
+
+def per_engine(base_url: str) -> dict[str, dict[str, float]]:
+    """Completion and fine-tuning tokens and iterations by engine, from the server's /metrics (over the
+    whole server's life: the run and the job's first seconds)."""
+    import re
+
+    text = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30).text
+    found: dict[str, dict[str, float]] = {}
+    for name, labels, value in re.findall(r"^(coserve_tokens_total|coserve_engine_iterations_total)\{(.*)\} (\S+)$",
+                                          text, re.M):
+        engine = re.search(r'engine="([^"]+)"', labels)
+        kind = re.search(r'kind="([^"]+)"', labels)
+        if engine is None or (kind is not None and kind.group(1) == "prompt"):
+            continue
+        key = "iterations" if kind is None else f"{kind.group(1)}_tokens"
+        row = found.setdefault(engine.group(1), {})
+        row[key] = row.get(key, 0.0) + float(value)
+    return found
 
 
 def run_header(args: argparse.Namespace) -> dict[str, object]:
