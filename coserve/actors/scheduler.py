@@ -2,12 +2,13 @@
 
 It composes three parts, each a class of its own with its own tests: admission (`AdmissionControl`:
 request keys, the tenants' quotas, adapter ids), the token streams the gateways read (`StreamHub`),
-and the iteration loop over the policy (`EngineCore`: the plan in flight, the result fed back). Around
-them: the engine registry, the fine-tuning job manager and the metrics. It sees token ids only: the
+and the engines' decisions (`EngineSet`: one engine's policy and `EngineCore`, or N engines under a
+`ClusterScheduler`, each with its plan in flight; `engine_set.py`, `engine_cluster.py`). Around them:
+the fine-tuning job manager and the metrics. It sees token ids only: the
 gateway's `SchedulerFrontend` renders and encodes prompts, decodes outputs and watches stop strings
-(`stop` ends a choice whose text reached one). On Ray it also supervises the engine actor
-(`supervise`): a crashed engine's streams end with an error, its jobs resume from their checkpoints on
-the restarted engine (`engine_lost`, then `register_engine` again). Its process imports no torch.
+(`stop` ends a choice whose text reached one). On Ray it also supervises each engine actor
+(`supervise`): a crashed engine's work is ended or moved (`engine_lost`: `EngineLoss`), and the engine
+Ray restarts is registered again. Its process imports no torch.
 
 A plain class: `ray.remote(SchedulerActor)` makes it an async Ray actor in cluster mode; with `--local`
 it lives in the gateway's process and its coroutines run on the gateway's event loop. Either way every
@@ -85,7 +86,7 @@ class SchedulerSettings:
 
 
 class SchedulerActor:
-    """Admission, token streams and the iteration loop for every engine (one engine for now).
+    """Admission, token streams and the iteration loops of every engine (module docstring).
 
     Args:
         settings: see `SchedulerSettings`.

@@ -85,7 +85,7 @@ def _wait_names_free(engine_ids: list[str], timeout_s: float = 30.0) -> None:
             time.sleep(0.2)
 
 
-def test_more_engines_than_the_cluster_holds_are_refused(ray_cluster: None, llama_dir: Path) -> None:
+def test_more_engines_than_the_cluster_holds_are_refused(ray_cluster: None, llama_dir: Path, tmp_path: Path) -> None:
     import ray
 
     room = engine_room("cpu")  # connected: the cluster's CPUs, not this machine's cores
@@ -95,6 +95,12 @@ def test_more_engines_than_the_cluster_holds_are_refused(ray_cluster: None, llam
         room.count(4)
     with pytest.raises(EnginesUnavailable, match=r"--engines 4: the Ray cluster has 0 GPU\(s\) and each engine takes one GPU"):
         engine_room("cuda").count(4)
+    # A Serve config asking for more: refused when the application is built, counted on the cluster.
+    (app,) = serve_config()["applications"]
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {"alpha": {"api_keys": [KEY]}}}))
+    with pytest.raises(EnginesUnavailable, match=rf"--engines 4: the Ray cluster has {CLUSTER_CPUS} CPU"):
+        app_builder(local_args(app["args"], llama_dir, tenants, tmp_path / "data", engines=4))
     # Bundles the cluster cannot free in time: refused, and nothing is left reserved.
     with pytest.raises(EnginesUnavailable, match=r"did not free 4 x \{'CPU': 1.0\}"):
         EnginePool.create(EngineConfig(model=str(llama_dir), dtype="float32"), 4, timeout_s=1.0)
