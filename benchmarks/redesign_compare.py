@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     trees = {name: Path(path).resolve() for name, _, path in (b.partition("=") for b in args.baseline)}
     trees["current"] = ROOT
-    spec_args = argparse.Namespace(threads=args.threads, seed=0, max_batch_tokens=4096, memory_iterations=0,
-                                   repeats=1)
+    # engine_throughput's own defaults (its workload: half the rows through the adapter), our threads.
+    spec_args = engine_throughput.parse_args(["--threads", str(args.threads)])
     model_dir, _ = engine_throughput.ensure_model(None)
     spec = engine_throughput.build_spec(spec_args, model_dir)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

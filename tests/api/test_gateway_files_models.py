@@ -210,7 +210,7 @@ def test_unknown_route_health_and_server_error(gateway: Gateway) -> None:
     assert unknown.status_code == 404
     assert unknown.json()["error"]["message"] == "Invalid URL (GET /v1/nothing-here)"
     assert httpx.get(f"{gateway.url}/health").json() == {"status": "ok"}
-    schema = httpx.get(f"{gateway.url}/openapi.json").json()  # what schemathesis will read
+    schema = httpx.get(f"{gateway.url}/openapi.json", timeout=60).json()  # what schemathesis will read
     assert {"/v1/files", "/v1/files/{file_id}/content", "/v1/models/{model}"} <= set(schema["paths"])
     gateway.store.close()  # every store call now fails unexpectedly
     with pytest.raises(openai.InternalServerError) as info:
