@@ -54,17 +54,18 @@ def test_bad_settings_exit_nonzero_with_message(llama_dir: Path, tenants_file: P
 def test_more_engines_than_cores_fail_at_start(llama_dir: Path, tenants_file: Path,
                                                capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """On Ray (no --local) each CPU engine takes a core: more than this machine has is refused before Ray
-    starts; the default is one engine on a CPU machine."""
-    import os
-
+    """On Ray (no --local) each CPU engine takes a core: more than there are is refused before anything
+    starts (this machine's cores; a Ray cluster's CPUs when this process is connected to one, as when
+    an earlier test left one up); the default is one engine on a CPU machine."""
+    from coserve.server.engine_count import engine_room
     from coserve.server.options import ServeOptions
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cores = len(os.sched_getaffinity(0))
+    room = engine_room("cpu")
+    cores = room.available
     code = main(["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--engines", str(cores + 1)])
     assert code == 2
-    assert f"--engines {cores + 1}: this machine has {cores} CPU(s) and each engine takes one CPU core" in (
+    assert f"--engines {cores + 1}: {room.where} has {cores} CPU(s) and each engine takes one CPU core" in (
         capsys.readouterr().err)
     assert ServeOptions(model=str(llama_dir), tenants=str(tenants_file)).num_engines() == 1
     assert ServeOptions(model=str(llama_dir), tenants=str(tenants_file), engines=cores).num_engines() == cores
