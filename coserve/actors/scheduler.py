@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +48,7 @@ from coserve.policies.dedicated import DedicatedSettings
 from coserve.policies.engine_core import Step, StepFailed
 from coserve.policies.policy_factory import EngineLayout, PolicyFactory, fcfs_policy
 from coserve.policies.quotas import TenantLimits
-from coserve.policies.request import Request, RequestStatus, expand_request
+from coserve.policies.request import RequestStatus, expand_request
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class SchedulerActor:
         if loss.stranded is None:
             self._fail_live(message)
         else:
-            self._fail_requests(loss.stranded, message)
+            self._fail_requests((r.request_id for r in loss.stranded), message)
             logger.warning("engine %s lost: %d request(s) re-routed, %d held, %d ended", engine_id,
                            len(loss.rerouted), len(loss.held), len(loss.stranded))
         if loss.jobs_lost:
@@ -322,10 +322,10 @@ class SchedulerActor:
             self._finalize(state, outcome="error")
         self._work.set()
 
-    def _fail_requests(self, requests: list[Request], message: str) -> None:
-        """End the submissions of `requests` (a lost engine's, with tokens sent) with `message`; their
-        other choices, on other engines, end with them."""
-        states = {id(o[0]): o[0] for r in requests if (o := self._owner.get(r.request_id)) is not None}
+    def _fail_requests(self, request_ids: Iterable[str], message: str) -> None:
+        """End the submissions of these child requests (a failed plan's; a lost engine's with tokens
+        sent) with `message`; their other choices, on other engines too, end with them."""
+        states = {id(o[0]): o[0] for rid in request_ids if (o := self._owner.get(rid)) is not None}
         for state in states.values():
             self._finish_all(state, RequestStatus.FINISHED_ABORTED)
             state.error = message
@@ -391,11 +391,7 @@ class SchedulerActor:
     def _fail_plan(self, plan: IterationPlan, message: str) -> None:
         logger.error("engine step %d failed: %s", plan.step_id, message)
         ids = {c.request_id for c in plan.chunks} | {n.request_id for n in plan.new_sequences}
-        failed = {id(o[0]): o[0] for rid in ids if (o := self._owner.get(rid)) is not None}
-        for state in failed.values():
-            self._finish_all(state, RequestStatus.FINISHED_ABORTED)
-            state.error = f"The engine failed while generating: {message}"
-            self._finalize(state, outcome="error")
+        self._fail_requests(ids, f"The engine failed while generating: {message}")
 
     def _finish_all(self, state: SubmissionState, status: RequestStatus) -> None:
         for child in state.children:
