@@ -1,8 +1,9 @@
 """Load: many concurrent streaming chat clients against a real `coserve serve`, a fine-tuning job training.
 
-    .venv/bin/python benchmarks/load.py [--ray] [--clients 64] [--duration-s 60] [--json OUT]
+    .venv/bin/python benchmarks/load.py [--ray [--engines N]] [--clients 64] [--duration-s 60] [--json OUT]
 
-Starts `coserve serve` on the tiny model (`--local` unless `--ray`) as a subprocess, uploads a chat
+Starts `coserve serve` on the tiny model (`--local` unless `--ray`; `--engines N` engine actors under the one
+scheduler, on Ray) as a subprocess, uploads a chat
 dataset and starts a fine-tuning job (enough epochs to train through the whole run), then runs
 `--clients` clients, each sending one streamed chat completion after another with the official
 `openai` async client (`stream_options.include_usage`), for `--duration-s`; requests in flight at the end
@@ -35,6 +36,7 @@ import openai
 from coserve.bench.metrics import percentile_ms
 
 KEY = "sk-load-tenant-0123456789"
+ADMIN_KEY = "sk-load-admin-0123456789"  # reads /metrics (the per-engine counts)
 MODEL_DIR = Path(".coserve/models/tiny-llama")
 WORDS = "the a river stone quiet bright garden number story window morning light city paper".split()
 
@@ -107,13 +109,15 @@ def ensure_model(model: Path) -> None:
 
 
 def start_server(root: Path, model: Path, port: int, ray: bool,
-                 tenants_file: dict[str, object] | None = None) -> subprocess.Popen:
+                 tenants_file: dict[str, object] | None = None, engines: int | None = None) -> subprocess.Popen:
     """`coserve serve` in its own process group; returns once /health answers. `tenants_file` is the
     tenants file's content (default: the one tenant `load`, key `KEY`)."""
     tenants = root / "tenants.yaml"
-    tenants.write_text(json.dumps(tenants_file or {"tenants": {"load": {"api_keys": [KEY]}}}))
+    tenants.write_text(json.dumps(tenants_file or {"tenants": {"load": {"api_keys": [KEY]}},
+                                                   "admin_api_keys": [ADMIN_KEY]}))
     cmd = [sys.executable, "-m", "coserve.cli", "serve", "--model", str(model), "--tenants", str(tenants),
-           "--data-dir", str(root / "data"), "--port", str(port), *([] if ray else ["--local"])]
+           "--data-dir", str(root / "data"), "--port", str(port), *([] if ray else ["--local"]),
+           *([] if engines is None else ["--engines", str(engines)])]
     log = open(root / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 180
@@ -188,13 +192,16 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=60.0)
     parser.add_argument("--ray", action="store_true", help="serve on Ray (default: --local)")
+    parser.add_argument("--engines", type=int, default=None, help="engine actors (with --ray; default: 1 on the CPU)")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.engines is not None and not args.ray:
+        parser.error("--engines needs --ray (one engine actor per GPU or core runs on Ray)")
     ensure_model(MODEL_DIR)
     model = MODEL_DIR.resolve().name
     with tempfile.TemporaryDirectory(prefix="coserve-load-") as tmp:
-        server = start_server(Path(tmp), MODEL_DIR, args.port, args.ray)
+        server = start_server(Path(tmp), MODEL_DIR, args.port, args.ray, engines=args.engines)
         try:
             url = f"http://127.0.0.1:{args.port}/v1"
             sync = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=60)
@@ -203,7 +210,8 @@ def main() -> None:
             trained_before = sync.fine_tuning.jobs.retrieve(job_id).trained_tokens or 0
             stats, wall = asyncio.run(drive(url, model, args.clients, args.duration_s))
             job = sync.fine_tuning.jobs.retrieve(job_id)
-            result = {**run_header(args), **report(stats, wall, job, trained_before)}
+            result = {**run_header(args), **report(stats, wall, job, trained_before),
+                      "per_engine": per_engine(f"http://127.0.0.1:{args.port}")}
             if job.status not in ("succeeded", "failed", "cancelled"):
                 sync.fine_tuning.jobs.cancel(job_id)
         finally:
@@ -211,9 +219,29 @@ def main() -> None:
     emit(result, args.json)
 
 
+def per_engine(base_url: str) -> dict[str, dict[str, float]]:
+    """Completion and fine-tuning tokens and iterations by engine, from the server's /metrics (over the
+    whole server's life: the run and the job's first seconds)."""
+    import re
+
+    text = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30).text
+    found: dict[str, dict[str, float]] = {}
+    for name, labels, value in re.findall(r"^(coserve_tokens_total|coserve_engine_iterations_total)\{(.*)\} (\S+)$",
+                                          text, re.M):
+        engine = re.search(r'engine="([^"]+)"', labels)
+        kind = re.search(r'kind="([^"]+)"', labels)
+        if engine is None or (kind is not None and kind.group(1) == "prompt"):
+            continue
+        key = "iterations" if kind is None else f"{kind.group(1)}_tokens"
+        row = found.setdefault(engine.group(1), {})
+        row[key] = row.get(key, 0.0) + float(value)
+    return found
+
+
 def run_header(args: argparse.Namespace) -> dict[str, object]:
     """What a result says about its run: mode, clients, duration, machine and date."""
-    return {"mode": "ray" if args.ray else "local", "clients": args.clients, "duration_s": args.duration_s,
+    return {"mode": "ray" if args.ray else "local", "engines": args.engines or 1, "clients": args.clients,
+            "duration_s": args.duration_s,
             "machine": f"{platform.machine()} x{os.cpu_count()}",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 

@@ -169,6 +169,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from coserve.server.assembly import PortUnavailable, run_local, run_ray
     from coserve.server.options import ServeOptions
     from coserve.dedicated.capacity import ClusterTooSmall
+    from coserve.server.engine_count import EnginesUnavailable
 
     opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
                         port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,
@@ -177,7 +178,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         device=args.device, latency_profile=args.latency_profile,
                         max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
                         public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes,
-                        max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine,
+                        max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine, engines=args.engines,
                         dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers)
     try:
         opts.validate()
@@ -186,7 +187,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         (run_local if opts.local else run_ray)(opts)
-    except (DataDirLocked, PortUnavailable, ClusterTooSmall) as error:  # nothing was touched
+    except (DataDirLocked, PortUnavailable, ClusterTooSmall, EnginesUnavailable) as error:  # nothing was touched
         print(f"error: {error}", file=sys.stderr)
         return 1
     except EngineStartError as error:  # the backend's own reason (vLLM could not load the model, ...)
@@ -212,6 +213,11 @@ def _register_serve(subparsers: Subparsers) -> None:
                        metavar="{" + ",".join(k.value for k in EngineKind) + "}",
                        help="the backend: native (coserve's engine) or vllm (vLLM's engine, fine-tuning on its "
                             "weights; needs vLLM: make vllm) (default: native)")
+    serve.add_argument("--engines", type=int, default=None, metavar="N",
+                       help="engine actors under the one scheduler, each with its own KV cache and adapter "
+                            "slots, pinned one per GPU with --device cuda (one CPU each otherwise); at most the "
+                            "GPUs (or cores) available (default: one per visible GPU with --device cuda, else 1; "
+                            "--local runs one)")
     serve.add_argument("--max-num-seqs", type=int, default=defaults.MAX_NUM_SEQS,
                        help=f"requests running at once (default: {defaults.MAX_NUM_SEQS})")
     serve.add_argument("--max-batch-tokens", type=int, default=defaults.MAX_BATCH_TOKENS,

@@ -1,4 +1,4 @@
-"""deploy/serve.yaml's application with this machine's paths: what the deploy and Ray tests run."""
+"""deploy/'s Serve configs with this machine's paths: what the deploy and Ray tests run."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ import yaml
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
 
-def serve_config() -> dict[str, Any]:
-    """deploy/serve.yaml, parsed."""
-    return yaml.safe_load((DEPLOY / "serve.yaml").read_text())
+SERVE_CONFIGS = ("serve.yaml", "serve-multi-gpu.yaml")  # an existing (KubeRay) cluster; one node, 8 GPUs
 
 
-def local_args(args: dict[str, Any], model: Path, tenants: Path, data_dir: Path) -> dict[str, Any]:
-    """The config's arguments with this machine's model, tenants file and data dir, on the CPU."""
+def serve_config(name: str = "serve.yaml") -> dict[str, Any]:
+    """deploy/<name>, parsed."""
+    return yaml.safe_load((DEPLOY / name).read_text())
+
+
+def local_args(args: dict[str, Any], model: Path, tenants: Path, data_dir: Path, engines: int = 1) -> dict[str, Any]:
+    """The config's arguments with this machine's model, tenants file and data dir, on the CPU, with
+    `engines` engines (one CPU each) instead of the config's GPUs."""
     return {**args, "model": str(model), "tenants": str(tenants), "data_dir": str(data_dir), "device": "cpu",
-            "dtype": "float32"}
+            "dtype": "float32", "engines": engines}

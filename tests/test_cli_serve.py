@@ -42,11 +42,33 @@ def tenants_file(tmp_path: Path) -> Path:
     (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
     (["--dedicated-workers", "0"], "--dedicated-workers must be in 1..1024, got 0"),
     (["--dedicated-min-tokens", "100000"], "--dedicated-min-tokens routes jobs to Ray Train runs: it needs Ray"),
+    (["--engines", "0"], "--engines must be >= 1, got 0"),
+    (["--engines", "2"], "--engines 2: one engine actor per GPU runs on Ray (not --local)"),
 ])
 def test_bad_settings_exit_nonzero_with_message(llama_dir: Path, tenants_file: Path, extra: list[str],
                                                  message: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local", *extra])
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_more_engines_than_cores_fail_at_start(llama_dir: Path, tenants_file: Path,
+                                               capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Ray (no --local) each CPU engine takes a core: more than there are is refused before anything
+    starts (this machine's cores; a Ray cluster's CPUs when this process is connected to one, as when
+    an earlier test left one up); the default is one engine on a CPU machine."""
+    from coserve.server.engine_count import engine_room
+    from coserve.server.options import ServeOptions
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    room = engine_room("cpu")
+    cores = room.available
+    code = main(["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--engines", str(cores + 1)])
+    assert code == 2
+    assert f"--engines {cores + 1}: {room.where} has {cores} CPU(s) and each engine takes one CPU core" in (
+        capsys.readouterr().err)
+    assert ServeOptions(model=str(llama_dir), tenants=str(tenants_file)).num_engines() == 1
+    assert ServeOptions(model=str(llama_dir), tenants=str(tenants_file), engines=cores).num_engines() == cores
 
 
 def test_serve_settings_reach_the_hybrid_policy(llama_dir: Path, tenants_file: Path) -> None:

@@ -155,6 +155,18 @@ class EngineActor:
         """The process the engine runs in (what an operator or a fault test kills)."""
         return os.getpid()
 
+    def placement(self) -> dict[str, Any]:
+        """Where Ray put this engine: its placement group, node and the resources it holds (GPU ids on
+        a GPU); empty outside Ray (`--local`)."""
+        import sys
+
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return {}
+        context = ray.get_runtime_context()
+        return {"placement_group": context.get_placement_group_id(), "node": context.get_node_id(),
+                "resources": context.get_assigned_resources(), "gpu_ids": ray.get_gpu_ids()}
+
     def stats(self) -> dict[str, float]:
         """`LoopStats` as a dict (plain data for a Ray call)."""
         return asdict(self._stats)

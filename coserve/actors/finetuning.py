@@ -24,6 +24,7 @@ from typing import Any
 
 from coserve.actors.dedicated_jobs import DedicatedJob, DedicatedJobs, is_dedicated, route_job
 from coserve.actors.job_failures import JobRefused, failure
+from coserve.actors.job_runner import JobRunner
 from coserve.actors.job_resume import resume_spec
 from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
@@ -34,12 +35,13 @@ from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, pr
 from coserve.policies.data_position import DataPosition
 from coserve.policies.dedicated import DedicatedSettings
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
-from coserve.policies.job_host import JobHost
 from coserve.policies.quotas import TenantLimits, TenantQuota
 from coserve.policies.storage_quota import QUOTA_CODES
 
 logger = logging.getLogger(__name__)
 
+# The `engine` label of the tokens dedicated Ray Train runs train (they run on no engine).
+DEDICATED_ENGINE_LABEL = "dedicated"
 # How often the job loop looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
 RECONCILE_INTERVAL_S = 0.25
 
@@ -72,14 +74,14 @@ class Intent:
 @dataclass(slots=True)
 class _Running:
     record: JobRecord
-    job: FinetuneJob | DedicatedJob
+    job: FinetuneJob | DedicatedJob | None  # its latest object (a moved job gets a new one); None: waiting
     started_at: float
     last_loss: float | None = None
 
 
-def open_job_manager(settings: FineTuningSettings, host: JobHost, tokenizer: Any,
+def open_job_manager(settings: FineTuningSettings, host: JobRunner, tokenizer: Any,
                      limits: Mapping[str, TenantLimits] | None,
-                     on_trained: Callable[[str, int], None] | None = None) -> JobManager:
+                     on_trained: Callable[[str, int, str], None] | None = None) -> JobManager:
     """A job manager over the metadata store in `settings.data_dir`, with its own tokenizer (the engine's,
     rebuilt torch-free: `coserve.frontend.tokenizer`): training files are tokenized on a worker thread
     (`JobManager.run`). With `settings.dedicated`, large jobs run on Ray Train runs of their own."""
@@ -97,14 +99,14 @@ def model_id(settings: FineTuningSettings, record: JobRecord) -> str:
 class JobManager:
     """Keeps the policy's jobs in line with the store; see the module docstring."""
 
-    def __init__(self, store: MetadataStore, host: JobHost, tokenizer: Any,
+    def __init__(self, store: MetadataStore, host: JobRunner, tokenizer: Any,
                  settings: FineTuningSettings, limits: Mapping[str, TenantLimits] | None = None,
                  clock: Callable[[], float] = time.time,
-                 on_trained: Callable[[str, int], None] | None = None,
+                 on_trained: Callable[[str, int, str], None] | None = None,
                  dedicated: DedicatedJobs | None = None) -> None:
         self._store, self._host, self._tokenizer = store, host, tokenizer
         self._settings, self._limits, self._clock = settings, dict(limits or {}), clock
-        self._on_trained = on_trained  # (tenant, trained tokens of a completed step), for metrics
+        self._on_trained = on_trained  # (tenant, trained tokens of a completed step, engine), for metrics
         self._running: dict[str, _Running] = {}  # touched on the event loop only
         self._prepared: dict[str, PreparedJob] = {}  # validated, not yet started (collect's thread)
         self._next_adapter_id = FIRST_TRAINING_ADAPTER_ID
@@ -167,7 +169,7 @@ class JobManager:
                 self._runner(intent.job_id).resume_job(intent.job_id)
                 running.record = self._store.jobs.update(intent.job_id, status=JobStatus.RUNNING)
 
-    def _runner(self, job_id: str) -> JobHost | DedicatedJobs:
+    def _runner(self, job_id: str) -> JobRunner | DedicatedJobs:
         """Where job `job_id` runs: its own Ray Train run, or the shared engine's policy."""
         return self._dedicated if self._dedicated is not None and job_id in self._dedicated else self._host
 
@@ -249,10 +251,10 @@ class JobManager:
     def _start(self, record: JobRecord, prepared: PreparedJob) -> None:
         """Hand a job to the policy (on the event loop)."""
         if self._dedicated is not None and is_dedicated(record):
-            job: FinetuneJob | DedicatedJob = self._dedicated.start(record, prepared.spec)
+            job: FinetuneJob | DedicatedJob | None = self._dedicated.start(record, prepared.spec)
         else:
-            job = FinetuneJob(prepared.spec, self._host.kv, self._host.adapters)
-            self._host.add_job(job)
+            self._host.start_job(prepared.spec)
+            job = self._host.get_job(record.id)  # None: it waits for an engine (a notice says why)
         record = self._store.jobs.update(record.id, status=JobStatus.RUNNING)
         self._running[record.id] = _Running(record, job, self._clock())
         resumed = prepared.spec.resume_from is not None
@@ -295,30 +297,50 @@ class JobManager:
 
     def watch(self) -> None:
         """Write an event on each running job that stopped moving (saying why) or moved again."""
-        progress = {job_id: r.job.last_planned_step for job_id, r in self._running.items() if r.job.runnable}
-        reasons = self._dedicated.held_back() if self._dedicated is not None else {}
-        for notice in self.watchdog.check(progress, self._host.finetune_held_back, reasons,
-                                          self._host.roster.last_plan_step):
+        for job_id, running in self._running.items():
+            running.job = self._current(job_id, running)
+        progress = {job_id: r.job.last_planned_step for job_id, r in self._running.items()
+                    if r.job is not None and r.job.runnable}
+        reasons = {job_id: why for job_id in progress if (why := self._host.held_back(job_id)) is not None}
+        reasons.update(self._dedicated.held_back() if self._dedicated is not None else {})
+        steps = {job_id: self._host.plan_step(job_id) for job_id in progress}
+        for notice in self.watchdog.check(progress, None, reasons, steps):
             if notice.stalled:
                 logger.warning("fine-tuning job %s: %s", notice.job_id, notice.message)
             self._store.events.add(notice.job_id, notice.message)
 
     # -------------------------------------------------------------------------- policy -> store
 
-    def record_events(self) -> None:
-        """Write the jobs' events (steps, checkpoints, success, failure) into the store."""
+    def record_events(self, engine_id: str | None = None) -> None:
+        """Write the jobs' events (steps, checkpoints, success, failure) into the store; `engine_id`: the
+        engine whose step the co-served events come from (trained tokens are counted on it; a dedicated
+        run's on `DEDICATED_ENGINE_LABEL`)."""
+        for notice in self._host.pop_notices():  # placed on an engine, waiting for one, moved
+            if notice.job_id in self._running:
+                self._store.events.add(notice.job_id, notice.message[:1].upper() + notice.message[1:])
         dedicated = self._dedicated.pop_job_events() if self._dedicated is not None else []
         for event in self._host.pop_job_events() + dedicated:
             running = self._running.get(event.job_id)
             if running is None:
                 continue
-            handler = _HANDLERS[event.kind]
-            handler(self, running, event)
+            running.job = self._current(event.job_id, running)
+            if event.kind is JobEventKind.STEP:
+                dedicated_run = self._dedicated is not None and event.job_id in self._dedicated
+                self._on_step(running, event, DEDICATED_ENGINE_LABEL if dedicated_run else engine_id)
+            else:
+                _HANDLERS[event.kind](self, running, event)
 
-    def _on_step(self, running: _Running, event: JobEvent) -> None:
+    def _current(self, job_id: str, running: _Running) -> FinetuneJob | DedicatedJob | None:
+        """The job's latest object: a co-served job moved to another engine is a new one; an ended job
+        keeps its last (its end's event still reads it)."""
+        if self._dedicated is not None and job_id in self._dedicated:
+            return running.job
+        return self._host.get_job(job_id) or running.job
+
+    def _on_step(self, running: _Running, event: JobEvent, engine_id: str | None) -> None:
         running.last_loss = event.loss
-        if self._on_trained is not None:
-            self._on_trained(running.record.tenant, event.num_tokens)
+        if self._on_trained is not None and engine_id is not None:
+            self._on_trained(running.record.tenant, event.num_tokens, engine_id)
         data = {"step": event.step, "train_loss": event.loss, "total_steps": running.job.total_steps}
         total = f"/{running.job.total_steps}"
         stored = self._store.events.add_once(
@@ -390,7 +412,6 @@ class JobManager:
 
 
 _HANDLERS = {
-    JobEventKind.STEP: JobManager._on_step,
     JobEventKind.CHECKPOINT: JobManager._on_checkpoint,
     JobEventKind.SUCCEEDED: JobManager._on_succeeded,
     JobEventKind.FAILED: JobManager._on_failed,

@@ -62,7 +62,8 @@ class JobWatchdog:
         return sum(w.stalled for w in self._watches.values())
 
     def check(self, progress: Mapping[str, int], held_back: str | None,
-              reasons: Mapping[str, str] | None = None, plan_step: int = -1) -> list[StallNotice]:
+              reasons: Mapping[str, str] | None = None,
+              plan_steps: Mapping[str, int] | None = None) -> list[StallNotice]:
         """Compare each running job's progress marker (its last planned step; jobs that cannot run now,
         such as paused ones, are left out) with the last check's.
 
@@ -71,12 +72,14 @@ class JobWatchdog:
             held_back: the policy's latest reason for giving jobs no work (None: it gave them work).
             reasons: job id -> why that job is not moving, for jobs the policy does not plan (a
                 dedicated Ray Train run); it replaces `held_back` for them.
-            plan_step: step id of the engine's last plan (-1: not known), to tell a slow engine apart.
+            plan_steps: job id -> step id of the last plan of the job's engine (absent: not known), to
+                tell a slow engine apart.
         """
         now = self._clock()
         notices = []
         watches = {}
         for job_id, marker in progress.items():
+            plan_step = (plan_steps or {}).get(job_id, -1)
             watch = self._watches.get(job_id) or _Watch(marker, now, plan_step)
             if marker != watch.progress:
                 if watch.stalled:
@@ -95,7 +98,7 @@ class JobWatchdog:
     def _unplanned(watch: _Watch, now: float, plan_step: int) -> str:
         """Why a job the policy did not hold back got no work: a slow engine, or no room for its piece."""
         plans = plan_step - watch.plan_step
-        if watch.plan_step >= 0 and plans <= SLOW_ENGINE_PLANS:
+        if watch.plan_step >= 0 and 0 <= plans <= SLOW_ENGINE_PLANS:  # < 0: the job moved engines
             return (f"the engine built {plans} plan{'' if plans == 1 else 's'} in {now - watch.since:.0f} s "
                     "(a machine too slow for the batch: the job's pieces wait for its iterations)")
         return "its next piece found no free KV block or adapter slot"

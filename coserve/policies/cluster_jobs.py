@@ -141,6 +141,11 @@ class ClusterJobs:
         host = self._host(job_id)
         return None if host is None else host.finetune_held_back
 
+    def plan_step(self, job_id: str) -> int:
+        """Step id of the last plan of the job's engine (-1: not placed, or none yet)."""
+        host = None if job_id in self._waiting else self._host(job_id)
+        return -1 if host is None else host.roster.last_plan_step
+
     @property
     def job_ids(self) -> list[str]:
         """Jobs not ended: placed or waiting."""

@@ -25,7 +25,9 @@ from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, ModelFingerprint
 from coserve.policies.request import Request, RequestStatus
+from coserve.policies.coserving import CoServingPolicy
 from coserve.policies.share_registry import ShareKind, ShareOptions, build_policy
+from coserve.policies.shared_vtc import SharedVtc
 
 
 class InferencePolicy(PlanSource, Protocol):
@@ -113,11 +115,14 @@ class CoServingPolicyFactory:
         model.check_compatible(self.fingerprint)
         return model
 
-    def __call__(self, config: SchedulerConfig, layout: EngineLayout) -> InferencePolicy:
+    def __call__(self, config: SchedulerConfig, layout: EngineLayout,
+                 shared: SharedVtc | None = None) -> CoServingPolicy:
+        """The policy of one engine; with `shared`, one of several engines counting with a
+        `ClusterScheduler`'s counters (each engine its own latency model, fitted on its own iterations)."""
         slos = {k: v for k, v in (("tpot_slo_ms", self.tpot_slo_ms), ("ttft_slo_ms", self.ttft_slo_ms))
                 if v is not None}
         co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights),
                              max_stall_ms=self.max_stall_ms, finetune_floor_every=self.finetune_floor_every,
                              **slos)
         return build_policy(self.share, co, layout.num_kv_blocks, AdapterSlots(layout.num_adapter_slots),
-                            self.latency_model(), self.share_options)
+                            self.latency_model(), self.share_options, shared=shared)

@@ -3,9 +3,10 @@
 - `--local` (`build_local_app`, `run_local`): one process. The scheduler's coroutines run on uvicorn's
   event loop, the engine loop on a background thread (`coserve.actors.client.LocalScheduler`).
 - default (`run_ray`): Ray (a local cluster unless `RAY_ADDRESS` is set). The SchedulerActor is a named
-  async actor, the EngineActor takes the GPU, and the gateway is a Ray Serve ingress deployment: the same
-  FastAPI app, built in the replica (`GatewayIngress`), which starts and owns both actors
-  (`start_ray_actors`). `deploy/serve.yaml` runs the same application on an existing cluster.
+  async actor, the `--engines` EngineActors hold one GPU each (`engine_pool`: a placement group), and the
+  gateway is a Ray Serve ingress deployment: the same FastAPI app, built in the replica
+  (`GatewayIngress`), which starts and owns the actors (`start_ray_actors`). `deploy/serve.yaml` runs the
+  same application on an existing cluster.
 
 On Ray there is one ingress deployment (one replica: the scheduler is central). The replica owns the
 actors, so Serve's lifecycle is the application's: `serve shutdown`, `serve delete coserve` or a new
@@ -34,12 +35,12 @@ from coserve.server.options import ServeOptions, options_from_args
 
 logger = logging.getLogger(__name__)
 
-ENGINE_ID = "engine-0"
+from coserve.server.engine_pool import RAY_NAMESPACE, actor_name
 
-RAY_NAMESPACE = "coserve"
+ENGINE_ID = "engine-0"  # the engine with --local, and the first on Ray
+
 SCHEDULER_ACTOR = "coserve-scheduler"
-ENGINE_ACTOR = "coserve-engine-0"
-ENGINE_MAX_RESTARTS = 10  # crashes an engine actor comes back from (then /health says it is gone)
+ENGINE_ACTOR = actor_name(ENGINE_ID)
 APP_NAME = "coserve"
 DEPLOYMENT_NAME = "coserve-gateway"
 # The replica is an async gateway in front of the scheduler, which queues, orders (VTC) and batches the
@@ -122,7 +123,7 @@ def run_local(opts: ServeOptions) -> None:
 # ------------------------------------------------------------------------------------- Ray mode
 
 class GatewayIngress:
-    """The gateway's Serve replica: starts the scheduler and the engine, then serves the FastAPI app.
+    """The gateway's Serve replica: starts the scheduler and the engines, then serves the FastAPI app.
 
     Args:
         opts: the serve options (model, tenants file, data dir, scheduler and engine settings).
@@ -134,11 +135,12 @@ class GatewayIngress:
 
         self._opts = opts
         self._tenants = opts.load_tenants()
-        self._capacity = dedicated_capacity(opts)
+        engines = opts.num_engines()  # the cluster's GPUs (or cores): EnginesUnavailable when too few
+        self._capacity = dedicated_capacity(opts, engines)
         self._capacity.check_default()  # routed jobs' workers must fit the cluster (ClusterTooSmall)
         # The scheduler actor takes the data dir's lock first (DataDirLocked, inside the actor's creation
         # error, when another server holds it): the store is opened only once this server owns the dir.
-        self._scheduler_actor, self._engine_actor, self._layout = start_ray_actors(opts, self._tenants)
+        self._scheduler_actor, self._engines, self._layout = start_ray_actors(opts, self._tenants, engines)
         self._store = MetadataStore(opts.data_dir)
         self._scheduler = RayScheduler(self._scheduler_actor)
 
@@ -168,52 +170,57 @@ def build_application(opts: ServeOptions) -> Any:
 
 
 def app_builder(args: dict[str, Any]) -> Any:
-    """Serve's application builder (`import_path: coserve.server.assembly:app_builder`)."""
-    return build_application(options_from_args(args))
+    """Serve's application builder (`import_path: coserve.server.assembly:app_builder`).
+
+    Raises:
+        ValueError: a bad argument; `EnginesUnavailable` (a ValueError) when `engines` is more than the
+            cluster's GPUs (or CPUs), read from the cluster when Ray is connected (`serve run`,
+            `serve deploy`).
+    """
+    opts = options_from_args(args)
+    opts.num_engines()
+    return build_application(opts)
 
 
-def engine_gpus(opts: ServeOptions) -> int:
-    """GPUs the engine actor takes."""
-    return 1 if opts.device.startswith("cuda") else 0
-
-
-def dedicated_capacity(opts: ServeOptions) -> Any:
-    """The cluster's room for dedicated fine-tuning workers, beyond the engine's GPU."""
+def dedicated_capacity(opts: ServeOptions, engines: int) -> Any:
+    """The cluster's room for dedicated fine-tuning workers, beyond the engines' GPUs (CPUs on the CPU)."""
     from coserve.dedicated.capacity import ClusterCapacity
+    from coserve.server.engine_pool import engine_bundle
 
-    gpus = engine_gpus(opts)
-    return ClusterCapacity(opts.dedicated_settings(), {"GPU": float(gpus)} if gpus else None)
+    held = {name: amount * engines for name, amount in engine_bundle(opts.device).items()}
+    return ClusterCapacity(opts.dedicated_settings(), held)
 
 
-def start_ray_actors(opts: ServeOptions, tenants: Any) -> tuple[Any, Any, Any]:
-    """Create the named SchedulerActor and EngineActor, register the engine, start its loop.
+def start_ray_actors(opts: ServeOptions, tenants: Any, engines: int) -> tuple[Any, Any, Any]:
+    """Create the named SchedulerActor and `engines` EngineActors (`EnginePool`: one GPU each, pinned by a
+    placement group), register the engines, start their loops.
 
     The caller owns them (the gateway's Serve replica, `GatewayIngress`): they end with it.
 
     Returns:
-        (scheduler handle, engine handle, the engine's layout); the actors are named `SCHEDULER_ACTOR` and
-        `ENGINE_ACTOR` in `RAY_NAMESPACE`.
+        (scheduler handle, the `EnginePool`, the first engine's layout); the actors are named
+        `SCHEDULER_ACTOR` and `coserve-engine-<i>` in `RAY_NAMESPACE`.
     """
     import ray
 
-    from coserve.actors.engine_actor import EngineActor, RayLink
+    from coserve.actors.engine_actor import RayLink
     from coserve.actors.scheduler import SchedulerActor
+    from coserve.server.engine_pool import EnginePool
 
-    gpus = engine_gpus(opts)
-    # max_restarts: a crashed engine comes back (the scheduler's supervisor restarts its loop); calls in
-    # flight when it died fail rather than being retried on the new one.
-    engine = ray.remote(EngineActor).options(name=ENGINE_ACTOR, namespace=RAY_NAMESPACE, num_cpus=0,
-                                             num_gpus=gpus, max_restarts=ENGINE_MAX_RESTARTS,
-                                             max_task_retries=0).remote(opts.engine_config(), ENGINE_ID)
+    # Every engine's bundle is reserved first: a cluster that cannot hold them fails here, clearly.
+    pool = EnginePool.create(opts.engine_config(), engines)
     scheduler = ray.remote(SchedulerActor).options(name=SCHEDULER_ACTOR, namespace=RAY_NAMESPACE,
-                                                   num_cpus=0).remote(opts.scheduler_settings(tenants),
+                                                   num_cpus=0).remote(opts.scheduler_settings(tenants, engines),
                                                                       opts.policy_factory(tenants))
-    layout = ray.get(engine.layout.remote())
-    ray.get(scheduler.register_engine.remote(ENGINE_ID, layout))
+    layouts = pool.layouts()
     link = RayLink(scheduler)
-    ray.get(engine.start.remote(link))
-    ray.get(scheduler.supervise.remote(ENGINE_ID, engine, link))
-    return scheduler, engine, layout
+    for engine_id, engine in pool.handles.items():
+        ray.get(scheduler.register_engine.remote(engine_id, layouts[engine_id]))
+        # max_restarts: a crashed engine comes back (the scheduler's supervisor restarts its loop); calls
+        # in flight when it died fail rather than being retried on the new one.
+        ray.get(engine.start.remote(link))
+        ray.get(scheduler.supervise.remote(engine_id, engine, link))
+    return scheduler, pool, next(iter(layouts.values()))
 
 
 def deploy_gateway(opts: ServeOptions) -> None:
@@ -238,7 +245,8 @@ def run_ray(opts: ServeOptions) -> None:
     ray.init(namespace=RAY_NAMESPACE, log_to_driver=True,
              **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
     try:
-        dedicated_capacity(opts).check_default()  # before deploying: a clear error, not a failed replica
+        # Before deploying, on the cluster now connected: a clear error, not a failed replica.
+        dedicated_capacity(opts, opts.num_engines()).check_default()
     except BaseException:
         ray.shutdown()
         raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ class ServeOptions:
     dedicated_min_tokens: int | None = None  # jobs training this many tokens go to Ray Train (None: never)
     dedicated_workers: int = 2  # workers of a dedicated run that does not say (policies.dedicated)
     engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.platform.engines)
+    engines: int | None = None  # engine actors (`--engines`; None: one per visible GPU, one on the CPU)
 
     @property
     def base_model_id(self) -> str:
@@ -88,6 +90,7 @@ class ServeOptions:
         self.dedicated_settings()
         if self.local and self.dedicated_min_tokens is not None:
             raise ValueError("--dedicated-min-tokens routes jobs to Ray Train runs: it needs Ray (not --local)")
+        self._check_engines()
         if self.engine is EngineKind.VLLM:  # missing or another version: the install command, before loading
             from coserve.platform.vllm_backend import VllmUnavailable, check_vllm
 
@@ -103,6 +106,32 @@ class ServeOptions:
         tenants = self.load_tenants()
         if self.latency_profile is not None:  # another model's or machine's profile is refused here
             self.policy_factory(tenants).latency_model()
+
+    def _check_engines(self) -> None:
+        if self.engines is None:
+            return
+        if self.engines < 1:
+            raise ValueError(f"--engines must be >= 1, got {self.engines}")
+        if self.engines > 1 and self.local:
+            raise ValueError(f"--engines {self.engines}: one engine actor per GPU runs on Ray (not --local)")
+        if self.engines > 1 and ":" in self.device:
+            raise ValueError(f"--engines {self.engines} with --device {self.device}: Ray gives each engine a GPU "
+                             "of its own; use --device cuda")
+        if os.environ.get("RAY_ADDRESS") is None or self.local:  # else checked on the cluster, once connected
+            self.num_engines()
+
+    def num_engines(self) -> int:
+        """The engines to run: `--engines`, or one per visible GPU (one on the CPU); 1 with `--local`.
+
+        Raises:
+            EnginesUnavailable: more than the Ray cluster (when connected) or this machine has GPUs, or
+                cores on the CPU.
+        """
+        from coserve.server.engine_count import engine_room
+
+        if self.local:
+            return 1
+        return engine_room(self.device).count(self.engines)
 
     def load_tenants(self) -> Any:
         """The parsed tenants file. Raises ValueError (with the path) when it is missing or invalid."""
@@ -148,7 +177,8 @@ class ServeOptions:
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
                                       self.max_stall_ms, tenants.weights(), self.finetune_floor_every)
 
-    def scheduler_settings(self, tenants: Any) -> Any:
+    def scheduler_settings(self, tenants: Any, engines: int = 1) -> Any:
+        """The SchedulerActor's settings, for a scheduler driving `engines` engines."""
         from coserve.actors.scheduler import SchedulerSettings
         from coserve.policies.hybrid_config import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
 
@@ -160,7 +190,7 @@ class ServeOptions:
                                  max_batch_tokens=self.max_batch_tokens,
                                  tenant_limits={name: t.limits for name, t in tenants.tenants.items()}, slo=slo,
                                  data_dir=str(Path(self.data_dir).resolve()), base_model_id=self.base_model_id,
-                                 dedicated=self.dedicated_settings())
+                                 dedicated=self.dedicated_settings(), engines=engines)
 
 
 def _check_device(device: str) -> None:

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from coserve import LLM, LoRARequest, SamplingParams
 from coserve.actors.finetuning import FineTuningSettings, JobManager
+from coserve.actors.job_runner import HostJobs
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobStatus
 from coserve.api.protocol.base import ProtocolError
@@ -38,7 +39,7 @@ def _manager(store: MetadataStore, llm: LLM, data_dir: Path) -> JobManager:
     settings = FineTuningSettings(base_model_id=BASE, base_model_path=llm.engine.config.model,
                                   data_dir=data_dir, num_layers=llm.engine.model_config.num_layers,
                                   max_model_len=256)
-    return JobManager(store, llm.jobs.host, llm.get_tokenizer(), settings,
+    return JobManager(store, HostJobs(llm.jobs.host), llm.get_tokenizer(), settings,
                       {name: t.limits for name, t in TENANTS.tenants.items()})
 
 

@@ -98,14 +98,14 @@ def test_the_watchdog_says_once_why_a_job_stopped_and_when_it_moves_again() -> N
 def test_the_watchdog_tells_a_slow_engine_from_a_job_left_out_of_its_plans() -> None:
     clock = _Clock()
     dog = JobWatchdog(stall_after_s=60.0, clock=clock)
-    assert dog.check({"slow": 3, "left-out": 4}, None, plan_step=10) == []
+    assert dog.check({"slow": 3, "left-out": 4}, None, plan_steps={"slow": 10, "left-out": 10}) == []
     clock.now = 61.0
-    slow, left_out = dog.check({"slow": 3, "left-out": 4}, None, plan_step=12)
+    slow, left_out = dog.check({"slow": 3, "left-out": 4}, None, plan_steps={"slow": 12, "left-out": 12})
     assert slow.message == ("No progress for 61 s: the engine built 2 plans in 61 s (a machine too slow for "
                             "the batch: the job's pieces wait for its iterations)")
     assert left_out.message == slow.message  # both saw the same two plans
     dog = JobWatchdog(stall_after_s=60.0, clock=clock)
-    assert dog.check({"left-out": 4}, None, plan_step=12) == []
+    assert dog.check({"left-out": 4}, None, plan_steps={"left-out": 12}) == []
     clock.now = 130.0
-    [notice] = dog.check({"left-out": 4}, None, plan_step=400)
+    [notice] = dog.check({"left-out": 4}, None, plan_steps={"left-out": 400})
     assert notice.message == "No progress for 69 s: its next piece found no free KV block or adapter slot"

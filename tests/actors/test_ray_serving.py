@@ -59,7 +59,8 @@ def ray_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     args = {**local_args(app["args"], llama_dir, tenants, root / "data"), "max_num_seqs": 8}
     builder = getattr(importlib.import_module(app["import_path"].split(":")[0]), app["import_path"].split(":")[1])
     port = _free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE,
+    # 3 CPUs: the engine holds one (its placement group bundle), a dedicated run's two workers the others.
+    ray.init(address="local", num_cpus=3, include_dashboard=False, namespace=RAY_NAMESPACE,
              log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -250,7 +251,7 @@ def test_dedicated_job_trains_on_ray_train_and_its_model_answers(ray_server: Ray
     """A job asking for a dedicated run trains as a Ray Train TorchTrainer of 2 CPU workers (gloo), outside
     the engine: the same events (metrics per step, checkpoints, status), checkpoints that are servable models,
     and the fine-tuned model answering through the engine the moment the job succeeds. More workers than the
-    cluster has (2 CPUs) is a 400 at creation naming `training.workers` and the cluster."""
+    cluster has room for (3 CPUs, one the engine's) is a 400 at creation naming `training.workers` and the cluster."""
     from local_server import poll_job, upload_jsonl
 
     oa = client(ray_server)
@@ -261,7 +262,8 @@ def test_dedicated_job_trains_on_ray_train_and_its_model_answers(ray_server: Ray
         oa.fine_tuning.jobs.create(model=ray_server.base, training_file=file_id,
                                    extra_body={"training": {"mode": "dedicated", "workers": 3}})
     assert info.value.param == "training.workers" and info.value.code == "insufficient_cluster_capacity"
-    assert "at most 2 worker(s) of {'CPU': 1.0} (the cluster has {'CPU': 2.0})" in info.value.message
+    assert ("at most 2 worker(s) of {'CPU': 1.0} (the cluster has {'CPU': 3.0}), less {'CPU': 1.0} the serving "
+            "actors hold") in info.value.message
     job = oa.fine_tuning.jobs.create(model=ray_server.base, training_file=file_id, suffix="ded",
                                      hyperparameters={"n_epochs": 2, "batch_size": 4},
                                      extra_body={"training": {"mode": "dedicated", "workers": 2}})

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_config import DEPLOY, local_args, serve_config
+from deploy_config import DEPLOY, SERVE_CONFIGS, local_args, serve_config
 from ray.serve.schema import ServeDeploySchema
 
 from coserve.server.assembly import app_builder
@@ -30,21 +30,44 @@ def tenants_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_serve_config_is_valid_and_names_the_builder() -> None:
-    config = ServeDeploySchema.model_validate(serve_config())
+@pytest.mark.parametrize("name", SERVE_CONFIGS)
+def test_serve_config_is_valid_and_names_the_builder(name: str) -> None:
+    config = ServeDeploySchema.model_validate(serve_config(name))
     (app,) = config.applications
     module, _, attr = app.import_path.partition(":")
     assert getattr(importlib.import_module(module), attr) is app_builder
     assert app.route_prefix == "/" and config.http_options.port == 8000
 
 
-def test_every_config_argument_is_accepted(llama_dir: Path, tenants_file: Path, tmp_path: Path) -> None:
-    (app,) = serve_config()["applications"]
-    assert {"model", "tenants", "data_dir", "device", "dtype"} <= set(app["args"])
+@pytest.mark.parametrize("name", SERVE_CONFIGS)
+def test_every_config_argument_is_accepted(llama_dir: Path, tenants_file: Path, tmp_path: Path, name: str) -> None:
+    """Through coserve's own loader (`options_from_args`, what `app_builder` runs), with this machine's
+    paths and one CPU engine in place of the GPUs; every other value lands in `ServeOptions` as written."""
+    (app,) = serve_config(name)["applications"]
+    machine = ("model", "tenants", "data_dir", "device", "dtype", "engines")
+    assert set(machine) <= set(app["args"]) and app["args"]["device"] == "cuda"
     opts = options_from_args(local_args(app["args"], llama_dir, tenants_file, tmp_path / "data"))
-    for name, value in app["args"].items():
-        if name not in ("model", "tenants", "data_dir", "device", "dtype"):
-            assert getattr(opts, name) == value, name
+    for arg, value in app["args"].items():
+        if arg not in machine:
+            assert getattr(opts, arg) == value, arg
+
+
+def _gpus_left(total_gpus: int, args: dict[str, Any]) -> int:
+    """Dedicated workers a cluster of `total_gpus` GPUs holds beside the config's engines (coserve's own
+    capacity arithmetic)."""
+    from coserve.policies.dedicated import DedicatedSettings, capacity
+    from coserve.server.engine_count import EngineRoom
+    from coserve.server.engine_pool import engine_bundle
+
+    engines = EngineRoom("GPU", total_gpus, "the cluster").count(args["engines"])  # fits, or raises
+    held = {name: amount * engines for name, amount in engine_bundle(args["device"]).items()}
+    per_worker = DedicatedSettings(use_gpu=True).per_worker()
+    return capacity({"GPU": float(total_gpus), "CPU": 64.0}, per_worker, held)
+
+
+def test_the_multi_gpu_config_fills_one_node_of_8_gpus() -> None:
+    (app,) = serve_config("serve-multi-gpu.yaml")["applications"]
+    assert app["args"]["engines"] == 6 and _gpus_left(8, app["args"]) == app["args"]["dedicated_workers"] == 2
 
 
 @pytest.mark.parametrize("change, match", [
@@ -58,6 +81,9 @@ def test_every_config_argument_is_accepted(llama_dir: Path, tenants_file: Path, 
     ({"dedicated_workers": 0}, "--dedicated-workers must be in 1..1024"),
     ({"dedicated_min_tokens": 0}, "--dedicated-min-tokens must be >= 1"),
     ({"dedicated_min_tokens": "1000"}, "dedicated_min_tokens must be int"),
+    ({"engines": 0}, "--engines must be >= 1"),
+    ({"engines": "2"}, "engines must be int"),
+    ({"engines": 100_000}, "--engines 100000: this machine has"),
 ])
 def test_bad_arguments_are_named(llama_dir: Path, tenants_file: Path, tmp_path: Path, change: dict[str, Any],
                                  match: str) -> None:
@@ -82,8 +108,11 @@ def test_rayservice_embeds_the_serve_config_and_the_image() -> None:
     head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
     (gpu_group,) = cluster["workerGroupSpecs"]
     worker = gpu_group["template"]["spec"]["containers"][0]
-    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"  # the engine actor's GPU
-    assert cluster["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    gpus = gpu_group["replicas"] * int(worker["resources"]["limits"]["nvidia.com/gpu"])
+    assert gpus == 4 and gpu_group["minReplicas"] == gpu_group["replicas"]
+    args = embedded["applications"][0]["args"]
+    assert _gpus_left(gpus, args) == args["dedicated_workers"]  # 2 engines and a dedicated run's 2 workers
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"  # no engine on the head
     data_dir = embedded["applications"][0]["args"]["data_dir"]
     for container in (head, worker):  # the gateway (head) and the scheduler and engine all see the data dir
         assert any(m["mountPath"] == data_dir for m in container["volumeMounts"])

@@ -99,8 +99,10 @@ def test_job_trained_on_vllm_is_served_by_vllm_at_once(server: Server, native: L
     assert any(e.type == "metrics" for e in oa.fine_tuning.jobs.list_events(job.id).data)
     text = scrape(server.url)
     # The scheduler's metrics, as on coserve's engine: latency histograms, tokens by kind (fine-tuning too).
-    for series in ("coserve_time_to_first_token_seconds_count", 'coserve_tokens_total{kind="finetune"'):
-        assert any(line.startswith(series) and float(line.split()[-1]) > 0 for line in text.splitlines()), series
+    for series, label in (("coserve_time_to_first_token_seconds_count", ""),
+                          ("coserve_tokens_total{", 'kind="finetune"')):
+        assert any(line.startswith(series) and label in line and float(line.split()[-1]) > 0
+                   for line in text.splitlines()), series
 
 
 def test_another_vllm_version_stops_serve_with_the_install_command(llama_dir: Path, tmp_path: Path,
