@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from local_server import LocalServer, local_server
-from tool_cases import MESSAGES, NAMED, TOOLS, valid_calls
+from tool_cases import MESSAGES, NAMED, TOOLS, check_forced_calls, check_streamed_calls
 
 KEY = "sk-tools-0123456789"
 
@@ -27,33 +27,11 @@ def qwen(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
 
 
 def test_required_and_named_replies_are_valid_calls(qwen: LocalServer) -> None:
-    oa = qwen.client(KEY)
-    reply = oa.chat.completions.create(model=qwen.base, messages=MESSAGES, tools=TOOLS, tool_choice="required",
-                                       n=4, temperature=1.0, seed=3, max_completion_tokens=400)
-    for choice in reply.choices:
-        assert choice.finish_reason == "tool_calls" and choice.message.content is None
-        assert 1 <= len(valid_calls(choice.message.tool_calls))
-    named = oa.chat.completions.create(model=qwen.base, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,
-                                       parallel_tool_calls=False, n=3, seed=5, max_completion_tokens=100)
-    for choice in named.choices:
-        assert choice.finish_reason == "tool_calls" and choice.message.content is None
-        [(name, _)] = valid_calls(choice.message.tool_calls)
-        assert name == "get_weather"
+    check_forced_calls(qwen.client(KEY), qwen.base)
 
 
 def test_streamed_calls_reassemble_to_the_same_calls(qwen: LocalServer) -> None:
-    oa = qwen.client(KEY)
-    options = {"model": qwen.base, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "n": 2,
-               "seed": 11, "temperature": 1.0, "max_completion_tokens": 400}
-    whole = oa.chat.completions.create(**options).choices
-    with oa.chat.completions.stream(**options) as stream:
-        events = [event.type for event in stream]
-        streamed = stream.get_final_completion().choices
-    assert len(streamed) == 2
-    for one, other in zip(streamed, whole, strict=True):
-        assert one.finish_reason == "tool_calls" and one.message.content is None
-        assert valid_calls(one.message.tool_calls) == valid_calls(other.message.tool_calls)  # same seeds
-    assert "tool_calls.function.arguments.done" in events
+    options = check_streamed_calls(qwen.client(KEY), qwen.base)
     raw = httpx.post(f"{qwen.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                      json={**options, "n": 1, "stream": True, "tool_choice": NAMED, "parallel_tool_calls": False},
                      timeout=60).text

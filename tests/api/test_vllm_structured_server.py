@@ -18,7 +18,7 @@ import openai
 import pytest
 from local_server import LocalServer, local_server
 from pydantic import BaseModel, Field
-from tool_cases import MESSAGES, NAMED, TOOLS, valid_calls
+from tool_cases import check_forced_calls, check_streamed_calls
 from vllm_support import require_vllm
 
 require_vllm()
@@ -78,32 +78,11 @@ def test_json_object_replies_are_objects(server: LocalServer, model_dirs: dict[s
 
 
 def test_forced_tool_calls_are_valid_calls(server: LocalServer) -> None:
-    oa = server.client(KEY)
-    reply = oa.chat.completions.create(model=server.base, messages=MESSAGES, tools=TOOLS, tool_choice="required",
-                                       n=4, temperature=1.0, seed=3, max_completion_tokens=400)
-    for choice in reply.choices:
-        assert choice.finish_reason == "tool_calls" and choice.message.content is None
-        assert 1 <= len(valid_calls(choice.message.tool_calls))
-    named = oa.chat.completions.create(model=server.base, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,
-                                       parallel_tool_calls=False, n=3, seed=5, max_completion_tokens=100)
-    for choice in named.choices:
-        assert choice.finish_reason == "tool_calls" and choice.message.content is None
-        [(name, _)] = valid_calls(choice.message.tool_calls)
-        assert name == "get_weather"
+    check_forced_calls(server.client(KEY), server.base)
 
 
 def test_streamed_calls_reassemble_to_the_same_calls(server: LocalServer) -> None:
-    oa = server.client(KEY)
-    options = {"model": server.base, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "n": 2,
-               "seed": 11, "temperature": 1.0, "max_completion_tokens": 400}
-    whole = oa.chat.completions.create(**options).choices
-    with oa.chat.completions.stream(**options) as stream:
-        events = [event.type for event in stream]
-        streamed = stream.get_final_completion().choices
-    assert "tool_calls.function.arguments.done" in events
-    for one, other in zip(streamed, whole, strict=True):
-        assert one.finish_reason == "tool_calls"
-        assert valid_calls(one.message.tool_calls) == valid_calls(other.message.tool_calls)  # same seeds
+    check_streamed_calls(server.client(KEY), server.base)
 
 
 def test_logprobs_under_a_grammar_are_finite_and_allowed(server: LocalServer) -> None:
