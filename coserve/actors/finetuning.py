@@ -14,28 +14,25 @@ model, failures with their reason.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from coserve.actors.dedicated_jobs import DedicatedJob, DedicatedJobs, is_dedicated, route_job
-from coserve.actors.job_failures import JobRefused, failure
+from coserve.actors.dedicated_jobs import DedicatedJob, DedicatedJobs, is_dedicated
+from coserve.actors.job_failures import failure
+from coserve.actors.job_preparation import FineTuningSettings, JobPreparation
 from coserve.actors.job_runner import JobRunner
 from coserve.actors.job_resume import resume_spec
 from coserve.actors.job_storage import JobStorage
-from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S, JobWatchdog
+from coserve.actors.job_watchdog import JobWatchdog
 from coserve.actors.store import MetadataStore
 from coserve.actors.store.records import JobRecord, JobStatus
-from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
-from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
+from coserve.frontend.job_prep import PreparedJob
 from coserve.policies.data_position import DataPosition
-from coserve.policies.dedicated import DedicatedSettings
 from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind
-from coserve.policies.quotas import TenantLimits, TenantQuota
+from coserve.policies.quotas import TenantLimits
 from coserve.policies.storage_quota import QUOTA_CODES
 
 logger = logging.getLogger(__name__)
@@ -44,17 +41,6 @@ logger = logging.getLogger(__name__)
 DEDICATED_ENGINE_LABEL = "dedicated"
 # How often the job loop looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
 RECONCILE_INTERVAL_S = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class FineTuningSettings:
-    base_model_id: str  # the public id of the served base model
-    base_model_path: str
-    data_dir: Path  # adapters go to {data_dir}/adapters/{job_id}/ (stored as absolute paths)
-    num_layers: int
-    max_model_len: int
-    stall_after_s: float = DEFAULT_STALL_AFTER_S  # a running job without progress this long gets an event
-    dedicated: DedicatedSettings | None = None  # jobs on Ray Train of their own (None: no Ray, none)
 
 
 @dataclass(slots=True)
@@ -109,9 +95,9 @@ class JobManager:
         self._on_trained = on_trained  # (tenant, trained tokens of a completed step, engine), for metrics
         self._running: dict[str, _Running] = {}  # touched on the event loop only
         self._prepared: dict[str, PreparedJob] = {}  # validated, not yet started (collect's thread)
-        self._next_adapter_id = FIRST_TRAINING_ADAPTER_ID
         self.watchdog = JobWatchdog(settings.stall_after_s)
         self._storage = JobStorage(store, self._limits)
+        self._preparation = JobPreparation(store, tokenizer, settings, self._limits, self._storage)
         self._dedicated = dedicated  # the jobs that train on Ray Train (None: no Ray)
 
     @property
@@ -176,7 +162,7 @@ class JobManager:
     def _validate(self, record: JobRecord) -> None:
         """Tokenize the training file and resolve "auto": queued, or failed with the reason."""
         try:
-            self._prepared[record.id] = self._prepare(record)
+            self._prepared[record.id] = self._preparation.prepare(record)
         except ValueError as err:
             code, param = failure(err)
             self._fail(record, code, str(err), param=param)
@@ -184,63 +170,12 @@ class JobManager:
         self._store.events.add(record.id, "Validated the training file")
         self._store.jobs.update(record.id, status=JobStatus.QUEUED)
 
-    def _prepare(self, record: JobRecord, *, resume: bool = False) -> PreparedJob:
-        content = self._store.files.content(record.tenant, record.training_file)
-        if content is None:
-            raise ValueError(f"the training file {record.training_file} no longer exists")
-        examples = _jsonl(content)
-        validation = []
-        if record.validation_file is not None:
-            raw = self._store.files.content(record.tenant, record.validation_file)
-            if raw is None:
-                raise JobRefused(f"the validation file {record.validation_file} no longer exists",
-                                 "invalid_validation_file", "validation_file")
-            validation = _jsonl(raw)
-        init_adapter = None
-        if record.model != self._settings.base_model_id:
-            model = self._store.models.get(record.tenant, record.model)
-            if model is None or model.adapter_path is None:
-                raise JobRefused(f"model {record.model} is not this server's base model or one of "
-                                 f"your fine-tuned models", "model_not_available", "model")
-            init_adapter = model.adapter_path
-        prepared = prepare_job(
-            self._tokenizer, examples, job_id=record.id, tenant=record.tenant,
-            adapter_id=self._allocate_adapter_id(), num_layers=self._settings.num_layers,
-            max_len=self._settings.max_model_len,
-            output_dir=self._settings.data_dir.resolve() / "adapters" / record.id,
-            hyperparameters=HyperparameterRequest.from_dict(record.hyperparameters),
-            lora=LoRASettings.from_dict(record.extensions.get("lora") or {}), seed=record.seed,
-            base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
-            validation=validation)
-        route_job(self._store, record, prepared.hyperparameters.total_trained_tokens, self._settings.dedicated,
-                  decide=not resume)  # decided once, kept in the row; JobRefused when it needs Ray
-        quota = TenantQuota(self._limits.get(record.tenant, TenantLimits()))
-        # The concurrency part of the quota was checked when the job was created.
-        refusal = quota.admit_job(0, prepared.hyperparameters.total_trained_tokens)
-        if refusal is not None and refusal.limit == "max_training_tokens_per_job":
-            raise JobRefused(refusal.reason, "quota_exceeded", "training_file")
-        if not resume:  # a resumed job keeps the reservation it was admitted with
-            refusal = self._storage.reserve(record, prepared.hyperparameters.n_epochs)
-            if refusal is not None:
-                raise JobRefused(refusal.reason, QUOTA_CODES[refusal.limit], None)
-            hp = prepared.hyperparameters
-            self._store.jobs.update(record.id, hyperparameters={
-                "n_epochs": hp.n_epochs, "batch_size": hp.batch_size,
-                "learning_rate_multiplier": hp.learning_rate_multiplier})
-            for warning in prepared.dataset.warnings:
-                self._store.events.add(record.id, warning, level="warn")
-        return prepared
-
-    def _allocate_adapter_id(self) -> int:
-        self._next_adapter_id += 1
-        return self._next_adapter_id
-
     def _start_intent(self, record: JobRecord) -> list[Intent]:
         """A queued job's spec (tokenized again after a restart), resuming from its last checkpoint
         when it has one."""
         prepared = self._prepared.pop(record.id, None)
         try:
-            prepared = prepared or self._prepare(record, resume=True)
+            prepared = prepared or self._preparation.prepare(record, resume=True)
         except ValueError as err:
             code, param = failure(err)
             self._fail(record, code, str(err), param=param)
@@ -419,7 +354,3 @@ _HANDLERS = {
     JobEventKind.VALIDATION: JobManager._on_validation,
 }
 
-
-def _jsonl(content: bytes) -> list[Any]:
-    """The examples of a fine-tuning JSONL file (checked at upload)."""
-    return [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]

@@ -26,8 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 from coserve.actors.admission import AdmissionControl
@@ -35,7 +34,8 @@ from coserve.actors.data_dir_lock import DataDirLock
 from coserve.actors.engine_cluster import ClusterEngines
 from coserve.actors.engine_set import Budgets, EngineSet, SingleEngine
 from coserve.actors.finetuning import FineTuningSettings, JobManager, open_job_manager
-from coserve.actors.metrics import SchedulerMetrics, Slo
+from coserve.actors.metrics import SchedulerMetrics
+from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.contract.engine import EngineFailure
@@ -43,11 +43,8 @@ from coserve.contract.messages import Admission, Rejection, TokenBatch, TokenSub
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.frontend.tokenizer import Tokenizer
 from coserve.platform.config import ModelConfig
-from coserve.policies import defaults
-from coserve.policies.dedicated import DedicatedSettings
 from coserve.policies.engine_core import Step, StepFailed
 from coserve.policies.policy_factory import EngineLayout, PolicyFactory, fcfs_policy
-from coserve.policies.quotas import TenantLimits
 from coserve.policies.request import RequestStatus, expand_request
 
 logger = logging.getLogger(__name__)
@@ -59,30 +56,6 @@ EMPTY_PLAN_WAIT_S = 0.05
 # How long a scheduler that takes the data dir's lock itself (on Ray) waits for it: a replaced Serve
 # replica's scheduler may still be exiting when the new one starts. A second server fails after it.
 DATA_DIR_HANDOVER_S = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerSettings:
-    """How to build a SchedulerActor (plain data: it is sent to the actor's process).
-
-    Args:
-        model: the base model folder (its config; the job manager tokenizes training files with its
-            tokenizer).
-        max_num_seqs / max_batch_tokens / enable_prefix_caching: the policy's budgets.
-        tenant_limits: requests/min and tokens/min per tenant (absent: unlimited).
-        slo: latency objectives for the SLO attainment metrics.
-    """
-
-    model: str
-    max_num_seqs: int = defaults.MAX_NUM_SEQS
-    max_batch_tokens: int = defaults.MAX_BATCH_TOKENS
-    enable_prefix_caching: bool = True
-    tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
-    slo: Slo = Slo()
-    data_dir: str | None = None  # the metadata store's folder: fine-tuning jobs run when it is set
-    base_model_id: str = ""  # the base model's public id (fine-tuned ids start `ft:{base}:`)
-    dedicated: DedicatedSettings | None = None  # fine-tuning on Ray Train runs of their own (None: no Ray)
-    engines: int = 1  # engines it drives: 1, one policy; more, a ClusterScheduler (`EngineSet`)
 
 
 class SchedulerActor:

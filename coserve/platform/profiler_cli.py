@@ -1,6 +1,6 @@
 """`coserve profile`: fit the iteration latency model on this machine (registered by `coserve.cli`).
 
-    coserve profile --model DIR [--device D] [--dtype T] [--iterations N] [--repeats R] --json OUT
+    coserve profile --model DIR [--device D] [--dtype T] [--iterations N] [--repeats R] [--threads T] --json OUT
 
 Writes `{"heldout_mape", "heldout_samples", "coefficients", ...}`: the fitted `LatencyModel` (its
 `to_dict`, which `serve` loads) plus how well it predicted the held-out iterations. Heavy imports
@@ -37,6 +37,9 @@ def register_profile(subparsers: Any) -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per scenario, the fastest kept (default: 3)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads while profiling (default: torch's); profile with the threads "
+                             "the engine will serve with, since an iteration's time depends on them")
     parser.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
                         metavar="{" + ",".join(k.value for k in EngineKind) + "}",
                         help="the backend to profile, as `coserve serve --engine` (default: native)")
@@ -51,10 +54,15 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from coserve.platform.tiny_model import create_random_adapter
     from coserve.policies.latency import ModelFingerprint, engine_machine_id, model_id_from_config
 
-    if args.adapters < 0 or args.iterations < 4 or args.max_context < 16 or args.repeats < 1:
-        print("error: --adapters must be >= 0, --iterations >= 4, --max-context >= 16, --repeats >= 1",
-              file=sys.stderr)
+    if (args.adapters < 0 or args.iterations < 4 or args.max_context < 16 or args.repeats < 1
+            or (args.threads is not None and args.threads < 1)):
+        print("error: --adapters must be >= 0, --iterations >= 4, --max-context >= 16, --repeats >= 1, "
+              "--threads >= 1", file=sys.stderr)
         return 2
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     contexts = tuple(c for c in (16, 128, 512, 2048) if c <= args.max_context)
     settings = SweepSettings(iterations=args.iterations, seed=args.seed, contexts=contexts,
                              repeats=args.repeats)
@@ -78,6 +86,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         report = profile(engine, fingerprint, adapters, settings)
     Path(args.json).write_text(json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n",
                                encoding="utf-8")
+    import torch
+
     print(f"held-out MAPE {report.heldout_mape:.2f}% on {report.heldout_samples} iterations "
-          f"(fit on {report.train_samples}, fit MAPE {report.train_mape:.2f}%); wrote {args.json}")
+          f"(fit on {report.train_samples}, fit MAPE {report.train_mape:.2f}%) with {torch.get_num_threads()} "
+          f"torch thread(s); wrote {args.json}")
     return 0

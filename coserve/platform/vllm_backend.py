@@ -24,10 +24,11 @@ relies on, and why each is an internal of vLLM 0.32.0 (hence the exact version c
   (`Request.structured_output_request.grammar`) before it runs again, and the matcher's error state
   read after each step (`grammar_error`);
 * on CPU, `dispatch_cpu_unquantized_gemm` is asked to keep each linear layer's torch weight (by default
-  it hands the weight to oneDNN and frees it), so the views stay valid;
+  it hands the weight to oneDNN and frees it), so the views stay valid (`vllm_patches.py`, with the
+  environment vLLM reads and the CPU generators' rewind);
 * the model is `llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
   .model`, with vLLM's stacked `qkv_proj` and `gate_up_proj` (coserve's own fused layout), each
-  linear layer wrapped by a LoRA layer whose `base_layer` holds the weight.
+  linear layer wrapped by a LoRA layer whose `base_layer` holds the weight (`vllm_weights.py`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +43,10 @@ from typing import Any
 
 import torch
 
-from coserve.platform.config import ModelConfig, UnsupportedModelError
-from coserve.platform.weights import LayerWeights, ModelWeights
+from coserve.platform.config import ModelConfig
+from coserve.platform.vllm_patches import keep_cpu_weights, rewind_cpu_generators, set_environment
+from coserve.platform.vllm_weights import model_weights
+from coserve.platform.weights import ModelWeights
 from coserve.contract.engine import EngineStartError
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import SamplingParams
@@ -118,70 +120,6 @@ class SampledOutput:
     grammar_error: bool = False  # the request's grammar cannot go on (`SampledToken.grammar_error`)
 
 
-def _environment(device: str) -> None:
-    """vLLM reads these at import and engine start: the engine core in this process (the trainer shares
-    its tensors), no hub access, OpenMP threads not pinned to a core subset on CPU."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if device == "cpu":
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
-
-def _keep_cpu_weights() -> None:
-    """vLLM's CPU linear layers hand their weight to oneDNN and free it; keep it (the trainer's views)."""
-    utils = importlib.import_module("vllm.model_executor.layers.utils")
-    dispatch = utils.dispatch_cpu_unquantized_gemm
-    if getattr(dispatch, "_coserve_keeps_weights", False):
-        return
-
-    def keep(layer: torch.nn.Module, remove_weight: bool) -> None:
-        dispatch(layer, False)
-
-    keep._coserve_keeps_weights = True  # type: ignore[attr-defined]
-    utils.dispatch_cpu_unquantized_gemm = keep
-    # Modules that imported the function by name before this patch.
-    for name in ("vllm.model_executor.layers.linear", "vllm.model_executor.layers.vocab_parallel_embedding"):
-        module = importlib.import_module(name)
-        if getattr(module, "dispatch_cpu_unquantized_gemm", None) is dispatch:
-            module.dispatch_cpu_unquantized_gemm = keep
-
-
-def _rewind_cpu_generators(runner: Any) -> None:
-    """Undo a discarded sample of a seeded request on CPU, as vLLM does on CUDA.
-
-    A chunk that ends inside the prompt still samples, and vLLM's runner discards the token and rewinds
-    the request's generator by its offset (`_bookkeeping_sync`), which only CUDA generators have: on
-    CPU a seeded request whose prompt spans several chunks stopped the engine ("CPU Generator does not
-    use offset"). Here the seeded generators' states are kept before each sample (`_sample`), and the
-    discarded ones get theirs back, out of the runner's sight, so the same seed gives the same tokens
-    however the prompt was chunked.
-    """
-    states: dict[int, torch.Tensor] = {}
-    sample, bookkeeping = runner._sample, runner._bookkeeping_sync
-
-    def keep_states_then_sample(*args: Any, **kwargs: Any) -> Any:
-        states.clear()
-        states.update({i: g.get_state() for i, g in runner.input_batch.generators.items()})
-        return sample(*args, **kwargs)
-
-    def bookkeeping_with_states_restored(*args: Any, **kwargs: Any) -> Any:
-        generators = runner.input_batch.generators
-        discarded = runner.discard_request_mask.np[:runner.input_batch.num_reqs].nonzero()[0]
-        held = {int(i): generators.pop(int(i)) for i in discarded if int(i) in generators}
-        try:
-            return bookkeeping(*args, **kwargs)
-        finally:
-            for i, generator in held.items():
-                if i in states:
-                    generator.set_state(states[i])
-                generators[i] = generator
-            states.clear()  # this step's, never restored in another
-
-    runner._sample = keep_states_then_sample
-    runner._bookkeeping_sync = bookkeeping_with_states_restored
-
-
 class VllmRuntime:
     """An in-process vLLM engine driven step by step, with coserve choosing each step's chunks.
 
@@ -197,11 +135,11 @@ class VllmRuntime:
     """
 
     def __init__(self, settings: VllmSettings) -> None:
-        _environment(settings.device)
+        set_environment(settings.device)
         vllm = check_vllm()
         self._vllm = vllm
         if settings.device == "cpu":
-            _keep_cpu_weights()
+            keep_cpu_weights()
         kwargs: dict[str, Any] = dict(
             model=settings.model, dtype=settings.dtype, seed=settings.seed, enforce_eager=True,
             enable_lora=True, max_loras=max(1, settings.max_loras), max_lora_rank=settings.max_lora_rank,
@@ -226,7 +164,7 @@ class VllmRuntime:
         runner = core.model_executor.driver_worker.worker.model_runner
         self._model = runner.model
         if settings.device == "cpu":
-            _rewind_cpu_generators(runner)
+            rewind_cpu_generators(runner)
         self._targets: dict[str, int] = {}  # vLLM request id -> the position its chunk ends at
         self._vllm_ids: dict[str, str] = {}  # coserve request id -> vLLM's request id
         self._num_logprobs: dict[str, int | None] = {}  # coserve request id -> top logprobs asked for
@@ -437,25 +375,9 @@ class VllmRuntime:
         """Whether the adapter folder at `path` is loaded into vLLM under an id (as its files are now)."""
         return path in self._lora_ids
 
-    # ------------------------------------------------------------------------------ weights
-
     def weights(self, cfg: ModelConfig) -> ModelWeights:
-        """coserve's `ModelWeights` as views of vLLM's own tensors (no copy: the same storage).
-
-        Raises:
-            UnsupportedModelError: vLLM's module tree or shapes are not the layout coserve expects.
-        """
-        model = self._model
-        try:
-            decoder = model.model
-            layers = [_layer(layer, cfg) for layer in decoder.layers]
-            embed = _weight(decoder.embed_tokens)[: cfg.vocab_size]
-            head = _weight(model.lm_head)[: cfg.vocab_size] if hasattr(model, "lm_head") else embed
-            final_norm = decoder.norm.weight
-        except AttributeError as error:
-            raise UnsupportedModelError(f"vLLM's {type(model).__name__} is not laid out as coserve's "
-                                        f"trainer expects: {error}") from None
-        return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=head)
+        """coserve's `ModelWeights` as views of vLLM's own tensors (see `vllm_weights.model_weights`)."""
+        return model_weights(self._model, cfg)
 
 
 def _lark(spec: StructuredOutput) -> str:
@@ -466,33 +388,3 @@ def _lark(spec: StructuredOutput) -> str:
     except StructuredOutputError as error:
         logger.warning("structured output: a grammar that cannot be enforced reached the engine: %s", error)
         return ""
-
-
-def _weight(module: torch.nn.Module) -> torch.Tensor:
-    """A linear or embedding layer's weight (the base layer's when vLLM wrapped it for LoRA)."""
-    return getattr(module, "base_layer", module).weight
-
-
-def _bias(module: torch.nn.Module) -> torch.Tensor | None:
-    return getattr(getattr(module, "base_layer", module), "bias", None)
-
-
-def _layer(layer: torch.nn.Module, cfg: ModelConfig) -> LayerWeights:
-    attn, mlp = layer.self_attn, layer.mlp
-    q_norm = getattr(attn, "q_norm", None)
-    k_norm = getattr(attn, "k_norm", None)
-    weights = LayerWeights(
-        input_norm=layer.input_layernorm.weight, qkv_w=_weight(attn.qkv_proj), qkv_b=_bias(attn.qkv_proj),
-        q_norm=None if q_norm is None else q_norm.weight, k_norm=None if k_norm is None else k_norm.weight,
-        o_w=_weight(attn.o_proj), o_b=_bias(attn.o_proj), post_norm=layer.post_attention_layernorm.weight,
-        gate_up_w=_weight(mlp.gate_up_proj), gate_up_b=_bias(mlp.gate_up_proj),
-        down_w=_weight(mlp.down_proj), down_b=_bias(mlp.down_proj))
-    h = cfg.hidden_size
-    expected = {"qkv_w": (cfg.q_size + 2 * cfg.kv_size, h), "o_w": (h, cfg.q_size),
-                "gate_up_w": (2 * cfg.intermediate_size, h), "down_w": (h, cfg.intermediate_size)}
-    for name, shape in expected.items():
-        found = tuple(getattr(weights, name).shape)
-        if found != shape:
-            raise UnsupportedModelError(f"vLLM's {name} has shape {found}, coserve expects {shape} "
-                                        f"(the weight was not kept, or another layout)")
-    return weights

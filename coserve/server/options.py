@@ -179,7 +179,7 @@ class ServeOptions:
 
     def scheduler_settings(self, tenants: Any, engines: int = 1) -> Any:
         """The SchedulerActor's settings, for a scheduler driving `engines` engines."""
-        from coserve.actors.scheduler import SchedulerSettings
+        from coserve.actors.scheduler_settings import SchedulerSettings
         from coserve.policies.hybrid_config import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
 
         # The SLOs the policy keeps (its defaults when not given): /metrics counts attainment against them.

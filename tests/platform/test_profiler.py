@@ -4,6 +4,9 @@ ones, and the CLI writes a profile `LatencyModel` loads (a tiny sweep: no accura
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,8 @@ from coserve.platform.engine import Engine
 from coserve.platform.engine_config import EngineConfig
 from coserve.platform.profiler import DesignedPlans, Scenario, SweepSettings, _Harness, design
 from coserve.policies.latency import COEFFICIENT_NAMES, LatencyModel
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_design_is_seeded_and_fits_the_context() -> None:
@@ -56,9 +61,26 @@ def test_profile_cli_writes_a_loadable_profile(model_dirs: dict[str, Path], tmp_
     assert model.fingerprint.dtype == "float32"
 
 
+def test_profile_cli_profiles_with_the_threads_asked(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """In a fresh interpreter: torch's thread count is process-wide (and vLLM, loaded by other tests in this
+    one, pins it)."""
+    out = tmp_path / "p.json"
+    for threads in (1, 2):
+        run = subprocess.run([sys.executable, "-m", "coserve.cli", "profile", "--model", str(model_dirs["llama"]),
+                              "--json", str(out), "--iterations", "4", "--adapters", "0", "--max-context", "16",
+                              "--repeats", "1", "--threads", str(threads)],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert f"with {threads} torch thread(s); wrote {out}" in run.stdout, run.stdout
+        assert LatencyModel.from_dict(json.loads(out.read_text())).fingerprint.dtype == "float32"
+
+
 def test_profile_cli_rejects_bad_arguments(tmp_path: Path) -> None:
     assert main(["profile", "--model", str(tmp_path), "--json", str(tmp_path / "x.json"),
                  "--iterations", "2"]) == 2
+    assert main(["profile", "--model", str(tmp_path), "--json", str(tmp_path / "x.json"),
+                 "--threads", "0"]) == 2
     with pytest.raises(SystemExit):
         main(["profile", "--json", "x.json"])
 

@@ -1,0 +1,126 @@
+"""Turning a stored fine-tuning job into one the policy can run: the one place a job is validated.
+
+`JobManager` calls `JobPreparation.prepare` for a new job (on the job loop's worker thread) and again for
+a job resumed after a restart; everything that can refuse a job before it trains is here: the files
+still exist, the base model is this server's or the tenant's own fine-tuned model, the per-job token
+quota, the tenant's storage, and where the job trains (the shared engines or Ray Train).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coserve.actors.dedicated_jobs import route_job
+from coserve.actors.job_failures import JobRefused
+from coserve.actors.job_storage import JobStorage
+from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S
+from coserve.actors.store import MetadataStore
+from coserve.actors.store.records import JobRecord
+from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
+from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
+from coserve.policies.dedicated import DedicatedSettings
+from coserve.policies.quotas import TenantLimits, TenantQuota
+from coserve.policies.storage_quota import QUOTA_CODES
+
+
+@dataclass(frozen=True, slots=True)
+class FineTuningSettings:
+    """What the scheduler's job manager needs to know of the server it runs jobs for."""
+
+    base_model_id: str  # the public id of the served base model
+    base_model_path: str
+    data_dir: Path  # adapters go to {data_dir}/adapters/{job_id}/ (stored as absolute paths)
+    num_layers: int
+    max_model_len: int
+    stall_after_s: float = DEFAULT_STALL_AFTER_S  # a running job without progress this long gets an event
+    dedicated: DedicatedSettings | None = None  # jobs on Ray Train of their own (None: no Ray, none)
+
+
+class JobPreparation:
+    """Validates and tokenizes jobs for one server; hands out the adapter ids of the jobs it prepares.
+
+    Args:
+        store: the metadata store (files, models, job rows, events).
+        tokenizer: the engine's tokenizer (torch-free).
+        settings: the server's fine-tuning settings.
+        limits: tenant -> quota limits (a tenant not in it has the defaults).
+        storage: the tenant storage reservations.
+    """
+
+    def __init__(self, store: MetadataStore, tokenizer: Any, settings: FineTuningSettings,
+                 limits: Mapping[str, TenantLimits], storage: JobStorage) -> None:
+        self._store, self._tokenizer, self._settings = store, tokenizer, settings
+        self._limits, self._storage = limits, storage
+        self._next_adapter_id = FIRST_TRAINING_ADAPTER_ID
+
+    def prepare(self, record: JobRecord, *, resume: bool = False) -> PreparedJob:
+        """The job's training data tokenized, its hyperparameters resolved, its route (engine or Ray Train)
+        decided and, for a new job (not `resume`), its storage reserved and its resolved hyperparameters and
+        data warnings written to the store.
+
+        Raises:
+            ValueError: the job cannot run (`JobRefused` with its OpenAI code and param, or the
+                tokenizer's reason); `job_failures.failure` maps it to the job's error.
+        """
+        content = self._store.files.content(record.tenant, record.training_file)
+        if content is None:
+            raise ValueError(f"the training file {record.training_file} no longer exists")
+        examples = _jsonl(content)
+        validation = []
+        if record.validation_file is not None:
+            raw = self._store.files.content(record.tenant, record.validation_file)
+            if raw is None:
+                raise JobRefused(f"the validation file {record.validation_file} no longer exists",
+                                 "invalid_validation_file", "validation_file")
+            validation = _jsonl(raw)
+        init_adapter = None
+        if record.model != self._settings.base_model_id:
+            model = self._store.models.get(record.tenant, record.model)
+            if model is None or model.adapter_path is None:
+                raise JobRefused(f"model {record.model} is not this server's base model or one of "
+                                 f"your fine-tuned models", "model_not_available", "model")
+            init_adapter = model.adapter_path
+        prepared = prepare_job(
+            self._tokenizer, examples, job_id=record.id, tenant=record.tenant,
+            adapter_id=self._allocate_adapter_id(), num_layers=self._settings.num_layers,
+            max_len=self._settings.max_model_len,
+            output_dir=self._settings.data_dir.resolve() / "adapters" / record.id,
+            hyperparameters=HyperparameterRequest.from_dict(record.hyperparameters),
+            lora=LoRASettings.from_dict(record.extensions.get("lora") or {}), seed=record.seed,
+            base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
+            validation=validation)
+        route_job(self._store, record, prepared.hyperparameters.total_trained_tokens, self._settings.dedicated,
+                  decide=not resume)  # decided once, kept in the row; JobRefused when it needs Ray
+        quota = TenantQuota(self._limits.get(record.tenant, TenantLimits()))
+        # The concurrency part of the quota was checked when the job was created.
+        refusal = quota.admit_job(0, prepared.hyperparameters.total_trained_tokens)
+        if refusal is not None and refusal.limit == "max_training_tokens_per_job":
+            raise JobRefused(refusal.reason, "quota_exceeded", "training_file")
+        if not resume:  # a resumed job keeps the reservation it was admitted with
+            refusal = self._storage.reserve(record, prepared.hyperparameters.n_epochs)
+            if refusal is not None:
+                raise JobRefused(refusal.reason, QUOTA_CODES[refusal.limit], None)
+            hp = prepared.hyperparameters
+            self._store.jobs.update(record.id, hyperparameters={
+                "n_epochs": hp.n_epochs, "batch_size": hp.batch_size,
+                "learning_rate_multiplier": hp.learning_rate_multiplier})
+            for warning in prepared.dataset.warnings:
+                self._store.events.add(record.id, warning, level="warn")
+        return prepared
+
+    def _allocate_adapter_id(self) -> int:
+        self._next_adapter_id += 1
+        return self._next_adapter_id
+
+    def _allocate_adapter_id(self) -> int:
+        self._next_adapter_id += 1
+        return self._next_adapter_id
+
+
+def _jsonl(content: bytes) -> list[Any]:
+    """The examples of a fine-tuning JSONL file (checked at upload)."""
+    return [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]
