@@ -17,7 +17,9 @@ correlated features the covariance form lost positive-definiteness to rounding a
 while ``R`` is a sum of PSD terms and cannot. A fixed ridge term ``|θ - θ0|² / prior_variance`` anchors
 the solve at the fitted (or loaded) coefficients θ0: it is what stops wind-up in directions that are never
 excited (no fine-tuning for an hour keeps those costs instead of letting them drift to anything), and it
-is negligible wherever data exist. The solve is non-negative (NNLS on the Cholesky factor) like `fit`.
+is negligible wherever data exist. The solve is non-negative like `fit` (`nonnegative_quadratic`,
+warm-started from the last iteration's positive set: online, that set rarely changes, so one
+restricted solve and a check of the optimality conditions usually settle it).
 
 Columns are scaled by their largest magnitude at fit time (attention pairs are ~1e6, adapters ~1) so the
 solve and the information matrix are well conditioned; the scales travel in the JSON so a loaded model refines the
@@ -45,6 +47,7 @@ from coserve.policies.latency_features import (
     PlanFeatures,
     plan_features,
 )
+from coserve.policies.nonnegative import nnls, nonnegative_quadratic
 from coserve.policies.sample_guard import SampleGuard
 
 __all__ = [
@@ -113,36 +116,6 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
-def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Lawson-Hanson active-set NNLS: argmin ||a x - b|| subject to x >= 0."""
-    n = a.shape[1]
-    x = np.zeros(n)
-    passive = np.zeros(n, dtype=bool)
-    tol = 10 * np.finfo(float).eps * np.linalg.norm(a, 1) * max(a.shape)
-    for _ in range(3 * n):  # each outer step frees one variable; 3n is the classic bound
-        w = a.T @ (b - a @ x)
-        if passive.all() or w[~passive].max() <= tol:
-            break
-        passive[int(np.argmax(np.where(passive, -np.inf, w)))] = True
-        for _ in range(3 * n):  # inner loop: step back until the passive solution is positive
-            z = np.zeros(n)
-            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if z[passive].min() > tol:
-                break
-            bad = passive & (z <= tol)
-            gap = x[bad] - z[bad]
-            # A variable already at 0 that would stay at 0 blocks the step (ratio 0) instead of 0/0.
-            alpha = np.divide(x[bad], gap, out=np.zeros_like(gap), where=gap > 0).min()
-            x = x + alpha * (z - x)
-            passive &= x > tol
-            x[~passive] = 0.0
-            if not passive.any():
-                z = np.zeros(n)
-                break
-        x = z
-    return np.maximum(x, 0.0)
-
-
 class LatencyModel:
     """Predicts an iteration's wall time in seconds from its `PlanFeatures`.
 
@@ -205,6 +178,7 @@ class LatencyModel:
         self._anchor = np.array(self._coef) * np.array(self._scales)  # θ0, scaled coordinates
         self._info = np.zeros((n, n)) if info is None else info  # R
         self._moment = np.zeros(n) if moment is None else moment  # r
+        self._positive: np.ndarray | None = None  # the last solve's positive coefficients (a warm start)
 
     def predict(self, features: PlanFeatures) -> float:
         """Predicted wall time of an iteration with these features, in seconds (pure Python: hot path)."""
@@ -241,7 +215,7 @@ class LatencyModel:
         unseen = scales == 0
         scales[unseen] = np.array(DEFAULT_SCALES)[unseen]
         a = x / scales / y[:, None]  # relative error: row i divided by its measured time
-        theta = _nnls(a, np.ones(len(y)))
+        theta = nnls(a, np.ones(len(y)))
         self._scales = scales.tolist()
         self._coef = (theta / scales).tolist()
         self._reset_online(a.T @ a, a.T @ np.ones(len(y)))
@@ -288,9 +262,9 @@ class LatencyModel:
         system = self._info + ridge * np.eye(len(x))
         rhs = self._moment + ridge * self._anchor
         theta = np.linalg.solve(system, rhs)
-        if theta.min() < 0.0:  # rare: only when a cost is really ~0; solve the constrained problem
-            lower = np.linalg.cholesky(system)  # system = L Lᵀ, so |Lᵀθ - L⁻¹rhs|² is the objective
-            theta = _nnls(lower.T, np.linalg.solve(lower, rhs))
+        if theta.min() < 0.0:  # a cost that is really ~0 estimated slightly negative: constrained solve
+            theta = nonnegative_quadratic(system, rhs, self._positive)
+        self._positive = theta > 0.0
         self._coef = (theta / scales).tolist()
         return predicted
 

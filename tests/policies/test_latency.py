@@ -15,8 +15,9 @@ import pytest
 from coserve.contract.plan import AdapterLoad, IterationPlan, NewSequence, ScheduledChunk
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import BackwardTasklet, ForwardWindow, TrainingWork
-from coserve.policies.latency import (COEFFICIENT_NAMES, LatencyModel, ModelFingerprint, PlanFeatures, _nnls,
+from coserve.policies.latency import (COEFFICIENT_NAMES, LatencyModel, ModelFingerprint, PlanFeatures,
                                       machine_id, model_id_from_config, plan_features)
+from coserve.policies.nonnegative import nnls, nonnegative_quadratic
 
 FP = ModelFingerprint(model_id="abc123", machine="Linux-x86_64 | test-cpu x2 | cpu", dtype="float32")
 # Plausible CPU costs (seconds per unit); the fine-tuning features stay 0 in these samples.
@@ -116,7 +117,7 @@ def test_nnls_meets_the_optimality_conditions_where_plain_least_squares_goes_neg
     a = np.hstack([base, base + rng.normal(0.0, 0.1, size=(60, 1)), rng.uniform(0.0, 1.0, size=(60, 2))])
     b = a @ np.array([1.0, -0.3, 0.5, 0.2]) + rng.normal(0.0, 0.05, size=60)
     assert np.linalg.lstsq(a, b, rcond=None)[0].min() < 0  # the case worth testing
-    x = _nnls(a, b)
+    x = nnls(a, b)
     gradient = a.T @ (b - a @ x)  # KKT: zero where x > 0, <= 0 where x == 0
     assert x.min() >= 0.0
     assert np.all(np.abs(gradient[x > 0]) < 1e-9)
@@ -165,7 +166,8 @@ def test_rls_stays_non_negative_when_a_cost_drifts_to_zero(monkeypatch: pytest.M
     import coserve.policies.latency as latency
 
     calls = []
-    monkeypatch.setattr(latency, "_nnls", lambda a, b: calls.append(1) or _nnls(a, b))
+    monkeypatch.setattr(latency, "nonnegative_quadratic",
+                        lambda s, r, p: calls.append(1) or nonnegative_quadratic(s, r, p))
     free_sequences = {**TRUE, "num_sequences": 0.0}
     model = LatencyModel(FP, forgetting=0.98)
     model.fit(_samples(TRUE, 200, seed=11))
