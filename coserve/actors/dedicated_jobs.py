@@ -15,20 +15,18 @@ starts it again from its last checkpoint, as after a server restart.
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from coserve.actors.job_failures import JobRefused
+from coserve.actors.leftover_groups import LeftoverGroups
 from coserve.actors.store import JobRecord, MetadataStore
 from coserve.contract.dedicated_run import Command, RunSpec
 from coserve.policies.dedicated import (TRAINING_KEY, DedicatedSettings, Route, TrainingMode, TrainingRequest,
                                         capacity, route)
 from coserve.policies.finetune_types import FinetuneJobSpec, JobEvent, JobEventKind
-
-logger = logging.getLogger(__name__)
 
 RUN_NAMESPACE = "coserve"
 PLACEMENT_GROUP_KEY = "ray_placement_group"  # the job row's extension: its latest run's placement group
@@ -119,7 +117,8 @@ class DedicatedJobs:
     the job waits with an event saying for what, and cancelling it ends nothing on Ray. A launched run's
     placement group is kept in the job row (`PLACEMENT_GROUP_KEY`): a run whose driver died (the scheduler
     restarted, or the run's actor was lost) leaves its placement group behind on a cluster without Ray's
-    state API (Ray Train's own cleaner needs it), so the job's next run removes it first.
+    state API (Ray Train's own cleaner needs it); it is removed once its workers are gone
+    (`LeftoverGroups`), before the job's next run can get their resources.
 
     Args:
         settings: the server's dedicated settings (workers, GPU or CPU, dtype, retries).
@@ -135,6 +134,7 @@ class DedicatedJobs:
         self._lock = threading.Lock()  # `_events` and `_lost`: filled by `poll` on a worker thread
         self._events: list[JobEvent] = []
         self._lost: list[str] = []
+        self._leftovers = LeftoverGroups()
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._jobs
@@ -152,7 +152,7 @@ class DedicatedJobs:
         try:
             handle = ray.get_actor(name, namespace=self._namespace)
         except ValueError:  # no such actor: a run to launch, after what a dead one left behind
-            _remove_placement_group(record.extensions.get(PLACEMENT_GROUP_KEY))
+            self._leftovers.add(record.extensions.get(PLACEMENT_GROUP_KEY))
             storage = self._data_dir / "adapters" / record.id
             run = RunSpec(spec, self._model, self._settings.dtype, str(storage), _next_run_name(storage),
                           workers, self._settings.use_gpu, self._settings.max_failures)
@@ -219,6 +219,7 @@ class DedicatedJobs:
         worker thread: it waits on Ray)."""
         import ray
 
+        self._leftovers.sweep()  # what dead runs hold, given back before the queued runs look for room
         self._launch_queued()
         for job_id, job in list(self._jobs.items()):
             if job.handle is None:
@@ -229,7 +230,7 @@ class DedicatedJobs:
                 continue  # busy; the next poll asks again
             except ray.exceptions.RayActorError as err:
                 self._jobs.pop(job_id, None)
-                _remove_placement_group(job.placement_group)
+                self._leftovers.add(job.placement_group)
                 self._store.events.add(job_id, f"The Ray Train run stopped ({str(err).splitlines()[0][:300]}); "
                                                f"the job resumes from its last checkpoint")
                 with self._lock:
@@ -290,20 +291,6 @@ class DedicatedJobs:
 
 def _run_name(job_id: str) -> str:
     return f"coserve-dedicated-{job_id}"
-
-
-def _remove_placement_group(hex_id: str | None) -> None:
-    """Remove a dead run's placement group if Ray still has it (its workers died with the run's driver,
-    the resources they reserved did not)."""
-    if not hex_id:
-        return
-    import ray
-    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
-
-    group = PlacementGroup(ray.PlacementGroupID.from_hex(hex_id))
-    if placement_group_table(group).get("state") not in (None, "REMOVED"):
-        remove_placement_group(group)
-        logger.info("removed the placement group %s a dedicated run left behind", hex_id)
 
 
 def _next_run_name(storage: Path) -> str:
