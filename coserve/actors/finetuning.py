@@ -353,4 +353,3 @@ _HANDLERS = {
     JobEventKind.CANCELLED: JobManager._on_cancelled,
     JobEventKind.VALIDATION: JobManager._on_validation,
 }
-
