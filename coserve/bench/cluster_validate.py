@@ -182,8 +182,9 @@ def run_validation(args: argparse.Namespace) -> dict[str, Any]:
     """Everything of the module docstring; returns the JSON document."""
     import torch
 
-    from coserve.bench.coserving import QUICK_SWEEP, STALL_MULTIPLE, WARMUP_S, calibrate, engine_and_job
     from coserve.bench.calibration import SweepSettings
+    from coserve.bench.coserving import QUICK_SWEEP, STALL_MULTIPLE, WARMUP_S, engine_and_job
+    from coserve.bench.coserving_setup import calibrate
     from coserve.platform.engine_config import EngineConfig
     from coserve.policies.latency import machine_id
 

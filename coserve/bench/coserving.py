@@ -33,7 +33,6 @@ afresh. A real model is `--model-dir DIR` with lower `--rates` (RESULTS.md has S
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -42,19 +41,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coserve.bench.calibration import (MAX_MARGIN, TTFT_MULTIPLE, LatencyFit, SweepSettings, calibrate_slo,
-                                       decode_step_s, fit_latency_model, measure_decode_step_s, profile_engine)
+from coserve.bench.calibration import TTFT_MULTIPLE, SweepSettings
+from coserve.bench.coserving_setup import MAX_BATCH_TOKENS, calibrate, run_policy
 from coserve.bench.headroom import Headroom, best_baseline, headroom
 from coserve.bench.metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
-from coserve.bench.replay import RunLimits, RunRecord, replay
+from coserve.bench.replay import RunLimits
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
 from coserve.contract.engine import EngineKind
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.policies.finetune_job import FinetuneJobSpec
-from coserve.policies.latency import LatencyModel
 
 # Rates: the small preset on 2 CPU cores serves about 3.5 requests/s of this trace before queues grow
 # (measured 2026-11-21); below ~1 request/s the engine idles and every work-conserving baseline trains
@@ -69,16 +67,13 @@ FULL_POLICIES = ("coserve", "coserve-strict", "temporal-n16", "temporal-n64", "t
 # 1 GiB of KV on the small preset: static-split-0.02's fine-tuning range (81 blocks) still holds one
 # 1024-token training sequence (with 1024 blocks it held 320 tokens and the job never started).
 NUM_KV_BLOCKS = 4096
-MAX_BATCH_TOKENS = 512
 TRAINING_ADAPTER_ID = 2**41  # far from user adapter ids, like the offline API's
 WARMUP_S = 6.0  # co-serving seconds of the calibration's second pass
-REALIZED_TARGET = 0.9  # of the TPOT SLO: where the margin aims co-served iterations to land
 # coserve's fine-tuning bursts: at most this many TPOT SLOs between two tokens of a request. On this
 # CPU an iteration's fixed cost (weights read, per-layer launches, the window's loss) is a large part
 # of a TPOT-sized iteration; 3 x pays it once per ~3 SLOs (measured: FT-only 328 -> 368 tok/s, rate 1
 # 192 -> 236, rate 2 126 -> 192; 2026-11-21, /tmp runs noted in RESULTS.md).
 STALL_MULTIPLE = 3.0
-DECODE_SHARE = 0.6  # of the TPOT SLO a full decode batch may take (sets max_num_seqs)
 FINETUNE_TOKENS = (256, 1024)  # the fine-tuning examples' length range, templated tokens
 QUICK_SWEEP = SweepSettings(decode_batches=(1, 8, 16), decode_steps=4, forward_windows=(32, 128, 256),
                             backward_budgets=(512, 2048))
@@ -166,109 +161,11 @@ def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Pa
                        seed=seed).spec
 
 
-def _max_num_seqs(latency: Any, slo: SLO, margin: float) -> int:
-    """The largest decode batch (of 32, 16, 8, 4, 2, 1) whose step at a 256-token context takes at most
-    `DECODE_SHARE` of the TPOT SLO (the rest of the iteration is for prefill chunks and fine-tuning) and
-    whose first step fits the policies' iteration budget (`CoServingPolicy` refuses it otherwise).
-    A smaller batch caps concurrency: requests queue for a slot, and TTFT suffers first."""
-    budget = slo.tpot_s * (1.0 - margin)
-    for n in (32, 16, 8, 4, 2):
-        if decode_step_s(latency, batch=n) <= DECODE_SHARE * slo.tpot_s and \
-                decode_step_s(latency, batch=n, context=1) <= budget:
-            return n
-    return 1
-
-
-def _setup(engine: Any, fit: LatencyFit, slo: SLO, stall_multiple: float,
-           margin: float | None = None) -> PolicySetup:
-    """Safety margin (unless given), batch limit and coserve's longest stall (`stall_multiple` x the
-    TPOT SLO) from one fitted model and the SLOs."""
-    from coserve.policies.config import SchedulerConfig
-
-    latency = fit.model
-    margin = fit.safety_margin if margin is None else margin
-    scheduler = SchedulerConfig(max_model_len=engine.layout.max_model_len,
-                                max_num_seqs=_max_num_seqs(latency, slo, margin),
-                                max_batch_tokens=MAX_BATCH_TOKENS, block_size=engine.layout.block_size,
-                                enable_prefix_caching=not engine.layout.engine_owns_kv_cache)
-    return PolicySetup(scheduler=scheduler, slo=slo, latency=latency, safety_margin=margin,
-                       max_stall_ms=stall_multiple * slo.tpot_s * 1000.0)
-
-
-def calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSettings,
-               warmup_s: float, stall_multiple: float,
-               slo: SLO | None = None) -> tuple[PolicySetup, LatencyFit, float]:
-    """Fit the latency model in two passes and derive the SLOs and limits from the final one.
-
-    Pass 1: the sweep (`profile_engine`). Pass 2: `warmup_s` seconds of real co-serving (coserve at
-    `rate`, planned with the pass-1 model), whose iterations mix decodes, prefill chunks and
-    fine-tuning work in the proportions the benchmark runs; the final model is fitted on both passes.
-    Safety margins: coserve's is `LatencyFit.safety_margin` (the final model's held-out bias): its
-    bursts spend slack measured on the clock, so an iteration that runs over is paid back by the next
-    ones, and the margin only has to cover the model's mean bias. coserve-strict plans every iteration
-    open loop, so its margin (`strict_safety_margin`) is the larger of that and the warm-up's overrun:
-    with k the wall time of the warm-up's co-served iterations (decodes and fine-tuning together) over
-    what the final model predicts for them, ``1 - REALIZED_TARGET / k`` (at most `MAX_MARGIN`), so that
-    realized iterations land near `REALIZED_TARGET` x the TPOT SLO. The held-out error over all kinds of
-    iterations misses it: co-served iterations are the ones the planner fills to the predicted limit,
-    and the relative-error fit follows their median, not the mean a TPOT is made of (smoke runs D and
-    E: held-out mean ratio 0.99, margin 0.10, realized iterations 1.09-1.13x the budget). Applied to
-    the bursts as well, that margin (0.29 after a warm-up overrun of 1.26, 2026-11-21) left coserve's
-    mean TPOT at 0.68 x the SLO.
-    The SLOs come from the decode step measured after the sweep (`measure_decode_step_s`). Returns the
-    setup, the fit and k. A given `slo` (the command's --tpot-slo-ms/--ttft-slo-ms, e.g. the papers' 50
-    ms for an 8B model on a GPU) replaces the calibrated one.
-    """
-    from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
-
-    samples = profile_engine(engine, dataclasses.replace(job_spec, job_id="calibration"), sweep)
-    fingerprint = ModelFingerprint(model_id_from_config(dataclasses.asdict(engine.model_config)),
-                                   machine_id(str(engine.device)), str(engine.dtype))
-    fit = fit_latency_model(samples, fingerprint)
-    if decode_step_s(fit.model) <= 0:
-        raise RuntimeError("the latency model fitted on the sweep predicts 0 s for a decode step; the "
-                           "machine is too noisy to plan with it")
-    # Measured, not predicted: the sweep's model moved the step (and the SLO) by up to 47% between runs.
-    slo = slo or calibrate_slo(measure_decode_step_s(engine))
-    trace = make_trace(poisson_arrivals(rate, warmup_s, seed + 7), seed + 7, prefix="w")
-    warm = _run(engine, _setup(engine, fit, slo, stall_multiple), job_spec, "coserve", rate, trace,
-                RunLimits(warmup_s, 0.0), "warmup")
-    samples += [(it.features, it.engine_s) for it in warm.iterations if it.engine_s > 0 and it.has_work]
-    refit = fit_latency_model(samples, fingerprint)
-    if decode_step_s(refit.model) > 0:
-        fit = refit
-    else:  # a degenerate refit (every coefficient 0) on a very noisy machine: keep the sweep's model
-        print("warning: the refit predicts 0 s for a decode step; keeping the sweep's latency model",
-              file=sys.stderr)
-    overrun = _overrun(warm, fit.model)
-    strict = max(fit.safety_margin, min(MAX_MARGIN, 1.0 - REALIZED_TARGET / overrun))
-    setup = _setup(engine, fit, slo, stall_multiple, fit.safety_margin)
-    return dataclasses.replace(setup, strict_safety_margin=strict), fit, overrun
-
-
-def _overrun(run: RunRecord, model: LatencyModel) -> float:
-    """Total wall time of the run's co-served iterations (decodes and fine-tuning together) over the
-    total `model` predicts for them; 1.0 when there were none."""
-    pairs = [(it.end_s - it.start_s, model.predict(it.features)) for it in run.iterations
-             if it.features.decode_tokens and (it.features.ft_forward_tokens
-                                               or it.features.ft_backward_token_layers)]
-    predicted = sum(p for _, p in pairs)
-    return sum(w for w, _ in pairs) / predicted if pairs and predicted > 0 else 1.0
-
-
 def _given_slo(args: argparse.Namespace) -> SLO | None:
     if args.tpot_slo_ms is None:
         return None
     ttft_ms = args.ttft_slo_ms if args.ttft_slo_ms is not None else TTFT_MULTIPLE * args.tpot_slo_ms
     return SLO(ttft_s=ttft_ms / 1000.0, tpot_s=args.tpot_slo_ms / 1000.0)
-
-
-def _run(engine: Any, setup: PolicySetup, job_spec: Any, policy: str, rate: float, trace: list,
-         limits: RunLimits, tag: str) -> RunRecord:
-    spec = dataclasses.replace(job_spec, job_id=f"bench-{tag}",
-                               output_dir=f"{job_spec.output_dir}/{tag}")
-    return replay(engine, make_factory(policy, setup), trace, limits, job_spec=spec,
-                  policy_name=policy, rate=rate)
 
 
 def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float], policies: list[str],
@@ -284,7 +181,7 @@ def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float],
         trace = make_trace(poisson_arrivals(rate, limits.window_s, seed), seed)
         ours = None
         for policy in policies:
-            record = _run(engine, setup, job_spec, policy, rate, trace, limits, f"{policy}-{rate}")
+            record = run_policy(engine, setup, job_spec, policy, rate, trace, limits, f"{policy}-{rate}")
             runs.append(summarize(record, setup.slo).to_dict())
             print(_row(runs[-1]), flush=True)
             if policy == "coserve":
@@ -329,7 +226,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
               f"coserve's longest stall {setup.max_stall_ms:.0f} ms",
               flush=True)
         limits = RunLimits(window, drain_s=max(slo.ttft_s, 2.0))
-        solo = _run(engine, setup, job_spec, "coserve", 0.0, [], RunLimits(window, 0.0), "solo")
+        solo = run_policy(engine, setup, job_spec, "coserve", 0.0, [], RunLimits(window, 0.0), "solo")
         solo_metrics = summarize(solo, slo)
         finetune_only = solo_metrics.finetune_tokens_per_s
         print(f"fine-tuning only: {finetune_only:.1f} trained tokens/s (steady "
@@ -339,7 +236,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         measured = _measure(engine, setup, job_spec, rates, policies, limits, args.seed, finetune_alone)
         mid = rates[len(rates) // 2]
         bursty_trace = make_trace(bursty_arrivals(mid, window, args.seed), args.seed, prefix="b")
-        bursty = _run(engine, setup, job_spec, "coserve", mid, bursty_trace, limits, "bursty")
+        bursty = run_policy(engine, setup, job_spec, "coserve", mid, bursty_trace, limits, "bursty")
     return {
         "machine": machine_id(str(engine.device)), "model": model,
         "slo": {"tpot_ms": slo.tpot_s * 1000.0, "ttft_ms": slo.ttft_s * 1000.0},

@@ -29,7 +29,7 @@ from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.admission_order import VtcOrder
 from coserve.policies.finetune_share import FinetuneShare
 from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.inference import Budget, InferenceScheduler
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.job_host import JobHost
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.latency import LatencyModel, PlanFeatures, plan_features
@@ -37,6 +37,7 @@ from coserve.policies.liveness import FinetuneFloor, growth_room
 from coserve.policies.online_latency import OnlineLatency
 from coserve.policies.plan_checks import check_sequences
 from coserve.policies.request import Request, RequestStatus
+from coserve.policies.request_rules import Budget
 from coserve.policies.shared_vtc import SharedVtc
 from coserve.policies.vtc import VirtualTokenCounter
 

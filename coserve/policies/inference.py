@@ -1,20 +1,17 @@
-"""The inference scheduler: continuous batching with a token budget and chunked prefill, over KV blocks
-and adapter slots, admitting waiting requests in its `AdmissionOrder` (arrival order by default, or VTC
-order across tenants with the TTFT guard: `admission_order.py`).
+"""The inference scheduler: continuous batching, a token budget, chunked prefill, over KV blocks and adapter
+slots, admitting waiting requests in its `AdmissionOrder` (arrival, or VTC with the TTFT guard).
 
-There are no prefill and decode phases (vLLM v1): every request has `num_computed_tokens` catching up
-with `num_tokens`, and an iteration gives each request some tokens under one budget. A prompt that
-does not fit is computed in chunks over several iterations; a decode is a chunk of one token.
+No prefill and decode phases (vLLM v1): each request's `num_computed_tokens` catches up with `num_tokens`,
+an iteration gives each some tokens under one budget; a long prompt is computed in chunks over several
+iterations, a decode is a chunk of one token.
 
-The rules that do not depend on the order requests are picked in (`prefix_salt`, `num_new_tokens`,
-`check_stop`) are in `request_rules`, so other policies reuse them. Alone, `InferenceScheduler` is a
-policy (`plan`, `update`); `CoServingPolicy` holds one and adds fine-tuning to its plans.
+The order-independent rules (`prefix_salt`, `num_new_tokens`, `check_stop`, `Budget`) are `request_rules`.
+Alone it is a policy (`plan`, `update`); `CoServingPolicy` holds one and adds fine-tuning to its plans.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.policies.adapter_slots import AdapterSlots, RunningAdapters, acquire_into
@@ -23,19 +20,8 @@ from coserve.policies.config import SchedulerConfig
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.plan_checks import check_kv_matches, check_sequences, check_token_budget
 from coserve.policies.request import Request, RequestStatus
-# The order-independent rules live in request_rules; re-exported here, where callers found them.
-from coserve.policies.request_rules import (BASE_MODEL_SALT, check_new_request, check_stop, clamp_new_tokens,
-                                            num_new_tokens, prefix_salt)
-
-__all__ = ["BASE_MODEL_SALT", "Budget", "InferenceScheduler", "check_stop", "clamp_new_tokens",
-           "num_new_tokens", "prefix_salt"]
-
-
-@dataclass(slots=True)
-class Budget:
-    """What is left of this iteration's token budget."""
-
-    tokens: int
+from coserve.policies.request_rules import (Budget, check_new_request, check_stop, clamp_new_tokens, num_new_tokens,
+                                            prefix_salt)
 
 
 def _no_reclaim(plan: IterationPlan) -> bool:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from coserve.policies.request import Request, RequestStatus
 
 # Prefix-cache salt of base-model requests; adapter ids are >= 0, so no adapter shares it.
 BASE_MODEL_SALT = -1
+
+
+@dataclass(slots=True)
+class Budget:
+    """What is left of this iteration's token budget."""
+
+    tokens: int
 
 
 def prefix_salt(request: Request) -> int:

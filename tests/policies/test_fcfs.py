@@ -10,9 +10,10 @@ from coserve.contract.plan import AdapterLoad, IterationPlan, IterationResult, S
 from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.policies.adapter_slots import AdapterSlots
 from coserve.policies.config import SchedulerConfig
-from coserve.policies.inference import InferenceScheduler, check_stop
+from coserve.policies.inference import InferenceScheduler
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.request import Request, RequestStatus
+from coserve.policies.request_rules import check_stop
 
 BS = 4
 TOKEN = 50  # what the fake engine samples unless told otherwise
