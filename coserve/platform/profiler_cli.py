@@ -47,6 +47,8 @@ def register_profile(subparsers: Any) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
+    import torch
+
     from coserve.contract.engine import EngineStartError
     from coserve.platform.engine_config import EngineConfig
     from coserve.platform.engines import build_engine
@@ -60,8 +62,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               "--threads >= 1", file=sys.stderr)
         return 2
     if args.threads is not None:
-        import torch
-
         torch.set_num_threads(args.threads)
     contexts = tuple(c for c in (16, 128, 512, 2048) if c <= args.max_context)
     settings = SweepSettings(iterations=args.iterations, seed=args.seed, contexts=contexts,
@@ -86,8 +86,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         report = profile(engine, fingerprint, adapters, settings)
     Path(args.json).write_text(json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n",
                                encoding="utf-8")
-    import torch
-
     print(f"held-out MAPE {report.heldout_mape:.2f}% on {report.heldout_samples} iterations "
           f"(fit on {report.train_samples}, fit MAPE {report.train_mape:.2f}%) with {torch.get_num_threads()} "
           f"torch thread(s); wrote {args.json}")
