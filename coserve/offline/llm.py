@@ -37,6 +37,7 @@ from coserve.policies.engine_core import EngineCore
 from coserve.policies.inference import InferenceScheduler
 from coserve.policies.kv_blocks import KVBlockManager
 from coserve.policies.request import Request, RequestStatus, expand_request
+from coserve.structured.guarded_check import GrammarCheck
 
 PromptType = str | dict
 ChatMessages = list[dict]
@@ -111,6 +112,7 @@ class LLM:
                                 self.scheduler_config.max_batch_tokens,
                                 self.engine.model_config.num_layers)
         self.core = EngineCore(self.policy, self.jobs)
+        self._grammars = GrammarCheck()
 
     def get_tokenizer(self) -> object:
         return self.tokenizer
@@ -182,8 +184,10 @@ class LLM:
         else:
             raise ValueError(f"a prompt must be a string or {{'prompt_token_ids': [...]}}, got {prompt!r}")
         params.check_vocab(self.engine.layout.vocab_size)
-        if params.structured_output is not None and not self.engine.layout.structured_output:
-            raise ValueError("structured_output: this engine does not enforce grammars")
+        if params.structured_output is not None:
+            if not self.engine.layout.structured_output:
+                raise ValueError("structured_output: this engine does not enforce grammars")
+            self._grammars.check(params.structured_output)  # StructuredOutputError is a ValueError
         adapter = self._adapter_ref(lora)
         request_id = str(next(self._ids))
         children = expand_request(request_id, token_ids, params, self._eos, adapter)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import llguidance
 import torch
 
-from coserve.contract.structured_output import StructuredOutput
+from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
 from coserve.platform.token_mask import BITS, TokenMask, words_for
+from coserve.structured.llguidance_grammar import grammar_text, parser_limits
 
 logger = logging.getLogger(__name__)
 
@@ -100,12 +101,14 @@ class GrammarCompiler:
     def _compile(self, spec: StructuredOutput) -> llguidance.LLMatcher:
         tokenizer = self.tokenizer()
         try:
-            grammar = spec.grammar()
-        except ValueError:
+            grammar = grammar_text(spec)
+        except StructuredOutputError:
             # Refused at admission; a spec that skipped the check gets a matcher in its error state
             # (llguidance's constructor does not raise), so only its own sequence ends.
             grammar = ""
-        template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        # The spec's sizes were bounded when it was made (`schema_limits`); the parser limits bound
+        # what the matcher may build while it runs (a grammar past them ends with `grammar_error`).
+        template = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
         if template.is_error():
             logger.warning("structured output: grammar failed to compile: %s", template.get_error())
         self._cache[spec] = template

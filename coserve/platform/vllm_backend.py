@@ -50,7 +50,8 @@ from coserve.platform.weights import ModelWeights
 from coserve.contract.engine import EngineStartError
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import SamplingParams
-from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
+from coserve.contract.structured_output import StructuredOutput
+from coserve.structured.llguidance_grammar import lark_text
 
 logger = logging.getLogger(__name__)
 
@@ -381,10 +382,6 @@ class VllmRuntime:
 
 
 def _lark(spec: StructuredOutput) -> str:
-    """The spec's grammar as Lark text for vLLM; "" when it cannot be enforced (admission refuses such
-    specs; one that skipped the check ends with `grammar_error` at its first token, alone)."""
-    try:
-        return spec.lark_grammar()
-    except StructuredOutputError as error:
-        logger.warning("structured output: a grammar that cannot be enforced reached the engine: %s", error)
-        return ""
+    """The spec's grammar as Lark text for vLLM (admission checked that llguidance can enforce it; one
+    that skipped the check fails in vLLM's grammar compiler, and ends alone with `grammar_error`)."""
+    return lark_text(spec)

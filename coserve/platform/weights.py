@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -78,11 +79,17 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 class _TensorSource:
-    """Name -> tensor over several shards, loading each tensor only when asked."""
+    """Name -> tensor over several shards, loading each tensor only when asked.
+
+    Each shard is opened (memory-mapped) once: a tensor whose dtype and device need no conversion is a
+    view of its shard's mapping, so a shard opened per tensor would map the whole file once per tensor
+    (SmolLM2: 272 mappings of 538 MB, 140 GB of address space, which a memory cap refuses).
+    """
 
     def __init__(self, model_dir: Path) -> None:
         self._where: dict[str, Path] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self._open: dict[Path, Any] = {}
         for f in _weight_files(model_dir):
             with safe_open(str(f), framework="pt") as handle:
                 for name in handle.keys():
@@ -105,8 +112,14 @@ class _TensorSource:
     def get(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if name not in self._where:
             raise UnsupportedModelError(f"weight {name!r} not found in {self._model_dir}")
-        with safe_open(str(self._where[name]), framework="pt") as handle:
-            return handle.get_tensor(name).to(device=device, dtype=dtype).contiguous()
+        shard = self._where[name]
+        if shard not in self._open:
+            self._open[shard] = safe_open(str(shard), framework="pt")
+        return self._open[shard].get_tensor(name).to(device=device, dtype=dtype).contiguous()
+
+    def close(self) -> None:
+        """Let go of the shards (tensors that view a mapping keep it)."""
+        self._open.clear()
 
     def maybe(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         return self.get(name, dtype, device) if self.has(name) else None
@@ -156,14 +169,17 @@ def load_weights(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     """
     src = _TensorSource(Path(model_dir))
     src.check_shapes(cfg)
-    embed = src.get("model.embed_tokens.weight", dtype, device)
-    if cfg.tie_word_embeddings or not src.has("lm_head.weight"):
-        lm_head = embed
-    else:
-        lm_head = src.get("lm_head.weight", dtype, device)
-    layers = [_layer(src, cfg, i, dtype, device) for i in range(cfg.num_layers)]
-    return ModelWeights(embed=embed, layers=layers,
-                        final_norm=src.get("model.norm.weight", dtype, device), lm_head=lm_head)
+    try:
+        embed = src.get("model.embed_tokens.weight", dtype, device)
+        if cfg.tie_word_embeddings or not src.has("lm_head.weight"):
+            lm_head = embed
+        else:
+            lm_head = src.get("lm_head.weight", dtype, device)
+        layers = [_layer(src, cfg, i, dtype, device) for i in range(cfg.num_layers)]
+        return ModelWeights(embed=embed, layers=layers,
+                            final_norm=src.get("model.norm.weight", dtype, device), lm_head=lm_head)
+    finally:
+        src.close()
 
 
 def check_weights(model_dir: str | Path, cfg: ModelConfig) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from coserve.contract.structured_output import JSON_LAYOUT, StructuredOutput
+from coserve.contract.schema_limits import schemas_violation
+from coserve.contract.structured_output import JSON_LAYOUT, StructuredOutput, StructuredOutputError
 from coserve.tools.family import ToolFamily
 from coserve.tools.spec import ToolSpec
 
@@ -40,10 +41,15 @@ def tool_call_grammar(family: ToolFamily, spec: ToolSpec) -> StructuredOutput:
 
     Raises:
         ValueError: `spec` names no callable function.
+        StructuredOutputError: the functions' schemas together are over a size limit (each one alone
+            was bounded where the request was read; one grammar holds them all).
     """
     functions = spec.callable_functions()
     if not functions:
         raise ValueError("no function to call")
+    over = schemas_violation([arguments_schema(function) for function in functions])
+    if over is not None:
+        raise StructuredOutputError(f"the functions' parameters together are too large: {over.message}")
     rules = []
     alternatives = []
     for index, function in enumerate(functions):

@@ -161,7 +161,7 @@ def test_a_replayed_prefix_is_continued_and_one_that_does_not_parse_is_a_grammar
 def test_a_grammar_that_cannot_go_on_ends_its_sequence_only(vllm_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     # A spec no grammar can be built for, let through by turning the admission check off: only its own
     # sequence ends (with grammar_error, at once, on EOS), never the batch.
-    monkeypatch.setattr(StructuredOutput, "check", lambda self: None)
+    monkeypatch.setattr(vllm_llm._grammars, "check", lambda spec: None)
     broken = SamplingParams(temperature=0.0, max_tokens=50, structured_output=StructuredOutput(
         OutputFormat.JSON_SCHEMA, '{"not": {"type": "string"}}'))
     good = SamplingParams(temperature=0.0, max_tokens=20, structured_output=StructuredOutput.json_schema(SMALL))

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from coserve.platform.chat_templates import CHATML_TEMPLATE, QWEN_TOOLS_TEMPLATE
 from coserve.tools.family import HERMES, detect_family
+from coserve.structured.llguidance_grammar import grammar_text
 from coserve.tools.grammar import MAX_PARALLEL_CALLS, tool_call_grammar
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
 
@@ -32,7 +33,7 @@ def accepts(model_dirs: dict[str, Path]):
     tokenizer = llguidance.hf.from_tokenizer(hf, eos_token=[hf.eos_token_id])
 
     def check(spec: ToolSpec, text: str) -> bool:
-        matcher = llguidance.LLMatcher(tokenizer, tool_call_grammar(HERMES, spec).grammar())
+        matcher = llguidance.LLMatcher(tokenizer, grammar_text(tool_call_grammar(HERMES, spec)))
         ids = hf.encode(text, add_special_tokens=False)
         return matcher.validate_tokens(ids) == len(ids) and matcher.try_consume_tokens(ids) == len(ids) \
             and matcher.is_accepting()

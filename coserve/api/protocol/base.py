@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -124,6 +125,12 @@ def param_error(param: str, message: str) -> PydanticCustomError:
     # The message is a format template over the context; braces from user values would be read as fields.
     return PydanticCustomError("invalid_value", message.replace("{", "(").replace("}", ")"),
                                {"param": param})
+
+
+def nested_param(param: str, path: Sequence[int | str]) -> str:
+    """`param` followed by a path inside its value, in OpenAI's notation:
+    `('tools[0].function.parameters', ['properties', 'a'])` -> `'tools[0].function.parameters.properties.a'`."""
+    return param + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
 
 
 def value_error(message: str) -> PydanticCustomError:

@@ -2,9 +2,11 @@
 
 Reference: https://platform.openai.com/docs/api-reference/chat/create#chat-create-response_format.
 `{"type": "text"}` (the default), `{"type": "json_object"}` and `{"type": "json_schema", "json_schema":
-{"name", "description", "schema", "strict"}}` are accepted. The schema is compiled here, at validation
-time, with the grammar library the engine uses: a schema it cannot enforce is a 400 naming
-`response_format.json_schema.schema` and the feature, before anything is queued.
+{"name", "description", "schema", "strict"}}` are accepted. The schema's sizes are bounded here
+(`contract.schema_limits`: a 400 naming the limit and the path inside the schema, e.g.
+`response_format.json_schema.schema.properties.a.maxItems`); whether the grammar library can enforce it
+is checked at admission, off the event loop and under a budget (`frontend.intake`), before anything is
+queued.
 
 `strict` is accepted either way and changes nothing: coserve enforces every schema it accepts, token by
 token (OpenAI's `strict: false` is best effort; coserve's is never weaker).
@@ -16,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from coserve.api.protocol.base import param_error
+from coserve.api.protocol.base import nested_param, param_error
 from coserve.api.protocol.strict import RequestModel
 from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
 
@@ -48,9 +50,9 @@ class ResponseFormat(RequestModel):
         if self.json_schema.schema_ is None:
             raise param_error("json_schema.schema", "type 'json_schema' needs 'json_schema.schema'")
         try:
-            self.to_structured_output().check()
+            self.to_structured_output()
         except StructuredOutputError as error:
-            raise param_error("json_schema.schema", str(error)) from None
+            raise param_error(nested_param("json_schema.schema", error.path), str(error)) from None
         return self
 
     def to_structured_output(self) -> StructuredOutput | None:

@@ -3,9 +3,11 @@ of a reply (`message.tool_calls`, streamed as `delta.tool_calls`).
 
 Reference: https://platform.openai.com/docs/guides/function-calling. A tool's shape is checked by the
 same code that checks fine-tuning rows (`training_tools.check_tools`: type `function`, a name of 1 to
-64 letters, digits, `_` or `-`, unique names, no unknown keys); its `parameters` must be an object
-schema the grammar library can enforce (the arguments of a `required` or named call are generated
-under it). `tool_choice` and `parallel_tool_calls` need `tools`; a named function must be one of them.
+64 letters, digits, `_` or `-`, unique names, no unknown keys, at most `MAX_TOOLS` (OpenAI's 128)); its
+`parameters` must be an object schema within the sizes of `contract.schema_limits`, which the grammar
+library can enforce (checked at admission, `frontend.intake`: the arguments of a `required` or named
+call are generated under it). `tool_choice` and `parallel_tool_calls` need `tools`; a named function
+must be one of them.
 Whether the model can take tools at all depends on its chat template: the scheduler decides that
 (`coserve.frontend.tool_admission`).
 """
@@ -16,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import model_serializer
 
-from coserve.api.protocol.base import OpenAIBaseModel, param_error
+from coserve.api.protocol.base import OpenAIBaseModel, nested_param, param_error
 from coserve.api.protocol.strict import RequestModel
 from coserve.api.protocol.training_tools import check_tools
 from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
@@ -54,7 +56,7 @@ def check_tool_request(tools: list[dict[str, Any]] | None, tool_choice: ToolChoi
         return None
     problem = check_tools(tools)
     if problem is not None:
-        raise param_error("tools", f"Invalid 'tools': {problem}")
+        raise param_error("tools", problem)
     for index, tool in enumerate(tools):
         _check_parameters(tool["function"].get("parameters"), f"tools[{index}].function.parameters")
     if isinstance(tool_choice, NamedToolChoice):
@@ -74,9 +76,9 @@ def _check_parameters(parameters: dict[str, Any] | None, param: str) -> None:
         raise param_error(param, "a function's 'parameters' must be a JSON Schema of type 'object' (the "
                                  "arguments are a JSON object)")
     try:
-        StructuredOutput.json_schema(parameters).check()
+        StructuredOutput.json_schema(parameters)  # its sizes; what llguidance makes of it: at admission
     except StructuredOutputError as error:
-        raise param_error(param, str(error)) from None
+        raise param_error(nested_param(param, error.path), str(error)) from None
 
 
 def _without_none(handler: Any, model: OpenAIBaseModel) -> dict[str, Any]:

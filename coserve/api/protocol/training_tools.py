@@ -6,7 +6,8 @@ or absent), and `tool` messages answer those calls by `tool_call_id`. The shapes
 completions ones:
 
 * a tool: `{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`,
-  the name matching `^[a-zA-Z0-9_-]{1,64}$`, `parameters` a JSON Schema object, names unique;
+  the name matching `^[a-zA-Z0-9_-]{1,64}$`, `parameters` a JSON Schema object, names unique, at most
+  `MAX_TOOLS` of them;
 * a tool call: `{"id", "type": "function", "function": {"name", "arguments"}}`, `arguments` a string
   holding a JSON object, ids unique in the row, the name one of the row's `tools` when it has any;
 * a `tool` message answers a call made earlier in the row and not answered yet, and the calls of an
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+MAX_TOOLS = 128  # OpenAI's limit on the functions of one request
 _TOOL_KEYS = frozenset({"type", "function"})
 _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 _CALL_KEYS = frozenset({"id", "type", "function"})
@@ -69,6 +71,8 @@ def check_tools(tools: Any) -> str | None:
     """Why a row's `tools` value is invalid, or None."""
     if not isinstance(tools, list) or not tools:
         return "'tools' must be a non-empty list"
+    if len(tools) > MAX_TOOLS:
+        return f"'tools' has {len(tools)} functions; the limit is {MAX_TOOLS}"
     names: set[str] = set()
     for index, tool in enumerate(tools):
         problem = _check_tool(tool, f"tools[{index}]")

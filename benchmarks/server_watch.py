@@ -1,0 +1,100 @@
+"""What a benchmark sees of a running server from the outside: the resident memory of its processes
+(the server and every process it started, summed; sampled every 0.5 s) and /health (polled every 0.2 s:
+failures and the slowest answer)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def _children(pid: int) -> list[int]:
+    """`pid` and its descendants (from /proc: each process's parent)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += parents.get(current, [])
+    return found
+
+
+def tree_rss_mb(pid: int) -> float:
+    """The resident memory of `pid` and its descendants, in MB."""
+    total_kb = 0
+    for child in _children(pid):
+        try:
+            status = Path(f"/proc/{child}/status").read_text()
+        except OSError:
+            continue
+        total_kb += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total_kb / 1024
+
+
+class ServerWatch:
+    """Samples a server's memory and health in two threads until `stop`.
+
+    Args:
+        pid: the server's process id.
+        url: its root URL (`http://127.0.0.1:PORT`).
+    """
+
+    def __init__(self, pid: int, url: str) -> None:
+        self._pid, self._url = pid, url
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._peak = 0.0
+        self._polls, self._failures, self._slowest = 0, 0, 0.0
+        self._threads = [threading.Thread(target=self._sample_memory, daemon=True),
+                         threading.Thread(target=self._poll_health, daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    def mark(self) -> float:
+        """Start a new peak here; returns the memory now (MB)."""
+        now = tree_rss_mb(self._pid)
+        with self._lock:
+            self._peak = now
+        return round(now)
+
+    def peak_since_mark(self) -> float:
+        with self._lock:
+            return round(self._peak)
+
+    def health(self) -> dict[str, Any]:
+        with self._lock:
+            return {"polls": self._polls, "failures": self._failures, "slowest_ms": round(self._slowest * 1000)}
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _sample_memory(self) -> None:
+        while not self._stop.wait(0.5):
+            now = tree_rss_mb(self._pid)
+            with self._lock:
+                self._peak = max(self._peak, now)
+
+    def _poll_health(self) -> None:
+        with httpx.Client(timeout=30) as http:
+            while not self._stop.wait(0.2):
+                start = time.monotonic()
+                try:
+                    ok = http.get(f"{self._url}/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                with self._lock:
+                    self._polls += 1
+                    self._failures += not ok
+                    self._slowest = max(self._slowest, time.monotonic() - start)
