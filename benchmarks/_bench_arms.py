@@ -101,7 +101,7 @@ def make_prompts(model_dir: Path, n: int, lo: int, hi: int, seed: int) -> list[l
 def make_adapter(model_dir: Path, out: Path, rank: int = 16, alpha: int = 32, seed: int = 0,
                  b_std: float = 0.02) -> Path:
     """Save a PEFT LoRA adapter (all seven projections) whose B matrices are random, not zero."""
-    from coserve.platform.tiny_model import create_random_adapter
+    from coserve.model.tiny_model import create_random_adapter
 
     return create_random_adapter(model_dir, out, seed=seed, b_std=b_std, r=rank, lora_alpha=alpha,
                                  lora_dropout=0.0, target_modules=LORA_TARGETS, bias="none",

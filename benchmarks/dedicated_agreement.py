@@ -45,13 +45,13 @@ def main() -> None:
     from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
     from coserve.dedicated.run import launch
     from coserve.frontend.job_prep import prepare_job
-    from coserve.platform.config import ModelConfig
-    from coserve.policies.finetune_types import JobEventKind
+    from coserve.model.config import ModelConfig
+    from coserve.contract.job_spec import JobEventKind
 
     root = Path(tempfile.mkdtemp(prefix="dedicated-agreement-"))
     model = args.model
     if model is None:
-        from coserve.platform.tiny_model import create_tiny_model
+        from coserve.model.tiny_model import create_tiny_model
 
         model = str(create_tiny_model(root / "tiny", arch="llama", preset="tiny", seed=7))
     examples, validation = _examples(args.examples), _examples(args.examples + 2)[-2:]

@@ -86,7 +86,7 @@ def ensure_model(model_dir: Path | None) -> tuple[Path, str]:
     path = OUT_DIR / "small-llama"
     if (path / "config.json").exists():
         return path, (path / ".origin").read_text().strip() if (path / ".origin").exists() else "cached"
-    from coserve.platform.tiny_model import create_tiny_model
+    from coserve.model.tiny_model import create_tiny_model
 
     create_tiny_model(path, arch="llama", preset="small", seed=0)
     (path / ".origin").write_text("coserve create_tiny_model(arch=llama, preset=small, seed=0)\n")

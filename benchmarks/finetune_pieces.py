@@ -28,16 +28,16 @@ from coserve.bench.calibration import add_requests, fcfs_policy
 from coserve.bench.coserving import NUM_KV_BLOCKS, bench_job_spec
 from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.trainer import ensure_model
-from coserve.platform.engine import Engine
-from coserve.platform.engine_config import EngineConfig
-from coserve.policies.engine_core import EngineCore
-from coserve.policies.finetune_job import FinetuneJob
-from coserve.policies.job_pieces import JobPieces
+from coserve.torch_engine.engine import TorchEngine
+from coserve.contract.engine_config import EngineConfig
+from coserve.cluster.engine_core import EngineCore
+from coserve.finetune.job import FinetuneJob
+from coserve.finetune.pieces import JobPieces
 
 DECODE_BATCH, PROMPT_LEN = 8, 256
 
 
-def _step(engine: Engine, core: EngineCore, pieces: JobPieces, tracker: AdapterSlotTracker,
+def _step(engine: TorchEngine, core: EngineCore, pieces: JobPieces, tracker: AdapterSlotTracker,
           budget: tuple[int, int] | None = None) -> tuple[float, tuple[str, int] | None]:
     """One iteration (with the job's piece when a budget is given); returns its time and the piece, as
     (kind, units), when the iteration decoded the whole batch next to exactly one kind of piece."""
@@ -63,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model_dir, _ = ensure_model(None)
-    engine = Engine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=NUM_KV_BLOCKS,
+    engine = TorchEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=NUM_KV_BLOCKS,
                                  block_size=16, max_loras=2, max_lora_rank=16, seed=0))
     spec = bench_job_spec(AutoTokenizer.from_pretrained(str(model_dir)), engine.model_config.num_layers,
                           engine.layout.max_model_len, Path(tempfile.mkdtemp()), seed=0)

@@ -56,7 +56,7 @@ def kind(features: Any) -> str:
 
 def cross_validated(samples: list[tuple[Any, float]], fingerprint: Any, folds: int, seed: int) -> list[float]:
     """Each sample's prediction by a model fitted on the other folds."""
-    from coserve.policies.latency import LatencyModel
+    from coserve.share.latency import LatencyModel
 
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
@@ -85,8 +85,8 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def analyse(runs: list[list[tuple[tuple[Any, float], bool]]], fingerprint: Any, settings: Any,
             pairs_by_time: dict[float, int]) -> dict[str, Any]:
-    from coserve.platform.profiler import fit_report
-    from coserve.policies.latency_features import FEATURE_NAMES
+    from coserve.bench.profiler import fit_report
+    from coserve.share.latency_features import FEATURE_NAMES
 
     fastest = [min(r, key=lambda run: run[0][1]) for r in runs]
     report = fit_report(fastest, fingerprint, settings)
@@ -196,16 +196,16 @@ def main() -> int:
                         help="time iterations by the wall clock (as the server does) or by the stepping "
                              "thread's CPU time (a diagnostic; use OMP_NUM_THREADS=1)")
     args = parser.parse_args()
-    from coserve.platform.engine import Engine
-    from coserve.platform.engine_config import EngineConfig
-    from coserve.platform.profiler import SweepSettings, scenario_runs
-    from coserve.platform.tiny_model import create_random_adapter
-    from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
+    from coserve.torch_engine.engine import TorchEngine
+    from coserve.contract.engine_config import EngineConfig
+    from coserve.bench.profiler import SweepSettings, scenario_runs
+    from coserve.model.tiny_model import create_random_adapter
+    from coserve.share.latency import ModelFingerprint, machine_id, model_id_from_config
 
     contexts = tuple(c for c in (16, 128, 512, 2048) if c <= args.max_context)
     settings = SweepSettings(iterations=args.iterations, seed=args.seed, contexts=contexts, repeats=args.repeats)
     tokens = max(settings.decodes) * (max(contexts) + 1) + 512 + settings.finetune_length + 1024
-    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, num_kv_blocks=tokens // 16 + 1, block_size=16,
+    engine = TorchEngine(EngineConfig(model=args.model, dtype=args.dtype, num_kv_blocks=tokens // 16 + 1, block_size=16,
                                  max_loras=args.adapters + 1, max_lora_rank=16, seed=args.seed))
     config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
     fingerprint = ModelFingerprint(model_id_from_config(config), machine_id("cpu"),

@@ -80,7 +80,7 @@ def main() -> int:
         work = Path(tmp)
         model = args.model
         if model is None:
-            from coserve.platform.tiny_model import create_tiny_model
+            from coserve.model.tiny_model import create_tiny_model
 
             model = create_tiny_model(work / "tiny-llama", arch="llama", preset="small", seed=0)
         rows = []

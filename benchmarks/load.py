@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from coserve.bench.metrics import percentile_ms
+from coserve.bench.run_metrics import percentile_ms
 
 KEY = "sk-load-tenant-0123456789"
 ADMIN_KEY = "sk-load-admin-0123456789"  # reads /metrics (the per-engine counts)

@@ -28,11 +28,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # both modes: one torch thread pe
 
 from coserve.actors.client import LocalScheduler, RayScheduler  # noqa: E402
 from coserve.actors.engine_actor import EngineActor, RayLink  # noqa: E402
-from coserve.actors.scheduler import SchedulerActor, SchedulerSettings  # noqa: E402
+from coserve.actors.scheduler_actor import SchedulerActor, SchedulerSettings  # noqa: E402
 from coserve.contract.sampling import SamplingParams  # noqa: E402
 from coserve.frontend.messages import ChatSubmission  # noqa: E402
 from coserve.frontend.scheduler_frontend import SchedulerFrontend  # noqa: E402
-from coserve.platform.engine_config import EngineConfig  # noqa: E402
+from coserve.contract.engine_config import EngineConfig  # noqa: E402
 
 
 def submissions(count: int, max_tokens: int, tag: str) -> list[ChatSubmission]:

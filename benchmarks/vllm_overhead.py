@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from coserve import LLM, SamplingParams
-    from coserve.platform.vllm_backend import VllmRuntime, VllmSettings
+    from coserve.vllm.backend import VllmRuntime, VllmSettings
 
     ours = LLM(model=args.model, engine="vllm", dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                max_batch_tokens=args.max_batch_tokens, kv_cache_memory_gb=args.kv_cache_gb,

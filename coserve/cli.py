@@ -18,8 +18,8 @@ from typing import Any
 
 from coserve.bench.cli import register_bench
 from coserve.contract.engine import EngineKind
-from coserve.platform.profiler_cli import register_profile
-from coserve.policies import defaults
+from coserve.bench.profiler_cli import register_profile
+from coserve.contract import defaults
 
 Subparsers = Any  # argparse's _SubParsersAction is private; this alias documents intent.
 # Copies of tiny_model.ARCHS / PRESETS (a test keeps them equal): importing tiny_model pulls in torch.
@@ -40,7 +40,7 @@ def _parse_override(text: str) -> tuple[str, Any]:
 
 def _cmd_model_create_tiny(args: argparse.Namespace) -> int:
     """Handler of `coserve model create-tiny`."""
-    from coserve.platform.tiny_model import count_parameters, create_tiny_model
+    from coserve.model.tiny_model import count_parameters, create_tiny_model
 
     target = Path(args.dir)
     if (target / "config.json").exists() and not args.force:
@@ -60,8 +60,8 @@ def _cmd_model_create_tiny(args: argparse.Namespace) -> int:
 
 def _cmd_model_fetch(args: argparse.Namespace) -> int:
     """Handler of `coserve model fetch`: print the model folder on stdout (progress goes to stderr)."""
-    from coserve.platform.gguf_import import GGUFImportError
-    from coserve.platform.model_registry import DownloadError, UnknownModelError, fetch_model
+    from coserve.model.gguf_import import GGUFImportError
+    from coserve.model.registry import DownloadError, UnknownModelError, fetch_model
 
     try:
         path = fetch_model(args.name, args.dir, dtype=args.dtype)
@@ -77,7 +77,7 @@ def _cmd_model_fetch(args: argparse.Namespace) -> int:
 
 def _cmd_model_import_gguf(args: argparse.Namespace) -> int:
     """Handler of `coserve model import-gguf`: print the model folder on stdout."""
-    from coserve.platform.gguf_import import GGUFImportError, import_gguf
+    from coserve.model.gguf_import import GGUFImportError, import_gguf
 
     try:
         path = import_gguf(args.file, args.dir, dtype=args.dtype, force=args.force)
@@ -91,8 +91,8 @@ def _cmd_model_import_gguf(args: argparse.Namespace) -> int:
 def _register_fetch(model_sub: Subparsers) -> None:
     """`coserve model fetch` and `coserve model import-gguf`."""
     # model_registry imports only the standard library at load time: listing names keeps --help fast.
-    from coserve.platform.gguf_import import OUTPUT_DTYPES
-    from coserve.platform.model_registry import KNOWN_MODELS, default_model_dir
+    from coserve.model.gguf_import import OUTPUT_DTYPES
+    from coserve.model.registry import KNOWN_MODELS, default_model_dir
 
     known = "\n".join(f"  {m.name}: {m.description} [{m.license}]" for m in KNOWN_MODELS.values())
     fetch = model_sub.add_parser(

@@ -9,16 +9,16 @@ from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, execute
 
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.training_plan import TrainingExample
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.cluster import ClusterScheduler, PolicyBuilder
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.engine_core import Step
-from coserve.policies.finetune_types import FinetuneJobSpec
-from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.latency import LatencyModel
-from coserve.policies.share_registry import ShareKind, build_policy
-from coserve.policies.shared_vtc import SharedVtc
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.cluster.cluster_scheduler import ClusterScheduler, PolicyBuilder
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.share.policy import CoServingPolicy
+from coserve.cluster.engine_core import Step
+from coserve.contract.job_spec import FinetuneJobSpec
+from coserve.share.settings import CoServingConfig
+from coserve.share.latency import LatencyModel
+from coserve.share.registry import ShareKind, build_policy
+from coserve.tenancy.shared_vtc import SharedVtc
 
 
 def config(scheduler: dict[str, Any] | None = None, **co: Any) -> CoServingConfig:

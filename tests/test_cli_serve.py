@@ -72,7 +72,7 @@ def test_more_engines_than_cores_fail_at_start(llama_dir: Path, tenants_file: Pa
 
 
 def test_serve_settings_reach_the_hybrid_policy(llama_dir: Path, tenants_file: Path) -> None:
-    from coserve.policies.config import SchedulerConfig
+    from coserve.inference.scheduler_config import SchedulerConfig
     from coserve.server.options import ServeOptions
 
     opts = ServeOptions(model=str(llama_dir), tenants=str(tenants_file), tpot_slo_ms=80.0, max_stall_ms=240.0)
@@ -108,8 +108,8 @@ def test_serve_loads_a_latency_profile_fitted_here_and_refuses_another(
         llama_dir: Path, tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from dataclasses import replace
 
-    from coserve.policies.config import SchedulerConfig
-    from coserve.policies.latency import LatencyModel
+    from coserve.inference.scheduler_config import SchedulerConfig
+    from coserve.share.latency import LatencyModel
     from coserve.server.options import ServeOptions
 
     opts = ServeOptions(model=str(llama_dir), tenants=str(tenants_file), dtype="float32")

@@ -1,4 +1,4 @@
-"""Every config that takes a server size takes its default from `coserve.policies.defaults`: the
+"""Every config that takes a server size takes its default from `coserve.contract.defaults`: the
 scheduler's budgets, the engine's block and adapter bank sizes, the CLI flags, the offline `LLM`."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from coserve.actors.scheduler import SchedulerSettings
+from coserve.actors.scheduler_actor import SchedulerSettings
 from coserve.cli import build_parser
 from coserve.offline.llm import LLM
-from coserve.platform.engine_config import EngineConfig
-from coserve.policies import defaults
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.policy_factory import CoServingPolicyFactory
+from coserve.contract.engine_config import EngineConfig
+from coserve.contract import defaults
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.share.settings import CoServingConfig
+from coserve.cluster.policy_factory import CoServingPolicyFactory
 from coserve.server.options import ServeOptions
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from coserve.platform.tokenizer_spec import read_tokenizer_spec
+from coserve.model.tokenizer_spec import read_tokenizer_spec
 
 HERE = Path(__file__).parent
 

@@ -11,15 +11,15 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from coserve.actors.scheduler import SchedulerActor
-from coserve.actors.store import MetadataStore
+from coserve.actors.scheduler_actor import SchedulerActor
+from coserve.store import MetadataStore
 from coserve.api.app import build_app
 from coserve.contract.engine import RuntimeLayout, TokenizerSpec
 from coserve.contract.messages import Admission, TokenBatch, TokenSubmission
 from coserve.contract.sampling import SamplingParams
 from coserve.frontend.messages import ChatSubmission
 from coserve.frontend.scheduler_frontend import SchedulerFrontend
-from coserve.platform.config import ModelConfig
+from coserve.model.config import ModelConfig
 from coserve.server.options import ServeOptions
 
 KEY = "sk-torch-free-0123"

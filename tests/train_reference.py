@@ -10,7 +10,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
-from coserve.platform.trainer import IGNORE_INDEX, TrainingSequence
+from coserve.trainer import IGNORE_INDEX, TrainingSequence
 
 MAX_REL_ERR = 1e-4
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from coserve.contract.messages import AdapterSpec, Rejection, TokenSubmission
 from coserve.contract.sampling import AdapterRef
-from coserve.policies.quotas import TenantLimits, TenantQuota
+from coserve.tenancy.quotas import TenantLimits, TenantQuota
 
 
 class QuotaBook:

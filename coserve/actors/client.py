@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from coserve.actors.engine_actor import EngineActor, LocalLink
-from coserve.actors.scheduler import SchedulerActor
+from coserve.actors.scheduler_actor import SchedulerActor
 from coserve.contract.messages import Admission, TokenBatch, TokenSubmission
 
 # A finished request whose stream was never read (its client left before the response started) is

@@ -2,7 +2,7 @@
 Ray Train instead of the shared engines.
 
 `route_job` decides once, when a job's file is tokenized, whether it runs dedicated (it asked, or it is
-over the operator's threshold: `coserve.policies.dedicated.route`) and keeps the decision in the job row.
+over the operator's threshold: `coserve.finetune.dedicated.route`) and keeps the decision in the job row.
 `DedicatedJobs` launches each such job's `DedicatedRun` actor once the cluster has its workers free
 (until then the job waits, with an event saying for what), names it after the job (a job manager rebuilt
 after an engine restart finds the run still going and adopts it), relays cancel, pause and resume as
@@ -22,11 +22,11 @@ from typing import Any
 
 from coserve.actors.job_failures import JobRefused
 from coserve.actors.leftover_groups import LeftoverGroups
-from coserve.actors.store import JobRecord, MetadataStore
+from coserve.store import JobRecord, MetadataStore
 from coserve.contract.dedicated_run import Command, RunSpec
-from coserve.policies.dedicated import (TRAINING_KEY, DedicatedSettings, Route, TrainingMode, TrainingRequest,
+from coserve.finetune.dedicated import (TRAINING_KEY, DedicatedSettings, Route, TrainingMode, TrainingRequest,
                                         capacity, route)
-from coserve.policies.finetune_types import FinetuneJobSpec, JobEvent, JobEventKind
+from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 
 RUN_NAMESPACE = "coserve"
 PLACEMENT_GROUP_KEY = "ray_placement_group"  # the job row's extension: its latest run's placement group

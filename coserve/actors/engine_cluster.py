@@ -19,12 +19,12 @@ from coserve.actors.job_runner import ClusterJobRunner, JobRunner
 from coserve.actors.metrics import QueueState
 from coserve.contract.engine import EngineFailure
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.policies.cluster import ClusterScheduler
-from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.engine_core import Step
-from coserve.policies.policy_factory import CoServingPolicyFactory, EngineLayout
-from coserve.policies.request import Request, RequestStatus
-from coserve.policies.shared_vtc import SharedVtc
+from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.share.policy import CoServingPolicy
+from coserve.cluster.engine_core import Step
+from coserve.cluster.policy_factory import CoServingPolicyFactory, EngineLayout
+from coserve.inference.request import Request, RequestStatus
+from coserve.tenancy.shared_vtc import SharedVtc
 
 
 class ClusterEngines:

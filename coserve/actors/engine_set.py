@@ -21,11 +21,11 @@ from coserve.actors.job_runner import HostJobs, JobRunner
 from coserve.actors.metrics import QueueState
 from coserve.contract.engine import EngineFailure
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.policies.cluster import NoEngine
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.engine_core import EngineCore, Step
-from coserve.policies.policy_factory import EngineLayout, InferencePolicy, PolicyFactory
-from coserve.policies.request import Request, RequestStatus
+from coserve.cluster.cluster_scheduler import NoEngine
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.cluster.engine_core import EngineCore, Step
+from coserve.cluster.policy_factory import EngineLayout, InferencePolicy, PolicyFactory
+from coserve.inference.request import Request, RequestStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """Resuming a fine-tuning job from its last checkpoint (after a server, scheduler or engine restart).
 
 The checkpoint folder holds the adapter, the optimizer state, the data position and the job's counters
-(`coserve.platform.trainer.checkpoint`). The job's spec gets the position to continue from and the
+(`coserve.trainer.checkpoint`). The job's spec gets the position to continue from and the
 trained-token count to continue with, so `trained_tokens` goes on from the checkpoint's count instead
 of restarting at 0. The steps after the checkpoint are redone; their metrics events were stored before
 the restart and are not stored again (`EventTable.add_once`, keyed by step).
@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from coserve.actors.store import MetadataStore
-from coserve.actors.store.records import JobRecord
+from coserve.store import MetadataStore
+from coserve.store.records import JobRecord
 from coserve.contract.trainer_state import read_trainer_state
-from coserve.policies.finetune_types import FinetuneJobSpec, trained_tokens_before
+from coserve.contract.job_spec import FinetuneJobSpec, trained_tokens_before
 
 
 def resume_spec(store: MetadataStore, record: JobRecord, spec: FinetuneJobSpec) -> FinetuneJobSpec:

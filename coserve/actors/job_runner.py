@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from coserve.policies.cluster_jobs import ClusterJobs, JobNotice
-from coserve.policies.finetune_job import FinetuneJob
-from coserve.policies.finetune_types import FinetuneJobSpec, JobEvent
-from coserve.policies.job_host import JobHost
+from coserve.cluster.jobs import ClusterJobs, JobNotice
+from coserve.finetune.job import FinetuneJob
+from coserve.contract.job_spec import FinetuneJobSpec, JobEvent
+from coserve.finetune.host import JobHost
 
 
 class JobRunner(Protocol):

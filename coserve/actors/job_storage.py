@@ -1,4 +1,4 @@
-"""The storage quotas on the scheduler's side of fine-tuning (`coserve.policies.storage_quota`).
+"""The storage quotas on the scheduler's side of fine-tuning (`coserve.tenancy.storage_quota`).
 
 Two checks, both measured from the store and the disk:
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from coserve.actors.store import JobRecord, MetadataStore
-from coserve.actors.store.usage import RESERVED_MODELS_KEY, tree_bytes
-from coserve.policies.quotas import Refusal, TenantLimits
-from coserve.policies.storage_quota import (admit_job, check_saved_adapter, has_storage_limits,
+from coserve.store import JobRecord, MetadataStore
+from coserve.store.usage import RESERVED_MODELS_KEY, tree_bytes
+from coserve.tenancy.quotas import Refusal, TenantLimits
+from coserve.tenancy.storage_quota import (admit_job, check_saved_adapter, has_storage_limits,
                                             models_per_job)
 
 

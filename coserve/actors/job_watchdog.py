@@ -1,6 +1,6 @@
 """The fine-tuning watchdog: a running job that has not moved for a while gets an event saying why.
 
-Liveness is a rule (`coserve.policies.liveness`): every runnable job gets work, or the policy records
+Liveness is a rule (`coserve.share.liveness`): every runnable job gets work, or the policy records
 why it did not (`finetune_held_back`: a tight SLO, waiting requests, no free KV block). What the rule
 cannot promise is that a job moves when memory is held by inference, or when the machine is so slow that
 a job's next piece is minutes away. So the scheduler watches: a job whose planned work has not changed
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from coserve.policies.defaults import FINETUNE_FLOOR_EVERY
+from coserve.contract.defaults import FINETUNE_FLOOR_EVERY
 
 DEFAULT_STALL_AFTER_S = 60.0
 SLOW_ENGINE_PLANS = FINETUNE_FLOOR_EVERY + 1

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from coserve.actors.metrics import Slo
-from coserve.policies import defaults
-from coserve.policies.dedicated import DedicatedSettings
-from coserve.policies.quotas import TenantLimits
+from coserve.contract import defaults
+from coserve.finetune.dedicated import DedicatedSettings
+from coserve.tenancy.quotas import TenantLimits
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import time
 
 from coserve.contract.messages import TokenBatch, TokenDelta
 from coserve.contract.plan import TokenLogprobs
-from coserve.policies.request import Request
+from coserve.inference.request import Request
 
 
 class SubmissionState:

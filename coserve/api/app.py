@@ -14,12 +14,12 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
-from coserve.actors.store import MetadataStore
+from coserve.store import MetadataStore
 from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_error_handlers
 from coserve.api.routers import chat, completions, files, fine_tuning, metrics, models
 from coserve.api.protocol.chat import MAX_N
 from coserve.api.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
-from coserve.policies.tenants import TenantsConfig
+from coserve.tenancy.tenants import TenantsConfig
 
 UPLOAD_PATH = "/v1/files"  # the one endpoint whose body is a file (multipart), not JSON
 ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, chat.router,
@@ -35,7 +35,7 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
 
     Args:
         store: the metadata store (files, models, jobs).
-        tenants: API keys and tenants (`coserve.policies.tenants.load_tenants`).
+        tenants: API keys and tenants (`coserve.tenancy.tenants.load_tenants`).
         base_models: ids of the base models served; registered in the store (idempotent) so that every
             tenant lists them.
         max_upload_bytes: the largest file `POST /v1/files` accepts (413 beyond).

@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi import Request
 
-from coserve.actors.store import MetadataStore
-from coserve.policies.tenants import TenantsConfig
+from coserve.store import MetadataStore
+from coserve.tenancy.tenants import TenantsConfig
 
 # The largest upload accepted. OpenAI allows 512 MB, but an upload is validated and stored from memory,
 # so the default is lower; operators raise it with `build_app(..., max_upload_bytes=...)`.

@@ -6,7 +6,7 @@ fine-tuning forward windows of 32-256 tokens and backward tasklet runs of 256-40
 to a decode batch. `fit_latency_model` fits `LatencyModel` on 4/5 of the samples and reports the MAPE
 and the mean measured/predicted ratio on the held-out fifth. Only iterations with inference work are
 fitted (`PlanFeatures.has_inference`: the only ones the model decides; fine-tuning alone pulled the
-per-iteration constant, see `coserve.platform.profiler`).
+per-iteration constant, see `coserve.bench.profiler`).
 
 SLO rule (`calibrate_slo`), printed by the benchmark:
 
@@ -35,21 +35,21 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coserve.bench.metrics import SLO
+from coserve.bench.run_metrics import SLO
 from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.contract.engine import Engine, RuntimeLayout, StepExecutor
 from coserve.contract.sampling import SamplingParams
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.engine_core import EngineCore, Step
-from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
-from coserve.policies.inference import InferenceScheduler
-from coserve.policies.job_pieces import JobPieces
-from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.latency import LatencyModel, ModelFingerprint, Sample
-from coserve.policies.latency_features import PlanFeatures
-from coserve.policies.request import Request
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.cluster.engine_core import EngineCore, Step
+from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.finetune.pieces import JobPieces
+from coserve.inference.kv_blocks import KVBlockManager
+from coserve.share.latency import LatencyModel, ModelFingerprint, Sample
+from coserve.share.latency_features import PlanFeatures
+from coserve.inference.request import Request
 
 TPOT_MULTIPLE = 3.0
 TTFT_MULTIPLE = 40.0

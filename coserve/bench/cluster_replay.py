@@ -25,12 +25,12 @@ from coserve.bench.replay import IDLE_SLEEP_S, PolicyFactory, RunLimits, should_
 from coserve.bench.traces import RequestSpec
 from coserve.contract.engine import EngineFailure
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.cluster import ClusterScheduler
-from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.finetune_types import FinetuneJobSpec
-from coserve.policies.latency_features import PlanFeatures
-from coserve.policies.shared_vtc import SharedVtc
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.share.policy import CoServingPolicy
+from coserve.contract.job_spec import FinetuneJobSpec
+from coserve.share.latency_features import PlanFeatures
+from coserve.tenancy.shared_vtc import SharedVtc
 
 
 @dataclass(slots=True)

@@ -35,9 +35,9 @@ from coserve.bench.replay import IDLE_SLEEP_S, Clock, RunLimits, should_stop
 from coserve.bench.traces import RequestSpec
 from coserve.contract.engine import StepExecutor
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.policies.cluster import ClusterScheduler
-from coserve.policies.finetune_types import FinetuneJobSpec
-from coserve.policies.latency_features import PlanFeatures
+from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.contract.job_spec import FinetuneJobSpec
+from coserve.share.latency_features import PlanFeatures
 
 _WAKE, _DONE = 0, 1
 

@@ -36,14 +36,14 @@ from typing import Any
 
 from coserve.bench.cluster_run import ClusterRun
 from coserve.bench.cluster_sim import JobArrival
-from coserve.bench.metrics import SLO, relative_error, summarize
+from coserve.bench.run_metrics import SLO, relative_error, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord
 from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead_s, simulate_engines,
                                      truth_model_from_run)
 from coserve.bench.traces import RequestSpec, make_trace, poisson_arrivals
-from coserve.policies.finetune_types import FinetuneJobSpec
-from coserve.policies.latency import LatencyModel
+from coserve.contract.job_spec import FinetuneJobSpec
+from coserve.share.latency import LatencyModel
 
 COMPARED = ("inference_tokens_per_s", "finetune_tokens_per_s", "finetune_steady_tokens_per_s",
             "slo_attainment", "ttft_p50_ms", "tpot_mean_ms")
@@ -185,8 +185,8 @@ def run_validation(args: argparse.Namespace) -> dict[str, Any]:
     from coserve.bench.calibration import SweepSettings
     from coserve.bench.coserving import QUICK_SWEEP, STALL_MULTIPLE, WARMUP_S, engine_and_job
     from coserve.bench.coserving_setup import calibrate
-    from coserve.platform.engine_config import EngineConfig
-    from coserve.policies.latency import machine_id
+    from coserve.contract.engine_config import EngineConfig
+    from coserve.share.latency import machine_id
 
     torch.set_num_threads(1)  # one per engine: every engine thread runs with one
     rates = [float(r) for r in args.rates.split(",")] if args.rates else ([0.5] if args.quick else [0.5, 1.0])

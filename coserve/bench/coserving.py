@@ -44,7 +44,7 @@ from typing import Any
 from coserve.bench.calibration import TTFT_MULTIPLE, SweepSettings
 from coserve.bench.coserving_setup import MAX_BATCH_TOKENS, calibrate, run_policy
 from coserve.bench.headroom import Headroom, best_baseline, headroom
-from coserve.bench.metrics import SLO, summarize
+from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
 from coserve.bench.sim_check import simulator_check
@@ -52,7 +52,7 @@ from coserve.bench.simulator import EngineShape
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
 from coserve.contract.engine import EngineKind
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
-from coserve.policies.finetune_job import FinetuneJobSpec
+from coserve.finetune.job import FinetuneJobSpec
 
 # Rates: the small preset on 2 CPU cores serves about 3.5 requests/s of this trace before queues grow
 # (measured 2026-11-21); below ~1 request/s the engine idles and every work-conserving baseline trains
@@ -123,8 +123,8 @@ def engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, s
     from transformers import AutoTokenizer
 
     from coserve.bench.trainer import ensure_model
-    from coserve.platform.engine_config import EngineConfig
-    from coserve.platform.engines import build_engine
+    from coserve.contract.engine_config import EngineConfig
+    from coserve.torch_engine.registry import build_engine
 
     model_dir, origin = ensure_model(args.model_dir)
     engine = build_engine(EngineConfig(model=str(model_dir), dtype=args.dtype, device=args.device,
@@ -206,7 +206,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     the private key ``_bursty``, for the plots)."""
     import torch
 
-    from coserve.policies.latency import machine_id
+    from coserve.share.latency import machine_id
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -260,8 +260,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_policy_names(names: list[str]) -> None:
     """Raise ValueError naming the first unknown policy (the factories parse the names)."""
-    from coserve.policies.config import SchedulerConfig
-    from coserve.policies.latency import LatencyModel, ModelFingerprint
+    from coserve.inference.scheduler_config import SchedulerConfig
+    from coserve.share.latency import LatencyModel, ModelFingerprint
 
     setup = PolicySetup(scheduler=SchedulerConfig(max_model_len=64, max_num_seqs=1, max_batch_tokens=64),
                         slo=SLO(1.0, 1.0), latency=LatencyModel(ModelFingerprint("", "", "")))

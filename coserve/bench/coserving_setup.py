@@ -9,11 +9,11 @@ from typing import Any
 
 from coserve.bench.calibration import (MAX_MARGIN, LatencyFit, SweepSettings, calibrate_slo, decode_step_s,
                                        fit_latency_model, measure_decode_step_s, profile_engine)
-from coserve.bench.metrics import SLO
+from coserve.bench.run_metrics import SLO
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord, replay
 from coserve.bench.traces import make_trace, poisson_arrivals
-from coserve.policies.latency import LatencyModel
+from coserve.share.latency import LatencyModel
 
 MAX_BATCH_TOKENS = 512
 REALIZED_TARGET = 0.9  # of the TPOT SLO: where the margin aims co-served iterations to land
@@ -46,7 +46,7 @@ def policy_setup(engine: Any, fit: LatencyFit, slo: SLO, stall_multiple: float,
            margin: float | None = None) -> PolicySetup:
     """Safety margin (unless given), batch limit and coserve's longest stall (`stall_multiple` x the
     TPOT SLO) from one fitted model and the SLOs."""
-    from coserve.policies.config import SchedulerConfig
+    from coserve.inference.scheduler_config import SchedulerConfig
 
     latency = fit.model
     margin = fit.safety_margin if margin is None else margin
@@ -82,7 +82,7 @@ def calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSe
     setup, the fit and k. A given `slo` (the command's --tpot-slo-ms/--ttft-slo-ms, e.g. the papers' 50
     ms for an 8B model on a GPU) replaces the calibrated one.
     """
-    from coserve.policies.latency import ModelFingerprint, machine_id, model_id_from_config
+    from coserve.share.latency import ModelFingerprint, machine_id, model_id_from_config
 
     samples = profile_engine(engine, dataclasses.replace(job_spec, job_id="calibration"), sweep)
     fingerprint = ModelFingerprint(model_id_from_config(dataclasses.asdict(engine.model_config)),

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coserve.bench.replay import RunRecord
-from coserve.policies.latency import LatencyModel
+from coserve.share.latency import LatencyModel
 
 # The features that scale with the inference work served (not with how it is batched into iterations).
 INFERENCE_FEATURES = ("prefill_tokens", "decode_tokens", "prefill_attention", "decode_context",

@@ -22,15 +22,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coserve.bench.metrics import SLO
+from coserve.bench.run_metrics import SLO
 from coserve.bench.replay import PolicyFactory
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.hybrid_config import CoServingConfig
-from coserve.policies.latency import LatencyModel
-from coserve.policies.share_registry import ShareKind, ShareOptions, build_policy
-from coserve.policies.shared_vtc import SharedVtc
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.share.policy import CoServingPolicy
+from coserve.share.settings import CoServingConfig
+from coserve.share.latency import LatencyModel
+from coserve.share.registry import ShareKind, ShareOptions, build_policy
+from coserve.tenancy.shared_vtc import SharedVtc
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 One driver (`drive`, iterations by `EngineCore.step`) serves both the real benchmark and the
 simulator; they differ only in the clock and the executor (a `StepExecutor`):
 
-* `replay` (this module): the wall clock and a real `Engine` in this process. A request is added to the
+* `replay` (this module): the wall clock and a real `TorchEngine` in this process. A request is added to the
   policy once its arrival time has passed; when the policy has nothing to run, the loop sleeps in
   short slices (at most `IDLE_SLEEP_S`) until the next arrival. Iteration times are what the machine
   took, scheduling included.
@@ -29,17 +29,17 @@ from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.contract.engine import StepExecutor
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.sampling import AdapterRef, SamplingParams
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.engine_core import EngineCore
-from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
-from coserve.policies.job_host import JobHost
-from coserve.policies.latency_features import PlanFeatures, plan_features
-from coserve.policies.request import Request
-from coserve.policies.shared_vtc import SharedVtc
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.share.policy import CoServingPolicy
+from coserve.cluster.engine_core import EngineCore
+from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.finetune.host import JobHost
+from coserve.share.latency_features import PlanFeatures, plan_features
+from coserve.inference.request import Request
+from coserve.tenancy.shared_vtc import SharedVtc
 
 if TYPE_CHECKING:  # torch only where a real engine runs; the simulator imports this module too
-    from coserve.platform.engine import Engine
+    from coserve.torch_engine.engine import TorchEngine
 
 IDLE_SLEEP_S = 0.002  # an idle loop checks for arrivals this often (short: TTFT is measured from it)
 
@@ -314,7 +314,7 @@ def job_host(policy: CoServingPolicy) -> JobHost:
     return policy.jobs
 
 
-def replay(engine: Engine, make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,
+def replay(engine: TorchEngine, make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,
            *, job_spec: FinetuneJobSpec | None = None, policy_name: str = "", rate: float = 0.0,
            clock: Clock | None = None) -> RunRecord:
     """One benchmark run on a real engine, in this process, against the wall clock.

@@ -15,12 +15,12 @@ import dataclasses
 import math
 from typing import Any
 
-from coserve.bench.metrics import relative_error, summarize
+from coserve.bench.run_metrics import relative_error, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord
 from coserve.bench.simulator import EngineShape, SimSettings, measured_overhead_s, simulate, truth_model_from_run
 from coserve.bench.traces import RequestSpec
-from coserve.policies.finetune_job import FinetuneJobSpec
+from coserve.finetune.job import FinetuneJobSpec
 
 SIM_CHECK_KEYS = ("inference_tokens_per_s", "finetune_tokens_per_s", "finetune_steady_tokens_per_s",
                   "tpot_mean_ms", "ttft_p50_ms", "ttft_mean_ms")

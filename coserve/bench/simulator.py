@@ -30,13 +30,13 @@ from coserve.bench.replay import (AdapterSlotTracker, EngineLane, PolicyFactory,
 from coserve.bench.traces import RequestSpec
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingReport
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.cluster import ClusterScheduler
-from coserve.policies.coserving import CoServingPolicy
-from coserve.policies.finetune_job import FinetuneJob, FinetuneJobSpec
-from coserve.policies.latency import LatencyModel, ModelFingerprint
-from coserve.policies.routing import RoutingWeights
-from coserve.policies.shared_vtc import SharedVtc
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.share.policy import CoServingPolicy
+from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.cluster.routing import RoutingWeights
+from coserve.tenancy.shared_vtc import SharedVtc
 
 SIMULATED_TOKEN = 17  # the token every simulated sample returns (requests ignore EOS)
 # A run noisier than this (a machine under heavy contention) is not described by a latency model;

@@ -35,7 +35,7 @@ import numpy as np
 from coserve.bench.cluster_sim import JobArrival
 from coserve.bench.traces import LengthDistribution, RequestSpec, bursty_arrivals, sharegpt_lengths, \
     synthetic_training_examples
-from coserve.policies.finetune_types import FinetuneJobSpec
+from coserve.contract.job_spec import FinetuneJobSpec
 
 
 def zipf_shares(num_tenants: int, s: float = 1.1) -> np.ndarray:

@@ -183,7 +183,7 @@ def _digest(text: str) -> int:
 
 def _corpus_sentences() -> list[str]:
     """Prose lines of the packaged tokenizer corpus (its comment header left out)."""
-    text = resources.files("coserve.platform").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+    text = resources.files("coserve.model").joinpath("data/corpus.txt").read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 

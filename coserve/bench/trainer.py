@@ -78,7 +78,7 @@ def ensure_model(model_dir: Path | None) -> tuple[Path, str]:
     path = OUT_DIR / "small-llama"
     origin = "coserve create_tiny_model(arch=llama, preset=small, seed=0)"
     if not (path / "config.json").exists():
-        from coserve.platform.tiny_model import create_tiny_model
+        from coserve.model.tiny_model import create_tiny_model
 
         create_tiny_model(path, arch="llama", preset="small", seed=0)
         (path / ".origin").write_text(origin + "\n")

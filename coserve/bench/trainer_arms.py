@@ -102,10 +102,10 @@ class CoserveArm:
 
     def __init__(self, model_dir: Path, seed: int) -> None:
         from coserve.contract.training_settings import LoRASettings, OptimizerSettings
-        from coserve.platform.config import ModelConfig
-        from coserve.platform.model import Transformer
-        from coserve.platform.trainer import LoRAOptimizer, TrainableLoRA, WindowedTrainer
-        from coserve.platform.weights import load_weights
+        from coserve.model.config import ModelConfig
+        from coserve.forward.transformer import Transformer
+        from coserve.trainer import LoRAOptimizer, TrainableLoRA, WindowedTrainer
+        from coserve.model.weights import load_weights
 
         cfg = ModelConfig.from_pretrained(model_dir)
         weights = load_weights(model_dir, cfg, torch.float32, torch.device("cpu"))
@@ -120,7 +120,7 @@ class CoserveArm:
 
     def step(self, ids: torch.Tensor, trained: torch.Tensor, forward: list[int],
              backward: list[int] | None = None) -> float:
-        from coserve.platform.trainer import TrainingSequence, train_batch
+        from coserve.trainer import TrainingSequence, train_batch
 
         stats = train_batch(self.trainer, self.optimizer,
                             [TrainingSequence(ids, trained, forward, backward)])

@@ -8,7 +8,7 @@ figures, not a measurement) with FlexLLM's SLOs for that model (TPOT 50 ms, TTFT
 16 tokens, up to 64 running requests, and its own fine-tuning job (1024-4096-token sequences, batch 1).
 Requests come from 1000 tenants (uniformly), at ShareGPT's full lengths (`traces.sharegpt_lengths`
 with scale 1, prompts up to 2048 and outputs up to 1024 tokens), Poisson at `rate` requests/s, routed
-by the cluster scheduler (`coserve/policies/cluster.py`: load, adapter and prefix affinity, late
+by the cluster scheduler (`coserve/cluster/cluster_scheduler.py`: load, adapter and prefix affinity, late
 binding; until 2026-11-25 the simulator sent each to the engine with the fewest unfinished requests).
 `coserve bench cluster project` is the fuller projection (many-tenant trace, the scheduler's own time).
 """
@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coserve.bench.metrics import SLO, summarize
+from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
 from coserve.bench.simulator import EngineShape, gpu_latency_model, simulate_cluster
 from coserve.bench.traces import make_trace, poisson_arrivals, sharegpt_lengths, synthetic_training_examples
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.finetune_job import FinetuneJobSpec
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.finetune.job import FinetuneJobSpec
 
 SHAPE = EngineShape(num_kv_blocks=4096, block_size=16, num_adapter_slots=8, vocab_size=128256,
                     num_layers=32)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from coserve.policies.finetune_types import FinetuneJobSpec, JobEvent
+from coserve.contract.job_spec import FinetuneJobSpec, JobEvent
 
 
 class Command(enum.IntEnum):

@@ -7,7 +7,7 @@ dropped, and the fine-tuning work (`plan.training`: forward windows, backward ta
 steps, saves), which the engine's own trainer runs against the base weights it holds. So a second
 backend (vLLM next) implements `Engine` (`layout` and `step`) and the scheduler does not change.
 
-`EngineCore` (`coserve/policies/engine_core.py`) drives an engine through this contract.
+`EngineCore` (`coserve/cluster/engine_core.py`) drives an engine through this contract.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from coserve.contract.plan import IterationPlan, IterationResult
 
 class EngineKind(enum.Enum):
     """Which backend executes the plans (`coserve serve --engine`, `LLM(engine=...)`); each kind has its
-    builder in `coserve.platform.engines`."""
+    builder in `coserve.torch_engine.registry`."""
 
-    NATIVE = "native"  # coserve's own torch engine (coserve.platform.engine)
-    VLLM = "vllm"  # vLLM's engine, co-serving on its weights (coserve.platform.vllm_engine)
+    NATIVE = "native"  # coserve's own torch engine (coserve.torch_engine.engine)
+    VLLM = "vllm"  # vLLM's engine, co-serving on its weights (coserve.vllm.engine)
 
     @classmethod
     def parse(cls, value: str | EngineKind) -> EngineKind:
@@ -104,7 +104,7 @@ class StepExecutor(Protocol):
 class Engine(StepExecutor, Protocol):
     """A serving backend: its layout (sizes the scheduler plans with) and `step`.
 
-    coserve's torch engine (`coserve.platform.engine.Engine`) implements it.
+    coserve's torch engine (`coserve.torch_engine.engine.Engine`) implements it.
     """
 
     @property

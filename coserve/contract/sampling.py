@@ -34,7 +34,7 @@ class SamplingParams:
         repetition_penalty: vLLM's penalty on prompt and output tokens, > 0 (1: off).
         min_p: drop tokens less likely than `min_p` x the most likely one, in [0, 1].
         logit_bias: token id -> bias added to its logit, in [-100, 100].
-        (Exact definitions: `coserve.platform.logits_processors`.)
+        (Exact definitions: `coserve.torch_engine.logits_processors`.)
         structured_output: a grammar every output token must follow (JSON object or JSON Schema;
             bounded when it was made, checked against the grammar library where the request is made:
             the gateway, `LLM.generate`); it cannot be combined with `ignore_eos` or `min_tokens` (the

@@ -100,7 +100,7 @@ class StructuredOutput:
     def lark(cls, grammar: str) -> StructuredOutput:
         """Text derived by `grammar`, a Lark grammar in llguidance's dialect (its `start` rule is the
         whole output; `%json {...}` embeds a JSON schema, laid out as `json_object` is). Only coserve
-        writes Lark (the forced tool call, `coserve.tools.grammar`), after bounding the schemas it embeds.
+        writes Lark (the forced tool call, `coserve.tools.call_grammar`), after bounding the schemas it embeds.
 
         Raises:
             StructuredOutputError: the grammar is over its size limit.

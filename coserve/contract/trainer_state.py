@@ -1,5 +1,5 @@
 """A checkpoint's `trainer_state.json`: the file the engine's trainer writes into every checkpoint folder
-(`coserve.platform.trainer.checkpoint`) and the scheduler reads to resume a job, torch-free.
+(`coserve.trainer.checkpoint`) and the scheduler reads to resume a job, torch-free.
 
 It holds the format version, the `DataPosition` (seed, epoch, index, step) and the job's counters that
 a resume must continue rather than restart: `trained_tokens` (trained tokens of the steps up to this
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from coserve.policies.data_position import DataPosition
+from coserve.contract.data_position import DataPosition
 
 CHECKPOINT_FORMAT = 1
 STATE_FILE = "trainer_state.json"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from coserve.policies.dedicated import DedicatedSettings, capacity, capacity_text
+from coserve.finetune.dedicated import DedicatedSettings, capacity, capacity_text
 
 
 class ClusterTooSmall(RuntimeError):

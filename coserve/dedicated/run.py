@@ -21,7 +21,7 @@ from typing import Any
 from ray.train import UserCallback
 
 from coserve.contract.dedicated_run import Command, RunSpec, RunUpdate, WorkerInfo
-from coserve.policies.finetune_types import JobEvent, JobEventKind
+from coserve.contract.job_spec import JobEvent, JobEventKind
 
 _TERMINAL = (JobEventKind.SUCCEEDED, JobEventKind.FAILED, JobEventKind.CANCELLED)
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from coserve.contract.dedicated_run import Command, RunSpec, WorkerInfo
-from coserve.policies.data_position import DataPosition
-from coserve.policies.finetune_types import JobEvent, JobEventKind
+from coserve.contract.data_position import DataPosition
+from coserve.contract.job_spec import JobEvent, JobEventKind
 
 PAUSE_POLL_S = 1.0  # how often a paused run asks whether it may go on
 FINAL_DIR = "final"
@@ -76,10 +76,10 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
     import ray.train
     import torch
 
-    from coserve.platform.trainer import TrainingSequence, WindowedTrainer
+    from coserve.trainer import TrainingSequence, WindowedTrainer
     from coserve.contract.trainer_state import STATE_FILE, read_trainer_state
-    from coserve.platform.trainer.data_parallel import ProcessGroupSync
-    from coserve.platform.trainer.setup import build_trainable
+    from coserve.trainer.data_parallel import ProcessGroupSync
+    from coserve.trainer.setup import build_trainable
 
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
@@ -119,9 +119,9 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
 
 
 def _load_model(model_dir: str, dtype: str, device: Any) -> Any:
-    from coserve.platform.config import ModelConfig, resolve_dtype
-    from coserve.platform.model import Transformer
-    from coserve.platform.weights import load_weights
+    from coserve.model.config import ModelConfig, resolve_dtype
+    from coserve.forward.transformer import Transformer
+    from coserve.model.weights import load_weights
 
     cfg = ModelConfig.from_pretrained(model_dir)
     torch_dtype = resolve_dtype(dtype, cfg)
@@ -171,7 +171,7 @@ def _agree(worker: _Worker) -> Command:
 def _train_step(worker: _Worker) -> bool:
     """One optimizer step; at an epoch's end a checkpoint and the validation loss. False: the job failed
     (the event is pending)."""
-    from coserve.platform.trainer import NonFiniteGradientError, train_batch
+    from coserve.trainer import NonFiniteGradientError, train_batch
 
     job, before = worker.spec.job, worker.position
     indices, after = before.next_batch(len(job.examples), job.batch_size)
@@ -220,7 +220,7 @@ def _report(worker: _Worker, name: str, write: Any, metrics: dict[str, Any]) -> 
 
 
 def _checkpoint(worker: _Worker) -> None:
-    from coserve.platform.trainer.checkpoint import save_checkpoint
+    from coserve.trainer.checkpoint import save_checkpoint
 
     job, position = worker.spec.job, worker.position
     path = _report(worker, f"ckpt-step-{position.step}",
@@ -232,7 +232,7 @@ def _checkpoint(worker: _Worker) -> None:
 
 
 def _validate(worker: _Worker) -> None:
-    from coserve.platform.trainer.data_parallel import evaluation_loss
+    from coserve.trainer.data_parallel import evaluation_loss
 
     loss_sum, tokens = evaluation_loss(worker.trainer, worker.validation, worker.sync)
     step = worker.position.step

@@ -4,8 +4,8 @@ engine iteration."""
 
 from __future__ import annotations
 
-from coserve.platform.adapter_files import check_adapter
-from coserve.platform.config import ModelConfig
+from coserve.model.adapter_files import check_adapter
+from coserve.model.config import ModelConfig
 
 
 class AdapterChecker:

@@ -11,7 +11,7 @@ from typing import Any
 
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings, ResolvedHyperparameters
 from coserve.frontend.training_data import TrainingData, prepare_training_data
-from coserve.policies.finetune_job import FinetuneJobSpec
+from coserve.finetune.job import FinetuneJobSpec
 
 
 # Offline fine-tuning adapters take ids from here down, far from users' LoRARequest ids.

@@ -25,7 +25,7 @@ from coserve.frontend.intake import PromptIntake
 from coserve.frontend.messages import ChatAdmission, ChatSubmission, StreamBatch
 from coserve.frontend.text_stream import TextStream
 from coserve.frontend.tokenizer import Tokenizer
-from coserve.platform.config import ModelConfig
+from coserve.model.config import ModelConfig
 
 
 class TokenScheduler(Protocol):

@@ -1,5 +1,5 @@
 """Training data of a fine-tuning job: chat examples -> loss-masked token sequences, torch-free (the
-scheduler's job manager prepares jobs in a process without torch; `coserve.platform.trainer.data` makes
+scheduler's job manager prepares jobs in a process without torch; `coserve.trainer.data` makes
 the trainer's tensors from these lists). "auto" hyperparameters: `coserve.contract.training_settings`.
 
 Loss mask (issue 3, item 1). An example is rendered with the tokenizer's own chat template, so the

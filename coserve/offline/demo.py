@@ -21,7 +21,7 @@ DEMO_CHATS = [
 
 def make_demo_adapter(model_dir: Path, out: Path, seed: int = 0) -> Path:
     """A rank-8 PEFT adapter on all projections with random B, so it visibly changes outputs."""
-    from coserve.platform.tiny_model import create_random_adapter
+    from coserve.model.tiny_model import create_random_adapter
 
     return create_random_adapter(model_dir, out, seed=seed, b_std=0.05, r=8, lora_alpha=16,
                                  target_modules="all-linear")
@@ -29,7 +29,9 @@ def make_demo_adapter(model_dir: Path, out: Path, seed: int = 0) -> Path:
 
 def run_demo(model_dir: str, max_tokens: int = 32, dtype: str = "float32", device: str = "cpu") -> None:
     """Generate for the demo chats, half of them through a LoRA adapter, and print the results."""
-    from coserve import LLM, LoRARequest, SamplingParams
+    from coserve.contract.sampling import SamplingParams
+    from coserve.offline.llm import LLM
+    from coserve.offline.lora_request import LoRARequest
 
     model = Path(model_dir)
     adapter = make_demo_adapter(model, model.parent / f"{model.name}-demo-lora")

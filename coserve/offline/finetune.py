@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.finetune_job import FinetuneJob, JobEvent, JobEventKind, JobState
-from coserve.policies.job_host import JobHost
-from coserve.policies.job_roster import whole_iteration_allowance
-from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.vtc import VTCWeights, VirtualTokenCounter
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.finetune.job import FinetuneJob, JobEvent, JobEventKind, JobState
+from coserve.finetune.host import JobHost
+from coserve.finetune.roster import whole_iteration_allowance
+from coserve.inference.kv_blocks import KVBlockManager
+from coserve.tenancy.vtc import VTCWeights, VirtualTokenCounter
 
 
 @dataclass(slots=True)

@@ -28,15 +28,15 @@ from coserve.frontend.output_tracker import OutputTracker
 from coserve.offline.finetune import FineTuneResult, OfflineJobs
 from coserve.offline.lora_request import LoRARequest
 from coserve.offline.outputs import CompletionOutput, RequestOutput
-from coserve.platform.engine_config import EngineConfig
-from coserve.platform.engines import build_engine
-from coserve.policies import defaults
-from coserve.policies.adapter_slots import AdapterSlots
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.engine_core import EngineCore
-from coserve.policies.inference import InferenceScheduler
-from coserve.policies.kv_blocks import KVBlockManager
-from coserve.policies.request import Request, RequestStatus, expand_request
+from coserve.contract.engine_config import EngineConfig
+from coserve.torch_engine.registry import build_engine
+from coserve.contract import defaults
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.cluster.engine_core import EngineCore
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.request import Request, RequestStatus, expand_request
 from coserve.structured.guarded_check import GrammarCheck
 
 PromptType = str | dict

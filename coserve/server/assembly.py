@@ -77,8 +77,8 @@ def build_local_app(opts: ServeOptions) -> Any:
     from coserve.actors.client import LocalScheduler
     from coserve.actors.data_dir_lock import DataDirLock
     from coserve.actors.engine_actor import EngineActor
-    from coserve.actors.scheduler import SchedulerActor
-    from coserve.actors.store import MetadataStore
+    from coserve.actors.scheduler_actor import SchedulerActor
+    from coserve.store import MetadataStore
 
     tenants = opts.load_tenants()
     # First, before the model loads and before anything opens the store: a second server on this data
@@ -131,7 +131,7 @@ class GatewayIngress:
 
     def __init__(self, opts: ServeOptions) -> None:
         from coserve.actors.client import RayScheduler
-        from coserve.actors.store import MetadataStore
+        from coserve.store import MetadataStore
 
         self._opts = opts
         self._tenants = opts.load_tenants()
@@ -204,7 +204,7 @@ def start_ray_actors(opts: ServeOptions, tenants: Any, engines: int) -> tuple[An
     import ray
 
     from coserve.actors.engine_actor import RayLink
-    from coserve.actors.scheduler import SchedulerActor
+    from coserve.actors.scheduler_actor import SchedulerActor
     from coserve.server.engine_pool import EnginePool
 
     # Every engine's bundle is reserved first: a cluster that cannot hold them fails here, clearly.

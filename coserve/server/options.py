@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from coserve.actors.metrics import Slo
-from coserve.policies import defaults
+from coserve.contract import defaults
 from coserve.contract.engine import EngineKind
 
 logger = logging.getLogger(__name__)
@@ -49,8 +49,8 @@ class ServeOptions:
     max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128
     max_upload_bytes: int = 128 * 1024 * 1024  # POST /v1/files (api.state.DEFAULT_MAX_UPLOAD_BYTES: why)
     dedicated_min_tokens: int | None = None  # jobs training this many tokens go to Ray Train (None: never)
-    dedicated_workers: int = 2  # workers of a dedicated run that does not say (policies.dedicated)
-    engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.platform.engines)
+    dedicated_workers: int = 2  # workers of a dedicated run that does not say (finetune.dedicated)
+    engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.torch_engine.registry)
     engines: int | None = None  # engine actors (`--engines`; None: one per visible GPU, one on the CPU)
 
     @property
@@ -74,7 +74,7 @@ class ServeOptions:
             if value is not None and not value > 0:
                 raise ValueError(f"{flag} must be > 0, got {value}")
         if self.max_stall_ms is not None:
-            from coserve.policies.hybrid_config import DEFAULT_TPOT_SLO_MS
+            from coserve.share.settings import DEFAULT_TPOT_SLO_MS
 
             tpot = self.tpot_slo_ms if self.tpot_slo_ms is not None else DEFAULT_TPOT_SLO_MS
             if not tpot <= self.max_stall_ms < float("inf"):
@@ -92,7 +92,7 @@ class ServeOptions:
             raise ValueError("--dedicated-min-tokens routes jobs to Ray Train runs: it needs Ray (not --local)")
         self._check_engines()
         if self.engine is EngineKind.VLLM:  # missing or another version: the install command, before loading
-            from coserve.platform.vllm_backend import VllmUnavailable, check_vllm
+            from coserve.vllm.backend import VllmUnavailable, check_vllm
 
             try:
                 check_vllm()
@@ -100,7 +100,7 @@ class ServeOptions:
                 raise ValueError(str(error)) from None
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"--model {self.model}: not a model folder (no config.json)")
-        from coserve.platform.config import ModelConfig
+        from coserve.model.config import ModelConfig
 
         ModelConfig.from_pretrained(self.model)  # an unsupported architecture says so here
         tenants = self.load_tenants()
@@ -135,7 +135,7 @@ class ServeOptions:
 
     def load_tenants(self) -> Any:
         """The parsed tenants file. Raises ValueError (with the path) when it is missing or invalid."""
-        from coserve.policies.tenants import load_tenants
+        from coserve.tenancy.tenants import load_tenants
 
         try:
             return load_tenants(self.tenants)
@@ -143,12 +143,12 @@ class ServeOptions:
             raise ValueError(f"--tenants {self.tenants}: no such file") from None
 
     def dedicated_settings(self) -> Any:
-        """Dedicated fine-tuning on Ray Train (`coserve.policies.dedicated`); None with `--local`.
+        """Dedicated fine-tuning on Ray Train (`coserve.finetune.dedicated`); None with `--local`.
 
         Raises:
             ValueError: a threshold < 1 or a worker count outside 1..1024, named as flags.
         """
-        from coserve.policies.dedicated import DedicatedSettings
+        from coserve.finetune.dedicated import DedicatedSettings
 
         settings = DedicatedSettings(min_trained_tokens=self.dedicated_min_tokens,
                                      default_workers=self.dedicated_workers,
@@ -156,7 +156,7 @@ class ServeOptions:
         return None if self.local else settings
 
     def engine_config(self) -> Any:
-        from coserve.platform.engine_config import EngineConfig
+        from coserve.contract.engine_config import EngineConfig
 
         return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots,
                             engine=self.engine, max_num_seqs=self.max_num_seqs,
@@ -166,9 +166,9 @@ class ServeOptions:
         """The hybrid token policy's factory: SLOs, tenant weights, the latency profile."""
         import json
 
-        from coserve.platform.config import ModelConfig, dtype_name
-        from coserve.policies.latency import ModelFingerprint, engine_machine_id, model_id_from_config
-        from coserve.policies.policy_factory import CoServingPolicyFactory
+        from coserve.model.config import ModelConfig, dtype_name
+        from coserve.share.latency import ModelFingerprint, engine_machine_id, model_id_from_config
+        from coserve.cluster.policy_factory import CoServingPolicyFactory
 
         config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
         dtype = dtype_name(self.dtype, ModelConfig.from_pretrained(self.model))
@@ -180,7 +180,7 @@ class ServeOptions:
     def scheduler_settings(self, tenants: Any, engines: int = 1) -> Any:
         """The SchedulerActor's settings, for a scheduler driving `engines` engines."""
         from coserve.actors.scheduler_settings import SchedulerSettings
-        from coserve.policies.hybrid_config import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
+        from coserve.share.settings import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
 
         # The SLOs the policy keeps (its defaults when not given): /metrics counts attainment against them.
         ttft_ms = DEFAULT_TTFT_SLO_MS if self.ttft_slo_ms is None else self.ttft_slo_ms

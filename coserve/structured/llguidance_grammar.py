@@ -3,7 +3,7 @@
 The grammar library is llguidance (why: docs/libraries.md). `grammar_text` is what coserve's engine
 compiles against the tokenizer; `lark_text` is the same language as Lark, for vLLM's `guidance` backend,
 which takes only Lark. Both are text transforms (microseconds); compiling is the expensive part, done by
-`guarded_check` at admission and by the engine (`coserve.platform.grammar`) with `parser_limits()`.
+`guarded_check` at admission and by the engine (`coserve.torch_engine.grammar`) with `parser_limits()`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 from coserve.actors.admission import AdmissionControl, Charge
 from coserve.contract.messages import AdapterSpec, Rejection, TokenSubmission
 from coserve.contract.sampling import EosIds, SamplingParams
-from coserve.policies.quotas import TenantLimits
+from coserve.tenancy.quotas import TenantLimits
 
 
 class Clock:

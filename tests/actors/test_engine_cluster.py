@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from coserve.actors.engine_actor import EngineActor, LocalLink
-from coserve.actors.scheduler import SchedulerActor, SchedulerSettings
+from coserve.actors.scheduler_actor import SchedulerActor, SchedulerSettings
 from coserve.contract.messages import TokenBatch, TokenSubmission
 from coserve.contract.sampling import EosIds, SamplingParams
-from coserve.platform.engine_config import EngineConfig
+from coserve.contract.engine_config import EngineConfig
 from coserve.server.options import ServeOptions
 
 PROMPT = [5, 17, 33, 8, 21, 40, 2, 9]
@@ -107,7 +107,7 @@ def test_a_lost_engines_requests_without_a_token_start_over_on_another(
         # engine-1's loop could take it over).
         for i in range(2):
             assert (await scheduler.submit(submission(f"r{i}", 7))).rejection is None
-        with caplog.at_level(logging.WARNING, logger="coserve.actors.scheduler"):
+        with caplog.at_level(logging.WARNING, logger="coserve.actors.scheduler_actor"):
             scheduler.engine_lost("engine-0", "never started")
         assert "1 request(s) re-routed, 0 held, 0 ended" in caplog.text
         assert await asyncio.gather(outcome(scheduler, "r0"), outcome(scheduler, "r1")) == [(7, None), (7, None)]

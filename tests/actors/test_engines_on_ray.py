@@ -21,7 +21,7 @@ import pytest
 from deploy_config import local_args, serve_config
 from local_server import ADMIN_KEY, TERMINAL, free_port, poll_job, scrape, upload_jsonl
 
-from coserve.platform.engine import EngineConfig
+from coserve.contract.engine_config import EngineConfig
 from coserve.server.assembly import SCHEDULER_ACTOR, app_builder
 from coserve.server.engine_count import EnginesUnavailable, engine_room
 from coserve.server.engine_pool import RAY_NAMESPACE, EnginePool, actor_name

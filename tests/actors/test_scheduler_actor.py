@@ -11,16 +11,16 @@ import pytest
 
 from coserve.actors.client import LocalScheduler
 from coserve.actors.engine_actor import EngineActor
-from coserve.actors.scheduler import SchedulerActor, SchedulerSettings
+from coserve.actors.scheduler_actor import SchedulerActor, SchedulerSettings
 from coserve.contract.messages import TokenSubmission
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.sampling import EosIds, SamplingParams
 from coserve.frontend.messages import ChatSubmission, StreamBatch
 from coserve.frontend.scheduler_frontend import SchedulerFrontend
 from coserve.frontend.tokenizer import Tokenizer
-from coserve.platform.engine_config import EngineConfig
-from coserve.policies.policy_factory import PolicyFactory, fcfs_policy
-from coserve.policies.quotas import TenantLimits
+from coserve.contract.engine_config import EngineConfig
+from coserve.cluster.policy_factory import PolicyFactory, fcfs_policy
+from coserve.tenancy.quotas import TenantLimits
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 

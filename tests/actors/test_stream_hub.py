@@ -10,7 +10,7 @@ from coserve.actors.stream_hub import UNREAD_TTL_S, StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import EosIds, SamplingParams
-from coserve.policies.request import Request, RequestStatus, expand_request
+from coserve.inference.request import Request, RequestStatus, expand_request
 
 
 def children(request_id: str, n: int = 1, logprobs: int | None = None) -> list[Request]:

@@ -34,7 +34,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    from coserve.platform.tiny_model import create_random_adapter
+    from coserve.model.tiny_model import create_random_adapter
 
     root = tmp_path_factory.mktemp("chat")
     app, opts = local_app(llama_dir, root, {
@@ -232,7 +232,7 @@ def test_penalties_change_a_repeating_greedy_reply(server: Server, offline: LLM,
                                            extra_body=extra, **openai_args)
     assert penalised.choices[0].message.content != plain.choices[0].message.content
     # Exactly the offline engine's answer with the same SamplingParams (whose sampler is checked
-    # against a direct computation in tests/platform/test_logits_processors.py).
+    # against a direct computation in tests/torch_engine/test_logits_processors.py).
     ref = offline.chat(HELLO, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **controls))[0]
     assert penalised.choices[0].message.content == ref.outputs[0].text
 

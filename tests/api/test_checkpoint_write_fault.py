@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import coserve.platform.trainer.checkpoint as checkpoint_module
+import coserve.trainer.checkpoint as checkpoint_module
 from local_server import local_server, poll_job, upload_jsonl
 
 KEY = "sk-fault-tenant-0123456789"

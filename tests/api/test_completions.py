@@ -39,7 +39,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    from coserve.platform.tiny_model import create_random_adapter
+    from coserve.model.tiny_model import create_random_adapter
 
     root = tmp_path_factory.mktemp("completions")
     app, opts = local_app(llama_dir, root, {

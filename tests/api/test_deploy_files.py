@@ -55,7 +55,7 @@ def test_every_config_argument_is_accepted(llama_dir: Path, tenants_file: Path, 
 def _gpus_left(total_gpus: int, args: dict[str, Any]) -> int:
     """Dedicated workers a cluster of `total_gpus` GPUs holds beside the config's engines (coserve's own
     capacity arithmetic)."""
-    from coserve.policies.dedicated import DedicatedSettings, capacity
+    from coserve.finetune.dedicated import DedicatedSettings, capacity
     from coserve.server.engine_count import EngineRoom
     from coserve.server.engine_pool import engine_bundle
 

@@ -26,7 +26,7 @@ from safetensors.torch import load
 
 from local_server import TERMINAL, LocalServer, local_server, poll_job, scrape, upload_jsonl
 
-from coserve.actors.finetuning import RECONCILE_INTERVAL_S
+from coserve.actors.job_manager import RECONCILE_INTERVAL_S
 
 ACME, GLOBEX = "sk-acme-life-0123456789", "sk-globex-life-0123456789"
 INITECH, SMALLCO = "sk-initech-life-0123456789", "sk-smallco-life-0123456789"

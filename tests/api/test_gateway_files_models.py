@@ -14,9 +14,9 @@ import pytest
 
 from uvicorn_thread import serve_in_thread
 
-from coserve.actors.store import MetadataStore
+from coserve.store import MetadataStore
 from coserve.api.app import build_app
-from coserve.policies.tenants import parse_tenants
+from coserve.tenancy.tenants import parse_tenants
 
 ACME_KEY = "sk-acme-0123456789"
 GLOBEX_KEY = "sk-globex-0123456789"

@@ -32,7 +32,7 @@ class Verdict(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer, str]]:
-    from coserve.platform.tiny_model import create_random_adapter
+    from coserve.model.tiny_model import create_random_adapter
 
     root = tmp_path_factory.mktemp("structured")
     app, opts = local_app(smollm2_dir, root, {"json": {"api_keys": [KEY]}})

@@ -20,7 +20,7 @@ import pytest
 
 from local_server import LocalServer, local_server
 
-from coserve.actors.store import MetadataStore
+from coserve.store import MetadataStore
 
 KEY = "sk-strict-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

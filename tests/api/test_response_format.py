@@ -27,7 +27,7 @@ MESSAGES = [{"role": "user", "content": "A pet, please"}]
 
 @pytest.fixture(scope="module")
 def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer, str]]:
-    from coserve.platform.tiny_model import create_random_adapter
+    from coserve.model.tiny_model import create_random_adapter
 
     root = tmp_path_factory.mktemp("response_format")
     app, opts = local_app(llama_dir, root, {"shapes": {"api_keys": [KEY]}})

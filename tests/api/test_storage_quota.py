@@ -15,7 +15,7 @@ import pytest
 
 from local_server import local_server, poll_job
 
-from coserve.actors.store import MetadataStore
+from coserve.store import MetadataStore
 
 KEY, OTHER = "sk-storage-acme-0123456789", "sk-storage-globex-0123456789"
 LINES = [{"messages": [{"role": "user", "content": f"Say {i}"},

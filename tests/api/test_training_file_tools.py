@@ -20,8 +20,8 @@ from transformers import AutoTokenizer
 
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.files import validate_finetune_jsonl
-from coserve.platform.chat_templates import CHATML_TEMPLATE
-from coserve.platform.trainer import encode_example
+from coserve.model.chat_templates import CHATML_TEMPLATE
+from coserve.trainer import encode_example
 from local_server import LocalServer, local_server, poll_job, upload_jsonl
 
 KEY = "sk-tools-0123456789"

@@ -2,7 +2,7 @@
 model (a tool template; its weights are noise, so only the grammar makes a reply valid): `parse` with a
 pydantic model, streamed or not, `json_object`, forced tool calls (`required`, a named function, with
 and without parallel calls) and their streams, logprobs under a grammar. vLLM's own structured output
-enforces coserve's grammars (tests/platform/test_vllm_structured.py: the same masks as coserve's engine).
+enforces coserve's grammars (tests/vllm/test_vllm_structured.py: the same masks as coserve's engine).
 
 A module of its own: one vLLM engine per module (test_vllm_models.py says why)."""
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from coserve.bench.calibration import calibrate_slo, decode_step_s, fit_latency_model, measure_decode_step_s
-from coserve.policies.latency import LatencyModel, ModelFingerprint
-from coserve.policies.latency_features import PlanFeatures
+from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.share.latency_features import PlanFeatures
 
 FP = ModelFingerprint("m", "here", "float32")
 
@@ -29,10 +29,10 @@ def test_model_decode_step_counts_only_decode_work() -> None:
 
 
 def test_measured_decode_step_times_batch_8_decodes_on_the_engine(llama_dir: Path) -> None:
-    from coserve.platform.engine import Engine
-    from coserve.platform.engine_config import EngineConfig
+    from coserve.torch_engine.engine import TorchEngine
+    from coserve.contract.engine_config import EngineConfig
 
-    engine = Engine(EngineConfig(model=str(llama_dir), dtype="float32", device="cpu", num_kv_blocks=256,
+    engine = TorchEngine(EngineConfig(model=str(llama_dir), dtype="float32", device="cpu", num_kv_blocks=256,
                                  block_size=16, max_loras=1, max_lora_rank=8, seed=0))
     timed: list[tuple[int, float]] = []
     step = engine.step

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from coserve.bench.metrics import SLO, relative_error, summarize
+from coserve.bench.run_metrics import SLO, relative_error, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
 from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead_s, simulate_engines,
@@ -23,9 +23,9 @@ from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead
 from coserve.bench.cluster_sim import JobArrival
 from coserve.bench.traces import RequestSpec, synthetic_training_examples
 from coserve.contract.training_settings import LoRASettings
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.finetune_job import FinetuneJobSpec
-from coserve.policies.latency import LatencyModel, ModelFingerprint
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.finetune.job import FinetuneJobSpec
+from coserve.share.latency import LatencyModel, ModelFingerprint
 
 NUM_BLOCKS, BLOCK = 256, 16
 FP = ModelFingerprint("tiny", "here", "float32")
@@ -47,7 +47,7 @@ def _trace(n: int, spacing: float) -> list[RequestSpec]:
 @pytest.fixture(scope="module")
 def cluster_bench(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     from coserve.bench.cluster_replay import replay_engines
-    from coserve.platform.engine_config import EngineConfig
+    from coserve.contract.engine_config import EngineConfig
 
     config = EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK,
                           max_loras=2, max_lora_rank=8)
@@ -111,7 +111,7 @@ def test_the_validation_rows_feed_the_projection(llama_dir: Path, tmp_path: Path
     from coserve.bench.cluster_plots import validation_plot
     from coserve.bench.cluster_projection import measured_engine, project_point
     from coserve.bench.cluster_validate import _measure_pair
-    from coserve.platform.engine_config import EngineConfig
+    from coserve.contract.engine_config import EngineConfig
 
     config = EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK,
                           max_loras=2, max_lora_rank=8)

@@ -8,12 +8,12 @@ import pytest
 from test_simulator import FP, SHAPE, _job, _setup
 
 from coserve.bench.headroom import best_baseline, headroom, inference_marginal_s
-from coserve.bench.metrics import summarize
+from coserve.bench.run_metrics import summarize
 from coserve.bench.policy_set import make_factory
 from coserve.bench.replay import IterationRecord, RunLimits, RunRecord
 from coserve.bench.simulator import simulate
 from coserve.bench.traces import make_trace, poisson_arrivals, sharegpt_lengths
-from coserve.policies.latency import LatencyModel, PlanFeatures
+from coserve.share.latency import LatencyModel, PlanFeatures
 
 # A CPU-like model: fixed costs per iteration, per fine-tuning piece and per prefill chunk.
 CPU_LIKE = {"constant": 0.006, "decode_tokens": 0.0006, "prefill_tokens": 0.0003, "prefill_chunks": 0.003,

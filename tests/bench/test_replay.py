@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from coserve.bench.calibration import SweepSettings, fit_latency_model, profile_engine
-from coserve.bench.metrics import SLO, relative_error, summarize
+from coserve.bench.run_metrics import SLO, relative_error, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord, replay
 from coserve.bench.simulator import EngineShape, SimSettings, measured_overhead_s, simulate, truth_model_from_run
 from coserve.bench.traces import RequestSpec, synthetic_training_examples
 from coserve.contract.training_settings import LoRASettings
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.finetune_job import FinetuneJobSpec
-from coserve.policies.latency import ModelFingerprint
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.finetune.job import FinetuneJobSpec
+from coserve.share.latency import ModelFingerprint
 
 NUM_BLOCKS, BLOCK = 256, 16
 TINY_SWEEP = SweepSettings(decode_batches=(1, 4, 8), prompt_lens=(32,), decode_steps=3,
@@ -42,10 +42,10 @@ def _trace(n: int, spacing: float) -> list[RequestSpec]:
 
 @pytest.fixture(scope="module")
 def bench(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from coserve.platform.engine import Engine
-    from coserve.platform.engine_config import EngineConfig
+    from coserve.torch_engine.engine import TorchEngine
+    from coserve.contract.engine_config import EngineConfig
 
-    engine = Engine(EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=NUM_BLOCKS,
+    engine = TorchEngine(EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=NUM_BLOCKS,
                                  block_size=BLOCK, max_loras=2, max_lora_rank=8))
     out = tmp_path_factory.mktemp("jobs")
     vocab = engine.layout.vocab_size

@@ -6,15 +6,15 @@ import dataclasses
 
 import pytest
 
-from coserve.bench.metrics import SLO, summarize
+from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
 from coserve.bench.simulator import EngineShape, gpu_latency_model, simulate, simulate_cluster
 from coserve.bench.traces import (RequestSpec, make_trace, poisson_arrivals, sharegpt_lengths,
                                   synthetic_training_examples)
-from coserve.policies.config import SchedulerConfig
-from coserve.policies.finetune_job import FinetuneJobSpec
-from coserve.policies.latency import LatencyModel, ModelFingerprint
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.finetune.job import FinetuneJobSpec
+from coserve.share.latency import LatencyModel, ModelFingerprint
 
 FP = ModelFingerprint("m", "sim", "float32")
 SHAPE = EngineShape(num_kv_blocks=512, block_size=16, num_adapter_slots=4, vocab_size=1000, num_layers=4)

@@ -14,15 +14,15 @@ from pathlib import Path
 
 from coserve import LLM
 from coserve.actors.dedicated_jobs import DedicatedJobs
-from coserve.actors.finetuning import FineTuningSettings, JobManager
+from coserve.actors.job_manager import FineTuningSettings, JobManager
 from coserve.actors.job_runner import HostJobs
-from coserve.actors.store import MetadataStore
-from coserve.actors.store.records import JobStatus
+from coserve.store import MetadataStore
+from coserve.store.records import JobStatus
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate, TrainingParams
 from coserve.api.serving.fine_tuning import FineTuningService
 from coserve.dedicated.capacity import ClusterCapacity
-from coserve.policies.dedicated import DedicatedSettings
-from coserve.policies.tenants import parse_tenants
+from coserve.finetune.dedicated import DedicatedSettings
+from coserve.tenancy.tenants import parse_tenants
 
 BASE = "tiny-llama"
 LINES = [{"messages": [{"role": "user", "content": f"Say the number {i}"},
@@ -122,7 +122,7 @@ def test_routing_waiting_cancel_and_restart(ray_cluster: None, llama_dir: Path, 
 
 
 def _trained_tokens_per_epoch(llm: LLM) -> int:
-    from coserve.platform.trainer import prepare_dataset
+    from coserve.trainer import prepare_dataset
 
     return prepare_dataset(llm.get_tokenizer(), LINES, 256).trained_tokens
 

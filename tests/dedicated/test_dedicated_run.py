@@ -23,7 +23,7 @@ from coserve.dedicated.run import launch
 from coserve.frontend.job_prep import prepare_job
 from coserve.offline.finetune import FineTuneResult
 from coserve.contract.trainer_state import read_trainer_state
-from coserve.policies.finetune_types import JobEvent, JobEventKind
+from coserve.contract.job_spec import JobEvent, JobEventKind
 
 EXAMPLES = [{"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
                           {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(14)]
@@ -51,7 +51,7 @@ def reference(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Fine
 def _spec(llama_dir: Path, root: Path, n_epochs: int) -> RunSpec:
     from transformers import AutoTokenizer
 
-    from coserve.platform.config import ModelConfig
+    from coserve.model.config import ModelConfig
 
     prepared = prepare_job(AutoTokenizer.from_pretrained(llama_dir), EXAMPLES, job_id="ftjob-dedicated",
                            tenant="t", adapter_id=1, num_layers=ModelConfig.from_pretrained(llama_dir).num_layers,

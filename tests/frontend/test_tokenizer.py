@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from coserve.frontend.tokenizer import Tokenizer
-from coserve.platform.tokenizer_spec import read_tokenizer_spec
+from coserve.model.tokenizer_spec import read_tokenizer_spec
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                            "parameters": {"type": "object",

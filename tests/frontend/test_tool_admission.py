@@ -72,7 +72,7 @@ def test_an_engine_without_grammars_refuses_forced_calls_and_json(model_dirs: di
 
     from coserve.contract.structured_output import StructuredOutput
     from coserve.frontend.intake import Intake, PromptIntake
-    from coserve.platform.config import ModelConfig
+    from coserve.model.config import ModelConfig
 
     intake = PromptIntake(Tokenizer.from_pretrained(model_dirs["qwen2"]),
                           ModelConfig.from_pretrained(model_dirs["qwen2"]))

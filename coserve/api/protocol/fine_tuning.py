@@ -15,7 +15,7 @@ from coserve.api.protocol.base import OpenAIBaseModel, now, param_error
 from coserve.api.protocol.param_support import FINE_TUNING_JOBS
 from coserve.api.protocol.strict import RequestBody, RequestModel
 from coserve.contract.training_settings import BOUNDS, MAX_LEARNING_RATE_MULTIPLIER
-from coserve.policies.dedicated import MAX_WORKERS
+from coserve.finetune.dedicated import MAX_WORKERS
 
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled",
                     "paused"]  # "paused" is not in the SDK's Literal; its lenient parser accepts it
@@ -72,7 +72,7 @@ class LoRAParams(RequestModel):
 class TrainingParams(RequestModel):
     """coserve extension: where the job trains. `mode` "coserved" (in the shared engines' iterations, the
     default) or "dedicated" (a Ray Train run of its own on `workers` workers, default the server's
-    `--dedicated-workers`). The wire shape only: `coserve.policies.dedicated.TrainingRequest` checks it."""
+    `--dedicated-workers`). The wire shape only: `coserve.finetune.dedicated.TrainingRequest` checks it."""
 
     mode: Literal["coserved", "dedicated"] | None = None
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | None = None

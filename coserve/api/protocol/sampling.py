@@ -38,7 +38,7 @@ class SamplingRequest(RequestBody):
     `frequency_penalty` and `presence_penalty` (OpenAI's, -2..2), `logit_bias` (token id as a string ->
     -100..100; an id outside the model's vocabulary is refused at admission, param `logit_bias`) and
     the vLLM extensions `repetition_penalty` (> 0, 1 is off) and `min_p` (0..1). Exact definitions:
-    `coserve.platform.logits_processors`. Types are strict (`coserve.api.protocol.strict`).
+    `coserve.torch_engine.logits_processors`. Types are strict (`coserve.api.protocol.strict`).
     """
 
     PARAMS: ClassVar[EndpointParams | None] = None  # the endpoint's table: what it refuses

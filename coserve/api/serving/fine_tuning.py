@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from coserve.actors.store import MetadataStore
-from coserve.actors.store.records import CheckpointRecord, EventRecord, JobRecord, JobStatus
-from coserve.actors.store.usage import RESERVED_MODELS_KEY
+from coserve.store import MetadataStore
+from coserve.store.records import CheckpointRecord, EventRecord, JobRecord, JobStatus
+from coserve.store.usage import RESERVED_MODELS_KEY
 from coserve.api.auth import Caller
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.files import validate_finetune_jsonl
@@ -25,9 +25,9 @@ from coserve.api.serving.storage_errors import storage_quota_error, tenant_limit
 from coserve.api.serving.training_mode import DedicatedCapacity, training_extension
 from coserve.contract.training_settings import (MIN_EXAMPLES, HyperparameterRequest, LoRASettings, SettingsError,
                                                 TooFewExamplesError, auto_n_epochs)
-from coserve.policies.quotas import TenantQuota
-from coserve.policies.storage_quota import admit_job, has_storage_limits, models_per_job
-from coserve.policies.tenants import TenantsConfig
+from coserve.tenancy.quotas import TenantQuota
+from coserve.tenancy.storage_quota import admit_job, has_storage_limits, models_per_job
+from coserve.tenancy.tenants import TenantsConfig
 
 
 def to_job(record: JobRecord) -> FineTuningJob:

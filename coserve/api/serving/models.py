@@ -13,7 +13,7 @@ import re
 import tarfile
 from pathlib import Path
 
-from coserve.actors.store import MetadataStore, ModelRecord
+from coserve.store import MetadataStore, ModelRecord
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.models import Model, ModelDeleted, ModelList
 

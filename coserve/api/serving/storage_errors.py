@@ -1,4 +1,4 @@
-"""The OpenAI-style error of a refused storage quota (`coserve.policies.storage_quota`).
+"""The OpenAI-style error of a refused storage quota (`coserve.tenancy.storage_quota`).
 
 A storage limit only clears when the tenant deletes something, so the refusal is a 403
 `insufficient_quota` (the official client does not retry it), with the limit's own code:
@@ -8,9 +8,9 @@ A storage limit only clears when the tenant deletes something, so the refusal is
 from __future__ import annotations
 
 from coserve.api.protocol.base import ProtocolError
-from coserve.policies.quotas import Refusal, TenantLimits
-from coserve.policies.storage_quota import QUOTA_CODES
-from coserve.policies.tenants import TenantsConfig
+from coserve.tenancy.quotas import Refusal, TenantLimits
+from coserve.tenancy.storage_quota import QUOTA_CODES
+from coserve.tenancy.tenants import TenantsConfig
 
 
 def tenant_limits(tenants: TenantsConfig, tenant: str) -> TenantLimits:

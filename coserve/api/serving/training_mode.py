@@ -1,5 +1,5 @@
 """Where a fine-tuning job trains, from the request's `training` extension: the job row's `training` entry,
-or a 400 naming the param (`coserve.policies.dedicated`: the rules; `coserve.dedicated`: the runs).
+or a 400 naming the param (`coserve.finetune.dedicated`: the rules; `coserve.dedicated`: the runs).
 
 A dedicated run needs Ray: on a `--local` server asking for one is a 400 `dedicated_training_unavailable`
 (param `training.mode`). On Ray, a run that asks for more workers than the cluster can ever place at once
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.fine_tuning import TrainingParams
 from coserve.contract.training_settings import SettingsError
-from coserve.policies.dedicated import TrainingMode, TrainingRequest
+from coserve.finetune.dedicated import TrainingMode, TrainingRequest
 
 
 class DedicatedCapacity(Protocol):

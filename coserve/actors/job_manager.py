@@ -1,0 +1,355 @@
+"""Fine-tuning jobs on the scheduler's side: the metadata store says what should run, the policy runs it.
+
+The gateway only writes intents into the store (a new job in `validating_files`, `cancelled`,
+`paused`, `queued` again on resume). `JobManager.reconcile`, called by the scheduler's loop, brings
+the policy in line with them: it validates and tokenizes new jobs, starts queued ones, pauses,
+resumes and cancels, and after a restart resumes `running` jobs from their last checkpoint. The
+store is the source of truth, so a restart and a normal start take the same path.
+`JobManager.record_events` writes what the jobs did back: metrics events per optimizer step (once per
+step: a resumed job redoes the steps after its checkpoint, and its counters continue from the checkpoint's),
+checkpoints (registered as servable models `ft:...:ckpt-step-N` the moment they exist), the final
+model, failures with their reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from coserve.actors.dedicated_jobs import DedicatedJob, DedicatedJobs, is_dedicated
+from coserve.actors.job_failures import failure
+from coserve.actors.job_preparation import FineTuningSettings, JobPreparation
+from coserve.actors.job_runner import JobRunner
+from coserve.actors.job_resume import resume_spec
+from coserve.actors.job_storage import JobStorage
+from coserve.actors.job_watchdog import JobWatchdog
+from coserve.store import MetadataStore
+from coserve.store.records import JobRecord, JobStatus
+from coserve.frontend.job_prep import PreparedJob
+from coserve.contract.data_position import DataPosition
+from coserve.finetune.job import FinetuneJob, JobEvent, JobEventKind
+from coserve.tenancy.quotas import TenantLimits
+from coserve.tenancy.storage_quota import QUOTA_CODES
+
+logger = logging.getLogger(__name__)
+
+# The `engine` label of the tokens dedicated Ray Train runs train (they run on no engine).
+DEDICATED_ENGINE_LABEL = "dedicated"
+# How often the job loop looks for new, paused, resumed or cancelled fine-tuning jobs in the store.
+RECONCILE_INTERVAL_S = 0.25
+
+
+@dataclass(slots=True)
+class Intent:
+    """What the store asks of one job: start it (`prepared`), cancel it (`cancel_id`), or move it to
+    `record.status` (paused, or queued again: resumed)."""
+
+    record: JobRecord | None
+    prepared: PreparedJob | None
+    cancel_id: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.cancel_id if self.cancel_id is not None else self.record.id  # type: ignore[union-attr]
+
+
+@dataclass(slots=True)
+class _Running:
+    record: JobRecord
+    job: FinetuneJob | DedicatedJob | None  # its latest object (a moved job gets a new one); None: waiting
+    started_at: float
+    last_loss: float | None = None
+
+
+def open_job_manager(settings: FineTuningSettings, host: JobRunner, tokenizer: Any,
+                     limits: Mapping[str, TenantLimits] | None,
+                     on_trained: Callable[[str, int, str], None] | None = None) -> JobManager:
+    """A job manager over the metadata store in `settings.data_dir`, with its own tokenizer (the engine's,
+    rebuilt torch-free: `coserve.frontend.tokenizer`): training files are tokenized on a worker thread
+    (`JobManager.run`). With `settings.dedicated`, large jobs run on Ray Train runs of their own."""
+    store = MetadataStore(settings.data_dir)
+    dedicated = None if settings.dedicated is None else DedicatedJobs(
+        settings.dedicated, store, settings.base_model_path, settings.data_dir)
+    return JobManager(store, host, tokenizer, settings, limits, on_trained=on_trained, dedicated=dedicated)
+
+
+def model_id(settings: FineTuningSettings, record: JobRecord) -> str:
+    """`ft:{base}:{tenant}:{suffix}:{job-suffix}` (the job id's random part, as OpenAI's last field)."""
+    return f"ft:{settings.base_model_id}:{record.tenant}:{record.suffix or ''}:{record.id[6:14]}"
+
+
+class JobManager:
+    """Keeps the policy's jobs in line with the store; see the module docstring."""
+
+    def __init__(self, store: MetadataStore, host: JobRunner, tokenizer: Any,
+                 settings: FineTuningSettings, limits: Mapping[str, TenantLimits] | None = None,
+                 clock: Callable[[], float] = time.time,
+                 on_trained: Callable[[str, int, str], None] | None = None,
+                 dedicated: DedicatedJobs | None = None) -> None:
+        self._store, self._host, self._tokenizer = store, host, tokenizer
+        self._settings, self._limits, self._clock = settings, dict(limits or {}), clock
+        self._on_trained = on_trained  # (tenant, trained tokens of a completed step, engine), for metrics
+        self._running: dict[str, _Running] = {}  # touched on the event loop only
+        self._prepared: dict[str, PreparedJob] = {}  # validated, not yet started (collect's thread)
+        self.watchdog = JobWatchdog(settings.stall_after_s)
+        self._storage = JobStorage(store, self._limits)
+        self._preparation = JobPreparation(store, tokenizer, settings, self._limits, self._storage)
+        self._dedicated = dedicated  # the jobs that train on Ray Train (None: no Ray)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # -------------------------------------------------------------------------- store -> policy
+
+    @property
+    def running(self) -> dict[str, str]:
+        """Job id -> tenant of the jobs the policy runs (a copy, for `collect`)."""
+        return {job_id: r.record.tenant for job_id, r in self._running.items()}
+
+    def reconcile(self) -> None:
+        """Apply the store's intents now (`collect` then `apply` on the calling thread)."""
+        self.apply(self.collect(self.running))
+
+    def collect(self, running: Mapping[str, str]) -> list[Intent]:
+        """Read the store's intents; validate and tokenize new jobs. Any thread.
+
+        The slow part (tokenizing a training file) runs here, off the scheduler's event loop, with
+        this manager's own tokenizer; it writes only to the store (which locks). `running`: the jobs
+        the policy runs, as `running` returned them on the loop.
+        """
+        intents: list[Intent] = []
+        for record in self._store.jobs.active():
+            if record.status == JobStatus.VALIDATING_FILES:
+                self._validate(record)
+            elif record.id not in running and record.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+                intents.extend(self._start_intent(record))
+            elif record.id in running and record.status in (JobStatus.PAUSED, JobStatus.QUEUED):
+                intents.append(Intent(record, None))
+        for job_id, tenant in running.items():
+            current = self._store.jobs.get(tenant, job_id)
+            if current is None or current.status == JobStatus.CANCELLED:
+                intents.append(Intent(current, None, cancel_id=job_id))
+        return intents
+
+    def apply(self, intents: list[Intent]) -> None:
+        """Hand the collected intents to the policy. On the scheduler's event loop only."""
+        for intent in intents:
+            running = self._running.get(intent.job_id)
+            if intent.cancel_id is not None:
+                if running is not None:
+                    self._runner(intent.job_id).remove_job(intent.job_id)  # it reports the cancellation
+            elif intent.prepared is not None:
+                if running is None:
+                    self._start(intent.record, intent.prepared)
+            elif running is None:
+                continue  # it ended meanwhile
+            elif intent.record.status == JobStatus.PAUSED and running.record.status != JobStatus.PAUSED:
+                self._runner(intent.job_id).pause_job(intent.job_id)
+                running.record = intent.record
+            elif intent.record.status == JobStatus.QUEUED:  # resumed
+                self._runner(intent.job_id).resume_job(intent.job_id)
+                running.record = self._store.jobs.update(intent.job_id, status=JobStatus.RUNNING)
+
+    def _runner(self, job_id: str) -> JobRunner | DedicatedJobs:
+        """Where job `job_id` runs: its own Ray Train run, or the shared engine's policy."""
+        return self._dedicated if self._dedicated is not None and job_id in self._dedicated else self._host
+
+    def _validate(self, record: JobRecord) -> None:
+        """Tokenize the training file and resolve "auto": queued, or failed with the reason."""
+        try:
+            self._prepared[record.id] = self._preparation.prepare(record)
+        except ValueError as err:
+            code, param = failure(err)
+            self._fail(record, code, str(err), param=param)
+            return
+        self._store.events.add(record.id, "Validated the training file")
+        self._store.jobs.update(record.id, status=JobStatus.QUEUED)
+
+    def _start_intent(self, record: JobRecord) -> list[Intent]:
+        """A queued job's spec (tokenized again after a restart), resuming from its last checkpoint
+        when it has one."""
+        prepared = self._prepared.pop(record.id, None)
+        try:
+            prepared = prepared or self._preparation.prepare(record, resume=True)
+        except ValueError as err:
+            code, param = failure(err)
+            self._fail(record, code, str(err), param=param)
+            return []
+        prepared.spec = resume_spec(self._store, record, prepared.spec)
+        return [Intent(record, prepared)]
+
+    def _start(self, record: JobRecord, prepared: PreparedJob) -> None:
+        """Hand a job to the policy (on the event loop)."""
+        if self._dedicated is not None and is_dedicated(record):
+            job: FinetuneJob | DedicatedJob | None = self._dedicated.start(record, prepared.spec)
+        else:
+            self._host.start_job(prepared.spec)
+            job = self._host.get_job(record.id)  # None: it waits for an engine (a notice says why)
+        record = self._store.jobs.update(record.id, status=JobStatus.RUNNING)
+        self._running[record.id] = _Running(record, job, self._clock())
+        resumed = prepared.spec.resume_from is not None
+        self._store.events.add(record.id, "Resumed from the last checkpoint" if resumed
+                               else "Fine-tuning job started")
+
+    def _fail(self, record: JobRecord, code: str, message: str, param: str | None = None) -> None:
+        """Record a failure (from either thread: `_running` entries are removed by the caller)."""
+        self._store.events.add(record.id, f"Job failed: {message}", level="error")
+        self._update_terminal(record.id, status=JobStatus.FAILED,
+                              error={"code": code, "message": message, "param": param})
+
+    def _update_terminal(self, job_id: str, **fields: Any) -> None:
+        """A final status, unless the job is already final (e.g. cancelled by its tenant meanwhile)."""
+        try:
+            self._store.jobs.update(job_id, **fields)
+        except ValueError:
+            pass  # an illegal transition out of a terminal status: the first final word stands
+
+    async def run(self, wake: Callable[[], None], stopped: Callable[[], bool]) -> None:
+        """The scheduler's job loop: every `RECONCILE_INTERVAL_S`, `collect` on a worker thread (so
+        tokenizing a training file never stalls the iterations), then `apply` on the event loop;
+        `wake()` the scheduler when something changed."""
+        while not stopped():
+            try:
+                intents = await asyncio.to_thread(self.collect, self.running)
+                self.apply(intents)
+                if self._dedicated is not None:
+                    await asyncio.to_thread(self._dedicated.poll)
+                    for job_id in self._dedicated.pop_lost():  # started again from its checkpoint next
+                        self._running.pop(job_id, None)
+                    self.record_events()
+            except Exception:  # noqa: BLE001 - a bad job must not stop the others' reconciling
+                logger.exception("fine-tuning job reconcile failed")
+                intents = []
+            if intents:
+                wake()
+            self.watch()
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+
+    def watch(self) -> None:
+        """Write an event on each running job that stopped moving (saying why) or moved again."""
+        for job_id, running in self._running.items():
+            running.job = self._current(job_id, running)
+        progress = {job_id: r.job.last_planned_step for job_id, r in self._running.items()
+                    if r.job is not None and r.job.runnable}
+        reasons = {job_id: why for job_id in progress if (why := self._host.held_back(job_id)) is not None}
+        reasons.update(self._dedicated.held_back() if self._dedicated is not None else {})
+        steps = {job_id: self._host.plan_step(job_id) for job_id in progress}
+        for notice in self.watchdog.check(progress, None, reasons, steps):
+            if notice.stalled:
+                logger.warning("fine-tuning job %s: %s", notice.job_id, notice.message)
+            self._store.events.add(notice.job_id, notice.message)
+
+    # -------------------------------------------------------------------------- policy -> store
+
+    def record_events(self, engine_id: str | None = None) -> None:
+        """Write the jobs' events (steps, checkpoints, success, failure) into the store; `engine_id`: the
+        engine whose step the co-served events come from (trained tokens are counted on it; a dedicated
+        run's on `DEDICATED_ENGINE_LABEL`)."""
+        for notice in self._host.pop_notices():  # placed on an engine, waiting for one, moved
+            if notice.job_id in self._running:
+                self._store.events.add(notice.job_id, notice.message[:1].upper() + notice.message[1:])
+        dedicated = self._dedicated.pop_job_events() if self._dedicated is not None else []
+        for event in self._host.pop_job_events() + dedicated:
+            running = self._running.get(event.job_id)
+            if running is None:
+                continue
+            running.job = self._current(event.job_id, running)
+            if event.kind is JobEventKind.STEP:
+                dedicated_run = self._dedicated is not None and event.job_id in self._dedicated
+                self._on_step(running, event, DEDICATED_ENGINE_LABEL if dedicated_run else engine_id)
+            else:
+                _HANDLERS[event.kind](self, running, event)
+
+    def _current(self, job_id: str, running: _Running) -> FinetuneJob | DedicatedJob | None:
+        """The job's latest object: a co-served job moved to another engine is a new one; an ended job
+        keeps its last (its end's event still reads it)."""
+        if self._dedicated is not None and job_id in self._dedicated:
+            return running.job
+        return self._host.get_job(job_id) or running.job
+
+    def _on_step(self, running: _Running, event: JobEvent, engine_id: str | None) -> None:
+        running.last_loss = event.loss
+        if self._on_trained is not None and engine_id is not None:
+            self._on_trained(running.record.tenant, event.num_tokens, engine_id)
+        data = {"step": event.step, "train_loss": event.loss, "total_steps": running.job.total_steps}
+        total = f"/{running.job.total_steps}"
+        stored = self._store.events.add_once(
+            event.job_id, f"step-{event.step}", f"Step {event.step}{total}: training loss={event.loss:.4g}",
+            type="metrics", data=data)
+        if stored is None:
+            # A step after the last checkpoint, redone by a resumed job: recorded before the restart,
+            # with these counters (a rerun of a step trains the same tokens); the count never goes back.
+            return
+        elapsed = self._clock() - running.started_at
+        steps_done = max(1, event.step - (running.job.spec.start_position or DataPosition(0)).step)
+        remaining = (running.job.total_steps - event.step) * elapsed / steps_done
+        self._store.jobs.update(event.job_id, trained_tokens=running.job.trained_tokens,
+                                estimated_finish=int(self._clock() + remaining))
+
+    def _keep_adapter(self, running: _Running, event: JobEvent) -> bool:
+        """Whether the adapter the engine saved fits the tenant's storage quota; if not, it is gone from
+        disk and the job fails (stopped in the policy first, so its cancellation is not reported)."""
+        refusal = self._storage.admit_saved(running.record.tenant, event.path)
+        if refusal is None:
+            return True
+        del self._running[running.record.id]
+        self._runner(running.record.id).remove_job(running.record.id)
+        self._fail(running.record, QUOTA_CODES[refusal.limit], f"the adapter saved at step {event.step} "
+                   f"was not kept: {refusal.reason}. Delete files or fine-tuned models to free space")
+        return False
+
+    def _on_checkpoint(self, running: _Running, event: JobEvent) -> None:
+        if not self._keep_adapter(running, event):
+            return
+        record = running.record
+        name = f"{model_id(self._settings, record)}:ckpt-step-{event.step}"
+        metrics = {"step": event.step, "train_loss": running.last_loss}
+        self._store.models.register(name, tenant=record.tenant, base_model=self._settings.base_model_id,
+                                    adapter_path=event.path, job_id=record.id)
+        self._store.checkpoints.add(record.id, event.step, name, metrics=metrics,
+                                    adapter_path=event.path)
+        self._store.events.add(record.id, f"Checkpoint created at step {event.step}")
+
+    def _on_validation(self, running: _Running, event: JobEvent) -> None:
+        data = {"step": event.step, "valid_loss": event.loss, "total_steps": running.job.total_steps}
+        if running.last_loss is not None:
+            data["train_loss"] = running.last_loss
+        self._store.events.add_once(event.job_id, f"validation-step-{event.step}",
+                                    f"Step {event.step}/{running.job.total_steps}: validation "
+                                    f"loss={event.loss:.4g}", type="metrics", data=data)
+
+    def _on_succeeded(self, running: _Running, event: JobEvent) -> None:
+        if not self._keep_adapter(running, event):
+            return
+        record = running.record
+        name = model_id(self._settings, record)
+        self._store.models.register(name, tenant=record.tenant, base_model=self._settings.base_model_id,
+                                    adapter_path=event.path, job_id=record.id)
+        self._store.events.add(record.id, f"New fine-tuned model created: {name}")
+        self._store.events.add(record.id, "The job has successfully completed")
+        self._update_terminal(record.id, status=JobStatus.SUCCEEDED, fine_tuned_model=name,
+                              trained_tokens=running.job.trained_tokens)
+        del self._running[record.id]
+
+    def _on_failed(self, running: _Running, event: JobEvent) -> None:
+        self._fail(running.record, event.code or "training_failed", event.message)
+        del self._running[running.record.id]
+
+    def _on_cancelled(self, running: _Running, event: JobEvent) -> None:
+        self._store.events.add(event.job_id, "Fine-tuning job cancelled")
+        self._update_terminal(event.job_id, status=JobStatus.CANCELLED)
+        del self._running[event.job_id]
+
+
+_HANDLERS = {
+    JobEventKind.CHECKPOINT: JobManager._on_checkpoint,
+    JobEventKind.SUCCEEDED: JobManager._on_succeeded,
+    JobEventKind.FAILED: JobManager._on_failed,
+    JobEventKind.CANCELLED: JobManager._on_cancelled,
+    JobEventKind.VALIDATION: JobManager._on_validation,
+}

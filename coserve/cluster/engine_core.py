@@ -1,0 +1,171 @@
+"""`EngineCore`: the iteration loop, the only place where a plan becomes an engine step and the result
+is fed back. Pure Python (the scheduler's side); the engine is anything with `step` (`coserve.contract.engine`).
+
+One iteration::
+
+    plan = source.plan()              # the policy decides (inference first, fine-tuning in what is left)
+    jobs.schedule(plan)               # jobs kept beside the policy add their work (offline fine-tuning)
+    result = engine.step(plan)        # the engine executes: here, or in another process
+    jobs.update(plan, result)         # training reports: steps, saves, failures
+    advanced = source.update(plan, result)   # tokens appended, requests finished
+
+In-process drivers (the offline `LLM`, the benchmark replay and simulator, calibration, the profiler)
+call `step(engine)`, which does all of it. The server's engine runs in another process and pulls
+plans, so the SchedulerActor uses the two halves: `next_plan()` (what it hands the engine) and
+`apply(result)` (what the engine sent back), with one plan in flight at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from coserve.contract.engine import EngineFailure, StepExecutor
+from coserve.contract.plan import IterationPlan, IterationResult, TokenLogprobs
+from coserve.inference.request import Request
+
+
+class PlanSource(Protocol):
+    """What decides the iterations: a policy, or a driver's designed plans (the profiler)."""
+
+    def plan(self) -> IterationPlan:
+        """The next iteration's plan (possibly empty)."""
+        ...
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> list[Request]:
+        """Apply the engine's result of `plan`; returns the requests that received a token."""
+        ...
+
+    def has_work(self) -> bool:
+        """Whether a plan would have anything to run."""
+        ...
+
+
+class JobSide(Protocol):
+    """Fine-tuning jobs kept beside a policy that has none of its own (`coserve.offline.finetune.OfflineJobs`)."""
+
+    def schedule(self, plan: IterationPlan) -> None:
+        """Add the jobs' work (and deferred control) to the plan the policy made."""
+        ...
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> None:
+        """Apply the training part of the engine's result."""
+        ...
+
+
+class PlanMismatch(ValueError):
+    """A result that answers no plan in flight (another step id, or nothing was handed out)."""
+
+
+class PlanInFlight(RuntimeError):
+    """`next_plan` while the previous plan's result has not been applied."""
+
+
+class StepFailed(Exception):
+    """The engine reported that it could not execute `plan` (`EngineFailure`): its requests fail.
+
+    Args:
+        plan: the plan that failed (no policy update was made for it).
+        message: the engine's error.
+    """
+
+    def __init__(self, plan: IterationPlan, message: str) -> None:
+        super().__init__(f"engine step {plan.step_id} failed: {message}")
+        self.plan = plan
+        self.message = message
+
+
+@dataclass(slots=True)
+class Step:
+    """One applied iteration: the plan, the engine's result, and the requests whose tokens advanced
+    (finished ones included, in batch order)."""
+
+    plan: IterationPlan
+    result: IterationResult
+    advanced: list[Request]
+
+    def logprobs(self) -> dict[str, TokenLogprobs | None]:
+        """request id -> the logprobs of the token sampled for it in this step."""
+        return {s.request_id: s.logprobs for s in self.result.sampled}
+
+
+class EngineCore:
+    """Turns plans into engine steps and feeds the results back (module docstring).
+
+    Args:
+        source: the policy (or designed plans) that decides each iteration.
+        jobs: fine-tuning jobs that plan beside `source`, if any.
+    """
+
+    def __init__(self, source: PlanSource, jobs: JobSide | None = None) -> None:
+        self.source = source
+        self._jobs = jobs
+        self._in_flight: IterationPlan | None = None
+
+    @property
+    def in_flight(self) -> IterationPlan | None:
+        """The plan handed out by `next_plan` whose result has not been applied yet."""
+        return self._in_flight
+
+    def has_work(self) -> bool:
+        """Whether the source has anything to run (jobs beside it are not counted)."""
+        return self.source.has_work()
+
+    def step(self, engine: StepExecutor) -> Step:
+        """Plan, execute on `engine` in this process, and apply the result.
+
+        Raises:
+            PlanMismatch: the engine answered with another step's result (nothing is applied).
+            Exception: what the engine's step raised; nothing is left in flight and the policy is
+                not updated for that plan.
+        """
+        plan = self._plan()
+        result = engine.step(plan)
+        return self._apply(plan, result)
+
+    def next_plan(self) -> IterationPlan | None:
+        """The next plan for an engine in another process, kept in flight until `apply`; None when the
+        plan is empty (nothing for the engine: no result is expected for it).
+
+        Raises:
+            PlanInFlight: the previous plan has not been answered.
+        """
+        if self._in_flight is not None:
+            raise PlanInFlight(f"plan {self._in_flight.step_id} is still in flight")
+        plan = self._plan()
+        if plan.is_empty:
+            return None
+        self._in_flight = plan
+        return plan
+
+    def apply(self, result: IterationResult | EngineFailure) -> Step:
+        """Apply the remote engine's answer to the plan in flight (which is then no longer in flight).
+
+        Raises:
+            PlanMismatch: no plan is in flight, or `result` answers another one.
+            StepFailed: the engine could not execute the plan (`EngineFailure`).
+        """
+        plan, self._in_flight = self._in_flight, None
+        if plan is None:
+            raise PlanMismatch(f"result of step {result.step_id}, but no plan is in flight")
+        _check_answers(plan, result)
+        if isinstance(result, EngineFailure):
+            raise StepFailed(plan, result.message)
+        return self._apply(plan, result)
+
+    def _plan(self) -> IterationPlan:
+        plan = self.source.plan()
+        if self._jobs is not None:
+            self._jobs.schedule(plan)
+        return plan
+
+    def _apply(self, plan: IterationPlan, result: IterationResult) -> Step:
+        _check_answers(plan, result)
+        if self._jobs is not None:
+            self._jobs.update(plan, result)
+        return Step(plan, result, self.source.update(plan, result))
+
+
+def _check_answers(plan: IterationPlan, result: IterationResult | EngineFailure) -> None:
+    if result.step_id != plan.step_id:
+        raise PlanMismatch(f"result of step {result.step_id} does not answer plan {plan.step_id}")

@@ -1,0 +1,242 @@
+"""`ClusterJobs`: the fine-tuning jobs of every engine, as those who submit and control them see them.
+
+The job side of a `ClusterScheduler`, in the shape of `JobHost` (start, cancel, pause, resume, events)
+for many engines:
+
+* `start(spec)` places the job on one engine (`job_placement`: memory, adapter slots, least
+  fine-tuning there) and builds its `FinetuneJob` on that engine's KV blocks and slots; with no engine
+  that can hold it, the job waits with the reason (a `JobNotice`) and is placed when an engine joins or
+  another job ends;
+* the jobs of all engines are chosen and charged by the one set of counters the policies share
+  (`shared_vtc`), so fine-tuning tokens count in a tenant's share of the whole machine;
+* every confirmed checkpoint is kept (`job_checkpoints`), and every checkpoint and final adapter is
+  published to all engines (`adapter_catalog`): any engine serves the fine-tuned model at once;
+* a lost engine's jobs are placed again and resume from their last checkpoint (`engine_lost`).
+
+A job keeps its id across a move; its `FinetuneJob` object does not (ask `get` for the current one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from coserve.cluster.adapter_catalog import AdapterCatalog
+from coserve.cluster.member import EngineMember
+from coserve.cluster.engine_core import Step
+from coserve.cluster.failover import JobMove
+from coserve.finetune.job import FinetuneJob
+from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
+from coserve.finetune.job_checkpoints import JobCheckpoints
+from coserve.finetune.host import JobHost
+from coserve.cluster.job_placement import Placement, place_job
+from coserve.tenancy.vtc import VirtualTokenCounter
+
+_ENDS = (JobEventKind.SUCCEEDED, JobEventKind.FAILED, JobEventKind.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class JobNotice:
+    """Something the cluster did with a job that its own events do not say (placed, waiting, moved)."""
+
+    job_id: str
+    engine_id: str | None
+    message: str
+
+
+class ClusterJobs:
+    """Jobs by id over the cluster's engines (module docstring).
+
+    Args:
+        members: the cluster's live engines by id (read, never changed here).
+        vtc: the shared counters (a job's tenant weight weighs its engine's fine-tuning load).
+        catalog: where published adapters go.
+        default_weight: the weight of a tenant the counters do not know yet.
+    """
+
+    def __init__(self, members: Mapping[str, EngineMember], vtc: VirtualTokenCounter,
+                 catalog: AdapterCatalog, default_weight: float = 1.0) -> None:
+        self._members, self._vtc, self._catalog = members, vtc, catalog
+        self._default_weight = default_weight
+        self._specs: dict[str, FinetuneJobSpec] = {}  # every job not ended
+        self._engine: dict[str, str] = {}  # placed job -> its engine
+        self._waiting: dict[str, str] = {}  # unplaced job -> why (oldest first)
+        self._paused: set[str] = set()
+        self._cancelled: set[str] = set()  # cancel asked, the engine not told yet
+        self.checkpoints = JobCheckpoints()
+        self._events: list[JobEvent] = []
+        self._notices: list[JobNotice] = []
+
+    # ----------------------------------------------------------------------------- control
+
+    def start(self, spec: FinetuneJobSpec) -> str | None:
+        """Place and start a job; returns its engine, or None when it waits (a notice says why).
+
+        Raises:
+            ValueError: a job with this id is not ended yet.
+        """
+        if spec.job_id in self._specs:
+            raise ValueError(f"job id {spec.job_id!r} is already scheduled")
+        self._specs[spec.job_id] = spec
+        return self._place(spec)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a job (in its engine's next plan; a waiting job at once); False when unknown."""
+        if job_id not in self._specs or job_id in self._cancelled:
+            return False
+        if job_id in self._waiting:
+            del self._waiting[job_id]
+            self._end(job_id)
+            self._events.append(JobEvent(job_id, JobEventKind.CANCELLED, 0, message="the job was cancelled"))
+            return True
+        host = self._host(job_id)
+        if host is None or not host.remove_job(job_id):
+            return False
+        self._cancelled.add(job_id)
+        return True
+
+    def pause(self, job_id: str) -> bool:
+        """Pause a job (its sequence in flight is redone on resume); False when unknown."""
+        if job_id not in self._specs or job_id in self._cancelled:
+            return False
+        self._paused.add(job_id)
+        host = self._host(job_id)
+        if host is not None:
+            host.pause_job(job_id)
+        return True
+
+    def resume(self, job_id: str) -> bool:
+        if job_id not in self._specs:
+            return False
+        self._paused.discard(job_id)
+        host = self._host(job_id)
+        if host is not None:
+            host.resume_job(job_id)
+        return True
+
+    def _host(self, job_id: str) -> JobHost | None:
+        """The job host of the engine the job is placed on; None while it waits."""
+        engine = self._engine.get(job_id)
+        return None if engine is None else self._members[engine].policy.jobs
+
+    # ----------------------------------------------------------------------------- readings
+
+    def get(self, job_id: str) -> FinetuneJob | None:
+        """The job's current `FinetuneJob` (a new one after a move); None when waiting or ended."""
+        engine = self._engine.get(job_id)
+        return None if engine is None else self._members[engine].jobs.get(job_id)
+
+    def engine_of(self, job_id: str) -> str | None:
+        return self._engine.get(job_id)
+
+    def waiting_reason(self, job_id: str) -> str | None:
+        """Why the job is not placed (None: it is placed, or unknown)."""
+        return self._waiting.get(job_id)
+
+    def held_back(self, job_id: str) -> str | None:
+        """Why the job got no work lately: it waits for an engine, or its engine's last plan held
+        fine-tuning back (`JobHost.finetune_held_back`); None: neither."""
+        if job_id in self._waiting:
+            return self._waiting[job_id]
+        host = self._host(job_id)
+        return None if host is None else host.finetune_held_back
+
+    def plan_step(self, job_id: str) -> int:
+        """Step id of the last plan of the job's engine (-1: not placed, or none yet)."""
+        host = None if job_id in self._waiting else self._host(job_id)
+        return -1 if host is None else host.roster.last_plan_step
+
+    @property
+    def job_ids(self) -> list[str]:
+        """Jobs not ended: placed or waiting."""
+        return list(self._specs)
+
+    def pop_events(self) -> list[JobEvent]:
+        """Every engine's job events (steps, checkpoints, ends) since the last call."""
+        events, self._events = self._events, []
+        return events
+
+    def pop_notices(self) -> list[JobNotice]:
+        notices, self._notices = self._notices, []
+        return notices
+
+    # ----------------------------------------------------------------------------- engines
+
+    def observe(self, member: EngineMember, step: Step) -> None:
+        """After a step of `member`: keep confirmed checkpoints, publish what jobs wrote, collect
+        events, let ended jobs go (and place waiting jobs in the room they leave)."""
+        host = member.policy.jobs
+        if host is None:
+            return
+        self.checkpoints.observe(step.plan, step.result, self._specs)
+        ended = False
+        for event in host.pop_job_events():
+            self._events.append(event)
+            if event.path is not None and event.kind in (JobEventKind.CHECKPOINT, JobEventKind.SUCCEEDED):
+                self._catalog.publish(event.job_id, event.path, event.step,
+                                      event.kind is JobEventKind.SUCCEEDED, member.engine_id)
+            if event.kind in _ENDS:
+                member.drop_job(event.job_id)
+                self._end(event.job_id)
+                ended = True
+        if ended and self._waiting:
+            self.place_waiting()
+
+    def place_waiting(self) -> list[str]:
+        """Try to place the waiting jobs, oldest first; returns those placed."""
+        placed = []
+        for job_id in list(self._waiting):
+            if self._place(self._specs[job_id]) is not None:
+                placed.append(job_id)
+        return placed
+
+    def engine_lost(self, member: EngineMember) -> list[JobMove]:
+        """Place the jobs of a lost engine (already out of `members`) again, each resuming from its
+        last checkpoint; a job whose cancel the engine never applied ends cancelled."""
+        moves = []
+        for job_id, job in list(member.jobs.items()):
+            del self._engine[job_id]
+            if job_id in self._cancelled or job.state.is_finished:
+                if job_id in self._cancelled:
+                    self._events.append(JobEvent(job_id, JobEventKind.CANCELLED, job.position.step,
+                                                 message="the job was cancelled"))
+                self._end(job_id)
+                continue
+            spec = self.checkpoints.resume_spec(self._specs[job_id])
+            self._specs[job_id] = spec
+            engine = self._place(spec, moved_from=member.engine_id)
+            moves.append(JobMove(job_id, member.engine_id, engine, spec.resume_from,
+                                 self._waiting.get(job_id)))
+        return moves
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _place(self, spec: FinetuneJobSpec, moved_from: str | None = None) -> str | None:
+        job_id = spec.job_id
+        answer = place_job(spec, list(self._members.values()))
+        if not isinstance(answer, Placement):
+            if self._waiting.get(job_id) != answer.reason:
+                self._notices.append(JobNotice(job_id, None, f"waiting for an engine: {answer.reason}"))
+            self._waiting[job_id] = answer.reason
+            return None
+        self._waiting.pop(job_id, None)
+        member = self._members[answer.engine_id]
+        host = member.policy.jobs
+        assert host is not None
+        self._vtc.ensure_tenant(spec.tenant, self._default_weight)
+        member.add_job(FinetuneJob(spec, host.kv, host.adapters), self._vtc.weight(spec.tenant))
+        self._engine[job_id] = answer.engine_id
+        if job_id in self._paused:
+            host.pause_job(job_id)
+        where = "resumed from " + spec.resume_from if spec.resume_from else "started"
+        moved = f" (its engine {moved_from} was lost)" if moved_from else ""
+        self._notices.append(JobNotice(job_id, answer.engine_id,
+                                       f"placed on engine {answer.engine_id}, {where}{moved}"))
+        return answer.engine_id
+
+    def _end(self, job_id: str) -> None:
+        self._specs.pop(job_id, None)
+        self._engine.pop(job_id, None)
+        self._paused.discard(job_id)
+        self._cancelled.discard(job_id)
+        self.checkpoints.forget(job_id)

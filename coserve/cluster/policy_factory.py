@@ -1,0 +1,128 @@
+"""Which scheduling policy a SchedulerActor runs, built once the engine's layout is known.
+
+`PolicyFactory(config, layout) -> policy`. Factories are plain picklable callables: in Ray mode the
+scheduler receives them in its own process. `CoServingPolicyFactory` (the default of `coserve serve`)
+builds the co-serving policy with the hybrid share and the latency model of a profile file
+(`coserve profile --json`), refused when it was fitted for another model, machine or dtype, or an
+unfitted one that learns the iteration costs online from every measured iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from coserve.contract.engine import TokenizerSpec
+from coserve.contract import defaults
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.cluster.engine_core import PlanSource
+from coserve.share.settings import CoServingConfig
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.finetune.host import JobHost
+from coserve.inference.kv_blocks import KVBlockManager
+from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.inference.request import Request, RequestStatus
+from coserve.share.policy import CoServingPolicy
+from coserve.share.registry import ShareKind, ShareOptions, build_policy
+from coserve.tenancy.shared_vtc import SharedVtc
+
+
+class InferencePolicy(PlanSource, Protocol):
+    """The policy surface the scheduler drives (InferenceScheduler; CoServingPolicy): what its
+    `EngineCore` plans with (`plan`, `update`, `has_work`), plus admission, queue state and jobs."""
+
+    def add_request(self, request: Request) -> None: ...
+    def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def kv(self) -> KVBlockManager: ...
+
+    @property
+    def jobs(self) -> JobHost | None:
+        """The fine-tuning jobs the policy runs; None: it runs none (inference only)."""
+
+
+class EngineLayout(Protocol):
+    """What the scheduler reads of an engine's `RuntimeLayout`."""
+
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    num_adapter_slots: int
+    max_lora_rank: int
+    tokenizer: TokenizerSpec | None
+    engine_owns_kv_cache: bool
+    structured_output: bool
+
+
+PolicyFactory = Callable[[SchedulerConfig, EngineLayout], InferencePolicy]
+
+
+def fcfs_policy(config: SchedulerConfig, layout: EngineLayout) -> InferencePolicy:
+    """FCFS continuous batching over the engine's KV blocks and adapter slots."""
+    kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
+    return InferenceScheduler(config, kv, AdapterSlots(layout.num_adapter_slots))
+
+
+@dataclass(frozen=True, slots=True)
+class CoServingPolicyFactory:
+    """Builds a `CoServingPolicy` (inference first in VTC order, fine-tuning in what is left) with the
+    fine-tuning share `share` (default: the hybrid share, up to the TPOT SLO).
+
+    Args:
+        fingerprint: the served model, this machine and the dtype (a profile must match it).
+        tpot_slo_ms / ttft_slo_ms: the SLOs (None: `CoServingConfig`'s defaults).
+        max_stall_ms: fine-tuning bursts that spend the requests' TPOT slack, no token gap longer
+            (`CoServingConfig.max_stall_ms`); None: every iteration within the TPOT SLO.
+        latency_profile: a `coserve profile --json` file; None starts unfitted (learned online).
+        tenant_weights: tenant -> share under contention (the tenants file's `weight`).
+        finetune_floor_every: the liveness floor (`CoServingConfig.finetune_floor_every`).
+        share / share_options: the fine-tuning share strategy (`share_registry`); with
+            `ShareKind.NONE` the policy runs no jobs (the scheduler opens no job manager).
+    """
+
+    fingerprint: ModelFingerprint
+    tpot_slo_ms: float | None = None
+    ttft_slo_ms: float | None = None
+    latency_profile: str | None = None
+    max_stall_ms: float | None = None
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY
+    share: ShareKind = ShareKind.HYBRID
+    share_options: ShareOptions = ShareOptions()
+
+    def latency_model(self) -> LatencyModel:
+        """The profile's model, checked against this server; or an unfitted one.
+
+        Raises:
+            ValueError: the profile is unreadable or was fitted for another model, machine or dtype.
+        """
+        if self.latency_profile is None:
+            return LatencyModel(self.fingerprint)
+        try:
+            model = LatencyModel.from_json(Path(self.latency_profile).read_text())
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"--latency-profile {self.latency_profile}: {err}") from err
+        model.check_compatible(self.fingerprint)
+        return model
+
+    def __call__(self, config: SchedulerConfig, layout: EngineLayout,
+                 shared: SharedVtc | None = None) -> CoServingPolicy:
+        """The policy of one engine; with `shared`, one of several engines counting with a
+        `ClusterScheduler`'s counters (each engine its own latency model, fitted on its own iterations)."""
+        slos = {k: v for k, v in (("tpot_slo_ms", self.tpot_slo_ms), ("ttft_slo_ms", self.ttft_slo_ms))
+                if v is not None}
+        co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights),
+                             max_stall_ms=self.max_stall_ms, finetune_floor_every=self.finetune_floor_every,
+                             **slos)
+        return build_policy(self.share, co, layout.num_kv_blocks, AdapterSlots(layout.num_adapter_slots),
+                            self.latency_model(), self.share_options, shared=shared)

@@ -1,0 +1,371 @@
+"""One fine-tuning job as the scheduler sees it: data order, batches, sequences, and the work they need.
+
+A job is broken down as: epochs -> batches (`batch_size` examples, `DataPosition.next_batch`) ->
+sequences (one per example, trained one after the other so a job holds the K/V and kept activations
+of one sequence at a time) -> forward windows, then backward tasklets (layer-major: last layer first,
+last tokens first, any sizes) -> one optimizer step per batch -> a checkpoint at each epoch's end and
+the final adapter after the last epoch.
+
+The policy asks a job for work with a budget (`schedule`): forward-window tokens or backward
+token-layers, whichever phase the job is in. The job appends its work to `plan.training`, allocates
+the KV blocks of its sequence, and returns the fine-tuning tokens to charge to its tenant's virtual
+token counter:
+
+* a forward-window token costs 1;
+* a backward tasklet of t tokens over k layers costs t * k / num_layers (`backward_tasklet_tokens`):
+  a whole sequence of L tokens is charged L for its forward and L for its backward.
+
+When inference needs KV blocks, `release_kv` drops the sequence in flight (the engine restores the
+gradient it had before the sequence and frees the kept activations; the sequence is redone later).
+Pure Python: no torch, no Ray. The job's spec, states and events are in `finetune_types`.
+"""
+
+from __future__ import annotations
+
+
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import AdapterRef
+from coserve.contract.training_plan import (BackwardTasklet, ForwardWindow, JobStart, OptimizerStep, SaveAdapter,
+                                            SequenceStart)
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.contract.data_position import DataPosition
+from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind, JobPhase, JobState, trained_tokens
+from coserve.inference.kv_blocks import KVBlockManager
+from coserve.finetune.progress import BatchProgress, SequenceProgress
+from coserve.tenancy.vtc import backward_tasklet_tokens
+
+__all__ = ["FinetuneJob", "FinetuneJobSpec", "JobEvent", "JobEventKind", "JobPhase", "JobState",
+           "trained_tokens"]
+
+
+class FinetuneJob:
+    """The scheduler's state of one job; see the module docstring.
+
+    Args:
+        spec: the job.
+        kv: the KV block manager of the engine the job trains on (its sequences' blocks).
+        adapters: that engine's adapter slots (the job pins one for its trainable adapter).
+    """
+
+    def __init__(self, spec: FinetuneJobSpec, kv: KVBlockManager, adapters: AdapterSlots) -> None:
+        self.spec = spec
+        self._kv, self._adapters = kv, adapters
+        self.state = JobState.RUNNING
+        self.position = spec.start_position or DataPosition(seed=spec.seed)
+        self._slot: int | None = None
+        self._started = False  # JobStart sent
+        self._batch: BatchProgress | None = None
+        self._to_free: list[str] = []  # sequences whose backward completes in the planned step
+        self._stop_sent = False
+        self._last_planned = -1  # step id of the last plan this job put work into
+        # Trained tokens of completed optimizer steps, from the checkpoint's count on a resume (so the
+        # job's count continues); and of the steps planned so far, which a checkpoint keeps.
+        self.trained_tokens = spec.start_trained_tokens
+        self._planned_tokens = spec.start_trained_tokens
+        self._eval_pending = False  # an epoch ended: evaluate the validation set next
+        self._eval_losses: dict[str, tuple[float, int]] = {}  # validation sequence -> (sum, tokens)
+        self._eval_report_step = -1  # plan whose result completes the validation pass
+        self._pending: list[JobEvent] = []  # events found while planning, reported by `update`
+
+    # ------------------------------------------------------------------------------ properties
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def tenant(self) -> str:
+        return self.spec.tenant
+
+    @property
+    def total_steps(self) -> int:
+        per_epoch = -(-len(self.spec.examples) // self.spec.batch_size)
+        return per_epoch * self.spec.n_epochs
+
+    @property
+    def last_planned_step(self) -> int:
+        """Step id of the last plan this job put work into (-1: none yet)."""
+        return self._last_planned
+
+    @property
+    def runnable(self) -> bool:
+        """Whether the job has work to schedule (it is running and not waiting for its final save)."""
+        return self.state == JobState.RUNNING
+
+    @property
+    def phase(self) -> JobPhase:
+        seq = self._current()
+        if seq is not None and seq.forward_end == seq.length:
+            return JobPhase.BACKWARD
+        return JobPhase.FORWARD
+
+    def _current(self) -> SequenceProgress | None:
+        if self._batch is None or self._batch.current >= len(self._batch.sequences):
+            return None
+        return self._batch.sequences[self._batch.current]
+
+    # ------------------------------------------------------------------------------ life cycle
+
+    def pause(self, plan: IterationPlan) -> None:
+        """Stop taking work; the sequence in flight is dropped (redone on resume)."""
+        if self.state == JobState.RUNNING:
+            self.release_kv(plan)
+            self.state = JobState.PAUSED
+
+    def resume(self) -> None:
+        if self.state == JobState.PAUSED:
+            self.state = JobState.RUNNING
+
+    def cancel(self, plan: IterationPlan) -> JobEvent | None:
+        """Cancel now: the engine drops the job; returns the event (None if already finished)."""
+        if self.state.is_finished:
+            return None
+        self._end(plan, JobState.CANCELLED)
+        return JobEvent(self.job_id, JobEventKind.CANCELLED, self.position.step,
+                        message="the job was cancelled")
+
+    def _end(self, plan: IterationPlan | None, state: JobState) -> None:
+        """Release every resource; with a plan, tell the engine to drop the job's state."""
+        self.state = state
+        seq = self._current()
+        if seq is not None and self._kv.has_table(seq.sequence_id):
+            self._kv.free(seq.sequence_id)
+        for sequence_id in self._to_free:
+            if self._kv.has_table(sequence_id):
+                self._kv.free(sequence_id)
+        self._to_free.clear()
+        if self._slot is not None:
+            # The trainable weights die with the job (the engine unloads them): free the slot.
+            self._adapters.release(self.spec.adapter_id)
+            if self._adapters.pin_count(self.spec.adapter_id) == 0:
+                self._adapters.forget(self.spec.adapter_id)
+            self._slot = None
+        if plan is not None and self._started and not self._stop_sent:
+            plan.training.job_stops.append(self.job_id)
+            self._stop_sent = True
+
+    def release_kv(self, plan: IterationPlan) -> int:
+        """Drop the sequence in flight to free its KV blocks; returns the blocks freed.
+
+        Refused (0) when the sequence already has work in `plan` (it would read freed blocks).
+        """
+        seq = self._current()
+        if seq is None or not seq.started or self._last_planned == plan.step_id:
+            return 0
+        freed = len(self._kv.block_table(seq.sequence_id))
+        self._kv.free(seq.sequence_id)
+        plan.training.sequence_drops.append(seq.sequence_id)
+        self._eval_losses.pop(seq.sequence_id, None)  # its windows are redone
+        seq.reset()
+        return freed
+
+    # ------------------------------------------------------------------------------ scheduling
+
+    def schedule(self, plan: IterationPlan, forward_tokens: int, backward_token_layers: int) -> float:
+        """Append up to the given amounts of work to `plan.training`; returns the tokens to charge.
+
+        Forward work uses `forward_tokens` (one window of the sequence in flight), backward work
+        `backward_token_layers`; a sequence whose forward completes here may start its backward in
+        the same plan (the engine runs tasklets after the forward). 0 when nothing fit: no budget,
+        no free KV block, or no free adapter slot.
+        """
+        # Started first: a job resumed at its very end still needs the engine to write its final save.
+        if not self.runnable or not self._ensure_started(plan):
+            return 0.0
+        if self._batch is None and not self._next_batch(plan):
+            return 0.0
+        seq = self._current()
+        assert seq is not None
+        charged = 0.0
+        if seq.forward_end < seq.length:
+            charged += self._schedule_forward(plan, seq, forward_tokens)
+        assert self._batch is not None
+        if seq.forward_end == seq.length and self._batch.evaluation:
+            self._complete_evaluation_sequence(plan)
+        elif seq.forward_end == seq.length:
+            charged += self._schedule_backward(plan, seq, backward_token_layers)
+        if charged:
+            self._last_planned = plan.step_id
+        return charged
+
+    def _ensure_started(self, plan: IterationPlan) -> bool:
+        """Pin a bank slot for the trainable adapter and send the job to the engine (once)."""
+        if self._slot is None:
+            ref = AdapterRef(self.spec.adapter_id, f"training:{self.job_id}", f"training:{self.job_id}")
+            grant = self._adapters.acquire(ref)
+            if grant is None:
+                return False
+            if grant.evicted_slot is not None:
+                plan.adapter_unloads.append(grant.evicted_slot)
+            self._slot = grant.slot  # the AdapterLoad is not sent: JobStart installs the weights
+        if not self._started:
+            spec = self.spec
+            plan.training.job_starts.append(JobStart(
+                job_id=spec.job_id, adapter_slot=self._slot, lora=spec.lora,
+                optimizer=spec.optimizer, seed=spec.seed, examples=spec.examples,
+                resume_from=spec.resume_from, init_adapter=spec.init_adapter,
+                validation_examples=spec.validation_examples,
+                base_model_name_or_path=spec.base_model_name_or_path))
+            self._started = True
+        return True
+
+    def _next_batch(self, plan: IterationPlan) -> bool:
+        """Set up the next batch, or plan the final save when the last epoch is done."""
+        spec = self.spec
+        if self._eval_pending:
+            self._eval_pending = False
+            self._batch = self._evaluation_batch()
+            return True
+        if self.position.epoch >= spec.n_epochs:
+            self._finish(plan)
+            return False
+        indices, after = self.position.next_batch(len(spec.examples), spec.batch_size)
+        sequences = []
+        for k, index in enumerate(indices):
+            seq = SequenceProgress(f"{spec.job_id}/s{after.step}.{k}", index,
+                            len(spec.examples[index].token_ids), spec.num_layers)
+            seq.reset()
+            sequences.append(seq)
+        normalizer = sum(trained_tokens(spec.examples[i]) for i in indices)
+        self._batch = BatchProgress(after=after, normalizer=normalizer, sequences=sequences)
+        return True
+
+    def _evaluation_batch(self) -> BatchProgress:
+        examples = self.spec.validation_examples
+        sequences = []
+        for k, example in enumerate(examples):
+            seq = SequenceProgress(f"{self.job_id}/v{self.position.step}.{k}", k, len(example.token_ids),
+                            self.spec.num_layers)
+            seq.reset()
+            sequences.append(seq)
+        normalizer = max(1, sum(trained_tokens(e) for e in examples))
+        return BatchProgress(after=self.position, normalizer=normalizer, sequences=sequences, evaluation=True)
+
+    def _finish(self, plan: IterationPlan) -> None:
+        path = f"{self.spec.output_dir}/final"
+        plan.training.saves.append(SaveAdapter(self.job_id, path, self.position.step, final=True))
+        self.state = JobState.FINISHING
+
+    def _schedule_forward(self, plan: IterationPlan, seq: SequenceProgress, budget: int) -> float:
+        count = min(budget, self.spec.max_window_tokens, seq.length - seq.forward_end)
+        if count < 1:
+            return 0.0
+        if not self._kv.allocate_slots(seq.sequence_id, seq.forward_end + count):
+            if -(-seq.length // self._kv.block_size) > self._kv.num_blocks:  # it can never fit
+                self._end(plan, JobState.FAILED)
+                self._pending.append(JobEvent(
+                    self.job_id, JobEventKind.FAILED, self.position.step, code="sequence_too_long",
+                    message=f"a training sequence of {seq.length} tokens needs more KV blocks than the "
+                            f"{self._kv.num_blocks} of {self._kv.block_size} tokens the job may use"))
+            return 0.0
+        if not seq.started:
+            assert self._batch is not None
+            plan.training.sequence_starts.append(SequenceStart(
+                seq.sequence_id, self.job_id, seq.example_index, self._batch.normalizer,
+                evaluate=self._batch.evaluation))
+            seq.started = True
+        plan.training.forward_windows.append(ForwardWindow(
+            seq.sequence_id, seq.forward_end, count, list(self._kv.block_table(seq.sequence_id))))
+        seq.forward_end += count
+        return float(count)
+
+    def _schedule_backward(self, plan: IterationPlan, seq: SequenceProgress, budget: int) -> float:
+        """Layer-major tasklets (last layer first, last tokens first) within `budget` token-layers."""
+        charged = 0.0
+        while not seq.backward_done:
+            layer = seq.layer
+            end = seq.layer_end[layer]
+            count = min(budget, end)
+            if count < 1 or (count < end and count < self.spec.min_tasklet_tokens):
+                break
+            plan.training.backward_tasklets.append(
+                BackwardTasklet(seq.sequence_id, layer, layer + 1, end - count, end))
+            seq.layer_end[layer] -= count
+            if seq.layer_end[layer] == 0 and layer > 0:
+                seq.layer -= 1
+            budget -= count
+            charged += backward_tasklet_tokens(count, 1, seq.num_layers)
+        if seq.backward_done:
+            self._complete_sequence(plan)
+        return charged
+
+    def _complete_evaluation_sequence(self, plan: IterationPlan) -> None:
+        """A validation sequence's last window is planned (the engine drops it after the forward)."""
+        batch = self._batch
+        assert batch is not None
+        self._to_free.append(batch.sequences[batch.current].sequence_id)
+        batch.current += 1
+        if batch.current == len(batch.sequences):
+            self._eval_report_step = plan.step_id
+            self._batch = None
+
+    def _complete_sequence(self, plan: IterationPlan) -> None:
+        """The sequence's last tasklet is planned: free its blocks after the step, go to the next."""
+        batch = self._batch
+        assert batch is not None
+        self._to_free.append(batch.sequences[batch.current].sequence_id)
+        batch.current += 1
+        if batch.current < len(batch.sequences):
+            return
+        spec, before = self.spec, self.position
+        plan.training.optimizer_steps.append(OptimizerStep(
+            self.job_id, batch.after.step, len(batch.sequences), batch.normalizer))
+        self._planned_tokens += batch.normalizer
+        if batch.after.epoch > before.epoch:  # an epoch ends with this step: checkpoint, evaluate
+            path = f"{spec.output_dir}/ckpt-step-{batch.after.step}"
+            plan.training.saves.append(SaveAdapter(self.job_id, path, batch.after.step,
+                                                   batch.after.to_dict(), self._planned_tokens))
+            self._eval_pending = bool(spec.validation_examples)
+        self.position = batch.after
+        self._batch = None
+
+    # ------------------------------------------------------------------------------ results
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> list[JobEvent]:
+        """Consume what the engine did for this job in `plan`; returns the job's new events."""
+        events, self._pending = self._pending, []
+        for sequence_id in self._to_free:
+            if self._kv.has_table(sequence_id):
+                self._kv.free(sequence_id)
+        self._to_free.clear()
+        report = result.training
+        for failure in report.failures:
+            if failure.job_id == self.job_id and not self.state.is_finished:
+                self._end(None, JobState.FAILED)  # the engine has dropped the job already
+                events.append(JobEvent(self.job_id, JobEventKind.FAILED, self.position.step,
+                                       code=failure.code, message=failure.message))
+        for step in report.steps:
+            if step.job_id == self.job_id:
+                self.trained_tokens += step.num_tokens
+                events.append(JobEvent(self.job_id, JobEventKind.STEP, step.step, loss=step.loss,
+                                       grad_norm=step.grad_norm, learning_rate=step.learning_rate,
+                                       num_tokens=step.num_tokens))
+        for saved in report.saved:
+            if saved.job_id == self.job_id:
+                events.append(self._on_saved(plan, saved.path, saved.step))
+        events.extend(self._collect_validation(plan, result))
+        return events
+
+    def _collect_validation(self, plan: IterationPlan, result: IterationResult) -> list[JobEvent]:
+        prefix = f"{self.job_id}/v"
+        for window in result.training.windows:
+            if window.sequence_id.startswith(prefix):
+                total, count = self._eval_losses.get(window.sequence_id, (0.0, 0))
+                self._eval_losses[window.sequence_id] = (total + window.loss_sum,
+                                                         count + window.num_tokens)
+        if plan.step_id != self._eval_report_step or self.state.is_finished:
+            return []
+        total = sum(loss for loss, _ in self._eval_losses.values())
+        count = sum(n for _, n in self._eval_losses.values())
+        self._eval_losses.clear()
+        return [JobEvent(self.job_id, JobEventKind.VALIDATION, self.position.step,
+                         loss=total / max(1, count), num_tokens=count,
+                         message=f"validation loss after step {self.position.step}")]
+
+    def _on_saved(self, plan: IterationPlan, path: str, step: int) -> JobEvent:
+        if self.state == JobState.FINISHING:
+            self._end(None, JobState.SUCCEEDED)  # the engine dropped the job after the final save
+            return JobEvent(self.job_id, JobEventKind.SUCCEEDED, step, path=path,
+                            message="the job succeeded")
+        return JobEvent(self.job_id, JobEventKind.CHECKPOINT, step, path=path,
+                        epoch=self.position.epoch, message=f"checkpoint at step {step}")

@@ -1,0 +1,400 @@
+"""The inference scheduler: continuous batching, a token budget, chunked prefill, over KV blocks and adapter
+slots, admitting waiting requests in its `AdmissionOrder` (arrival, or VTC with the TTFT guard).
+
+No prefill and decode phases (vLLM v1): each request's `num_computed_tokens` catches up with `num_tokens`,
+an iteration gives each some tokens under one budget; a long prompt is computed in chunks over several
+iterations, a decode is a chunk of one token.
+
+The order-independent rules (`prefix_salt`, `num_new_tokens`, `check_stop`, `Budget`) are `request_rules`.
+Alone it is a policy (`plan`, `update`); `CoServingPolicy` holds one and adds fine-tuning to its plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
+from coserve.inference.adapter_slots import AdapterSlots, RunningAdapters, acquire_into
+from coserve.inference.admission_order import AdmissionOrder, FifoOrder
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.plan_checks import check_kv_matches, check_sequences, check_token_budget
+from coserve.inference.request import Request, RequestStatus
+from coserve.inference.request_rules import (Budget, check_new_request, check_stop, clamp_new_tokens, num_new_tokens,
+                                            prefix_salt)
+
+
+def _no_reclaim(plan: IterationPlan) -> bool:
+    del plan
+    return False
+
+
+def _ignore(request: Request) -> None:
+    del request
+
+
+class InferenceScheduler:
+    """Continuous batching: running requests first, then waiting requests in the admission order.
+
+    Args:
+        config: budgets and limits.
+        kv: the KV block manager of the engine this policy plans for.
+        adapters: the adapter bank slots of that engine.
+        order: which waiting request goes next (default: arrival order, `FifoOrder`).
+        reclaim_kv: frees KV blocks held by lower-priority work before an inference request is
+            preempted; returns whether it freed any (co-serving: fine-tuning gives back the blocks
+            it borrowed, Harli's principle). Default: nothing to reclaim.
+        on_finished: called with each request that finished, after its resources were released.
+
+    Raises:
+        ValueError: `kv` disagrees with `config` (block size, prefix caching), or a sequence of
+            `max_model_len` tokens needs more blocks than the KV cache has.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv: KVBlockManager, adapters: AdapterSlots, *,
+                 order: AdmissionOrder | None = None,
+                 reclaim_kv: Callable[[IterationPlan], bool] = _no_reclaim,
+                 on_finished: Callable[[Request], None] = _ignore) -> None:
+        check_kv_matches(config, kv)
+        self._config = config
+        self._kv = kv
+        self._adapters = adapters
+        self._order = FifoOrder() if order is None else order
+        self._reclaim_kv = reclaim_kv
+        self._on_finished = on_finished
+        self._requests: dict[str, Request] = {}  # every unfinished request
+        self._waiting = self._order.queue
+        self._running_adapters = RunningAdapters()
+        self._running: list[Request] = []  # admission order: the last one is preempted first
+        self._in_engine: set[str] = set()  # ids the engine holds state for (sent as NewSequence)
+        self._pinned: set[str] = set()  # ids holding an adapter pin
+        self._pending_freed: list[str] = []  # finished since the last plan; freed in the next one
+        self._next_step_id = 0
+
+    # ------------------------------------------------------------------------------- requests
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request at the back of the waiting queue.
+
+        Raises:
+            ValueError: empty prompt, prompt longer than max_model_len, duplicate id, a negative
+                adapter id, or a request that is not WAITING.
+        """
+        check_new_request(request, self._config.max_model_len)
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already scheduled")
+        self._order.added(request)
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+
+    def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool:
+        """Finish a request now (a client abort, or a stop string found by the output processor).
+
+        Its blocks and adapter pin are released at once; the engine drops its state in the next plan.
+
+        Returns:
+            False when the request is unknown or already finished (nothing to do).
+
+        Raises:
+            ValueError: `status` is not a finished status.
+        """
+        if not status.is_finished:
+            raise ValueError(f"abort needs a finished status, got {status.name}")
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        self._finish(request, status)
+        return True
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The unfinished request with this id, or None."""
+        return self._requests.get(request_id)
+
+    def withdraw(self, request_id: str) -> Request | None:
+        """Take out a waiting request that was never admitted (no blocks, no slot, no engine state) so
+        that another engine can queue it; None when there is no such request."""
+        request = self._requests.get(request_id)
+        if request is None or request.status is not RequestStatus.WAITING or request_id in self._in_engine:
+            return None
+        self._waiting.remove(request)
+        del self._requests[request_id]
+        self._order.withdrawn(request)
+        self._on_finished(request)  # it leaves this engine's watchers too
+        return request
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def has_work(self) -> bool:
+        """Unfinished requests, or finished ones whose engine state the next plan must free."""
+        return bool(self._requests or self._pending_freed)
+
+    @property
+    def kv(self) -> KVBlockManager:
+        """The block manager this policy allocates from (read it for usage and prefix-cache stats)."""
+        return self._kv
+
+    @property
+    def adapters(self) -> AdapterSlots:
+        return self._adapters
+
+    @property
+    def jobs(self) -> None:
+        """The inference scheduler runs no fine-tuning jobs (`CoServingPolicy` does; offline
+        fine-tuning plans its own, `finetune.OfflineJobs`)."""
+        return None
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests in admission order (read only: the last one is preempted first)."""
+        return self._running
+
+    @property
+    def running_adapters(self) -> RunningAdapters:
+        """The running requests' adapter slots (for the latency model's features)."""
+        return self._running_adapters
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # ---------------------------------------------------------------------------------- plan
+
+    def plan(self) -> IterationPlan:
+        """Decide the next iteration: running requests first, then admissions in arrival order.
+
+        Admissions happen only when nothing was preempted in this step: a preemption means memory
+        is short, and admitting would just preempt again next step.
+
+        Raises:
+            RuntimeError: the plan breaks the token or sequence budget (a bug, not bad input).
+        """
+        plan = self.new_plan()
+        self.schedule(plan, Budget(tokens=self._config.max_batch_tokens))
+        check_token_budget(plan, self._config.max_batch_tokens)
+        check_sequences(plan, len(self._running), self._config.max_num_seqs)
+        return plan
+
+    def new_plan(self) -> IterationPlan:
+        """An empty plan with the next step id that frees what finished since the last plan."""
+        plan = IterationPlan(step_id=self._next_step_id, freed=self._pending_freed)
+        self._next_step_id += 1
+        self._pending_freed = []
+        return plan
+
+    def schedule(self, plan: IterationPlan, budget: Budget) -> None:
+        """Add inference to `plan` within `budget`: running requests, then admissions (none in a step
+        that preempted)."""
+        preempted = self._schedule_running(plan, budget)
+        if not preempted:
+            self._schedule_waiting(plan, budget)
+
+    def _schedule_running(self, plan: IterationPlan, budget: Budget) -> bool:
+        """Give tokens to running requests in order, preempting from the back when blocks run out.
+
+        This loop runs once per running request per iteration: it reads attributes into locals and
+        builds chunks inline, because planning time is on the critical path of every iteration.
+
+        Returns:
+            Whether any request was preempted.
+        """
+        preempted = False
+        running, chunks = self._running, plan.chunks
+        append_chunk, new_tuple = chunks.append, tuple.__new__  # see ScheduledChunk
+        snapshots, block_size = self._kv.table_snapshots, self._kv.block_size
+        threshold = self._config.long_prefill_threshold
+        tokens = budget.tokens
+        # Preemption removes requests at or after the current one; a list iterator then just ends
+        # earlier, so iterating `running` while it shrinks from the back is safe.
+        for request in running:
+            if tokens <= 0:
+                break
+            start, total = request.num_computed_tokens, request.num_tokens
+            count = total - start
+            if count != 1:  # a decode (1 token) always fits: tokens > 0 and any threshold is >= 1
+                count = clamp_new_tokens(count, tokens, threshold)
+                if count == 0:
+                    continue
+            request_id = request.request_id
+            table = snapshots.get(request_id)  # the blocks it has usually cover a decode
+            if table is None or start + count > len(table) * block_size:
+                table, preempted_now = self._allocate_or_preempt(request, start + count, plan)
+                preempted |= preempted_now
+                if table is None:  # it was the last one; nothing after it to schedule
+                    break
+            chunk = (request_id, start, count, table, start + count == total)
+            append_chunk(new_tuple(ScheduledChunk, chunk))
+            tokens -= count
+        budget.tokens = tokens
+        return preempted
+
+    def _allocate_or_preempt(self, request: Request, end: int,
+                             plan: IterationPlan) -> tuple[tuple[int, ...] | None, bool]:
+        """Grow a running request's blocks to `end` positions: fine-tuning gives blocks back first,
+        then running requests are preempted from the back (always this one or one after it, so no
+        chunk already scheduled loses its blocks).
+
+        Returns:
+            The block table (None when the request itself was preempted), and whether any request
+            was preempted.
+        """
+        preempted = False
+        while (table := self._kv.allocate_table(request.request_id, end)) is None:
+            if self._reclaim_kv(plan):
+                continue
+            victim = self._running[-1]
+            self._preempt(victim, plan)
+            preempted = True
+            if victim is request:
+                return None, preempted
+        return table, preempted
+
+    def _schedule_waiting(self, plan: IterationPlan, budget: Budget) -> None:
+        while budget.tokens > 0 and len(self._running) < self._config.max_num_seqs:
+            request = self._order.next_waiting()
+            # Strict order: nobody overtakes the head. Not idling: with nothing running every adapter
+            # slot is unpinned and any request fits the cache (checked at construction).
+            if request is None or not self._try_admit(request, plan, budget):
+                break
+            self._waiting.remove(request)
+            self._running.append(request)
+            request.status = RequestStatus.RUNNING
+            self._on_admitted(request)
+
+    def _on_admitted(self, request: Request) -> None:
+        """Called once per admission, after the request joined the running batch (for accounting)."""
+        adapter = request.adapter
+        slot = self._adapters.slot_of(adapter.adapter_id) if adapter is not None else None
+        self._running_adapters.admitted(request.request_id, -1 if slot is None else slot)
+        self._order.admitted(request)
+
+    def _try_admit(self, request: Request, plan: IterationPlan, budget: Budget) -> bool:
+        """Reserve blocks and an adapter slot for a waiting request and emit its first chunk.
+
+        Returns False, leaving the request waiting with no blocks and no pin, when the blocks or the
+        adapter slot are not available (matched prefix blocks go back to the cache).
+        """
+        # Checked first because a granted adapter may have evicted another one: it cannot be undone.
+        if request.adapter is not None and not self._adapters.can_acquire(request.adapter):
+            return False
+        request_id = request.request_id
+        token_ids = request.all_token_ids()
+        if self._config.enable_prefix_caching:
+            request.num_computed_tokens = self._kv.match_prefix(request_id, token_ids,
+                                                                prefix_salt(request))
+        count = num_new_tokens(request, budget.tokens, self._config.long_prefill_threshold)
+        while not self._kv.allocate_slots(request_id, request.num_computed_tokens + count):
+            if not self._reclaim_kv(plan):
+                self._kv.free(request_id)  # give back the matched prefix blocks
+                request.num_computed_tokens = 0
+                return False
+        adapter_slot = self._acquire_adapter(request, plan)
+        plan.new_sequences.append(NewSequence(
+            request_id=request_id,
+            token_ids=token_ids,
+            sampling=request.sampling,
+            num_output_tokens=request.num_output_tokens,
+            adapter_slot=adapter_slot,
+        ))
+        self._in_engine.add(request_id)
+        self._emit_chunk(request, count, plan)
+        budget.tokens -= count
+        return True
+
+    def _acquire_adapter(self, request: Request, plan: IterationPlan) -> int:
+        if request.adapter is None:
+            return -1
+        self._pinned.add(request.request_id)
+        return acquire_into(self._adapters, request.adapter, plan)
+
+    def _emit_chunk(self, request: Request, count: int, plan: IterationPlan) -> None:
+        start = request.num_computed_tokens
+        plan.chunks.append(ScheduledChunk(
+            request_id=request.request_id,
+            start=start,
+            num_tokens=count,
+            block_table=self._kv.block_table(request.request_id),
+            sample=start + count == request.num_tokens,
+        ))
+
+    def _preempt(self, request: Request, plan: IterationPlan) -> None:
+        """Drop a running request's K/V and requeue it first; it recomputes from scratch later."""
+        self._running.remove(request)
+        self._release_resources(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self._waiting.appendleft(request)
+        plan.freed.append(request.request_id)
+        self._in_engine.discard(request.request_id)
+
+    # -------------------------------------------------------------------------------- update
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> list[Request]:
+        """Apply what the engine did: advance computed tokens, append samples, finish requests.
+
+        Requests aborted after the plan was made are skipped.
+
+        Returns:
+            The requests that received a token this step (finished ones included), in batch order.
+
+        Raises:
+            ValueError: the result belongs to another step, or lacks a token for a sampled chunk.
+        """
+        if result.step_id != plan.step_id:
+            raise ValueError(f"result of step {result.step_id} applied to plan {plan.step_id}")
+        sampled = {token.request_id: token for token in result.sampled}
+        touched: list[Request] = []
+        for chunk in plan.chunks:
+            request = self._requests.get(chunk.request_id)
+            if request is None:
+                continue
+            request.num_computed_tokens = chunk.start + chunk.num_tokens
+            self._cache_new_full_blocks(request, chunk)
+            if not chunk.sample:
+                continue
+            token = sampled.get(chunk.request_id)
+            if token is None:
+                raise ValueError(f"step {result.step_id}: no sampled token for {chunk.request_id!r}")
+            request.append_output_token(token.token_id)
+            touched.append(request)
+            status = RequestStatus.FINISHED_GRAMMAR_ERROR if token.grammar_error else \
+                check_stop(request, token.token_id, self._config.max_model_len)
+            if status is not None:
+                self._finish(request, status)
+        self._order.sampled(touched)
+        return touched
+
+    def _cache_new_full_blocks(self, request: Request, chunk: ScheduledChunk) -> None:
+        block_size = self._config.block_size
+        end = chunk.start + chunk.num_tokens
+        # Most decode steps complete no block; skip building the token list for them.
+        if not self._config.enable_prefix_caching or end // block_size == chunk.start // block_size:
+            return
+        self._kv.cache_full_blocks(request.request_id, request.all_token_ids(), end,
+                                   prefix_salt(request))
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        if request in self._running:
+            self._running.remove(request)
+        elif request in self._waiting:
+            self._waiting.remove(request)
+        self._release_resources(request)
+        del self._requests[request.request_id]
+        if request.request_id in self._in_engine:
+            self._in_engine.discard(request.request_id)
+            self._pending_freed.append(request.request_id)
+        self._order.finished(request)
+        self._on_finished(request)
+
+    def _release_resources(self, request: Request) -> None:
+        self._kv.free(request.request_id)
+        self._running_adapters.released(request.request_id)
+        if request.request_id in self._pinned:
+            self._pinned.discard(request.request_id)
+            if request.adapter is not None:
+                self._adapters.release(request.adapter.adapter_id)

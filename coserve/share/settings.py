@@ -1,0 +1,130 @@
+"""Settings of the co-serving policies (hybrid token policy and baselines), validated once and frozen."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from coserve.contract import defaults
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.contract.job_spec import MIN_TASKLET_TOKENS
+from coserve.tenancy.vtc import VTCWeights
+
+
+DEFAULT_TPOT_SLO_MS = 100.0
+DEFAULT_TTFT_SLO_MS = 5000.0
+
+
+def _check_positive(name: str, value: float) -> None:
+    # `not value > 0` also rejects NaN.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or math.isinf(value):
+        raise ValueError(f"CoServingConfig.{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CoServingConfig:
+    """Budgets of one co-serving iteration: the inference limits, the SLOs and the fairness weights.
+
+    Raises:
+        ValueError: a setting is out of range (the message names it), including a token budget smaller
+            than one decode batch (`max_batch_tokens < max_num_seqs`).
+    """
+
+    scheduler: SchedulerConfig
+    """Inference limits: max_num_seqs, max_batch_tokens (shared with fine-tuning forward windows), ..."""
+
+    tpot_slo_ms: float = DEFAULT_TPOT_SLO_MS
+    """Time per output token target: an iteration with running decodes must not take longer."""
+
+    ttft_slo_ms: float = DEFAULT_TTFT_SLO_MS
+    """Time to first token target; the TTFT guard acts on waiting requests well before it."""
+
+    safety_margin: float = 0.1
+    """Fraction of `tpot_slo_ms` kept free for the latency model's error (its held-out MAPE)."""
+
+    ttft_guard_fraction: float = 0.5
+    """A request that has waited `ttft_guard_fraction * ttft_slo_ms` is overdue: it is admitted first,
+    whatever the counters say, and fine-tuning takes no new work until it is admitted."""
+
+    max_stall_ms: float | None = None
+    """None (FlexLLM): every iteration with running decodes stays within the TPOT SLO. Set (at least
+    `tpot_slo_ms`): the SLO holds for each request's *mean* time per output token (how TPOT is measured,
+    e.g. by vLLM's benchmarks) and fine-tuning spends the slack: iterations run without fine-tuning,
+    faster than the SLO, until every running request has banked time (at least two SLO-sized
+    iterations), and then one iteration is filled with fine-tuning for what is banked, up to
+    `max_stall_ms`. No gap between two tokens of a request is planned longer (minus the safety
+    margin), and a request in its prefill limits a burst to what keeps its TTFT within the TTFT
+    guard (`ttft_guard_fraction`). Worth it where an iteration's fixed cost is large against the SLO
+    (a CPU): one long iteration pays it once instead of every time."""
+
+    max_backward_token_layers: int = 8192
+    """Backward tasklet work per iteration at most (tokens x layers), whatever the latency allows:
+    bounds the activations a tasklet batch recomputes, and the VTC quantum M of fine-tuning."""
+
+    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY
+    """Liveness floor (`liveness.FinetuneFloor`): after this many plans in a row that gave the
+    runnable fine-tuning jobs nothing (a tight SLO, a full batch, waiting requests), the next plan gives
+    one job a piece of `finetune_floor_tokens`, whatever the SLO. So no setting freezes a job. While
+    inference alone is predicted over the SLO, a floor-fed job's piece grows (`liveness.py`)."""
+
+    finetune_floor_tokens: int = 16
+    """Size of a floor piece (forward tokens, or backward token-layers), and of every piece while the
+    latency model is still warming up. At least a job's smallest backward tasklet (16 tokens), else a
+    backward floor piece could be refused."""
+
+    vtc: VTCWeights = field(default_factory=VTCWeights)
+    """Token costs w_p, w_q, w_r of the virtual token counters."""
+
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    """Tenant -> share under contention; tenants met later get `default_tenant_weight`."""
+
+    default_tenant_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("tpot_slo_ms", "ttft_slo_ms", "ttft_guard_fraction", "default_tenant_weight"):
+            _check_positive(name, getattr(self, name))
+        if not 0.0 <= self.safety_margin < 1.0:
+            raise ValueError(f"CoServingConfig.safety_margin must be in [0, 1), got {self.safety_margin!r}")
+        if self.ttft_guard_fraction > 1.0:
+            raise ValueError("CoServingConfig.ttft_guard_fraction must be in (0, 1], got "
+                             f"{self.ttft_guard_fraction!r}")
+        if self.max_stall_ms is not None:
+            _check_positive("max_stall_ms", self.max_stall_ms)
+            if self.max_stall_ms < self.tpot_slo_ms:
+                raise ValueError(f"CoServingConfig.max_stall_ms={self.max_stall_ms!r} is below "
+                                 f"tpot_slo_ms={self.tpot_slo_ms!r}")
+        if self.finetune_floor_every < 1:
+            raise ValueError("CoServingConfig.finetune_floor_every must be >= 1, got "
+                             f"{self.finetune_floor_every}")
+        if self.finetune_floor_tokens < MIN_TASKLET_TOKENS:
+            raise ValueError(f"CoServingConfig.finetune_floor_tokens must be >= {MIN_TASKLET_TOKENS} (a "
+                             f"job's smallest backward tasklet), got {self.finetune_floor_tokens}")
+        if self.max_backward_token_layers < 1:
+            raise ValueError("CoServingConfig.max_backward_token_layers must be >= 1, got "
+                             f"{self.max_backward_token_layers}")
+        for tenant, weight in self.tenant_weights.items():
+            _check_positive(f"tenant_weights[{tenant!r}]", weight)
+        sched = self.scheduler
+        if sched.max_batch_tokens < sched.max_num_seqs:
+            raise ValueError(f"SchedulerConfig.max_batch_tokens={sched.max_batch_tokens} is smaller than "
+                             f"one decode batch of max_num_seqs={sched.max_num_seqs} tokens")
+
+    @property
+    def iteration_budget_s(self) -> float:
+        """The latency an iteration may be planned up to: the TPOT SLO minus the safety margin."""
+        return self.tpot_slo_ms * (1.0 - self.safety_margin) / 1000.0
+
+    @property
+    def stall_budget_s(self) -> float | None:
+        """The longest a fine-tuning burst is planned (`max_stall_ms` minus the safety margin); None:
+        no bursts."""
+        if self.max_stall_ms is None:
+            return None
+        return self.max_stall_ms * (1.0 - self.safety_margin) / 1000.0
+
+    @property
+    def ttft_guard_s(self) -> float:
+        """Waiting time after which a request is overdue."""
+        return self.ttft_slo_ms * self.ttft_guard_fraction / 1000.0

@@ -1,0 +1,230 @@
+"""The engine of the GPU process: executes one `IterationPlan` per call and reports what it did.
+
+It makes no scheduling decision: which tokens run, which KV blocks they use, which adapter lives in
+which slot, and when state is dropped all come from the plan. What it keeps between iterations is
+the minimum to execute plans: each sequence's token ids (the newest sampled token is the next
+decode's input), its sampling settings, its adapter slot and, for structured output, its grammar
+matcher (`coserve.torch_engine.grammar`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llguidance
+import torch
+
+from coserve.contract.engine import EngineKind, RuntimeLayout
+from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, SampledToken, ScheduledChunk, StepTimings
+from coserve.contract.sampling import SamplingParams
+from coserve.forward.attention import ChunkSpan, attends_row_wise, build_metadata
+from coserve.model.config import ModelConfig, resolve_dtype
+from coserve.contract.engine_config import EngineConfig
+from coserve.torch_engine.grammar import GrammarCompiler
+from coserve.forward.kv_cache import KVCache
+from coserve.forward.lora import LoRABank, LoRASegment
+from coserve.forward.transformer import Transformer
+from coserve.forward.native import load_paged_decode
+from coserve.torch_engine.sampler import RowSampling, Sampler
+from coserve.trainer.runtime import TrainingRuntime, WindowRows
+from coserve.model.weights import load_weights
+
+
+@dataclass(slots=True)
+class _Rows:
+    """One piece of the fused batch: an inference chunk or a fine-tuning forward window."""
+
+    start: int
+    num_tokens: int
+    block_table: Sequence[int]
+    slot: int  # adapter bank slot, -1: the base model
+    token_ids: list[int]
+    chunk: ScheduledChunk | None = None
+    window: WindowRows | None = None
+
+
+@dataclass(slots=True)
+class _Sequence:
+    tokens: list[int]
+    sampling: SamplingParams
+    adapter_slot: int
+    num_outputs: int
+    grammar: llguidance.LLMatcher | None = None  # structured output: advanced with every sampled token
+
+
+class TorchEngine:
+    """Base model + paged KV cache + LoRA bank + sampler, driven by plans: coserve's implementation of
+    the `Engine` protocol (`coserve.contract.engine`)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model_config = ModelConfig.from_pretrained(config.model)
+        self.dtype = resolve_dtype(config.dtype, self.model_config)
+        torch.manual_seed(config.seed)
+        weights = load_weights(Path(config.model), self.model_config, self.dtype, self.device)
+        self.model = Transformer(self.model_config, weights, self.dtype, self.device)
+        max_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                      self.model_config.max_position_embeddings)
+        num_blocks = config.num_kv_blocks or self._blocks_for_memory()
+        cfg = self.model_config
+        self.cache = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads,
+                             cfg.head_dim, self.dtype, self.device)
+        self.bank = LoRABank(cfg, config.max_loras, config.max_lora_rank, self.dtype, self.device)
+        self.sampler = Sampler()
+        native = config.native_kernels and self.device.type == "cpu" and self.dtype == torch.float32
+        self._decode_kernel = load_paged_decode() if native else None
+        self.layout = RuntimeLayout(num_kv_blocks=num_blocks, block_size=config.block_size,
+                                    max_model_len=max_len, vocab_size=cfg.vocab_size,
+                                    num_adapter_slots=config.max_loras,
+                                    max_lora_rank=config.max_lora_rank)
+        self._seqs: dict[str, _Sequence] = {}
+        self.training = TrainingRuntime(self.model, self.cache, self.bank)
+        self.grammars = GrammarCompiler(config.model, cfg.vocab_size, cfg.eos_token_ids)
+
+    def _blocks_for_memory(self) -> int:
+        cfg, c = self.model_config, self.config
+        per_block = KVCache.bytes_per_block(cfg.num_layers, c.block_size, cfg.num_kv_heads,
+                                            cfg.head_dim, self.dtype)
+        if c.kv_cache_memory_gb is not None:
+            budget = c.kv_cache_memory_gb * 2**30
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = c.gpu_memory_utilization * free
+        else:
+            budget = 0.5 * 2**30
+        return max(1, int(budget // per_block))
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+    def step(self, plan: IterationPlan) -> IterationResult:
+        """Execute one plan: adapter changes, frees, one fused forward (inference chunks and
+        fine-tuning forward windows) and sampling, then backward tasklets, optimizer steps, saves."""
+        t0 = time.perf_counter()
+        for slot in plan.adapter_unloads:
+            self.bank.unload(slot)
+        for load in plan.adapter_loads:
+            self.bank.load(load.slot, load.adapter_id, load.path)
+        for request_id in plan.freed:
+            self._seqs.pop(request_id, None)
+        for new in plan.new_sequences:
+            self._seqs[new.request_id] = self._new_sequence(new)
+        result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
+        self.training.apply_control(plan.training, result.training)
+        windows = self.training.window_rows(plan.training)
+        if plan.chunks or windows:
+            self._run(plan.chunks, windows, result, t0)
+        t_backward = time.perf_counter()
+        self.training.run_after_forward(plan.training, result.training)
+        result.timings.backward_s = time.perf_counter() - t_backward
+        result.timings.total_s = time.perf_counter() - t0
+        return result
+
+    def _rows(self, chunks: list[ScheduledChunk], windows: list[WindowRows]) -> list[_Rows]:
+        """Every piece of the fused batch: decodes (and chunks short enough to attend row by row,
+        `attends_row_wise`) first, in one batched decode attention, then grouped by adapter so each
+        adapter's rows are contiguous. Row order is an execution detail; results are keyed by id."""
+        pieces = []
+        for chunk in chunks:
+            seq = self._seqs[chunk.request_id]
+            if chunk.start + chunk.num_tokens > len(seq.tokens):
+                raise RuntimeError(f"plan asks for positions up to {chunk.start + chunk.num_tokens} of "
+                                   f"{chunk.request_id}, which has {len(seq.tokens)} tokens")
+            pieces.append(_Rows(chunk.start, chunk.num_tokens, chunk.block_table, seq.adapter_slot,
+                                seq.tokens[chunk.start: chunk.start + chunk.num_tokens], chunk=chunk))
+        for item in windows:
+            w = item.window
+            pieces.append(_Rows(w.start, w.num_tokens, w.block_table, item.slot, item.token_ids,
+                                window=item))
+        kernel = self._decode_kernel
+        return sorted(pieces,
+                      key=lambda p: (not attends_row_wise(p.start, p.num_tokens, kernel), p.slot))
+
+    def _run(self, chunks: list[ScheduledChunk], windows: list[WindowRows], result: IterationResult,
+             t0: float) -> None:
+        order = self._rows(chunks, windows)
+        spans, token_ids, segments, sample_rows, sampled, placed = [], [], [], [], [], []
+        row = 0
+        for piece in order:
+            spans.append(ChunkSpan(row, piece.start, piece.num_tokens, piece.block_table))
+            token_ids.extend(piece.token_ids)
+            _extend_segments(segments, piece.slot, row, row + piece.num_tokens)
+            if piece.window is not None:
+                placed.append((row, piece.window))
+            row += piece.num_tokens
+            if piece.chunk is not None and piece.chunk.sample:
+                sample_rows.append(row - 1)
+                sampled.append(piece.chunk)
+        meta = build_metadata(spans, self.cache.block_size, self.device, self._decode_kernel)
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+        batch = self.model.make_batch(ids, meta, segments)
+        t1 = time.perf_counter()
+        keep = (lambda i, h: self.training.keep_layer_input(placed, i, h)) if placed else None
+        hidden = self.model.forward(batch, self.cache, self.bank, keep)
+        logits = self.model.logits(hidden[sample_rows]) if sample_rows else None
+        if placed:
+            self.training.record_windows(placed, hidden, result.training)
+        t2 = time.perf_counter()
+        if logits is not None:
+            self._sample(sampled, logits, result)
+        t3 = time.perf_counter()
+        result.timings = StepTimings(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
+
+    def _sample(self, chunks: list[ScheduledChunk], logits: torch.Tensor,
+                result: IterationResult) -> None:
+        seqs = [self._seqs[c.request_id] for c in chunks]
+        rows = [_row_sampling(s) for s in seqs]
+        constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        mask, stuck = None, [False] * len(seqs)
+        if constrained:
+            # CUDA kernels run asynchronously, so on a GPU the CPU can fill the masks while the
+            # forward may still be running (not measured here: this machine has no GPU).
+            fill = self.grammars.fill_masks(constrained, [seqs[i].grammar for i in constrained])
+            mask = fill.mask
+            for i, is_stuck in zip(constrained, fill.stuck):
+                stuck[i] = is_stuck
+        token_ids, logprobs = self.sampler(logits, rows, mask)
+        for chunk, seq, token, lp, is_stuck in zip(chunks, seqs, token_ids, logprobs, stuck):
+            seq.tokens.append(token)
+            seq.num_outputs += 1
+            if seq.grammar is not None and not is_stuck:
+                seq.grammar.consume_token(token)  # allowed by the mask, so it parses
+            result.sampled.append(SampledToken(chunk.request_id, token, lp, grammar_error=is_stuck))
+
+    def _new_sequence(self, new: NewSequence) -> _Sequence:
+        seq = _Sequence(tokens=list(new.token_ids), sampling=new.sampling, adapter_slot=new.adapter_slot,
+                        num_outputs=new.num_output_tokens)
+        spec = new.sampling.structured_output
+        if spec is not None:
+            # After a preemption the outputs so far are in token_ids: replay them into the matcher.
+            outputs = seq.tokens[len(seq.tokens) - seq.num_outputs:] if seq.num_outputs else []
+            seq.grammar = self.grammars.matcher(spec, outputs)
+        return seq
+
+
+def _row_sampling(seq: _Sequence) -> RowSampling:
+    """The sampler's settings for the sequence's next token; its token history only when a penalty
+    needs it (slicing every sequence's tokens each iteration would cost for nothing)."""
+    p = seq.sampling
+    row = RowSampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
+                      output_index=seq.num_outputs, num_logprobs=p.logprobs, logit_bias=p.logit_bias,
+                      repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
+                      presence_penalty=p.presence_penalty, min_p=p.min_p)
+    if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        split = len(seq.tokens) - seq.num_outputs
+        row.prompt_ids, row.output_ids = seq.tokens[:split], seq.tokens[split:]
+    return row
+
+
+def _extend_segments(segments: list[LoRASegment], slot: int, start: int, end: int) -> None:
+    if slot < 0:
+        return
+    if segments and segments[-1].slot == slot and segments[-1].end == start:
+        segments[-1].end = end
+    else:
+        segments.append(LoRASegment(slot, start, end))

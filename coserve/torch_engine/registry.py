@@ -1,0 +1,40 @@
+"""The engine registry: `EngineKind` -> the builder of that backend (`build_engine(config)`).
+
+Each builder imports its backend when called, so choosing coserve's engine never imports vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from coserve.contract.engine_config import EngineConfig
+from coserve.contract.engine import Engine, EngineKind
+
+
+def _native(config: EngineConfig) -> Engine:
+    from coserve.torch_engine.engine import TorchEngine
+
+    return TorchEngine(config)
+
+
+def _vllm(config: EngineConfig) -> Engine:
+    from coserve.vllm.engine import VllmEngine
+
+    return VllmEngine(config)
+
+
+ENGINE_BUILDERS: dict[EngineKind, Callable[[EngineConfig], Engine]] = {
+    EngineKind.NATIVE: _native,
+    EngineKind.VLLM: _vllm,
+}
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    """Build the backend `config.engine` names.
+
+    Raises:
+        VllmUnavailable / VllmLoadError (`coserve.vllm.backend`): the vLLM engine without the
+            supported vLLM, or a model vLLM cannot load.
+        UnsupportedModelError, OSError: the model folder (either backend).
+    """
+    return ENGINE_BUILDERS[config.engine](config)

@@ -1,0 +1,130 @@
+"""`VllmEngine`: vLLM as coserve's engine, with fine-tuning co-served on vLLM's own weights.
+
+It implements the `Engine` protocol (`coserve.contract.engine`), so the scheduler, the policy,
+the job manager, the metrics and the API are the ones of coserve's engine. One `step(plan)`:
+
+1. adapter unloads and loads (a slot now names a vLLM `LoRARequest`; a folder gets a new vLLM LoRA id
+   whenever its weights changed), freed sequences aborted in vLLM, new sequences added to vLLM;
+2. job and sequence control of the fine-tuning work (`TrainingRuntime.apply_control`);
+3. one vLLM step computing exactly the plan's chunks (each request up to the position coserve planned,
+   nothing for the requests it did not schedule): vLLM owns the KV cache, its prefix cache and the
+   sampling; coserve's scheduler decided admission order (VTC), chunk sizes and the fine-tuning share;
+4. the forward windows, with coserve's trainer on zero-copy views of vLLM's weights (their K/V in the
+   sequences' own buffers), then backward tasklets, optimizer steps and saves, as on coserve's engine;
+5. every adapter saved in this step (checkpoint or final) is loaded into vLLM at once, so a fine-tuned
+   model is served by vLLM the moment its job reports it.
+
+Grammars (`response_format`, forced `tool_choice`) are enforced by vLLM's own structured output (its
+`guidance` backend: llguidance, as on coserve's engine), with coserve's grammar text; a sequence whose
+grammar cannot go on ends with `grammar_error` as on coserve's engine. What vLLM does not do as
+coserve's engine does (documented in the README): after a preemption a sequence is re-added with its
+outputs as prompt (its grammar replayed through them), so a seeded request's tokens and the
+frequency/presence penalties (output tokens only) may differ from an uninterrupted run; logprobs
+under a grammar are vLLM's, after the grammar's mask.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from coserve.model.config import ModelConfig
+from coserve.contract.engine_config import EngineConfig
+from coserve.forward.transformer import Transformer
+from coserve.trainer.runtime import TrainingRuntime
+from coserve.vllm.backend import VllmRuntime, VllmSettings
+from coserve.contract.engine import RuntimeLayout
+from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
+
+DEFAULT_CPU_KV_CACHE_GB = 1.0  # vLLM's KV cache on CPU when the config names no size
+
+
+def _is_cpu(device: str) -> bool:
+    return torch.device(device).type == "cpu"
+
+
+class VllmEngine:
+    """coserve's `Engine` over an in-process vLLM engine (module docstring).
+
+    Args:
+        config: the engine settings; `num_kv_blocks` and `block_size` are vLLM's to choose (its
+            `kv_cache_memory_gb` / `gpu_memory_utilization` size the cache).
+
+    Raises:
+        VllmUnavailable: vLLM is missing or of another version (the message names the install command).
+        VllmLoadError: vLLM could not load the model (vLLM's message).
+        UnsupportedModelError: a model family coserve's trainer does not know.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config = ModelConfig.from_pretrained(config.model)
+        kv_gb = config.kv_cache_memory_gb
+        if kv_gb is None and _is_cpu(config.device):
+            kv_gb = DEFAULT_CPU_KV_CACHE_GB
+        self.runtime = VllmRuntime(VllmSettings(
+            model=config.model, dtype=config.dtype, device=config.device, max_num_seqs=config.max_num_seqs,
+            max_batch_tokens=config.max_batch_tokens, max_loras=config.max_loras,
+            max_lora_rank=config.max_lora_rank, max_model_len=config.max_model_len, kv_cache_memory_gb=kv_gb,
+            gpu_memory_utilization=config.gpu_memory_utilization, seed=config.seed))
+        self.dtype: torch.dtype = self.runtime.dtype
+        self.device = torch.device(config.device)
+        self.model = Transformer(self.model_config, self.runtime.weights(self.model_config), self.dtype,
+                                 self.device)
+        self.training = TrainingRuntime(self.model, cache=None, bank=None, max_lora_rank=config.max_lora_rank)
+        self.layout = RuntimeLayout(
+            num_kv_blocks=self.runtime.num_blocks, block_size=self.runtime.block_size,
+            max_model_len=self.runtime.max_model_len, vocab_size=self.model_config.vocab_size,
+            num_adapter_slots=config.max_loras, max_lora_rank=config.max_lora_rank,
+            engine_owns_kv_cache=True)
+        self._slots: dict[int, object] = {}  # bank slot -> vLLM LoRARequest
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences vLLM holds for coserve now."""
+        return self.runtime.num_sequences
+
+    def step(self, plan: IterationPlan) -> IterationResult:
+        """Execute one plan (module docstring: adapters, sequences, one vLLM step, fine-tuning)."""
+        t0 = time.perf_counter()
+        for slot in plan.adapter_unloads:
+            self._slots.pop(slot, None)
+        for load in plan.adapter_loads:
+            self._slots[load.slot] = self.runtime.lora(load.path)
+        self.runtime.abort(plan.freed)
+        for new in plan.new_sequences:
+            lora = None if new.adapter_slot < 0 else self._slots[new.adapter_slot]
+            self.runtime.add(new.request_id, new.token_ids, new.sampling, new.num_output_tokens, lora)
+        result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
+        self.training.apply_control(plan.training, result.training)
+        t1 = time.perf_counter()
+        if plan.chunks:
+            self._infer(plan, result)
+        t2 = time.perf_counter()
+        self.training.run_windows(plan.training, result.training)
+        t3 = time.perf_counter()
+        self.training.run_after_forward(plan.training, result.training)
+        for saved in result.training.saved:
+            self.runtime.lora(saved.path)  # published: vLLM serves it from the next request on
+        t4 = time.perf_counter()
+        result.timings = StepTimings(total_s=t4 - t0, prepare_s=t1 - t0, forward_s=t3 - t1, sample_s=0.0,
+                                     backward_s=t4 - t3)
+        return result
+
+    def _infer(self, plan: IterationPlan, result: IterationResult) -> None:
+        """One vLLM step over the plan's chunks; a token for every chunk that samples, and none other."""
+        for chunk in plan.chunks:
+            if not self.runtime.has(chunk.request_id):
+                raise RuntimeError(f"plan schedules {chunk.request_id}, which vLLM does not hold")
+        sampled = {s.request_id: s for s in self.runtime.run(
+            {c.request_id: c.start + c.num_tokens for c in plan.chunks})}
+        for chunk in (c for c in plan.chunks if c.sample):
+            token = sampled.pop(chunk.request_id, None)
+            if token is None:
+                raise RuntimeError(f"vLLM sampled no token for {chunk.request_id} at position "
+                                   f"{chunk.start + chunk.num_tokens}")
+            result.sampled.append(SampledToken(chunk.request_id, token.token_id, token.logprobs,
+                                               grammar_error=token.grammar_error))
+        if sampled:
+            raise RuntimeError(f"vLLM sampled for requests the plan did not sample: {sorted(sampled)}")
