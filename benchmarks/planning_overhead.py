@@ -62,7 +62,7 @@ def build(num_jobs: int) -> CoServingPolicy:
         spec = FinetuneJobSpec(job_id=f"job{k}", tenant=f"t{k * 11}", adapter_id=100 + k,
                                examples=examples, n_epochs=1000, batch_size=2, seed=k,
                                num_layers=NUM_LAYERS, output_dir=f"/tmp/job{k}")
-        job_host(policy).add_job(FinetuneJob(spec, kv, policy.adapters))
+        job_host(policy).add(FinetuneJob(spec, kv, policy.adapters))
     return policy
 
 

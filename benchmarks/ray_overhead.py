@@ -33,6 +33,12 @@ from coserve.contract.sampling import SamplingParams  # noqa: E402
 from coserve.frontend.messages import ChatSubmission  # noqa: E402
 from coserve.frontend.scheduler_frontend import SchedulerFrontend  # noqa: E402
 from coserve.contract.engine_config import EngineConfig  # noqa: E402
+from coserve.cluster.policy_factory import CoServingPolicyFactory  # noqa: E402
+from coserve.share.latency import ModelFingerprint  # noqa: E402
+from coserve.share.registry import ShareKind  # noqa: E402
+
+# Inference only, as before one engine was a cluster of one (FCFS then, VTC order now: one tenant).
+INFERENCE_ONLY = CoServingPolicyFactory(ModelFingerprint("bench", "cpu", "float32"), share=ShareKind.NONE)
 
 
 def submissions(count: int, max_tokens: int, tag: str) -> list[ChatSubmission]:
@@ -100,7 +106,7 @@ def main() -> None:
     engine_config = EngineConfig(model=args.model, dtype="float32")
     settings = SchedulerSettings(model=args.model, max_num_seqs=args.requests)
 
-    local = LocalScheduler(SchedulerActor(settings), EngineActor(engine_config))
+    local = LocalScheduler(SchedulerActor(settings, INFERENCE_ONLY), EngineActor(engine_config))
     layout = local.engine.layout()
 
     def frontend(client: object) -> SchedulerFrontend:
@@ -124,7 +130,7 @@ def main() -> None:
     ray.init(address="local", include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     engine = ray.remote(EngineActor).options(num_cpus=0).remote(engine_config)
-    scheduler = ray.remote(SchedulerActor).options(num_cpus=0).remote(settings)
+    scheduler = ray.remote(SchedulerActor).options(num_cpus=0).remote(settings, INFERENCE_ONLY)
     ray.get(scheduler.register_engine.remote("engine-0", ray.get(engine.layout.remote())))
     ray.get(engine.start.remote(RayLink(scheduler)))
 

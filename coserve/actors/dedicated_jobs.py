@@ -26,6 +26,7 @@ from coserve.store import JobRecord, MetadataStore
 from coserve.contract.dedicated_run import Command, RunSpec
 from coserve.finetune.dedicated import (TRAINING_KEY, DedicatedSettings, Route, TrainingMode, TrainingRequest,
                                         capacity, route)
+from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 
 RUN_NAMESPACE = "coserve"
@@ -141,11 +142,18 @@ class DedicatedJobs:
 
     # ------------------------------------------------------------------------- control (event loop)
 
-    def start(self, record: JobRecord, spec: FinetuneJobSpec) -> DedicatedJob:
+    def start(self, spec: FinetuneJobSpec) -> DedicatedJob:
         """Queue the job's run (launched by `poll` when its workers are free), or adopt the run still
-        going under its name (a job manager rebuilt after an engine restart); returns the job."""
+        going under its name (a scheduler restarted meanwhile); returns the job.
+
+        Raises:
+            ValueError: the job is not in the store, or not ended here.
+        """
         import ray
 
+        record = self._store.jobs.get(spec.tenant, spec.job_id)
+        if record is None or spec.job_id in self._jobs:
+            raise ValueError(f"job {spec.job_id!r} is not in the store, or runs already")
         workers = TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY)).workers \
             or self._settings.default_workers
         name, handle, run = _run_name(record.id), None, None
@@ -164,7 +172,7 @@ class DedicatedJobs:
                                f"worker(s) of {self._settings.per_worker()}, outside the shared engines")
         return job
 
-    def remove_job(self, job_id: str) -> bool:
+    def cancel(self, job_id: str) -> bool:
         """Cancel: a queued run is dropped now; a launched one stops at its next step boundary (its workers
         end cleanly, giving their resources back). The cancellation event follows."""
         job = self._jobs.get(job_id)
@@ -180,11 +188,11 @@ class DedicatedJobs:
                                          message="the job was cancelled"))
         return True
 
-    def pause_job(self, job_id: str) -> bool:
+    def pause(self, job_id: str) -> bool:
         """Pause at the next step boundary; the workers wait there (they keep their resources)."""
         return self._command(job_id, Command.PAUSE, paused=True)
 
-    def resume_job(self, job_id: str) -> bool:
+    def resume(self, job_id: str) -> bool:
         return self._command(job_id, Command.RUN, paused=False)
 
     def _command(self, job_id: str, command: Command, paused: bool) -> bool:
@@ -196,10 +204,19 @@ class DedicatedJobs:
             job.handle.command.remote(int(command))
         return True
 
-    def pop_job_events(self) -> list[JobEvent]:
+    def get(self, job_id: str) -> DedicatedJob | None:
+        return self._jobs.get(job_id)
+
+    def plan_step(self, job_id: str) -> int:
+        return -1  # its run is on no engine
+
+    def pop_events(self) -> list[JobEvent]:
         with self._lock:
             events, self._events = self._events, []
         return events
+
+    def pop_notices(self) -> list[JobNotice]:
+        return []  # what a run does is written as the job's events at once
 
     def pop_lost(self) -> list[str]:
         """The jobs whose run's actor died since the last call (their event says so): the job manager
@@ -208,9 +225,10 @@ class DedicatedJobs:
             lost, self._lost = self._lost, []
         return lost
 
-    def held_back(self) -> dict[str, str]:
-        """Why each dedicated job is not moving, for the watchdog."""
-        return {job_id: job.held_back() for job_id, job in list(self._jobs.items())}
+    def held_back(self, job_id: str) -> str | None:
+        """Why the job is not moving (waiting for workers, or where its run is), for the watchdog."""
+        job = self._jobs.get(job_id)
+        return None if job is None else job.held_back()
 
     # ------------------------------------------------------------------------- polling (any thread)
 

@@ -20,18 +20,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from coserve.actors.dedicated_jobs import DedicatedJob, DedicatedJobs, is_dedicated
+from coserve.actors.dedicated_jobs import DedicatedJobs, is_dedicated
 from coserve.actors.job_failures import failure
 from coserve.actors.job_preparation import FineTuningSettings, JobPreparation
-from coserve.actors.job_runner import JobRunner
 from coserve.actors.job_resume import resume_spec
 from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import JobWatchdog
+from coserve.contract.data_position import DataPosition
+from coserve.contract.job_runner import JobRunner, RunningJob
+from coserve.contract.job_spec import JobEvent, JobEventKind
+from coserve.frontend.job_prep import PreparedJob
 from coserve.store import MetadataStore
 from coserve.store.records import JobRecord, JobStatus
-from coserve.frontend.job_prep import PreparedJob
-from coserve.contract.data_position import DataPosition
-from coserve.finetune.job import FinetuneJob, JobEvent, JobEventKind
 from coserve.tenancy.quotas import TenantLimits
 from coserve.tenancy.storage_quota import QUOTA_CODES
 
@@ -60,12 +60,13 @@ class Intent:
 @dataclass(slots=True)
 class _Running:
     record: JobRecord
-    job: FinetuneJob | DedicatedJob | None  # its latest object (a moved job gets a new one); None: waiting
+    runner: JobRunner  # where it runs: the engines (co-served), or a Ray Train run of its own
+    job: RunningJob | None  # its latest object (a moved job gets a new one); None: waiting
     started_at: float
     last_loss: float | None = None
 
 
-def open_job_manager(settings: FineTuningSettings, host: JobRunner, tokenizer: Any,
+def open_job_manager(settings: FineTuningSettings, coserved: JobRunner, tokenizer: Any,
                      limits: Mapping[str, TenantLimits] | None,
                      on_trained: Callable[[str, int, str], None] | None = None) -> JobManager:
     """A job manager over the metadata store in `settings.data_dir`, with its own tokenizer (the engine's,
@@ -74,7 +75,7 @@ def open_job_manager(settings: FineTuningSettings, host: JobRunner, tokenizer: A
     store = MetadataStore(settings.data_dir)
     dedicated = None if settings.dedicated is None else DedicatedJobs(
         settings.dedicated, store, settings.base_model_path, settings.data_dir)
-    return JobManager(store, host, tokenizer, settings, limits, on_trained=on_trained, dedicated=dedicated)
+    return JobManager(store, coserved, tokenizer, settings, limits, on_trained=on_trained, dedicated=dedicated)
 
 
 def model_id(settings: FineTuningSettings, record: JobRecord) -> str:
@@ -85,12 +86,12 @@ def model_id(settings: FineTuningSettings, record: JobRecord) -> str:
 class JobManager:
     """Keeps the policy's jobs in line with the store; see the module docstring."""
 
-    def __init__(self, store: MetadataStore, host: JobRunner, tokenizer: Any,
+    def __init__(self, store: MetadataStore, coserved: JobRunner, tokenizer: Any,
                  settings: FineTuningSettings, limits: Mapping[str, TenantLimits] | None = None,
                  clock: Callable[[], float] = time.time,
                  on_trained: Callable[[str, int, str], None] | None = None,
                  dedicated: DedicatedJobs | None = None) -> None:
-        self._store, self._host, self._tokenizer = store, host, tokenizer
+        self._store, self._coserved, self._tokenizer = store, coserved, tokenizer
         self._settings, self._limits, self._clock = settings, dict(limits or {}), clock
         self._on_trained = on_trained  # (tenant, trained tokens of a completed step, engine), for metrics
         self._running: dict[str, _Running] = {}  # touched on the event loop only
@@ -137,27 +138,26 @@ class JobManager:
         return intents
 
     def apply(self, intents: list[Intent]) -> None:
-        """Hand the collected intents to the policy. On the scheduler's event loop only."""
+        """Hand the collected intents to the runners. On the scheduler's event loop only."""
         for intent in intents:
             running = self._running.get(intent.job_id)
             if intent.cancel_id is not None:
                 if running is not None:
-                    self._runner(intent.job_id).remove_job(intent.job_id)  # it reports the cancellation
+                    running.runner.cancel(intent.job_id)  # it reports the cancellation
             elif intent.prepared is not None:
                 if running is None:
                     self._start(intent.record, intent.prepared)
             elif running is None:
                 continue  # it ended meanwhile
             elif intent.record.status == JobStatus.PAUSED and running.record.status != JobStatus.PAUSED:
-                self._runner(intent.job_id).pause_job(intent.job_id)
+                running.runner.pause(intent.job_id)
                 running.record = intent.record
             elif intent.record.status == JobStatus.QUEUED:  # resumed
-                self._runner(intent.job_id).resume_job(intent.job_id)
+                running.runner.resume(intent.job_id)
                 running.record = self._store.jobs.update(intent.job_id, status=JobStatus.RUNNING)
 
-    def _runner(self, job_id: str) -> JobRunner | DedicatedJobs:
-        """Where job `job_id` runs: its own Ray Train run, or the shared engine's policy."""
-        return self._dedicated if self._dedicated is not None and job_id in self._dedicated else self._host
+    def _runners(self) -> list[JobRunner]:
+        return [self._coserved] + ([] if self._dedicated is None else [self._dedicated])
 
     def _validate(self, record: JobRecord) -> None:
         """Tokenize the training file and resolve "auto": queued, or failed with the reason."""
@@ -184,14 +184,13 @@ class JobManager:
         return [Intent(record, prepared)]
 
     def _start(self, record: JobRecord, prepared: PreparedJob) -> None:
-        """Hand a job to the policy (on the event loop)."""
-        if self._dedicated is not None and is_dedicated(record):
-            job: FinetuneJob | DedicatedJob | None = self._dedicated.start(record, prepared.spec)
-        else:
-            self._host.start_job(prepared.spec)
-            job = self._host.get_job(record.id)  # None: it waits for an engine (a notice says why)
+        """Hand a job to its runner (on the event loop)."""
+        dedicated = self._dedicated is not None and is_dedicated(record)
+        runner: JobRunner = self._dedicated if dedicated else self._coserved  # type: ignore[assignment]
+        runner.start(prepared.spec)
+        job = runner.get(record.id)  # None: it waits for an engine (a notice says why)
         record = self._store.jobs.update(record.id, status=JobStatus.RUNNING)
-        self._running[record.id] = _Running(record, job, self._clock())
+        self._running[record.id] = _Running(record, runner, job, self._clock())
         resumed = prepared.spec.resume_from is not None
         self._store.events.add(record.id, "Resumed from the last checkpoint" if resumed
                                else "Fine-tuning job started")
@@ -236,9 +235,9 @@ class JobManager:
             running.job = self._current(job_id, running)
         progress = {job_id: r.job.last_planned_step for job_id, r in self._running.items()
                     if r.job is not None and r.job.runnable}
-        reasons = {job_id: why for job_id in progress if (why := self._host.held_back(job_id)) is not None}
-        reasons.update(self._dedicated.held_back() if self._dedicated is not None else {})
-        steps = {job_id: self._host.plan_step(job_id) for job_id in progress}
+        reasons = {job_id: why for job_id in progress
+                   if (why := self._running[job_id].runner.held_back(job_id)) is not None}
+        steps = {job_id: self._running[job_id].runner.plan_step(job_id) for job_id in progress}
         for notice in self.watchdog.check(progress, None, reasons, steps):
             if notice.stalled:
                 logger.warning("fine-tuning job %s: %s", notice.job_id, notice.message)
@@ -250,27 +249,26 @@ class JobManager:
         """Write the jobs' events (steps, checkpoints, success, failure) into the store; `engine_id`: the
         engine whose step the co-served events come from (trained tokens are counted on it; a dedicated
         run's on `DEDICATED_ENGINE_LABEL`)."""
-        for notice in self._host.pop_notices():  # placed on an engine, waiting for one, moved
-            if notice.job_id in self._running:
-                self._store.events.add(notice.job_id, notice.message[:1].upper() + notice.message[1:])
-        dedicated = self._dedicated.pop_job_events() if self._dedicated is not None else []
-        for event in self._host.pop_job_events() + dedicated:
-            running = self._running.get(event.job_id)
-            if running is None:
-                continue
-            running.job = self._current(event.job_id, running)
-            if event.kind is JobEventKind.STEP:
-                dedicated_run = self._dedicated is not None and event.job_id in self._dedicated
-                self._on_step(running, event, DEDICATED_ENGINE_LABEL if dedicated_run else engine_id)
-            else:
-                _HANDLERS[event.kind](self, running, event)
+        for runner in self._runners():
+            for notice in runner.pop_notices():  # placed on an engine, waiting for one, moved
+                if notice.job_id in self._running:
+                    self._store.events.add(notice.job_id, notice.message[:1].upper() + notice.message[1:])
+        for runner in self._runners():
+            for event in runner.pop_events():
+                running = self._running.get(event.job_id)
+                if running is None:
+                    continue
+                running.job = self._current(event.job_id, running)
+                if event.kind is JobEventKind.STEP:
+                    dedicated = running.runner is self._dedicated
+                    self._on_step(running, event, DEDICATED_ENGINE_LABEL if dedicated else engine_id)
+                else:
+                    _HANDLERS[event.kind](self, running, event)
 
-    def _current(self, job_id: str, running: _Running) -> FinetuneJob | DedicatedJob | None:
+    def _current(self, job_id: str, running: _Running) -> RunningJob | None:
         """The job's latest object: a co-served job moved to another engine is a new one; an ended job
         keeps its last (its end's event still reads it)."""
-        if self._dedicated is not None and job_id in self._dedicated:
-            return running.job
-        return self._host.get_job(job_id) or running.job
+        return running.runner.get(job_id) or running.job
 
     def _on_step(self, running: _Running, event: JobEvent, engine_id: str | None) -> None:
         running.last_loss = event.loss
@@ -298,7 +296,7 @@ class JobManager:
         if refusal is None:
             return True
         del self._running[running.record.id]
-        self._runner(running.record.id).remove_job(running.record.id)
+        running.runner.cancel(running.record.id)
         self._fail(running.record, QUOTA_CODES[refusal.limit], f"the adapter saved at step {event.step} "
                    f"was not kept: {refusal.reason}. Delete files or fine-tuned models to free space")
         return False

@@ -2,13 +2,12 @@
 
 It composes three parts, each a class of its own with its own tests: admission (`AdmissionControl`:
 request keys, the tenants' quotas, adapter ids), the token streams the gateways read (`StreamHub`),
-and the engines' decisions (`EngineSet`: one engine's policy and `EngineCore`, or N engines under a
-`ClusterScheduler`, each with its plan in flight; `engine_set.py`, `engine_cluster.py`). Around them:
-the fine-tuning job manager and the metrics. It sees token ids only: the
-gateway's `SchedulerFrontend` renders and encodes prompts, decodes outputs and watches stop strings
-(`stop` ends a choice whose text reached one). On Ray it also supervises each engine actor
-(`supervise`): a crashed engine's work is ended or moved (`engine_lost`: `EngineLoss`), and the engine
-Ray restarts is registered again. Its process imports no torch.
+and the engines' decisions (a `ClusterScheduler`: one policy and `EngineCore` per engine, each with
+its plan in flight; one engine is a cluster of one). Around them: the fine-tuning job manager and the
+metrics. It sees token ids only: the gateway's `SchedulerFrontend` renders and encodes prompts,
+decodes outputs and watches stop strings (`stop` ends a choice whose text reached one). On Ray it also
+supervises each engine actor (`supervise`): a crashed engine's work is ended or moved (`engine_lost`),
+and the engine Ray restarts is registered again. Its process imports no torch.
 
 A plain class: `ray.remote(SchedulerActor)` makes it an async Ray actor in cluster mode; with `--local`
 it lives in the gateway's process and its coroutines run on the gateway's event loop. Either way every
@@ -16,8 +15,8 @@ method runs on one event loop thread, so no state here needs a lock. Engines tal
 `exchange(engine_id, result) -> next plan` (one round trip per iteration), the two halves of the
 iteration loop `EngineCore` (`apply` the result, `next_plan`).
 
-The policy sits behind `PolicyFactory` (`coserve.cluster.policy_factory`): anything with the
-`InferencePolicy` surface plugs in; fine-tuning jobs run when its `jobs` is a `JobHost` (not None) and
+Each engine's policy is built by a `PolicyFactory` (`coserve.cluster.policy_factory`) over the
+cluster's shared counters; fine-tuning jobs run when the policies run jobs (`jobs` is a `JobHost`) and
 the server has a data dir.
 """
 
@@ -31,10 +30,8 @@ from pathlib import Path
 
 from coserve.actors.admission import AdmissionControl
 from coserve.actors.data_dir_lock import DataDirLock
-from coserve.actors.engine_cluster import ClusterEngines
-from coserve.actors.engine_set import Budgets, EngineSet, SingleEngine
 from coserve.actors.job_manager import FineTuningSettings, JobManager, open_job_manager
-from coserve.actors.metrics import SchedulerMetrics
+from coserve.actors.metrics import QueueState, SchedulerMetrics
 from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
@@ -43,8 +40,9 @@ from coserve.contract.messages import Admission, Rejection, TokenBatch, TokenSub
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.frontend.tokenizer import Tokenizer
 from coserve.model.config import ModelConfig
+from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.cluster.engine_core import Step, StepFailed
-from coserve.cluster.policy_factory import EngineLayout, PolicyFactory, fcfs_policy
+from coserve.cluster.policy_factory import EngineLayout, PolicyFactory
 from coserve.inference.request import RequestStatus, expand_request
 
 logger = logging.getLogger(__name__)
@@ -63,7 +61,7 @@ class SchedulerActor:
 
     Args:
         settings: see `SchedulerSettings`.
-        policy_factory: builds the policy once the engine's layout is known.
+        policy_factory: builds each engine's policy once its layout is known.
         data_lock: the data dir's lock, when this process took it already (`--local`); None: with a
             `settings.data_dir` it is taken here, waiting up to `DATA_DIR_HANDOVER_S` for a previous
             scheduler's process to end. It is released by `release_data_dir` (or when the process ends).
@@ -72,7 +70,7 @@ class SchedulerActor:
         DataDirLocked: another server holds `settings.data_dir` (before any job is touched).
     """
 
-    def __init__(self, settings: SchedulerSettings, policy_factory: PolicyFactory = fcfs_policy,
+    def __init__(self, settings: SchedulerSettings, policy_factory: PolicyFactory,
                  data_lock: DataDirLock | None = None) -> None:
         if data_lock is None and settings.data_dir is not None:
             data_lock = DataDirLock.acquire(settings.data_dir, wait_s=DATA_DIR_HANDOVER_S)
@@ -82,10 +80,7 @@ class SchedulerActor:
         self._num_layers = ModelConfig.from_pretrained(settings.model).num_layers
         self._admission = AdmissionControl(settings.tenant_limits)
         self.metrics = SchedulerMetrics(settings.slo)
-        budgets = Budgets(settings.max_num_seqs, settings.max_batch_tokens, settings.enable_prefix_caching)
-        # The engines' decisions: one engine's policy, or several under one ClusterScheduler.
-        self._engines: EngineSet = (SingleEngine(budgets, policy_factory) if settings.engines == 1
-                                    else ClusterEngines(budgets, policy_factory))
+        self._cluster = ClusterScheduler(tenant_weights=policy_factory.tenant_weights)
         self._served_by: dict[str, str] = {}  # child request id -> the engine that produced its tokens
         self._streams = StreamHub()
         self._owner: dict[str, tuple[SubmissionState, int]] = {}  # child request id -> (submission, index)
@@ -99,59 +94,54 @@ class SchedulerActor:
     # --------------------------------------------------------------------------- engines
 
     def register_engine(self, engine_id: str, layout: EngineLayout) -> None:
-        """Add an engine: its policy over its layout (`EngineSet.add`), and the job manager with the
-        first engine.
-
-        One engine registered again after `engine_lost` (Ray restarted it) gets a fresh policy and job
-        manager: the jobs resume from their last checkpoints, as after a server restart. One of several
-        engines simply joins again (its jobs moved to the others meanwhile).
+        """Add an engine, new or back after `engine_lost` (Ray restarted it): its policy over its layout;
+        requests held for an engine and jobs waiting for one are placed on it. The first engine whose
+        policy runs jobs opens the job manager.
 
         Raises:
-            ValueError: an id already registered, or a second engine of a one-engine scheduler; an
-                engine without a tokenizer when fine-tuning jobs run (they read training files with it).
+            ValueError: an id already registered; an engine without a tokenizer when fine-tuning jobs
+                run (they read training files with it).
         """
-        if engine_id in self._engines.ids:
+        if engine_id in self._cluster.engines:
             raise ValueError(f"engine {engine_id!r} is already registered")
         if self._settings.data_dir is not None and layout.tokenizer is None:
             raise ValueError(f"engine {engine_id!r} reported no tokenizer: training files cannot be read")
-        self._engines.add(engine_id, layout)
+        config = self._settings.scheduler_config(layout)
+        member = self._cluster.add_engine(engine_id, lambda shared: self._policy_factory(config, layout, shared))
         self._generations.setdefault(engine_id, 0)
-        jobs = self._engines.jobs
-        if self._settings.data_dir is not None and jobs is not None and self._jobs is None:
+        if self._settings.data_dir is not None and member.policy.jobs is not None and self._jobs is None:
             settings = FineTuningSettings(
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
                 data_dir=Path(self._settings.data_dir), num_layers=self._num_layers,
                 max_model_len=layout.max_model_len, dedicated=self._settings.dedicated)
-            self._jobs = open_job_manager(settings, jobs, Tokenizer.from_spec(layout.tokenizer),
+            self._jobs = open_job_manager(settings, self._cluster.jobs, Tokenizer.from_spec(layout.tokenizer),
                                           self._settings.tenant_limits, self._count_finetune)
         self._work.set()  # held requests or waiting jobs may have been placed on it
 
     def engine_lost(self, engine_id: str, reason: str) -> None:
         """The engine died or its loop stopped; any call of its loop still waiting in `exchange` ends.
 
-        One engine: every live stream ends with an error that says so, the policy and the in-memory
-        jobs go (the store keeps them running, with their checkpoints), and new requests are a 503 until
-        the engine is back. One of several: its requests without a token start over on the others,
-        the streams of the others end with an error, and its jobs resume on another engine from their
-        last checkpoint (`EngineLoss`)."""
-        if engine_id not in self._engines.ids:
+        Its requests without a token start over on the other engines, the others' streams end with an
+        error that says so, and its jobs resume on another engine from their last checkpoint
+        (`ClusterScheduler.engine_lost`). With no engine left, every live stream ends (new requests are
+        a 503 until an engine is back), and the jobs wait for the next engine, with an event saying so.
+        """
+        if engine_id not in self._cluster.engines:
             return
         logger.error("engine %s lost: %s", engine_id, reason)
         self._generations[engine_id] += 1
         message = (f"The engine stopped before this request finished ({reason}); it is being restarted. "
                    "Retry the request.")
-        loss = self._engines.lose(engine_id)
-        if loss.stranded is None:
-            self._fail_live(message)
-        else:
-            self._fail_requests((r.request_id for r in loss.stranded), message)
-            logger.warning("engine %s lost: %d request(s) re-routed, %d held, %d ended", engine_id,
-                           len(loss.rerouted), len(loss.held), len(loss.stranded))
-        if loss.jobs_lost:
-            if self._job_task is not None:
-                self._job_task.cancel()
-            self._job_task, self._jobs = None, None
-        elif self._jobs is not None:
+        failover = self._cluster.engine_lost(engine_id)
+        ended = list(failover.stranded)
+        if not self._cluster.engines:  # nothing left to serve the re-routable ones either
+            ended += self._cluster.release_held()
+        for request in ended:
+            request.status = RequestStatus.FINISHED_ABORTED
+        self._fail_requests((r.request_id for r in ended), message)
+        logger.warning("engine %s lost: %d request(s) re-routed, %d held, %d ended", engine_id,
+                       len(failover.rerouted), self._cluster.num_held, len(ended))
+        if self._jobs is not None:
             self._jobs.record_events()  # where each job went (placed elsewhere, or waiting and why)
         self._work.set()
 
@@ -173,7 +163,7 @@ class SchedulerActor:
             self._job_task = loop.create_task(self._jobs.run(self._work.set, lambda: self._closed))
 
     def engines(self) -> list[str]:
-        return list(self._engines.ids)
+        return list(self._cluster.engines)
 
     async def exchange(self, engine_id: str,
                        result: IterationResult | EngineFailure | None) -> IterationPlan | None:
@@ -183,18 +173,18 @@ class SchedulerActor:
         Returns:
             The next plan, or None when the scheduler is shut down (the engine loop ends).
         """
-        if engine_id not in self._engines.ids:
+        if engine_id not in self._cluster.engines:
             raise ValueError(f"unknown engine {engine_id!r}")
         if result is not None:
             self._apply(engine_id, result)
-            if len(self._engines.ids) > 1:
+            if len(self._cluster.engines) > 1:
                 self._work.set()  # the others may take work this step left waiting (late binding)
         self._start_job_loop()
         idle_s = 0.0
         generation = self._generations[engine_id]
         while not self._closed and generation == self._generations[engine_id]:
-            if self._engines.has_work(engine_id):
-                plan = self._engines.next_plan(engine_id)
+            if self._cluster.has_work(engine_id):
+                plan = self._cluster.next_plan(engine_id)
                 if plan is not None:
                     return plan
                 # Work that cannot run yet (no free blocks): back off, up to EMPTY_PLAN_WAIT_S, unless
@@ -215,7 +205,7 @@ class SchedulerActor:
     async def submit(self, sub: TokenSubmission) -> Admission:
         """Admit the submission (`AdmissionControl`: its key, the tenant's quota), then queue its `n`
         children (each routed to an engine)."""
-        if not self._engines.ids or self._closed:
+        if not self._cluster.engines or self._closed:
             return Admission(rejection=Rejection(503, "The server is not ready to serve requests.",
                                                  type="server_error"))
         charge = self._admission.admit(sub, key_in_use=self._streams.get(sub.request_id) is not None)
@@ -240,7 +230,7 @@ class SchedulerActor:
         if state is None or state.done or not 0 <= index < len(state.children):
             return False
         child = state.children[index]
-        if child.is_finished or not self._engines.abort(child.request_id, RequestStatus.FINISHED_STOPPED):
+        if child.is_finished or not self._cluster.abort(child.request_id, RequestStatus.FINISHED_STOPPED):
             return False
         state.emit()
         if state.all_finished():
@@ -271,7 +261,7 @@ class SchedulerActor:
     async def metrics_text(self) -> str:
         """Prometheus text of the scheduler's metrics."""
         self.metrics.finetune_stalled.set(self._jobs.watchdog.stalled if self._jobs is not None else 0)
-        return self.metrics.render(self._engines.queue_states())
+        return self.metrics.render(self._queue_states())
 
     async def shutdown(self) -> None:
         """Fail what is in flight, then end the engines' loops (their next exchange returns None)."""
@@ -311,12 +301,12 @@ class SchedulerActor:
         engines: list[str] = []
         try:
             for index, child in enumerate(state.children):
-                engines.append(self._engines.submit(child))
+                engines.append(self._cluster.submit(child))
                 added.append(child.request_id)
                 self._owner[child.request_id] = (state, index)
         except ValueError:
             for child_id in added:
-                self._engines.abort(child_id)
+                self._cluster.abort(child_id)
                 self._owner.pop(child_id, None)
             self._admission.refund(state.tenant, state.estimate)
             raise
@@ -327,9 +317,9 @@ class SchedulerActor:
     def _apply(self, engine_id: str, result: IterationResult | EngineFailure) -> None:
         """The engine's answer to the plan in flight, then the outputs. A failed step fails the plan's
         requests; so does a bug here, and the engine loop goes on."""
-        plan = self._engines.in_flight(engine_id)
+        plan = self._cluster.in_flight(engine_id)
         try:
-            self._emit(engine_id, self._engines.apply(engine_id, result))
+            self._emit(engine_id, self._cluster.apply(engine_id, result))
         except StepFailed as failed:
             self._fail_plan(failed.plan, failed.message)
         except Exception as error:  # noqa: BLE001 - a bug here must not stop the engine loop
@@ -369,7 +359,17 @@ class SchedulerActor:
     def _finish_all(self, state: SubmissionState, status: RequestStatus) -> None:
         for child in state.children:
             if not child.is_finished:
-                self._engines.abort(child.request_id, status)
+                self._cluster.abort(child.request_id, status)
+
+    def _queue_states(self) -> dict[str, QueueState]:
+        states = {}
+        for engine_id in self._cluster.engines:
+            policy = self._cluster.member(engine_id).policy
+            kv = policy.kv
+            states[engine_id] = QueueState(waiting=policy.num_waiting, running=policy.num_running,
+                                           kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
+                                           kv_blocks_total=kv.num_blocks)
+        return states
 
     def _finalize(self, state: SubmissionState, outcome: str | None) -> None:
         """Close a submission: usage, metrics, quota refund, the stream's last batch."""

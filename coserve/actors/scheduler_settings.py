@@ -6,8 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from coserve.actors.metrics import Slo
+from coserve.cluster.policy_factory import EngineLayout
 from coserve.contract import defaults
 from coserve.finetune.dedicated import DedicatedSettings
+from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.tenancy.quotas import TenantLimits
 
 
@@ -32,4 +34,10 @@ class SchedulerSettings:
     data_dir: str | None = None  # the metadata store's folder: fine-tuning jobs run when it is set
     base_model_id: str = ""  # the base model's public id (fine-tuned ids start `ft:{base}:`)
     dedicated: DedicatedSettings | None = None  # fine-tuning on Ray Train runs of their own (None: no Ray)
-    engines: int = 1  # engines it drives: 1, one policy; more, a ClusterScheduler (`EngineSet`)
+
+    def scheduler_config(self, layout: EngineLayout) -> SchedulerConfig:
+        """An engine policy's config over that engine's layout (an engine that keeps its own KV cache,
+        vLLM, has its own prefix cache)."""
+        return SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=self.max_num_seqs,
+                               max_batch_tokens=self.max_batch_tokens, block_size=layout.block_size,
+                               enable_prefix_caching=self.enable_prefix_caching and not layout.engine_owns_kv_cache)

@@ -245,7 +245,7 @@ def drive(policy: CoServingPolicy, executor: StepExecutor, clock: Clock, trace: 
     lane = EngineLane(policy, executor, clock, vocab_size=vocab_size, t0=clock.now(),
                       on_iteration=on_iteration)
     if job is not None:
-        job_host(policy).add_job(job)
+        job_host(policy).add(job)
     next_arrival = 0
     while True:
         now = lane.now()
@@ -285,7 +285,7 @@ def finish_run(policy: CoServingPolicy, executor: StepExecutor, request_ids: Seq
     for request_id in request_ids:
         policy.abort(request_id)  # False (a no-op) for finished ones
     if job_id is not None:
-        job_host(policy).remove_job(job_id)
+        job_host(policy).cancel(job_id)
     core = EngineCore(policy)
     for _ in range(max_plans):
         if not core.has_work():

@@ -206,6 +206,14 @@ class ClusterScheduler:
             return self._members[engine].requests.get(request_id)
         return self._held.get(request_id)
 
+    def release_held(self) -> list[Request]:
+        """Give up the requests held for an engine to join (the caller ends them): what a server does when
+        its last engine is lost, rather than keep its clients waiting on a restart."""
+        held, self._held = list(self._held.values()), {}
+        for request in held:
+            self.shared.input_charged.discard(request.request_id)
+        return held
+
     def engine_of(self, request_id: str) -> str | None:
         """The engine an unfinished request is on; None when held (no engine) or unknown."""
         return self._owner.get(request_id)

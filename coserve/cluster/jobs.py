@@ -1,7 +1,7 @@
 """`ClusterJobs`: the fine-tuning jobs of every engine, as those who submit and control them see them.
 
-The job side of a `ClusterScheduler`, in the shape of `JobHost` (start, cancel, pause, resume, events)
-for many engines:
+The job side of a `ClusterScheduler`, a `JobRunner` (`contract.job_runner`: start, cancel, pause,
+resume, events) over its engines, one or many:
 
 * `start(spec)` places the job on one engine (`job_placement`: memory, adapter slots, least
   fine-tuning there) and builds its `FinetuneJob` on that engine's KV blocks and slots; with no engine
@@ -19,29 +19,20 @@ A job keeps its id across a move; its `FinetuneJob` object does not (ask `get` f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from coserve.cluster.adapter_catalog import AdapterCatalog
 from coserve.cluster.member import EngineMember
 from coserve.cluster.engine_core import Step
 from coserve.cluster.failover import JobMove
-from coserve.finetune.job import FinetuneJob
+from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
+from coserve.finetune.job import FinetuneJob
 from coserve.finetune.job_checkpoints import JobCheckpoints
 from coserve.finetune.host import JobHost
 from coserve.cluster.job_placement import Placement, place_job
 from coserve.tenancy.vtc import VirtualTokenCounter
 
 _ENDS = (JobEventKind.SUCCEEDED, JobEventKind.FAILED, JobEventKind.CANCELLED)
-
-
-@dataclass(frozen=True, slots=True)
-class JobNotice:
-    """Something the cluster did with a job that its own events do not say (placed, waiting, moved)."""
-
-    job_id: str
-    engine_id: str | None
-    message: str
 
 
 class ClusterJobs:
@@ -90,7 +81,7 @@ class ClusterJobs:
             self._events.append(JobEvent(job_id, JobEventKind.CANCELLED, 0, message="the job was cancelled"))
             return True
         host = self._host(job_id)
-        if host is None or not host.remove_job(job_id):
+        if host is None or not host.cancel(job_id):
             return False
         self._cancelled.add(job_id)
         return True
@@ -102,7 +93,7 @@ class ClusterJobs:
         self._paused.add(job_id)
         host = self._host(job_id)
         if host is not None:
-            host.pause_job(job_id)
+            host.pause(job_id)
         return True
 
     def resume(self, job_id: str) -> bool:
@@ -111,7 +102,7 @@ class ClusterJobs:
         self._paused.discard(job_id)
         host = self._host(job_id)
         if host is not None:
-            host.resume_job(job_id)
+            host.resume(job_id)
         return True
 
     def _host(self, job_id: str) -> JobHost | None:
@@ -170,7 +161,7 @@ class ClusterJobs:
             return
         self.checkpoints.observe(step.plan, step.result, self._specs)
         ended = False
-        for event in host.pop_job_events():
+        for event in host.pop_events():
             self._events.append(event)
             if event.path is not None and event.kind in (JobEventKind.CHECKPOINT, JobEventKind.SUCCEEDED):
                 self._catalog.publish(event.job_id, event.path, event.step,
@@ -221,13 +212,11 @@ class ClusterJobs:
             return None
         self._waiting.pop(job_id, None)
         member = self._members[answer.engine_id]
-        host = member.policy.jobs
-        assert host is not None
         self._vtc.ensure_tenant(spec.tenant, self._default_weight)
-        member.add_job(FinetuneJob(spec, host.kv, host.adapters), self._vtc.weight(spec.tenant))
+        member.start_job(spec, self._vtc.weight(spec.tenant))
         self._engine[job_id] = answer.engine_id
         if job_id in self._paused:
-            host.pause_job(job_id)
+            member.policy.jobs.pause(job_id)
         where = "resumed from " + spec.resume_from if spec.resume_from else "started"
         moved = f" (its engine {moved_from} was lost)" if moved_from else ""
         self._notices.append(JobNotice(job_id, answer.engine_id,

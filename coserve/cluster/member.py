@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan
 from coserve.contract.sampling import AdapterRef
 from coserve.share.policy import CoServingPolicy
@@ -163,8 +164,8 @@ class EngineMember:
                 finished.append(request)
         return finished
 
-    def add_job(self, job: FinetuneJob, tenant_weight: float) -> None:
-        """Start a job placed here (built on this engine's `policy.jobs.kv` and adapter slots).
+    def start_job(self, spec: FinetuneJobSpec, tenant_weight: float) -> FinetuneJob:
+        """Start a job placed here (on this engine's job host: its KV blocks and adapter slots).
 
         Raises:
             ValueError: the policy runs no jobs, or the id is scheduled already.
@@ -172,9 +173,10 @@ class EngineMember:
         host = self.policy.jobs
         if host is None:
             raise ValueError(f"engine {self.engine_id} runs no fine-tuning jobs")
-        host.add_job(job)
+        job = host.start(spec)
         self.jobs[job.job_id] = job
         self._job_weight[job.job_id] = tenant_weight
+        return job
 
     def drop_job(self, job_id: str) -> None:
         """The job ended (or left with its engine): it no longer counts here."""

@@ -1,54 +1,29 @@
-"""Which scheduling policy a SchedulerActor runs, built once the engine's layout is known.
+"""Which scheduling policy each engine of a SchedulerActor runs, built once the engine's layout is known.
 
-`PolicyFactory(config, layout) -> policy`. Factories are plain picklable callables: in Ray mode the
-scheduler receives them in its own process. `CoServingPolicyFactory` (the default of `coserve serve`)
-builds the co-serving policy with the hybrid share and the latency model of a profile file
+`PolicyFactory(config, layout, shared) -> policy`, over the cluster's shared virtual token counters.
+Factories are plain picklable callables: in Ray mode the scheduler receives them in its own process.
+`CoServingPolicyFactory` (what `coserve serve` uses) builds the co-serving policy with a fine-tuning
+share (the hybrid share by default; none: inference only) and the latency model of a profile file
 (`coserve profile --json`), refused when it was fitted for another model, machine or dtype, or an
 unfitted one that learns the iteration costs online from every measured iteration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from coserve.contract.engine import TokenizerSpec
 from coserve.contract import defaults
+from coserve.contract.engine import TokenizerSpec
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.cluster.engine_core import PlanSource
-from coserve.share.settings import CoServingConfig
-from coserve.inference.scheduler import InferenceScheduler
-from coserve.finetune.host import JobHost
-from coserve.inference.kv_blocks import KVBlockManager
 from coserve.share.latency import LatencyModel, ModelFingerprint
-from coserve.inference.request import Request, RequestStatus
 from coserve.share.policy import CoServingPolicy
 from coserve.share.registry import ShareKind, ShareOptions, build_policy
+from coserve.share.settings import CoServingConfig
 from coserve.tenancy.shared_vtc import SharedVtc
-
-
-class InferencePolicy(PlanSource, Protocol):
-    """The policy surface the scheduler drives (InferenceScheduler; CoServingPolicy): what its
-    `EngineCore` plans with (`plan`, `update`, `has_work`), plus admission, queue state and jobs."""
-
-    def add_request(self, request: Request) -> None: ...
-    def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool: ...
-
-    @property
-    def num_waiting(self) -> int: ...
-
-    @property
-    def num_running(self) -> int: ...
-
-    @property
-    def kv(self) -> KVBlockManager: ...
-
-    @property
-    def jobs(self) -> JobHost | None:
-        """The fine-tuning jobs the policy runs; None: it runs none (inference only)."""
 
 
 class EngineLayout(Protocol):
@@ -64,13 +39,14 @@ class EngineLayout(Protocol):
     structured_output: bool
 
 
-PolicyFactory = Callable[[SchedulerConfig, EngineLayout], InferencePolicy]
+class PolicyFactory(Protocol):
+    """Builds one engine's policy over the cluster's shared counters (`CoServingPolicyFactory`)."""
 
+    @property
+    def tenant_weights(self) -> Mapping[str, float]:
+        """Tenant -> share under contention (the cluster's counters weigh tenants with them)."""
 
-def fcfs_policy(config: SchedulerConfig, layout: EngineLayout) -> InferencePolicy:
-    """FCFS continuous batching over the engine's KV blocks and adapter slots."""
-    kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, config.enable_prefix_caching)
-    return InferenceScheduler(config, kv, AdapterSlots(layout.num_adapter_slots))
+    def __call__(self, config: SchedulerConfig, layout: EngineLayout, shared: SharedVtc) -> CoServingPolicy: ...
 
 
 @dataclass(frozen=True, slots=True)

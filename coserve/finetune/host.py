@@ -1,19 +1,22 @@
 """`JobHost`: the fine-tuning jobs of one engine, as those who submit and control them see them.
 
-One class for the server and for offline fine-tuning: the scheduler's `JobManager` (store -> jobs)
-and the offline `LLM` (`finetune.OfflineJobs`) add, cancel, pause and resume jobs and pop their
-events here, and the planner that gives the jobs work (`CoServingPolicy`, or `OfflineJobs` offline)
-reads the same `roster`. A job's tenant is backlogged in the virtual token counters while it has a
-runnable job, or while `also_backlogged` says so (the co-serving policy: queued requests).
+A `JobRunner` (`contract.job_runner`): one class for every engine of the server (`ClusterJobs` starts
+a job on the host of the engine it places it on) and for offline fine-tuning (the offline `LLM`'s
+`OfflineJobs`). Jobs are started, cancelled, paused and resumed here and their events popped, and the
+planner that gives them work (`CoServingPolicy`, or `OfflineJobs` offline) reads the same `roster`. A
+job's tenant is backlogged in the virtual token counters while it has a runnable job, or while
+`also_backlogged` says so (the co-serving policy: queued requests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.finetune.job import JobEvent
+from coserve.contract.job_runner import JobNotice
+from coserve.contract.job_spec import FinetuneJobSpec, JobEvent
+from coserve.finetune.job import FinetuneJob
 from coserve.finetune.roster import JobRoster, TrainingJob
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.tenancy.vtc import VirtualTokenCounter
 
@@ -62,28 +65,45 @@ class JobHost:
         else:
             self._vtc.on_idle(tenant)
 
-    def add_job(self, job: TrainingJob) -> None:
-        """Schedule a job's work from the next plan on. Raises ValueError on a duplicate id."""
+    def start(self, spec: FinetuneJobSpec) -> FinetuneJob:
+        """Build the job on this engine's KV blocks and adapter slots and schedule its work from the next
+        plan on. Raises ValueError on a duplicate id."""
+        job = FinetuneJob(spec, self._kv, self._adapters)
+        self.add(job)
+        return job
+
+    def add(self, job: TrainingJob) -> None:
+        """Schedule a job built already (on `kv` and `adapters`). Raises ValueError on a duplicate id."""
         self._vtc.ensure_tenant(job.tenant, self._default_weight)
         self.roster.add(job)
 
-    def remove_job(self, job_id: str) -> bool:
+    def cancel(self, job_id: str) -> bool:
         """Cancel a job: the next plan stops it in the engine and frees its memory; False if unknown."""
         return self.roster.cancel(job_id)
 
-    def pause_job(self, job_id: str) -> bool:
+    def pause(self, job_id: str) -> bool:
         """Pause a job in the next plan (its sequence in flight is redone on resume)."""
         return self.roster.pause(job_id)
 
-    def resume_job(self, job_id: str) -> bool:
+    def resume(self, job_id: str) -> bool:
         return self.roster.resume(job_id)
 
-    def get_job(self, job_id: str) -> TrainingJob | None:
+    def get(self, job_id: str) -> TrainingJob | None:
         return self.roster.get(job_id)
 
-    def pop_job_events(self) -> list[JobEvent]:
+    def held_back(self, job_id: str) -> str | None:
+        """Why the last plan gave this engine's runnable jobs no work (the same for each of them)."""
+        return self.finetune_held_back
+
+    def plan_step(self, job_id: str) -> int:
+        return self.roster.last_plan_step
+
+    def pop_events(self) -> list[JobEvent]:
         """Job events (steps, checkpoints, success, failure, cancellation) since the last call."""
         return self.roster.pop_events()
+
+    def pop_notices(self) -> list[JobNotice]:
+        return []  # jobs never move between engines here
 
     @property
     def has_work(self) -> bool:

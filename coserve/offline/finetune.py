@@ -79,16 +79,15 @@ class OfflineJobs:
 
     def submit(self, prepared: PreparedJob) -> FinetuneJob:
         """Schedule a prepared job from the next iteration on. Raises ValueError on a duplicate id."""
-        job = FinetuneJob(prepared.spec, self.host.kv, self.host.adapters)
-        if job.job_id in self._jobs:
-            raise ValueError(f"job id {job.job_id!r} is already used")
-        self.host.add_job(job)
+        if prepared.spec.job_id in self._jobs:
+            raise ValueError(f"job id {prepared.spec.job_id!r} is already used")
+        job = self.host.start(prepared.spec)
         self._jobs[job.job_id] = _Tracked(job, list(prepared.dataset.warnings))
         return job
 
     def _collect_events(self) -> None:
         """Keep the events of the jobs submitted here (a `JobManager` pops its own from `host`)."""
-        for event in self.host.pop_job_events():
+        for event in self.host.pop_events():
             tracked = self._jobs.get(event.job_id)
             if tracked is not None:
                 tracked.events.append(event)

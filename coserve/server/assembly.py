@@ -210,7 +210,7 @@ def start_ray_actors(opts: ServeOptions, tenants: Any, engines: int) -> tuple[An
     # Every engine's bundle is reserved first: a cluster that cannot hold them fails here, clearly.
     pool = EnginePool.create(opts.engine_config(), engines)
     scheduler = ray.remote(SchedulerActor).options(name=SCHEDULER_ACTOR, namespace=RAY_NAMESPACE,
-                                                   num_cpus=0).remote(opts.scheduler_settings(tenants, engines),
+                                                   num_cpus=0).remote(opts.scheduler_settings(tenants),
                                                                       opts.policy_factory(tenants))
     layouts = pool.layouts()
     link = RayLink(scheduler)

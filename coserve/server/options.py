@@ -177,8 +177,8 @@ class ServeOptions:
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
                                       self.max_stall_ms, tenants.weights(), self.finetune_floor_every)
 
-    def scheduler_settings(self, tenants: Any, engines: int = 1) -> Any:
-        """The SchedulerActor's settings, for a scheduler driving `engines` engines."""
+    def scheduler_settings(self, tenants: Any) -> Any:
+        """The SchedulerActor's settings."""
         from coserve.actors.scheduler_settings import SchedulerSettings
         from coserve.share.settings import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
 
@@ -190,7 +190,7 @@ class ServeOptions:
                                  max_batch_tokens=self.max_batch_tokens,
                                  tenant_limits={name: t.limits for name, t in tenants.tenants.items()}, slo=slo,
                                  data_dir=str(Path(self.data_dir).resolve()), base_model_id=self.base_model_id,
-                                 dedicated=self.dedicated_settings(), engines=engines)
+                                 dedicated=self.dedicated_settings())
 
 
 def _check_device(device: str) -> None:

@@ -1,4 +1,4 @@
-"""A SchedulerActor driving two in-process engines through `ClusterEngines` (no Ray, no HTTP): one plan in
+"""A SchedulerActor driving two in-process engines through its `ClusterScheduler` (no Ray, no HTTP): one plan in
 flight per engine, and what losing an engine does to its requests (the real-Ray version, with a job and a
 killed actor, is tests/actors/test_engines_on_ray.py)."""
 
@@ -47,7 +47,7 @@ def run_two(llama_dir: Path, tmp_path: Path, body: Callable[[SchedulerActor, lis
     opts = ServeOptions(model=str(llama_dir), tenants=str(tenants), dtype="float32")
 
     async def main() -> None:
-        scheduler = SchedulerActor(SchedulerSettings(model=str(llama_dir), max_num_seqs=4, engines=2),
+        scheduler = SchedulerActor(SchedulerSettings(model=str(llama_dir), max_num_seqs=4),
                                    opts.policy_factory(opts.load_tenants()))
         engines = [EngineActor(EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=160), engine_id)
                    for engine_id in ("engine-0", "engine-1")]

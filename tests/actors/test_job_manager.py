@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 
 from coserve import LLM, LoRARequest, SamplingParams
 from coserve.actors.job_manager import FineTuningSettings, JobManager
-from coserve.actors.job_runner import HostJobs
 from coserve.store import MetadataStore
 from coserve.store.records import JobStatus
 from coserve.api.protocol.base import ProtocolError
@@ -39,7 +38,7 @@ def _manager(store: MetadataStore, llm: LLM, data_dir: Path) -> JobManager:
     settings = FineTuningSettings(base_model_id=BASE, base_model_path=llm.engine.config.model,
                                   data_dir=data_dir, num_layers=llm.engine.model_config.num_layers,
                                   max_model_len=256)
-    return JobManager(store, HostJobs(llm.jobs.host), llm.get_tokenizer(), settings,
+    return JobManager(store, llm.jobs.host, llm.get_tokenizer(), settings,
                       {name: t.limits for name, t in TENANTS.tenants.items()})
 
 
@@ -142,13 +141,13 @@ def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataSt
     _run(manager, llm, iterations=30)
     service.pause("acme", job_id)
     _run(manager, llm, iterations=3)
-    tokens = llm.jobs.host.get_job(job_id).position
+    tokens = llm.jobs.host.get(job_id).position
     _run(manager, llm, iterations=30)
-    assert llm.jobs.host.get_job(job_id).position == tokens  # no progress while paused
+    assert llm.jobs.host.get(job_id).position == tokens  # no progress while paused
     assert not llm.engine.training.sequences  # the sequence in flight was dropped
     service.resume("acme", job_id)
     _run(manager, llm, iterations=20)
-    assert llm.jobs.host.get_job(job_id).position != tokens
+    assert llm.jobs.host.get(job_id).position != tokens
     assert store.jobs.get("acme", job_id).status == JobStatus.RUNNING
 
     # A second job fills acme's limit of two; a third is refused with 429.

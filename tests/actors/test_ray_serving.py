@@ -348,7 +348,9 @@ def test_killed_engine_comes_back_and_loses_no_job(ray_server: RayServer) -> Non
     done = poll_job(oa, job.id, timeout=180, interval=0.5)
     assert done.status == "succeeded", done
     events = [e.message for e in oa.fine_tuning.jobs.list_events(job.id, limit=100).data]
-    assert "Resumed from the last checkpoint" in events, events
+    # It waited for an engine, then was placed on the restarted one, from its last checkpoint.
+    assert any(e.startswith("Waiting for an engine") for e in events), events
+    assert any(e.startswith("Placed on engine") and "resumed from" in e for e in events), events
 
 
 def _data_dir_holder(srv: RayServer) -> int:

@@ -19,10 +19,14 @@ from coserve.frontend.messages import ChatSubmission, StreamBatch
 from coserve.frontend.scheduler_frontend import SchedulerFrontend
 from coserve.frontend.tokenizer import Tokenizer
 from coserve.contract.engine_config import EngineConfig
-from coserve.cluster.policy_factory import PolicyFactory, fcfs_policy
+from coserve.cluster.policy_factory import CoServingPolicyFactory, PolicyFactory
+from coserve.share.latency import ModelFingerprint
+from coserve.share.registry import ShareKind
 from coserve.tenancy.quotas import TenantLimits
 
 HELLO = [{"role": "user", "content": "Hello there"}]
+# Inference only (no fine-tuning share): what these tests drive is the actor around the policy.
+INFERENCE_ONLY = CoServingPolicyFactory(ModelFingerprint("tiny-llama", "cpu", "float32"), share=ShareKind.NONE)
 
 
 def submission(request_id: str, max_tokens: int | None = 8, tenant: str = "t", n: int = 1) -> ChatSubmission:
@@ -52,7 +56,7 @@ def engine_config(llama_dir: Path) -> EngineConfig:
 
 
 def run(llama_dir: Path, engine_config: EngineConfig, body: Callable[[SchedulerFrontend], Awaitable[object]],
-        policy_factory: PolicyFactory = fcfs_policy, **settings: object) -> object:
+        policy_factory: PolicyFactory = INFERENCE_ONLY, **settings: object) -> object:
     """Run `body(gateway)` on a fresh in-process scheduler + engine behind the gateway's frontend, on a
     new event loop (`gateway.scheduler` is the `LocalScheduler`)."""
     async def main() -> object:
@@ -73,8 +77,14 @@ def run(llama_dir: Path, engine_config: EngineConfig, body: Callable[[SchedulerF
 def test_policy_seam_gets_the_engine_layout(llama_dir: Path, engine_config: EngineConfig) -> None:
     built, plans = [], []
 
-    def factory(config, layout):  # noqa: ANN001, ANN202 - the PolicyFactory signature
-        policy = fcfs_policy(config, layout)
+    class Factory:
+        tenant_weights: dict[str, float] = {}
+
+        def __call__(self, config, layout, shared):  # noqa: ANN001, ANN204 - the PolicyFactory signature
+            return factory(config, layout, shared)
+
+    def factory(config, layout, shared):  # noqa: ANN001, ANN202
+        policy = INFERENCE_ONLY(config, layout, shared)
         real_plan = policy.plan
 
         def counting_plan():  # noqa: ANN202
@@ -89,7 +99,7 @@ def test_policy_seam_gets_the_engine_layout(llama_dir: Path, engine_config: Engi
         assert (await gateway.submit(submission("a", max_tokens=5))).rejection is None
         return await collect(gateway.stream("a"))
 
-    texts, last = run(llama_dir, engine_config, body, factory, max_num_seqs=3)
+    texts, last = run(llama_dir, engine_config, body, Factory(), max_num_seqs=3)
     config, layout = built[0]
     assert (config.max_num_seqs, config.max_model_len, layout.num_kv_blocks) == (3, layout.max_model_len, 160)
     assert last.done and last.error is None and last.completion_tokens == 5 and len(plans) >= 5

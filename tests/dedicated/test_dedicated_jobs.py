@@ -15,7 +15,6 @@ from pathlib import Path
 from coserve import LLM
 from coserve.actors.dedicated_jobs import DedicatedJobs
 from coserve.actors.job_manager import FineTuningSettings, JobManager
-from coserve.actors.job_runner import HostJobs
 from coserve.store import MetadataStore
 from coserve.store.records import JobStatus
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate, TrainingParams
@@ -36,7 +35,7 @@ def _manager(store: MetadataStore, llm: LLM, data_dir: Path, dedicated: Dedicate
     settings = FineTuningSettings(base_model_id=BASE, base_model_path=llm.engine.config.model, data_dir=data_dir,
                                   num_layers=llm.engine.model_config.num_layers, max_model_len=256,
                                   stall_after_s=1.0, dedicated=dedicated)
-    return JobManager(store, HostJobs(llm.jobs.host), llm.get_tokenizer(), settings,
+    return JobManager(store, llm.jobs.host, llm.get_tokenizer(), settings,
                       dedicated=DedicatedJobs(dedicated, store, llm.engine.config.model, data_dir))
 
 

@@ -28,13 +28,13 @@ def test_a_job_registers_its_tenant_and_backlogs_it_while_runnable() -> None:
     host, vtc = _host(weight=3.0)
     policy = make_policy()
     job = make_job(policy, "j", "acme")
-    host.add_job(job)
+    host.add(job)
     assert vtc.weight("acme") == 3.0 and "acme" in vtc.backlogged
-    assert host.get_job("j") is job and host.has_work and host.has_runnable_job()
-    assert host.pause_job("j")
+    assert host.get("j") is job and host.has_work and host.has_runnable_job()
+    assert host.pause("j")
     host.roster.apply_control(IterationPlan(step_id=0))  # the pause lands in the next plan
     assert "acme" not in vtc.backlogged and not host.has_runnable_job()
-    assert host.resume_job("j") and "acme" in vtc.backlogged
+    assert host.resume("j") and "acme" in vtc.backlogged
 
 
 def test_other_backlog_keeps_a_tenant_backlogged_without_runnable_jobs() -> None:
@@ -50,12 +50,12 @@ def test_other_backlog_keeps_a_tenant_backlogged_without_runnable_jobs() -> None
 
 def test_cancelling_reports_an_event_and_unknown_ids_are_refused() -> None:
     host, _ = _host()
-    host.add_job(make_job(make_policy(), "j", "acme"))
-    assert host.remove_job("j") and not host.remove_job("nope")
-    assert not host.pause_job("nope") and not host.resume_job("nope")
+    host.add(make_job(make_policy(), "j", "acme"))
+    assert host.cancel("j") and not host.cancel("nope")
+    assert not host.pause("nope") and not host.resume("nope")
     host.roster.apply_control(IterationPlan(step_id=0))
-    assert [e.kind for e in host.pop_job_events()] == [JobEventKind.CANCELLED]
-    assert host.get_job("j") is None and not host.has_work
+    assert [e.kind for e in host.pop_events()] == [JobEventKind.CANCELLED]
+    assert host.get("j") is None and not host.has_work
 
 
 def test_the_policy_says_by_its_jobs_attribute_whether_it_runs_jobs() -> None:
@@ -73,7 +73,7 @@ def test_the_policy_reports_why_it_held_jobs_back_on_its_host() -> None:
         policy.add_request(make_request(f"r{i}", "bob", prompt_len=1, max_tokens=60))
     step(policy)
     assert policy.jobs is not None
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,)))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,)))
     step(policy)
     assert policy.jobs.finetune_held_back is not None
     assert "predicted iteration" in policy.jobs.finetune_held_back
@@ -83,7 +83,7 @@ def test_offline_fine_tuning_keeps_its_jobs_in_the_same_job_host() -> None:
     offline = OfflineJobs(KVBlockManager(64, BS), AdapterSlots(2), max_batch_tokens=64, num_layers=4)
     assert isinstance(offline.host, JobHost)
     job = make_job(make_policy(), "j", "acme")
-    offline.host.add_job(job)  # as the server's JobManager adds one
+    offline.host.add(job)  # as the server's JobManager adds one
     plan = IterationPlan(step_id=0)
     offline.schedule(plan)
     assert plan.training.forward_tokens > 0 and job.last_planned_step == 0

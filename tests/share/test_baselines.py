@@ -39,14 +39,14 @@ def temporal(n: int, **kwargs) -> CoServingPolicy:
 def test_temporal_sharing_runs_n_inference_iterations_per_fine_tuning_iteration() -> None:
     policy = temporal(2)
     policy.add_request(make_request("r", "a", max_tokens=40))
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,)))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(400,)))
     assert kinds(policy, 9) == "IIFIIFIIF"
 
 
 def test_temporal_fine_tuning_iteration_ignores_the_slo_and_stalls_decodes() -> None:
     policy = temporal(1)
     policy.add_request(make_request("r", "a", max_tokens=40))
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
     step(policy)
     plan, _ = step(policy)
     # The whole token budget, 6.4 ms of forward tokens, and no decode for "r" in that iteration.
@@ -55,7 +55,7 @@ def test_temporal_fine_tuning_iteration_ignores_the_slo_and_stalls_decodes() -> 
 
 def test_temporal_sharing_is_work_conserving_across_kinds() -> None:
     policy = temporal(3)
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,)))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(400,)))
     assert kinds(policy, 3) == "FFF"  # no inference work: fine-tuning every iteration
     idle = temporal(1)
     idle.add_request(make_request("r", "a", max_tokens=5))
@@ -92,7 +92,7 @@ def test_dynamic_interval_grows_with_queue_pressure() -> None:
 def test_dynamic_temporal_policy_switches_after_the_first_interval() -> None:
     policy = make_policy(ShareKind.DYNAMIC_TEMPORAL, scheduler={"max_num_seqs": 4, "max_model_len": 128})
     policy.add_request(make_request("r", "a", max_tokens=100))
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(200,)))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(200,)))
     pattern = kinds(policy, 66)
     assert pattern == "I" * 63 + "F" + "II"
 
@@ -119,7 +119,7 @@ def test_split_kv_gives_disjoint_block_ranges() -> None:
 
 def test_static_split_gives_fixed_shares_whatever_the_load() -> None:
     policy = static(0.25)
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     assert plan.training.forward_tokens == 16  # 25 % of 64, though inference is idle
     policy.add_request(make_request("r", "a", prompt_len=60, max_tokens=2))
@@ -131,7 +131,7 @@ def test_static_split_gives_fixed_shares_whatever_the_load() -> None:
 
 def test_static_split_never_takes_fine_tuning_memory_for_inference() -> None:
     policy = static(0.5, num_blocks=32)  # 16 blocks each side: 64 tokens of inference
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(60,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(60,), max_window_tokens=400))
     for _ in range(2):  # the 60-token forward (32 tokens per iteration); its backward comes next
         step(policy)
     held = policy.jobs.kv.num_blocks - policy.jobs.kv.num_free_blocks

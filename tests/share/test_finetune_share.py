@@ -86,7 +86,7 @@ def test_every_job_hosting_share_trains_a_job_to_its_end(kind: ShareKind) -> Non
     policy = make_policy(kind, scheduler={"max_num_seqs": 4})
     policy.add_request(make_request("r", "a", max_tokens=8))
     job = make_job(policy, "j", "t", lengths=(24,))
-    policy.jobs.add_job(job)
+    policy.jobs.add(job)
     for _ in range(200):
         if not policy.has_work():
             break
@@ -190,7 +190,7 @@ def test_the_policy_plans_with_any_share_and_calls_it_as_the_protocol_says() -> 
     policy = CoServingPolicy(CONFIG, KVBlockManager(64, BS), AdapterSlots(4), LatencyModel(FP, COEFFICIENTS),
                              share=typed, clock=FakeClock())
     policy.add_request(make_request("r", "a", prompt_len=30, max_tokens=1))
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     assert plan.num_tokens == 10 and plan.training.forward_tokens == 5  # the share's budgets
     plan, _ = step(policy)

@@ -32,7 +32,7 @@ def test_a_held_back_job_gets_doubling_pieces_up_to_the_inference_cost() -> None
     policy = make_policy(tpot_slo_ms=4.0, finetune_floor_every=4, num_blocks=512,
                          scheduler={"max_num_seqs": 8, "max_model_len": 1024})
     _decoders(policy, 8)
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(200,), num_layers=30, n_epochs=5))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(200,), num_layers=30, n_epochs=5))
     pieces = []
     for _ in range(60):
         plan, _ = step(policy)
@@ -52,7 +52,7 @@ def test_the_floor_does_not_grow_while_inference_alone_fits_the_slo() -> None:
     policy = make_policy(tpot_slo_ms=8.0, finetune_floor_every=2, num_blocks=512,
                          scheduler={"max_num_seqs": 8, "max_model_len": 1024})
     _decoders(policy, 8)
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(200,), num_layers=30, n_epochs=5))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(200,), num_layers=30, n_epochs=5))
     work = [_work(step(policy)[0]) for _ in range(30)]
     assert work == [0, 0, 16] * 10
     assert policy.floor.streak("j") == 10  # it waited as long: the SLO is what keeps the piece small
@@ -62,7 +62,7 @@ def test_work_from_the_share_ends_the_run() -> None:
     policy = make_policy(tpot_slo_ms=4.0, finetune_floor_every=1, num_blocks=512,
                          scheduler={"max_num_seqs": 8, "max_model_len": 1024})
     _decoders(policy, 8, max_tokens=7)  # they finish after 6 more iterations: then the engine is idle
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), num_layers=30, n_epochs=5))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,), num_layers=30, n_epochs=5))
     for _ in range(6):
         step(policy)
     assert policy.floor.streak("j") == 3
@@ -98,7 +98,7 @@ def _drive(tpot_slo_ms: float, max_num_seqs: int, arrival_rate: float, poison: f
     truth = LatencyModel(FP, COEFFICIENTS)
     keep_busy(policy, max_tokens=10_000)
     job = make_job(policy, "j", "a", lengths=(40, 24), num_layers=30)
-    policy.jobs.add_job(job)
+    policy.jobs.add(job)
     rows, finished = [], {}
     for it in range(1, iterations + 1):
         for _ in range(int(arrival_rate) + (rng.random() < arrival_rate % 1)):

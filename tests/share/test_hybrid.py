@@ -37,7 +37,7 @@ def test_forward_window_fills_the_iteration_up_to_the_slo() -> None:
     for i in range(4):
         policy.add_request(make_request(f"r{i}", "bob", max_tokens=8))
     step(policy)  # the four prefills
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     # 4 decodes (4 ms) leave 16 ms: 160 forward tokens at 0.1 ms; one more would break the SLO.
     assert [c.num_tokens for c in plan.chunks] == [1, 1, 1, 1]
@@ -57,7 +57,7 @@ def test_iterations_that_run_over_their_prediction_shrink_the_fine_tuning_budget
     policy = CoServingPolicy(config, KVBlockManager(1024, 4), AdapterSlots(4), stiff, share=HybridShare(),
                              clock=FakeClock())
     keep_busy(policy, max_tokens=100)  # a running request: the SLO binds
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400,
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400,
                             n_epochs=50))
     measured = []
     for _ in range(60):
@@ -79,7 +79,7 @@ def test_iterations_that_run_over_their_prediction_shrink_the_fine_tuning_budget
 def test_safety_margin_shrinks_the_fine_tuning_share() -> None:
     policy = make_policy(tpot_slo_ms=20.0, safety_margin=0.25, scheduler={"max_batch_tokens": 256})
     keep_busy(policy)
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     assert plan.training.forward_tokens in (139, 140)  # 15 ms - 1 ms decode, 0.1 ms tokens, rounding
     assert predicted(policy, plan) <= 0.015 < predicted(policy, plan, ONE_TOKEN)
@@ -88,7 +88,7 @@ def test_safety_margin_shrinks_the_fine_tuning_share() -> None:
 def test_forward_windows_share_max_batch_tokens_with_inference() -> None:
     policy = make_policy(tpot_slo_ms=1000.0, scheduler={"max_batch_tokens": 64})
     policy.add_request(make_request("r", "bob", prompt_len=20))
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     assert plan.num_tokens == 20 and plan.training.forward_tokens == 44
 
@@ -99,7 +99,7 @@ def test_backward_phase_gets_token_layers_within_the_slo() -> None:
                          scheduler={"max_num_seqs": 2})
     keep_busy(policy)  # 1 ms of decode in every iteration
     job = make_job(policy, "j", "acme", lengths=(24,), num_layers=4)
-    policy.jobs.add_job(job)
+    policy.jobs.add(job)
     plan, _ = step(policy)
     assert plan.training.forward_tokens == 24 and job.phase is JobPhase.BACKWARD
     budgets = []
@@ -115,7 +115,7 @@ def test_no_fine_tuning_when_inference_alone_reaches_the_slo() -> None:
     for i in range(8):
         policy.add_request(make_request(f"r{i}", "bob", max_tokens=8))
     step(policy)
-    policy.jobs.add_job(make_job(policy, "j", "acme"))
+    policy.jobs.add(make_job(policy, "j", "acme"))
     plan, _ = step(policy)  # 8 decodes: 8 ms, the whole budget
     assert len(plan.chunks) == 8 and plan.training.forward_tokens == 0
 
@@ -156,7 +156,7 @@ def test_jobs_are_picked_by_counter_and_tasklets_charged_by_layers() -> None:
     policy = make_policy(tpot_slo_ms=2.6, scheduler={"max_batch_tokens": 64, "max_num_seqs": 1})
     keep_busy(policy)  # 1 ms of decode in every iteration
     for tenant in ("a", "b"):
-        policy.jobs.add_job(make_job(policy, f"job-{tenant}", tenant, lengths=(48,), adapter_id=ord(tenant)))
+        policy.jobs.add(make_job(policy, f"job-{tenant}", tenant, lengths=(48,), adapter_id=ord(tenant)))
     start = {t: policy.vtc.counter(t) for t in "ab"}  # lifted to the busy tenant's when backlogged
     takers = []
     for _ in range(6):
@@ -173,7 +173,7 @@ def test_waiting_requests_stop_fine_tuning_until_admitted() -> None:
     which fine-tuning would slow down; fine-tuning resumes once nobody waits."""
     policy = make_policy(scheduler={"max_num_seqs": 1})
     policy.add_request(make_request("first", "a", max_tokens=3))
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,)))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(400,)))
     plan, _ = step(policy)
     assert plan.training.forward_tokens > 0  # nobody waits: fine-tuning fills the iteration
     policy.add_request(make_request("second", "b", max_tokens=3))
@@ -190,7 +190,7 @@ def test_overdue_request_goes_first_and_stops_fine_tuning() -> None:
     policy = make_policy(clock=clock, ttft_slo_ms=1000.0, ttft_guard_fraction=0.5,
                          scheduler={"max_num_seqs": 1})
     policy.add_request(make_request("first", "a", max_tokens=5))
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(400,)))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(400,)))
     step(policy)
     policy.add_request(make_request("old", "b", arrival=0.0))  # b's counter will be the highest
     policy.vtc.charge_input("b", 1000)
@@ -216,7 +216,7 @@ def test_fine_tuning_yields_kv_blocks_to_inference() -> None:
     policy = make_policy(num_blocks=16, tpot_slo_ms=1000.0,
                          scheduler={"max_batch_tokens": 40, "max_model_len": 40})
     job = make_job(policy, "j", "t", lengths=(60,), max_window_tokens=40)
-    policy.jobs.add_job(job)
+    policy.jobs.add(job)
     step(policy)  # a 40-token window: 10 of the 16 blocks
     assert policy.kv.num_free_blocks == 6
     policy.add_request(make_request("r", "u", prompt_len=36, max_tokens=2))  # needs 10 blocks
@@ -228,20 +228,20 @@ def test_fine_tuning_yields_kv_blocks_to_inference() -> None:
         if not policy.has_work():
             break
         step(policy)
-    assert [e.kind for e in policy.jobs.pop_job_events()][-1] is JobEventKind.SUCCEEDED
+    assert [e.kind for e in policy.jobs.pop_events()][-1] is JobEventKind.SUCCEEDED
 
 
 # -------------------------------------------------------------------- jobs and the model
 
 def test_remove_job_stops_it_in_the_next_plan() -> None:
     policy = make_policy()
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(200,)))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(200,)))
     step(policy)
-    assert policy.jobs.remove_job("j") and not policy.jobs.remove_job("nope")
+    assert policy.jobs.cancel("j") and not policy.jobs.cancel("nope")
     plan, _ = step(policy)
     assert plan.training.job_stops == ["j"] and plan.training.forward_tokens == 0
-    assert [e.kind for e in policy.jobs.pop_job_events()] == [JobEventKind.CANCELLED]
-    assert policy.jobs.get_job("j") is None and not policy.has_work()
+    assert [e.kind for e in policy.jobs.pop_events()] == [JobEventKind.CANCELLED]
+    assert policy.jobs.get("j") is None and not policy.has_work()
     assert policy.kv.num_free_blocks == policy.kv.num_blocks
 
 
@@ -307,21 +307,21 @@ def test_jobs_of_one_tenant_take_turns() -> None:
     policy = make_policy(tpot_slo_ms=2.6, scheduler={"max_batch_tokens": 64, "max_num_seqs": 1})
     keep_busy(policy)
     for k in range(2):
-        policy.jobs.add_job(make_job(policy, f"j{k}", "same", lengths=(48,), adapter_id=10 + k))
+        policy.jobs.add(make_job(policy, f"j{k}", "same", lengths=(48,), adapter_id=10 + k))
     takers = [step(policy)[0].training.forward_windows[0].sequence_id.split("/")[0] for _ in range(4)]
     assert takers == ["j0", "j1", "j0", "j1"]
 
 
 def test_pause_drops_the_sequence_in_flight_and_resume_restarts_it() -> None:
     policy = make_policy(tpot_slo_ms=2.0, scheduler={"max_num_seqs": 1})
-    policy.jobs.add_job(make_job(policy, "j", "t", lengths=(100,)))
+    policy.jobs.add(make_job(policy, "j", "t", lengths=(100,)))
     step(policy)
-    assert policy.jobs.pause_job("j") and not policy.jobs.pause_job("nope")
+    assert policy.jobs.pause("j") and not policy.jobs.pause("nope")
     plan, _ = step(policy)
     assert plan.training.sequence_drops == ["j/s1.0"] and plan.training.forward_tokens == 0
     assert policy.kv.num_free_blocks == policy.kv.num_blocks and not policy.has_work()
     assert "t" not in policy.vtc.backlogged
-    assert policy.jobs.resume_job("j")
+    assert policy.jobs.resume("j")
     plan, _ = step(policy)
     assert plan.training.sequence_starts and plan.training.forward_windows[0].start == 0
 
@@ -330,7 +330,7 @@ def test_a_windows_fixed_cost_is_planned_for() -> None:
     policy = make_policy(tpot_slo_ms=20.0, coefficients={**COEFFICIENTS, "ft_pieces": 5e-3},
                          scheduler={"max_batch_tokens": 256, "max_num_seqs": 4})
     keep_busy(policy)
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     # 20 ms - 5 ms for the window itself - 1 ms decode leaves 14 ms: 140 tokens at 0.1 ms (rounding).
     assert plan.training.forward_tokens in (139, 140)
@@ -385,7 +385,7 @@ def test_bursts_wait_until_every_running_request_banked_time() -> None:
     clock = FakeClock()
     costs = {**COEFFICIENTS, "ft_forward_tokens": 1e-3, "ft_backward_token_layers": 2e-4}
     policy = make_policy(clock=clock, max_stall_ms=60.0, coefficients=costs)
-    policy.jobs.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
+    policy.jobs.add(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
     policy.add_request(make_request("a", max_tokens=40))
     token_times, bursts = [], []
     while policy.get_request("a") is not None:
@@ -423,7 +423,7 @@ def _prefill_after_banking(ttft_slo_ms: float) -> tuple[IterationPlan, float]:
     policy.add_request(make_request("a", max_tokens=60))
     for _ in range(9):  # a's prefill and 8 decodes
         assert not _has_finetune(run_one())
-    policy.jobs.add_job(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
+    policy.jobs.add(make_job(policy, "j", "ft", lengths=(200,), n_epochs=50))
     arrival = clock.now
     policy.add_request(make_request("b", prompt_len=10, max_tokens=20, arrival=arrival))
     plan = run_one()

@@ -72,7 +72,7 @@ class Driver:
         job = make_job(self.policy, f"job{adapter_id}", tenant, lengths=lengths, n_epochs=10_000,
                        num_layers=NUM_LAYERS, adapter_id=adapter_id)
         self.ledger.owner[job.job_id] = tenant
-        self.policy.jobs.add_job(job)
+        self.policy.jobs.add(job)
 
     def step(self) -> IterationPlan:
         for tenant in self.busy:

@@ -44,7 +44,7 @@ def test_an_idle_engine_gives_fine_tuning_the_whole_budget_whatever_the_model_pr
     # The model says one forward token takes a second, and the SLO is 1 ms: nothing would fit.
     poisoned = {**COEFFICIENTS, "constant": 1.0, "ft_forward_tokens": 1.0}
     policy = make_policy(tpot_slo_ms=1.0, coefficients=poisoned, scheduler={"max_batch_tokens": 256})
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     plan, _ = step(policy)
     assert plan.training.forward_tokens == 256  # the whole max_batch_tokens
     assert policy.jobs.finetune_held_back is None
@@ -56,7 +56,7 @@ def test_the_floor_moves_a_job_that_the_slo_would_hold_back_forever() -> None:
     for i in range(8):
         policy.add_request(make_request(f"r{i}", "bob", prompt_len=1, max_tokens=60))
     step(policy)
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,)))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,)))
     work = []
     for _ in range(15):
         plan, _ = step(policy)
@@ -72,7 +72,7 @@ def test_the_floor_reaches_a_job_while_requests_wait_and_says_why_it_waited() ->
     policy = make_policy(finetune_floor_every=3, scheduler={"max_num_seqs": 1})
     for i in range(6):
         policy.add_request(make_request(f"r{i}", "bob", max_tokens=30))
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,)))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,)))
     work, reasons = [], set()
     for _ in range(12):
         plan, _ = step(policy)
@@ -86,7 +86,7 @@ def test_an_untrusted_model_gives_small_pieces_beside_inference_until_it_has_mea
     policy = make_policy(coefficients={}, num_blocks=256, scheduler={"max_batch_tokens": 256})  # unfitted
     assert not policy.latency.trusted
     keep_busy(policy)
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,), max_window_tokens=400))
     sizes = []
     for _ in range(12):
         plan = policy.plan()
@@ -118,7 +118,7 @@ def test_a_poisoned_latency_model_recovers_from_what_it_measures() -> None:
                                                                    "max_model_len": 512})
     policy._latency.model = poisoned  # noqa: SLF001 - the policy's own model, poisoned in place
     keep_busy(policy, max_tokens=400)
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400,
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(2000,) * 4, max_window_tokens=400,
                                  n_epochs=50))
     sizes = []
     for _ in range(300):
@@ -142,7 +142,7 @@ def _drive(tpot_slo_ms: float, max_batch_tokens: int, max_num_seqs: int, arrival
     jobs = [make_job(policy, f"j{k}", tenant, lengths=(40, 24), adapter_id=10 + k, n_epochs=100)
             for k, tenant in enumerate(("a", "b", "b"))]
     for job in jobs:
-        policy.jobs.add_job(job)
+        policy.jobs.add(job)
     worked: dict[str, list[int]] = {job.job_id: [] for job in jobs}
     for it in range(1, iterations + 1):
         for _ in range(int(arrival_rate) + (rng.random() < arrival_rate % 1)):
@@ -171,7 +171,7 @@ def test_under_any_slo_and_load_every_job_keeps_making_progress(
 
 def test_the_slo_warning_waits_for_measured_decodes_and_then_names_the_flag() -> None:
     policy = make_policy(coefficients={}, num_blocks=256, tpot_slo_ms=20.0, scheduler={"max_model_len": 256})
-    policy.jobs.add_job(make_job(policy, "j", "acme", lengths=(200,), n_epochs=50))
+    policy.jobs.add(make_job(policy, "j", "acme", lengths=(200,), n_epochs=50))
     for _ in range(20):  # an idle engine's fine-tuning iterations, 150 ms each: no decode measured
         plan = policy.plan()
         policy.update(plan, execute(plan, 0.150))
