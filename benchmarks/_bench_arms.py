@@ -22,8 +22,9 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from _bench_memory import Runner, coserve_memory_check, count_engine_steps  # noqa: E402
 
@@ -243,9 +244,10 @@ def arm_vllm(spec: dict[str, Any]) -> dict[str, Any]:
     ncpu = os.cpu_count() or 1
     bind = "all" if spec["threads"] >= ncpu else f"0-{spec['threads'] - 1}"
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
+    from vllm.lora.request import LoRARequest
+
     import vllm
     from vllm import LLM, SamplingParams
-    from vllm.lora.request import LoRARequest
 
     model_dir = Path(spec["model_dir"])
     has_tok = (model_dir / "tokenizer.json").exists() or (model_dir / "tokenizer.model").exists()

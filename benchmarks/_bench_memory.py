@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Runner = Callable[[list[list[int]], list[bool], int], list[list[int]]]
 

@@ -23,12 +23,12 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from coserve.bench.coserving import MAX_BATCH_TOKENS, NUM_KV_BLOCKS, bench_job_spec
-from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord
+from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.simulator import EngineShape, simulate
-from coserve.bench.trainer import ensure_model
 from coserve.bench.traces import make_trace, poisson_arrivals
+from coserve.bench.trainer import ensure_model
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.share.latency import LatencyModel, ModelFingerprint
 

@@ -42,11 +42,11 @@ def main() -> None:
 
     from coserve import LLM
     from coserve.contract.dedicated_run import RunSpec
+    from coserve.contract.job_spec import JobEventKind
     from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
     from coserve.dedicated.run import launch
     from coserve.frontend.job_prep import prepare_job
     from coserve.model.config import ModelConfig
-    from coserve.contract.job_spec import JobEventKind
 
     root = Path(tempfile.mkdtemp(prefix="dedicated-agreement-"))
     model = args.model
@@ -85,12 +85,15 @@ def main() -> None:
     losses = [e.loss for e in of(JobEventKind.STEP)]
     valid = [e.loss for e in of(JobEventKind.VALIDATION)]
     assert len(losses) == len(ref.losses) and len(valid) == len(ref.validation_losses)
-    mine, theirs = load_file(f"{done.path}/adapter_model.safetensors"), load_file(f"{ref.adapter_path}/adapter_model.safetensors")
+    mine = load_file(f"{done.path}/adapter_model.safetensors")
+    theirs = load_file(f"{ref.adapter_path}/adapter_model.safetensors")
     weight_diff = max(float((mine[k] - t).abs().max()) for k, t in theirs.items())
     print(f"machine: {platform.node()} ({platform.machine()}), model {Path(model).name}, {args.dtype}, "
           f"{len(losses)} steps, {args.workers} workers")
-    print(f"loss:            max relative difference {max(abs(a - b) / abs(b) for a, b in zip(losses, ref.losses)):.2e}")
-    print(f"validation loss: max relative difference {max(abs(a - b) / abs(b) for a, b in zip(valid, ref.validation_losses)):.2e}")
+    loss_gap = max(abs(a - b) / abs(b) for a, b in zip(losses, ref.losses))
+    valid_gap = max(abs(a - b) / abs(b) for a, b in zip(valid, ref.validation_losses))
+    print(f"loss:            max relative difference {loss_gap:.2e}")
+    print(f"validation loss: max relative difference {valid_gap:.2e}")
     print(f"adapter weights: max absolute difference {weight_diff:.2e} "
           f"(largest weight {max(float(t.abs().max()) for t in theirs.values()):.3f})")
     print(f"wall: co-served (LLM.fine_tune, model load included) {coserved_s:.1f} s, "

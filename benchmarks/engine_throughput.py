@@ -173,7 +173,8 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     head = ["engine", "output tok/s", "best tok/s", "timed wall s", "peak RSS MiB",
             "base match vs HF", "LoRA match vs HF", "load 1m"]
     lines = [f"Model: {meta['model']} ({meta['model_origin']}); {N_PROMPTS} prompts x {MAX_TOKENS} "
-             f"tokens, {'half LoRA r16' if any(meta['lora_mask']) else 'base model only'}; threads={meta['threads']}; repeats={meta['repeats']}", "",
+             f"tokens, {'half LoRA r16' if any(meta['lora_mask']) else 'base model only'}; "
+             f"threads={meta['threads']}; repeats={meta['repeats']}", "",
              "| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for arm, res in results.items():
         if "error" in res:

@@ -28,11 +28,11 @@ from coserve.bench.calibration import add_requests, fcfs_policy
 from coserve.bench.coserving import NUM_KV_BLOCKS, bench_job_spec
 from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.trainer import ensure_model
-from coserve.torch_engine.engine import TorchEngine
-from coserve.contract.engine_config import EngineConfig
 from coserve.cluster.engine_core import EngineCore
+from coserve.contract.engine_config import EngineConfig
 from coserve.finetune.job import FinetuneJob
 from coserve.finetune.pieces import JobPieces
+from coserve.torch_engine.engine import TorchEngine
 
 DECODE_BATCH, PROMPT_LEN = 8, 256
 

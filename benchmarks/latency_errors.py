@@ -196,11 +196,11 @@ def main() -> int:
                         help="time iterations by the wall clock (as the server does) or by the stepping "
                              "thread's CPU time (a diagnostic; use OMP_NUM_THREADS=1)")
     args = parser.parse_args()
-    from coserve.torch_engine.engine import TorchEngine
-    from coserve.contract.engine_config import EngineConfig
     from coserve.bench.profiler import SweepSettings, scenario_runs
+    from coserve.contract.engine_config import EngineConfig
     from coserve.model.tiny_model import create_random_adapter
     from coserve.share.latency import ModelFingerprint, machine_id, model_id_from_config
+    from coserve.torch_engine.engine import TorchEngine
 
     contexts = tuple(c for c in (16, 128, 512, 2048) if c <= args.max_context)
     settings = SweepSettings(iterations=args.iterations, seed=args.seed, contexts=contexts, repeats=args.repeats)

@@ -102,7 +102,7 @@ def main() -> int:
     args = parser.parse_args()
     import tempfile
 
-    from coserve.model.registry import fetch_model
+    from coserve.model.known_models import fetch_model
 
     model = args.model or fetch_model("smollm2-135m-instruct")
     with tempfile.TemporaryDirectory() as tmp:

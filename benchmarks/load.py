@@ -226,7 +226,7 @@ def per_engine(base_url: str) -> dict[str, dict[str, float]]:
 
     text = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30).text
     found: dict[str, dict[str, float]] = {}
-    for name, labels, value in re.findall(r"^(coserve_tokens_total|coserve_engine_iterations_total)\{(.*)\} (\S+)$",
+    for _name, labels, value in re.findall(r"^(coserve_tokens_total|coserve_engine_iterations_total)\{(.*)\} (\S+)$",
                                           text, re.M):
         engine = re.search(r'engine="([^"]+)"', labels)
         kind = re.search(r'kind="([^"]+)"', labels)

@@ -23,15 +23,15 @@ from coserve.bench.replay import job_host
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, ScheduledChunk
 from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingExample, TrainingReport
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.policy import CoServingPolicy
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
-from coserve.share.hybrid import HybridShare
-from coserve.share.settings import CoServingConfig
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.share.latency import LatencyModel, ModelFingerprint, machine_id
 from coserve.inference.request import Request
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.share.hybrid import HybridShare
+from coserve.share.latency import LatencyModel, ModelFingerprint, machine_id
+from coserve.share.policy import CoServingPolicy
+from coserve.share.settings import CoServingConfig
 
 NUM_TENANTS, NUM_RUNNING, NUM_LAYERS = 100, 256, 32
 # A plausible fitted model (seconds per unit) of an 8B model on one GPU.

@@ -1,13 +1,12 @@
 """Per-iteration overhead of the Ray path against `--local`: the scheduler <-> engine boundary.
 
-The same workload runs twice on the same SchedulerActor / EngineActor classes, submitted and read
-through the gateway's `SchedulerFrontend` (prompts in, text out) over its scheduler client: in-process
-(`LocalScheduler`: scheduler on an asyncio loop,
-engine loop on a thread, one `run_coroutine_threadsafe` per iteration) and as Ray actors
-(`RayScheduler`: one `exchange` actor call per iteration between engine and scheduler, plan and result
-pickled, plus one `poll` call per iteration that carries every live stream's tokens to the gateway). The engine loop measures where its
-time goes: inside `Engine.step`, and outside it (the `exchange` call: transport plus the scheduler's
-own work of applying the result and planning; detokenizing is the gateway's). HTTP is not included.
+The same workload runs twice on the same SchedulerActor / EngineActor classes, submitted and read through the
+gateway's `SchedulerFrontend` (prompts in, text out) over its scheduler client: in-process (`LocalSchedulerClient`:
+scheduler on an asyncio loop, engine loop on a thread, one `run_coroutine_threadsafe` per iteration) and as Ray
+actors (`RaySchedulerClient`: one `exchange` actor call per iteration between engine and scheduler, plan and result
+pickled, plus one `poll` call per iteration that carries every live stream's tokens to the gateway). The engine loop
+measures where its time goes: inside `Engine.step`, and outside it (the `exchange` call: transport plus the
+scheduler's own work of applying the result and planning; detokenizing is the gateway's). HTTP is not included.
 
 usage: python benchmarks/ray_overhead.py [--model DIR] [--requests 16] [--max-tokens 128] [--repeats 3]
                                         [--drain concurrent|sequential] [--json FILE]
@@ -26,16 +25,16 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # both modes: one torch thread per process
 
-from coserve.actors.client import LocalScheduler, RayScheduler  # noqa: E402
+from coserve.actors.client import LocalSchedulerClient, RaySchedulerClient  # noqa: E402
 from coserve.actors.engine_actor import EngineActor, RayLink  # noqa: E402
 from coserve.actors.scheduler_actor import SchedulerActor, SchedulerSettings  # noqa: E402
+from coserve.cluster.policy_factory import CoServingPolicyFactory  # noqa: E402
+from coserve.contract.engine_config import EngineConfig  # noqa: E402
 from coserve.contract.sampling import SamplingParams  # noqa: E402
 from coserve.frontend.messages import ChatSubmission  # noqa: E402
 from coserve.frontend.scheduler_frontend import SchedulerFrontend  # noqa: E402
-from coserve.contract.engine_config import EngineConfig  # noqa: E402
-from coserve.cluster.policy_factory import CoServingPolicyFactory  # noqa: E402
 from coserve.share.latency import ModelFingerprint  # noqa: E402
-from coserve.share.registry import ShareKind  # noqa: E402
+from coserve.share.share_kinds import ShareKind  # noqa: E402
 
 # Inference only, as before one engine was a cluster of one (FCFS then, VTC order now: one tenant).
 INFERENCE_ONLY = CoServingPolicyFactory(ModelFingerprint("bench", "cpu", "float32"), share=ShareKind.NONE)
@@ -106,7 +105,7 @@ def main() -> None:
     engine_config = EngineConfig(model=args.model, dtype="float32")
     settings = SchedulerSettings(model=args.model, max_num_seqs=args.requests)
 
-    local = LocalScheduler(SchedulerActor(settings, INFERENCE_ONLY), EngineActor(engine_config))
+    local = LocalSchedulerClient(SchedulerActor(settings, INFERENCE_ONLY), EngineActor(engine_config))
     layout = local.engine.layout()
 
     def frontend(client: object) -> SchedulerFrontend:
@@ -138,7 +137,7 @@ def main() -> None:
         return await engine.stats.remote()
 
     async def ray_runs() -> list[dict]:
-        client = frontend(RayScheduler(scheduler))
+        client = frontend(RaySchedulerClient(scheduler))
         await run_once(args, "warmup", client, ray_stats)
         return [await run_once(args, f"ray{r}", client, ray_stats) for r in range(args.repeats)]
 

@@ -36,11 +36,22 @@ from typing import Any
 
 import httpx
 import openai
-from load import (KEY, MODEL_DIR, drive, emit, ensure_model, one_stream, report, run_header, start_job,
-                  start_server, stop_server)
-from server_watch import ServerWatch
 
 from coserve.bench.hostile import Outcome, grammar_attacks, sampling_attacks
+from load import (
+    KEY,
+    MODEL_DIR,
+    drive,
+    emit,
+    ensure_model,
+    one_stream,
+    report,
+    run_header,
+    start_job,
+    start_server,
+    stop_server,
+)
+from server_watch import ServerWatch
 
 LIGHT_KEY, HOSTILE_KEY = "sk-soak-light-0123456789", "sk-soak-hostile-0123456789"
 TENANTS = {"tenants": {"load": {"api_keys": [KEY]}, "light": {"api_keys": [LIGHT_KEY]},
@@ -79,7 +90,7 @@ def bad_inputs(model: str) -> dict[str, Callable[[httpx.AsyncClient], Any]]:
         "empty_body": post(b""),
         "not_json": post(b"{this is not json"),
         "json_list": post(b"[1, 2, 3]"),
-        "lone_surrogate": post('{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}' % model),
+        "lone_surrogate": post(f'{{"model": "{model}", "messages": [{{"role": "user", "content": "\\ud800"}}]}}'),
         "n_over_cap": post(json.dumps(_chat(model, n=128, max_tokens=2))),
         "wrong_key": post(json.dumps(_chat(model)), {**JSON, "Authorization": "Bearer sk-wrong"}),
         "unknown_model": post(json.dumps(_chat("no-such-model"))),

@@ -60,8 +60,9 @@ def main() -> None:
                                      kv_cache_memory_gb=args.kv_cache_gb,
                                      gpu_memory_utilization=0.9, seed=args.seed))
     alone.restore_scheduling()  # vLLM's scheduler decides every chunk (no coserve plan)
-    import vllm
     from vllm.inputs import TokensPrompt
+
+    import vllm
 
     prompts = _workload(ours.engine.model_config.vocab_size, args.prompts, args.seed)
     ours_params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from coserve.bench.cli import register_bench
-from coserve.contract.engine import EngineKind
 from coserve.bench.profiler_cli import register_profile
 from coserve.contract import defaults
+from coserve.contract.engine import EngineKind
 
 Subparsers = Any  # argparse's _SubParsersAction is private; this alias documents intent.
 # Copies of tiny_model.ARCHS / PRESETS (a test keeps them equal): importing tiny_model pulls in torch.
@@ -61,7 +61,7 @@ def _cmd_model_create_tiny(args: argparse.Namespace) -> int:
 def _cmd_model_fetch(args: argparse.Namespace) -> int:
     """Handler of `coserve model fetch`: print the model folder on stdout (progress goes to stderr)."""
     from coserve.model.gguf_import import GGUFImportError
-    from coserve.model.registry import DownloadError, UnknownModelError, fetch_model
+    from coserve.model.known_models import DownloadError, UnknownModelError, fetch_model
 
     try:
         path = fetch_model(args.name, args.dir, dtype=args.dtype)
@@ -92,7 +92,7 @@ def _register_fetch(model_sub: Subparsers) -> None:
     """`coserve model fetch` and `coserve model import-gguf`."""
     # model_registry imports only the standard library at load time: listing names keeps --help fast.
     from coserve.model.gguf_import import OUTPUT_DTYPES
-    from coserve.model.registry import KNOWN_MODELS, default_model_dir
+    from coserve.model.known_models import KNOWN_MODELS, default_model_dir
 
     known = "\n".join(f"  {m.name}: {m.description} [{m.license}]" for m in KNOWN_MODELS.values())
     fetch = model_sub.add_parser(
@@ -166,10 +166,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     """Handler of `coserve serve`: validate every setting, then serve until interrupted."""
     from coserve.actors.data_dir_lock import DataDirLocked
     from coserve.contract.engine import EngineStartError
-    from coserve.server.assembly import PortUnavailable, run_local, run_ray
-    from coserve.server.options import ServeOptions
     from coserve.dedicated.capacity import ClusterTooSmall
+    from coserve.server.assembly import PortUnavailable, run_local, run_ray
     from coserve.server.engine_count import EnginesUnavailable
+    from coserve.server.options import ServeOptions
 
     opts = ServeOptions(model=args.model, tenants=args.tenants, data_dir=args.data_dir, host=args.host,
                         port=args.port, local=args.local, max_num_seqs=args.max_num_seqs,
@@ -178,7 +178,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         device=args.device, latency_profile=args.latency_profile,
                         max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
                         public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes,
-                        max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine, engines=args.engines,
+                        max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine,
+                        engines=args.engines,
                         dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers)
     try:
         opts.validate()

@@ -30,7 +30,7 @@ CELLS = [
         "# machine a second OpenMP thread waits for a core at every parallel region.\n"
         "os.environ.setdefault('OMP_NUM_THREADS', '1')\n"
         "warnings.filterwarnings('ignore', message='IProgress not found')\n"
-        "from coserve.model.registry import fetch_model\n\n"
+        "from coserve.model.known_models import fetch_model\n\n"
         "model_dir = fetch_model('smollm2-135m-instruct')  # downloaded and converted once, then cached\n"
         "work = Path(tempfile.mkdtemp(prefix='coserve-walkthrough-'))\n"
         "(work / 'tenants.yaml').write_text('tenants:\\n  demo:\\n    api_keys: [\"sk-demo\"]\\n')\n"

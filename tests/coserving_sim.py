@@ -8,14 +8,14 @@ from typing import Any
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingExample, TrainingReport
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.policy import CoServingPolicy
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
-from coserve.share.settings import CoServingConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.request import Request
-from coserve.share.registry import ShareKind, build_policy
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.share.policy import CoServingPolicy
+from coserve.share.settings import CoServingConfig
+from coserve.share.share_kinds import ShareKind, build_policy
 
 BS = 4
 TOKEN = 50

@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import openai
 from openai.types.fine_tuning import FineTuningJob
-from uvicorn_thread import serve_in_thread
 
 from coserve.server.assembly import build_local_app
 from coserve.server.options import ServeOptions
+from uvicorn_thread import serve_in_thread
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 # A server subprocess's environment: one OpenMP thread (the tiny models gain nothing from a second).

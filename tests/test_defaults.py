@@ -8,13 +8,13 @@ import inspect
 
 from coserve.actors.scheduler_actor import SchedulerSettings
 from coserve.cli import build_parser
-from coserve.offline.llm import LLM
-from coserve.contract.engine_config import EngineConfig
-from coserve.contract import defaults
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.settings import CoServingConfig
 from coserve.cluster.policy_factory import CoServingPolicyFactory
+from coserve.contract import defaults
+from coserve.contract.engine_config import EngineConfig
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.offline.llm import LLM
 from coserve.server.options import ServeOptions
+from coserve.share.settings import CoServingConfig
 
 
 def _field_defaults(cls: type) -> dict[str, object]:

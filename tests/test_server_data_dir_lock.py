@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from local_server import SERVE_ENV, TERMINAL, free_port, poll_job, serve_command, serve_subprocess
 
 from coserve.actors.data_dir_lock import DataDirLock
+from local_server import SERVE_ENV, TERMINAL, free_port, poll_job, serve_command, serve_subprocess
 
 KEY = "sk-lock-tenant-0123"
 LINES = [{"messages": [{"role": "user", "content": f"List the numbers from {i} on."},

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from coserve.actors.scheduler_actor import SchedulerActor
-from coserve.store import MetadataStore
 from coserve.api.app import build_app
 from coserve.contract.engine import RuntimeLayout, TokenizerSpec
 from coserve.contract.messages import Admission, TokenBatch, TokenSubmission
@@ -21,6 +20,7 @@ from coserve.frontend.messages import ChatSubmission
 from coserve.frontend.scheduler_frontend import SchedulerFrontend
 from coserve.model.config import ModelConfig
 from coserve.server.options import ServeOptions
+from coserve.store import MetadataStore
 
 KEY = "sk-torch-free-0123"
 LINES = [{"messages": [{"role": "user", "content": f"Say the number {i}"},
@@ -28,7 +28,7 @@ LINES = [{"messages": [{"role": "user", "content": f"Say the number {i}"},
 
 
 class Direct:
-    """The scheduler as the gateway reaches it, here without an engine behind it (a `TokenScheduler`)."""
+    """The scheduler as the gateway reaches it, here without an engine behind it (a `SchedulerClient`)."""
 
     def __init__(self, actor: SchedulerActor) -> None:
         self.actor = actor

@@ -1,9 +1,9 @@
 """The gateway's view of the scheduler, token ids in and out: the same async surface in-process
-(`--local`) and over Ray (both are `coserve.frontend.scheduler_frontend.TokenScheduler`s). The
+(`--local`) and over Ray (both are `coserve.frontend.scheduler_frontend.SchedulerClient`s). The
 gateway's `SchedulerFrontend` sits on top (prompts in, text out).
 
-`LocalScheduler` owns a SchedulerActor and an EngineActor in this process: the scheduler's coroutines
-run on the gateway's event loop, the engine loop on a background thread. `RayScheduler` wraps the
+`LocalSchedulerClient` owns a SchedulerActor and an EngineActor in this process: the scheduler's coroutines
+run on the gateway's event loop, the engine loop on a background thread. `RaySchedulerClient` wraps the
 SchedulerActor's actor handle (the gateway's Serve replica started the actors and owns them) and reads
 every stream of its replica through one `poll` call per iteration.
 """
@@ -25,7 +25,7 @@ from coserve.contract.messages import Admission, TokenBatch, TokenSubmission
 UNREAD_TTL_S = 60.0
 
 
-class LocalScheduler:
+class LocalSchedulerClient:
     """Scheduler and engine in this process (`coserve serve --local`).
 
     Args:
@@ -69,7 +69,7 @@ class LocalScheduler:
         return f"the engine loop is not running ({self.engine.error or 'stopped'})"
 
 
-class RayScheduler:
+class RaySchedulerClient:
     """A SchedulerActor running as a Ray actor.
 
     Streams are multiplexed: one pump task per gateway replica calls `poll(origin)`, which returns the

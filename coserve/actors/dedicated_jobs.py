@@ -22,12 +22,19 @@ from typing import Any
 
 from coserve.actors.job_failures import JobRefused
 from coserve.actors.leftover_groups import LeftoverGroups
-from coserve.store import JobRecord, MetadataStore
 from coserve.contract.dedicated_run import Command, RunSpec
-from coserve.finetune.dedicated import (TRAINING_KEY, DedicatedSettings, Route, TrainingMode, TrainingRequest,
-                                        capacity, route)
 from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
+from coserve.finetune.dedicated import (
+    TRAINING_KEY,
+    DedicatedSettings,
+    Route,
+    TrainingMode,
+    TrainingRequest,
+    capacity,
+    route,
+)
+from coserve.store import JobRecord, MetadataStore
 
 RUN_NAMESPACE = "coserve"
 PLACEMENT_GROUP_KEY = "ray_placement_group"  # the job row's extension: its latest run's placement group

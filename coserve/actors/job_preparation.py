@@ -18,11 +18,11 @@ from coserve.actors.dedicated_jobs import route_job
 from coserve.actors.job_failures import JobRefused
 from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S
+from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
+from coserve.finetune.dedicated import DedicatedSettings
+from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
 from coserve.store import MetadataStore
 from coserve.store.records import JobRecord
-from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
-from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
-from coserve.finetune.dedicated import DedicatedSettings
 from coserve.tenancy.quotas import TenantLimits, TenantQuota
 from coserve.tenancy.storage_quota import QUOTA_CODES
 

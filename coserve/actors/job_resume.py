@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from coserve.contract.job_spec import FinetuneJobSpec, trained_tokens_before
+from coserve.contract.trainer_state import read_trainer_state
 from coserve.store import MetadataStore
 from coserve.store.records import JobRecord
-from coserve.contract.trainer_state import read_trainer_state
-from coserve.contract.job_spec import FinetuneJobSpec, trained_tokens_before
 
 
 def resume_spec(store: MetadataStore, record: JobRecord, spec: FinetuneJobSpec) -> FinetuneJobSpec:

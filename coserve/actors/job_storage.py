@@ -19,8 +19,7 @@ from pathlib import Path
 from coserve.store import JobRecord, MetadataStore
 from coserve.store.usage import RESERVED_MODELS_KEY, tree_bytes
 from coserve.tenancy.quotas import Refusal, TenantLimits
-from coserve.tenancy.storage_quota import (admit_job, check_saved_adapter, has_storage_limits,
-                                            models_per_job)
+from coserve.tenancy.storage_quota import admit_job, check_saved_adapter, has_storage_limits, models_per_job
 
 
 class JobStorage:

@@ -35,15 +35,15 @@ from coserve.actors.metrics import QueueState, SchedulerMetrics
 from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
+from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_core import Step, StepFailed
+from coserve.cluster.policy_factory import EngineLayout, PolicyFactory
 from coserve.contract.engine import EngineFailure
 from coserve.contract.messages import Admission, Rejection, TokenBatch, TokenSubmission
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.frontend.tokenizer import Tokenizer
-from coserve.model.config import ModelConfig
-from coserve.cluster.cluster_scheduler import ClusterScheduler
-from coserve.cluster.engine_core import Step, StepFailed
-from coserve.cluster.policy_factory import EngineLayout, PolicyFactory
 from coserve.inference.request import RequestStatus, expand_request
+from coserve.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -35,21 +35,21 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coserve.bench.run_metrics import SLO
 from coserve.bench.replay import AdapterSlotTracker
+from coserve.bench.run_metrics import SLO
 from coserve.bench.traces import RequestSpec, prompt_token_ids
+from coserve.cluster.engine_core import EngineCore, Step
 from coserve.contract.engine import Engine, RuntimeLayout, StepExecutor
 from coserve.contract.sampling import SamplingParams
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.cluster.engine_core import EngineCore, Step
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.finetune.pieces import JobPieces
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.request import Request
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.share.latency import LatencyModel, ModelFingerprint, Sample
 from coserve.share.latency_features import PlanFeatures
-from coserve.inference.request import Request
 
 TPOT_MULTIPLE = 3.0
 TTFT_MULTIPLE = 40.0

@@ -45,9 +45,9 @@ from typing import Any
 
 from coserve.bench.cluster_run import ClusterRun
 from coserve.bench.cluster_sim import JobArrival, SchedulerCost
-from coserve.bench.run_metrics import SLO, slo_attainment, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
+from coserve.bench.run_metrics import SLO, slo_attainment, summarize
 from coserve.bench.simulator import EngineShape, SimSettings, gpu_latency_model, simulate_engines
 from coserve.bench.tenant_traces import TenantMix, diurnal_arrivals, job_mix, tenant_names, tenant_trace
 from coserve.bench.traces import LengthDistribution, sharegpt_lengths

@@ -23,13 +23,13 @@ from typing import Any
 from coserve.bench.cluster_run import ClusterRecorder, ClusterRun, thread_seconds
 from coserve.bench.replay import IDLE_SLEEP_S, PolicyFactory, RunLimits, should_stop
 from coserve.bench.traces import RequestSpec
+from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.contract.engine import EngineFailure
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.cluster.cluster_scheduler import ClusterScheduler
-from coserve.share.policy import CoServingPolicy
-from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.share.latency_features import PlanFeatures
+from coserve.share.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from coserve.bench.replay import AdapterSlotTracker, IterationRecord, RequestRecord, RunRecord, make_request
 from coserve.bench.traces import RequestSpec
-from coserve.contract.plan import IterationPlan
 from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.cluster.engine_core import Step
+from coserve.contract.plan import IterationPlan
 from coserve.share.latency_features import PlanFeatures
 
 

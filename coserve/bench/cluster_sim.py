@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from coserve.bench.cluster_run import ClusterRecorder, ClusterRun, thread_seconds
 from coserve.bench.replay import IDLE_SLEEP_S, Clock, RunLimits, should_stop
 from coserve.bench.traces import RequestSpec
-from coserve.contract.engine import StepExecutor
-from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.contract.engine import StepExecutor
 from coserve.contract.job_spec import FinetuneJobSpec
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.share.latency_features import PlanFeatures
 
 _WAKE, _DONE = 0, 1

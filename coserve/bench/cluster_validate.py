@@ -36,11 +36,16 @@ from typing import Any
 
 from coserve.bench.cluster_run import ClusterRun
 from coserve.bench.cluster_sim import JobArrival
-from coserve.bench.run_metrics import SLO, relative_error, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord
-from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead_s, simulate_engines,
-                                     truth_model_from_run)
+from coserve.bench.run_metrics import relative_error, summarize
+from coserve.bench.simulator import (
+    EngineShape,
+    SimSettings,
+    measured_overhead_s,
+    simulate_engines,
+    truth_model_from_run,
+)
 from coserve.bench.traces import RequestSpec, make_trace, poisson_arrivals
 from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.share.latency import LatencyModel
@@ -212,7 +217,8 @@ def run_validation(args: argparse.Namespace) -> dict[str, Any]:
         runs = []
         for rate in rates:
             runs += _measure_pair(args, config, setup, job_spec, rate, window, shape, fingerprint)
-    return {"machine": machine_id(args.device), "model": model, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return {"machine": machine_id(args.device), "model": model, "date": date,
             "command": " ".join(["coserve", *sys.argv[1:]]),
             "slo": {"tpot_ms": setup.slo.tpot_s * 1000.0, "ttft_ms": setup.slo.ttft_s * 1000.0},
             "settings": {"window_s": window, "rates_per_engine": rates, "threads_per_engine": 1,

@@ -44,9 +44,9 @@ from typing import Any
 from coserve.bench.calibration import TTFT_MULTIPLE, SweepSettings
 from coserve.bench.coserving_setup import MAX_BATCH_TOKENS, calibrate, run_policy
 from coserve.bench.headroom import Headroom, best_baseline, headroom
-from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
+from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
 from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
@@ -89,7 +89,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="HF model folder (default: the small preset, created under benchmarks/out)")
     ap.add_argument("--rates", default=None, help="comma-separated requests/s (overrides the default set)")
     ap.add_argument("--policies", default=None, help="comma-separated policy names (see policy_set)")
-    ap.add_argument("--window-s", type=float, default=None, help="arrival window per run (default 16 quick, 40 otherwise)")
+    ap.add_argument("--window-s", type=float, default=None,
+                    help="arrival window per run (default 16 quick, 40 otherwise)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:1, ... (default cpu)")
     ap.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
@@ -124,7 +125,7 @@ def engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, s
 
     from coserve.bench.trainer import ensure_model
     from coserve.contract.engine_config import EngineConfig
-    from coserve.torch_engine.registry import build_engine
+    from coserve.torch_engine.builders import build_engine
 
     model_dir, origin = ensure_model(args.model_dir)
     engine = build_engine(EngineConfig(model=str(model_dir), dtype=args.dtype, device=args.device,
@@ -157,7 +158,8 @@ def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Pa
     examples = synthetic_chat_dataset(tokenizer, 64, seed=seed, min_tokens=lengths[0], max_tokens=lengths[1])
     return prepare_job(tokenizer, examples, job_id="bench", tenant="finetune", adapter_id=TRAINING_ADAPTER_ID,
                        num_layers=num_layers, max_len=max_len, output_dir=output_dir,
-                       hyperparameters=HyperparameterRequest(n_epochs=50, batch_size=1), lora=LoRASettings(r=16, lora_alpha=32),
+                       hyperparameters=HyperparameterRequest(n_epochs=50, batch_size=1),
+                       lora=LoRASettings(r=16, lora_alpha=32),
                        seed=seed).spec
 
 

@@ -7,11 +7,19 @@ import dataclasses
 import sys
 from typing import Any
 
-from coserve.bench.calibration import (MAX_MARGIN, LatencyFit, SweepSettings, calibrate_slo, decode_step_s,
-                                       fit_latency_model, measure_decode_step_s, profile_engine)
-from coserve.bench.run_metrics import SLO
+from coserve.bench.calibration import (
+    MAX_MARGIN,
+    LatencyFit,
+    SweepSettings,
+    calibrate_slo,
+    decode_step_s,
+    fit_latency_model,
+    measure_decode_step_s,
+    profile_engine,
+)
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord, replay
+from coserve.bench.run_metrics import SLO
 from coserve.bench.traces import make_trace, poisson_arrivals
 from coserve.share.latency import LatencyModel
 

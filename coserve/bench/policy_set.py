@@ -14,7 +14,7 @@ Names (the `policy` field of the benchmark's JSON):
 
 Every policy gets the same scheduler limits, SLOs and a private copy of the fitted latency model (each
 refines its own copy online). Every one is a `CoServingPolicy` with a share strategy, built by
-`share_registry.build_policy`.
+`share_kinds.build_policy`.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coserve.bench.run_metrics import SLO
 from coserve.bench.replay import PolicyFactory
+from coserve.bench.run_metrics import SLO
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.share.latency import LatencyModel
 from coserve.share.policy import CoServingPolicy
 from coserve.share.settings import CoServingConfig
-from coserve.share.latency import LatencyModel
-from coserve.share.registry import ShareKind, ShareOptions, build_policy
+from coserve.share.share_kinds import ShareKind, ShareOptions, build_policy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 

@@ -1,22 +1,21 @@
 """The latency profiler: a designed sweep of real engine iterations, fitted and checked on held-out ones.
 
-Each measured iteration is built by hand (no policy: `DesignedPlans` is the `EngineCore`'s plan source): some decodes at chosen contexts, at most one
-prefill chunk at a chosen start, sequences spread over 0..`adapters` LoRA adapters, and a fine-tuning
-job's forward window or backward tasklets of chosen sizes. Every measured iteration holds inference work
-(decodes or a prefill chunk): the latency model only ever decides iterations that do (an engine with
-no request running or waiting gives fine-tuning the whole iteration, whatever the model says), and
-fine-tuning alone is a different iteration (a backward-only one runs no forward pass at all); fitted
-together, those iterations pulled the per-iteration constant and doubled the error on the others
-(SmolLM2, CPU time: 5-fold MAPE 9.5% with them, 4.8% without; benchmarks/RESULTS.md). The measured iteration does exactly the
-work its features count (`plan_features`): its sequences get KV blocks for their earlier tokens, and
-unmeasured iterations bring the job to the wanted phase. The earlier tokens' K/V are not computed:
-attention costs the same whatever values the blocks hold (dense kernels, no data-dependent branch; the
-cache starts zeroed and later holds finite K/V of earlier sequences), and computing them cost more
-than the sweep itself (a 30-layer model spent minutes filling 512-token contexts for 32 decodes). Iterations in which the job's
-optimizer step runs are measured but left out: no feature counts an optimizer step (it happens once
-per batch, not per token, and the policy does not plan it against the SLO). The sweep runs
-`repeats` times and each scenario keeps its fastest run, so that a burst of load from another process
-on the machine does not make a sample.
+Each measured iteration is built by hand (no policy: `DesignedPlans` is the `EngineCore`'s plan source): some
+decodes at chosen contexts, at most one prefill chunk at a chosen start, sequences spread over 0..`adapters` LoRA
+adapters, and a fine-tuning job's forward window or backward tasklets of chosen sizes. Every measured iteration
+holds inference work (decodes or a prefill chunk): the latency model only ever decides iterations that do (an engine
+with no request running or waiting gives fine-tuning the whole iteration, whatever the model says), and fine-tuning
+alone is a different iteration (a backward-only one runs no forward pass at all); fitted together, those iterations
+pulled the per-iteration constant and doubled the error on the others (SmolLM2, CPU time: 5-fold MAPE 9.5% with
+them, 4.8% without; benchmarks/RESULTS.md). The measured iteration does exactly the work its features count
+(`plan_features`): its sequences get KV blocks for their earlier tokens, and unmeasured iterations bring the job to
+the wanted phase. The earlier tokens' K/V are not computed: attention costs the same whatever values the blocks hold
+(dense kernels, no data-dependent branch; the cache starts zeroed and later holds finite K/V of earlier sequences),
+and computing them cost more than the sweep itself (a 30-layer model spent minutes filling 512-token contexts for 32
+decodes). Iterations in which the job's optimizer step runs are measured but left out: no feature counts an
+optimizer step (it happens once per batch, not per token, and the policy does not plan it against the SLO). The
+sweep runs `repeats` times and each scenario keeps its fastest run, so that a burst of load from another process on
+the machine does not make a sample.
 
 The samples are split at random (seeded) into a fit set and a held-out set; `LatencyModel.fit` runs
 on the first and `heldout_mape` on the second.
@@ -29,18 +28,18 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from coserve.cluster.engine_core import EngineCore, Step
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings
-from coserve.torch_engine.engine import TorchEngine
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.cluster.engine_core import EngineCore, Step
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobPhase
 from coserve.finetune.pieces import JobPieces
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.share.latency import LatencyModel, ModelFingerprint, Sample, plan_features
 from coserve.inference.request import Request
+from coserve.share.latency import LatencyModel, ModelFingerprint, Sample, plan_features
+from coserve.torch_engine.engine import TorchEngine
 
 SETUP_TOKENS = 1024  # fine-tuning tokens per iteration that brings the job to a phase
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)

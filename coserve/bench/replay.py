@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from coserve.bench.traces import RequestSpec, prompt_token_ids
+from coserve.cluster.engine_core import EngineCore
 from coserve.contract.engine import StepExecutor
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.sampling import AdapterRef, SamplingParams
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.share.policy import CoServingPolicy
-from coserve.cluster.engine_core import EngineCore
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
 from coserve.finetune.host import JobHost
-from coserve.share.latency_features import PlanFeatures, plan_features
+from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.request import Request
+from coserve.share.latency_features import PlanFeatures, plan_features
+from coserve.share.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 if TYPE_CHECKING:  # torch only where a real engine runs; the simulator imports this module too

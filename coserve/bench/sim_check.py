@@ -15,9 +15,9 @@ import dataclasses
 import math
 from typing import Any
 
-from coserve.bench.run_metrics import relative_error, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord
+from coserve.bench.run_metrics import relative_error, summarize
 from coserve.bench.simulator import EngineShape, SimSettings, measured_overhead_s, simulate, truth_model_from_run
 from coserve.bench.traces import RequestSpec
 from coserve.finetune.job import FinetuneJobSpec

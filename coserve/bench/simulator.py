@@ -25,17 +25,16 @@ from dataclasses import dataclass
 
 from coserve.bench.cluster_run import ClusterRun
 from coserve.bench.cluster_sim import JobArrival, SchedulerCost, SimEngine, run_cluster
-from coserve.bench.replay import (AdapterSlotTracker, EngineLane, PolicyFactory, RunLimits, RunRecord, drive,
-                                  job_host)
+from coserve.bench.replay import AdapterSlotTracker, EngineLane, PolicyFactory, RunLimits, RunRecord, drive, job_host
 from coserve.bench.traces import RequestSpec
+from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.routing import RoutingWeights
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingReport
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.cluster.cluster_scheduler import ClusterScheduler
-from coserve.share.policy import CoServingPolicy
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.share.latency import LatencyModel, ModelFingerprint
-from coserve.cluster.routing import RoutingWeights
+from coserve.share.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 SIMULATED_TOKEN = 17  # the token every simulated sample returns (requests ignore EOS)

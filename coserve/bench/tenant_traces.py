@@ -33,8 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from coserve.bench.cluster_sim import JobArrival
-from coserve.bench.traces import LengthDistribution, RequestSpec, bursty_arrivals, sharegpt_lengths, \
-    synthetic_training_examples
+from coserve.bench.traces import (
+    LengthDistribution,
+    RequestSpec,
+    bursty_arrivals,
+    sharegpt_lengths,
+    synthetic_training_examples,
+)
 from coserve.contract.job_spec import FinetuneJobSpec
 
 

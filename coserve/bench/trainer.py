@@ -102,8 +102,10 @@ def _timed_rounds(args: argparse.Namespace, co: Any, hf: Any, data: list[Any], n
     for step in range(n_steps):
         ids, trained = data[step + 1]
         for name in args.schedules:  # coserve, HF, coserve, HF ...: HF runs after each schedule
-            for key, fn in ((f"coserve_{name}", lambda: co.step(ids, trained, *SCHEDULES[name])),
-                            ("hf_peft", lambda: hf.step(ids, trained))):
+            arms_now = ((f"coserve_{name}", lambda ids=ids, trained=trained, name=name:
+                         co.step(ids, trained, *SCHEDULES[name])),
+                        ("hf_peft", lambda ids=ids, trained=trained: hf.step(ids, trained)))
+            for key, fn in arms_now:
                 if key == "hf_peft" and name != args.schedules[0] and len(args.schedules) > 1:
                     # one HF step per round is enough for the later schedules' pairs: reuse it
                     continue

@@ -25,9 +25,10 @@ the gradients of the LoRA parameters (the same in both arms).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -102,10 +103,10 @@ class CoserveArm:
 
     def __init__(self, model_dir: Path, seed: int) -> None:
         from coserve.contract.training_settings import LoRASettings, OptimizerSettings
-        from coserve.model.config import ModelConfig
         from coserve.forward.transformer import Transformer
-        from coserve.trainer import LoRAOptimizer, TrainableLoRA, WindowedTrainer
+        from coserve.model.config import ModelConfig
         from coserve.model.weights import load_weights
+        from coserve.trainer import LoRAOptimizer, TrainableLoRA, WindowedTrainer
 
         cfg = ModelConfig.from_pretrained(model_dir)
         weights = load_weights(model_dir, cfg, torch.float32, torch.device("cpu"))

@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
+from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.simulator import EngineShape, gpu_latency_model, simulate_cluster
 from coserve.bench.traces import make_trace, poisson_arrivals, sharegpt_lengths, synthetic_training_examples
-from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.finetune.job import FinetuneJobSpec
+from coserve.inference.scheduler_config import SchedulerConfig
 
 SHAPE = EngineShape(num_kv_blocks=4096, block_size=16, num_adapter_slots=8, vocab_size=128256,
                     num_layers=32)

@@ -28,21 +28,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from coserve.contract.engine import EngineFailure, StepExecutor
-from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.cluster.adapter_catalog import AdapterCatalog
-from coserve.cluster.member import EngineMember
-from coserve.cluster.jobs import ClusterJobs
-from coserve.share.policy import CoServingPolicy
 from coserve.cluster.engine_core import Step
 from coserve.cluster.failover import Failover, reset_for_reroute, split_requests
-from coserve.inference.request import Request, RequestStatus
+from coserve.cluster.jobs import ClusterJobs
+from coserve.cluster.member import EngineMember
 from coserve.cluster.routing import RouteChoice, RoutingWeights, route
+from coserve.cluster.work_stealing import can_steal, plan_steals
+from coserve.contract.engine import EngineFailure, StepExecutor
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.inference.request import Request, RequestStatus
+from coserve.share.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
 from coserve.tenancy.vtc import VirtualTokenCounter, VTCWeights
-from coserve.cluster.work_stealing import can_steal, plan_steals
 
-# Builds an engine's policy with the cluster's shared counters (e.g. `share_registry.build_policy(...,
+# Builds an engine's policy with the cluster's shared counters (e.g. `share_kinds.build_policy(...,
 # shared=shared)` over that engine's layout).
 PolicyBuilder = Callable[[SharedVtc], CoServingPolicy]
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.cluster.routing import EngineLoad
+from coserve.contract.job_spec import FinetuneJobSpec
 
 
 class PlacementCandidate(Protocol):

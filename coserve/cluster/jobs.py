@@ -21,15 +21,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from coserve.cluster.adapter_catalog import AdapterCatalog
-from coserve.cluster.member import EngineMember
 from coserve.cluster.engine_core import Step
 from coserve.cluster.failover import JobMove
+from coserve.cluster.job_placement import Placement, place_job
+from coserve.cluster.member import EngineMember
 from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
+from coserve.finetune.host import JobHost
 from coserve.finetune.job import FinetuneJob
 from coserve.finetune.job_checkpoints import JobCheckpoints
-from coserve.finetune.host import JobHost
-from coserve.cluster.job_placement import Placement, place_job
 from coserve.tenancy.vtc import VirtualTokenCounter
 
 _ENDS = (JobEventKind.SUCCEEDED, JobEventKind.FAILED, JobEventKind.CANCELLED)

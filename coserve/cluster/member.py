@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+from coserve.cluster.engine_core import EngineCore, Step
+from coserve.cluster.routing import EngineLoad
 from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan
 from coserve.contract.sampling import AdapterRef
-from coserve.share.policy import CoServingPolicy
-from coserve.cluster.engine_core import EngineCore, Step
 from coserve.finetune.job import FinetuneJob
 from coserve.inference.kv_blocks import KVBlockManager, PrefixHashes
 from coserve.inference.request import Request
-from coserve.cluster.routing import EngineLoad
+from coserve.share.policy import CoServingPolicy
 
 
 class EngineMember:

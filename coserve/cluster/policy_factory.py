@@ -21,8 +21,8 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.share.latency import LatencyModel, ModelFingerprint
 from coserve.share.policy import CoServingPolicy
-from coserve.share.registry import ShareKind, ShareOptions, build_policy
 from coserve.share.settings import CoServingConfig
+from coserve.share.share_kinds import ShareKind, ShareOptions, build_policy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 
@@ -62,7 +62,7 @@ class CoServingPolicyFactory:
         latency_profile: a `coserve profile --json` file; None starts unfitted (learned online).
         tenant_weights: tenant -> share under contention (the tenants file's `weight`).
         finetune_floor_every: the liveness floor (`CoServingConfig.finetune_floor_every`).
-        share / share_options: the fine-tuning share strategy (`share_registry`); with
+        share / share_options: the fine-tuning share strategy (`share_kinds`); with
             `ShareKind.NONE` the policy runs no jobs (the scheduler opens no job manager).
     """
 

@@ -21,7 +21,7 @@ from coserve.contract.plan import IterationPlan, IterationResult
 
 class EngineKind(enum.Enum):
     """Which backend executes the plans (`coserve serve --engine`, `LLM(engine=...)`); each kind has its
-    builder in `coserve.torch_engine.registry`."""
+    builder in `coserve.torch_engine.builders`."""
 
     NATIVE = "native"  # coserve's own torch engine (coserve.torch_engine.engine)
     VLLM = "vllm"  # vLLM's engine, co-serving on its weights (coserve.vllm.engine)

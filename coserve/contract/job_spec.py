@@ -6,9 +6,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from coserve.contract.data_position import DataPosition
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
-from coserve.contract.data_position import DataPosition
 
 # A job's smallest backward tasklet, except for a layer's last tokens (`FinetuneJobSpec`).
 MIN_TASKLET_TOKENS = 16

@@ -88,7 +88,7 @@ class SamplingParams:
             (all(-100.0 <= v <= 100.0 for v in (self.logit_bias or {}).values()), "logit_bias",
              "logit_bias values must be in [-100, 100]"),
         ]
-        for ok, param, message in checks:
+        for ok, _param, message in checks:
             if not ok:
                 raise ValueError(message)
         if self.structured_output is not None:

@@ -19,8 +19,7 @@ import enum
 import json
 from dataclasses import dataclass
 
-from coserve.contract.schema_limits import (Path, Violation, lark_violation, schema_text_violation,
-                                            schema_violation)
+from coserve.contract.schema_limits import Path, Violation, lark_violation, schema_text_violation, schema_violation
 
 # llguidance's JSON compiler options (see its JsonCompileOptions): the one layout of generated JSON.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

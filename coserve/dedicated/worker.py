@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coserve.contract.dedicated_run import Command, RunSpec, WorkerInfo
 from coserve.contract.data_position import DataPosition
+from coserve.contract.dedicated_run import Command, RunSpec, WorkerInfo
 from coserve.contract.job_spec import JobEvent, JobEventKind
 
 PAUSE_POLL_S = 1.0  # how often a paused run asks whether it may go on
@@ -76,8 +76,8 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
     import ray.train
     import torch
 
-    from coserve.trainer import TrainingSequence, WindowedTrainer
     from coserve.contract.trainer_state import STATE_FILE, read_trainer_state
+    from coserve.trainer import TrainingSequence, WindowedTrainer
     from coserve.trainer.data_parallel import ProcessGroupSync
     from coserve.trainer.setup import build_trainable
 
@@ -119,8 +119,8 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
 
 
 def _load_model(model_dir: str, dtype: str, device: Any) -> Any:
-    from coserve.model.config import ModelConfig, resolve_dtype
     from coserve.forward.transformer import Transformer
+    from coserve.model.config import ModelConfig, resolve_dtype
     from coserve.model.weights import load_weights
 
     cfg = ModelConfig.from_pretrained(model_dir)

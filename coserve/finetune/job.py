@@ -22,16 +22,21 @@ Pure Python: no torch, no Ray. The job's spec, states and events are in `finetun
 
 from __future__ import annotations
 
-
-from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.contract.sampling import AdapterRef
-from coserve.contract.training_plan import (BackwardTasklet, ForwardWindow, JobStart, OptimizerStep, SaveAdapter,
-                                            SequenceStart)
-from coserve.inference.adapter_slots import AdapterSlots
 from coserve.contract.data_position import DataPosition
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind, JobPhase, JobState, trained_tokens
-from coserve.inference.kv_blocks import KVBlockManager
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import AdapterRef
+from coserve.contract.training_plan import (
+    BackwardTasklet,
+    ForwardWindow,
+    JobStart,
+    OptimizerStep,
+    SaveAdapter,
+    SequenceStart,
+)
 from coserve.finetune.progress import BatchProgress, SequenceProgress
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.inference.kv_blocks import KVBlockManager
 from coserve.tenancy.vtc import backward_tasklet_tokens
 
 __all__ = ["FinetuneJob", "FinetuneJobSpec", "JobEvent", "JobEventKind", "JobPhase", "JobState",

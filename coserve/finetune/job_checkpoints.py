@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.data_position import DataPosition
 from coserve.contract.job_spec import FinetuneJobSpec, trained_tokens_before
+from coserve.contract.plan import IterationPlan, IterationResult
 
 
 @dataclass(frozen=True, slots=True)

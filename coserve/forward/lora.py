@@ -25,7 +25,7 @@ class Projection(enum.IntEnum):
     """The base model's fused projections, each carrying the LoRA of its member modules."""
 
     QKV = 0
-    O = 1
+    O = 1  # noqa: E741 - the o_proj, as PEFT and transformers name it
     GATE_UP = 2
     DOWN = 3
 

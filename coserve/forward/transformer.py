@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from coserve.forward.attention import AttentionMetadata, paged_attention
-from coserve.model.config import ModelConfig
 from coserve.forward.kv_cache import KVCache
 from coserve.forward.lora import LoRABank, LoRASegment, Projection
 from coserve.forward.rope import RotaryTable, apply_rope
+from coserve.model.config import ModelConfig
 from coserve.model.weights import LayerWeights, ModelWeights
 
 

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings, ResolvedHyperparameters
-from coserve.frontend.training_data import TrainingData, prepare_training_data
 from coserve.finetune.job import FinetuneJobSpec
-
+from coserve.frontend.training_data import TrainingData, prepare_training_data
 
 # Offline fine-tuning adapters take ids from here down, far from users' LoRARequest ids.
 FIRST_TRAINING_ADAPTER_ID = 2**40

@@ -28,7 +28,7 @@ from coserve.frontend.tokenizer import Tokenizer
 from coserve.model.config import ModelConfig
 
 
-class TokenScheduler(Protocol):
+class SchedulerClient(Protocol):
     """The scheduler as the gateway reaches it (`coserve.actors.client`: in-process or over Ray)."""
 
     async def start(self) -> None: ...
@@ -52,7 +52,7 @@ class SchedulerFrontend:
         structured_output: the engine enforces grammars (requests that need one are refused if not).
     """
 
-    def __init__(self, scheduler: TokenScheduler, tokenizer: Any, model_config: ModelConfig,
+    def __init__(self, scheduler: SchedulerClient, tokenizer: Any, model_config: ModelConfig,
                  max_model_len: int, max_lora_rank: int, structured_output: bool = True) -> None:
         self.scheduler = scheduler
         self._tokenizer = tokenizer
@@ -62,7 +62,7 @@ class SchedulerFrontend:
         self._texts: dict[str, TextStream] = {}  # admitted, stream not read yet
 
     @classmethod
-    def for_engine(cls, model: str, scheduler: TokenScheduler, layout: RuntimeLayout) -> SchedulerFrontend:
+    def for_engine(cls, model: str, scheduler: SchedulerClient, layout: RuntimeLayout) -> SchedulerFrontend:
         """The frontend of the engine serving the model folder `model`: the engine's tokenizer (its
         layout's `TokenizerSpec`), the folder's config (read torch-free), the engine's limits.
 

@@ -19,8 +19,8 @@ from coserve.contract.messages import Rejection
 from coserve.contract.sampling import SamplingParams
 from coserve.frontend.chat_render import TemplateError, require_tool_support, template_messages
 from coserve.frontend.messages import ChatSubmission
-from coserve.tools.family import ToolFamily, detect_family, template_text
 from coserve.tools.call_grammar import tool_call_grammar
+from coserve.tools.family import ToolFamily, detect_family, template_text
 from coserve.tools.spec import ToolChoiceMode
 
 _NO_TOOLS = ("This model's chat template does not render tools, so the model cannot be given 'tools' "

@@ -40,9 +40,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coserve.contract.training_plan import TrainingExample
-from coserve.frontend.chat_render import (TemplateError, Tools, content_text, render, require_calls_rendered,
-                                          require_tool_results_rendered, require_tool_support, require_tools_rendered,
-                                          template_messages, tool_calls)
+from coserve.frontend.chat_render import (
+    TemplateError,
+    Tools,
+    content_text,
+    render,
+    require_calls_rendered,
+    require_tool_results_rendered,
+    require_tool_support,
+    require_tools_rendered,
+    template_messages,
+    tool_calls,
+)
 
 MAX_WARNED_INDICES = 20  # a warning names at most this many example indices
 

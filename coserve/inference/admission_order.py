@@ -20,8 +20,8 @@ from typing import Protocol
 
 from coserve.inference.fanouts import FanOuts
 from coserve.inference.request import Request, RequestStatus
-from coserve.tenancy.vtc import VirtualTokenCounter
 from coserve.inference.waiting import FifoQueue, TenantQueues, WaitingQueue
+from coserve.tenancy.vtc import VirtualTokenCounter
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from operator import attrgetter
 
 from coserve.contract.plan import IterationPlan
-from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.scheduler_config import SchedulerConfig
 
 _NUM_TOKENS = attrgetter("num_tokens")
 _REQUEST_ID = attrgetter("request_id")

@@ -16,12 +16,18 @@ from collections.abc import Callable
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.inference.adapter_slots import AdapterSlots, RunningAdapters, acquire_into
 from coserve.inference.admission_order import AdmissionOrder, FifoOrder
-from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.plan_checks import check_kv_matches, check_sequences, check_token_budget
 from coserve.inference.request import Request, RequestStatus
-from coserve.inference.request_rules import (Budget, check_new_request, check_stop, clamp_new_tokens, num_new_tokens,
-                                            prefix_salt)
+from coserve.inference.request_rules import (
+    Budget,
+    check_new_request,
+    check_stop,
+    clamp_new_tokens,
+    num_new_tokens,
+    prefix_salt,
+)
+from coserve.inference.scheduler_config import SchedulerConfig
 
 
 def _no_reclaim(plan: IterationPlan) -> bool:

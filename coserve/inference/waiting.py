@@ -14,7 +14,6 @@ from typing import Protocol
 from coserve.inference.request import Request
 from coserve.tenancy.vtc import VirtualTokenCounter
 
-
 _ARRIVAL = attrgetter("arrival_time")
 
 

@@ -23,12 +23,25 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, GenerationConfig, LlamaConfig, MistralConfig,
-                          PretrainedConfig, Qwen2Config, Qwen3Config)
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from coserve.model.chat_templates import chat_template_for
-from coserve.model.tokenizer_train import (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, save_tokenizer,
-                                              special_token_ids, train_tokenizer)
+from coserve.model.tokenizer_train import (
+    BOS_TOKEN,
+    EOS_TOKEN,
+    PAD_TOKEN,
+    save_tokenizer,
+    special_token_ids,
+    train_tokenizer,
+)
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {

@@ -17,13 +17,13 @@ import itertools
 from dataclasses import dataclass, field
 
 from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.finetune.host import JobHost
+from coserve.finetune.job import FinetuneJob, JobEvent, JobEventKind, JobState
+from coserve.finetune.roster import whole_iteration_allowance
 from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.finetune.job import FinetuneJob, JobEvent, JobEventKind, JobState
-from coserve.finetune.host import JobHost
-from coserve.finetune.roster import whole_iteration_allowance
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.tenancy.vtc import VTCWeights, VirtualTokenCounter
+from coserve.tenancy.vtc import VirtualTokenCounter, VTCWeights
 
 
 @dataclass(slots=True)

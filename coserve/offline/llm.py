@@ -17,7 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coserve.cluster.engine_core import EngineCore
+from coserve.contract import defaults
 from coserve.contract.engine import EngineKind
+from coserve.contract.engine_config import EngineConfig
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
@@ -25,19 +28,16 @@ from coserve.frontend.adapter_check import AdapterChecker
 from coserve.frontend.chat_template import encode_chat
 from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, prepare_job
 from coserve.frontend.output_tracker import OutputTracker
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.request import Request, RequestStatus, expand_request
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.offline.finetune import FineTuneResult, OfflineJobs
 from coserve.offline.lora_request import LoRARequest
 from coserve.offline.outputs import CompletionOutput, RequestOutput
-from coserve.contract.engine_config import EngineConfig
-from coserve.torch_engine.registry import build_engine
-from coserve.contract import defaults
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.cluster.engine_core import EngineCore
-from coserve.inference.scheduler import InferenceScheduler
-from coserve.inference.kv_blocks import KVBlockManager
-from coserve.inference.request import Request, RequestStatus, expand_request
 from coserve.structured.guarded_check import GrammarCheck
+from coserve.torch_engine.builders import build_engine
 
 PromptType = str | dict
 ChatMessages = list[dict]
@@ -213,8 +213,8 @@ class LLM:
         tokens (messages with `"weight": 0` excluded). `hyperparameters`: a `HyperparameterRequest`,
         or OpenAI's `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
         `HyperparameterRequest.resolve`); `lora`: a `LoRASettings`, or its fields by PEFT's names (`r`,
-        `lora_alpha`, `target_modules`, `use_rslora`; default r=16, alpha=32, all seven projections). Checkpoints are written
-        to `output_dir/ckpt-step-N` at each epoch's end, the adapter to `output_dir/final`; the
+        `lora_alpha`, `target_modules`, `use_rslora`; default r=16, alpha=32, all seven projections). Checkpoints
+        are written to `output_dir/ckpt-step-N` at each epoch's end, the adapter to `output_dir/final`; the
         `validation` examples' mean loss is measured at each epoch's end (`validation_losses`).
 
         Raises:

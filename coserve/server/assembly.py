@@ -1,7 +1,7 @@
 """Assembly: a coserve server built from its `ServeOptions`, in one process or on Ray.
 
 - `--local` (`build_local_app`, `run_local`): one process. The scheduler's coroutines run on uvicorn's
-  event loop, the engine loop on a background thread (`coserve.actors.client.LocalScheduler`).
+  event loop, the engine loop on a background thread (`coserve.actors.client.LocalSchedulerClient`).
 - default (`run_ray`): Ray (a local cluster unless `RAY_ADDRESS` is set). The SchedulerActor is a named
   async actor, the `--engines` EngineActors hold one GPU each (`engine_pool`: a placement group), and the
   gateway is a Ray Serve ingress deployment: the same FastAPI app, built in the replica
@@ -31,11 +31,10 @@ import signal
 import time
 from typing import Any
 
+from coserve.server.engine_pool import RAY_NAMESPACE, actor_name
 from coserve.server.options import ServeOptions, options_from_args
 
 logger = logging.getLogger(__name__)
-
-from coserve.server.engine_pool import RAY_NAMESPACE, actor_name
 
 ENGINE_ID = "engine-0"  # the engine with --local, and the first on Ray
 
@@ -58,7 +57,7 @@ class PortUnavailable(RuntimeError):
 
 def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, layout: Any,
                 dedicated: Any = None) -> Any:
-    """The gateway's FastAPI app over a scheduler client (`LocalScheduler` or `RayScheduler`): its
+    """The gateway's FastAPI app over a scheduler client (`LocalSchedulerClient` or `RaySchedulerClient`): its
     `SchedulerFrontend` holds the tokenizer (prompts in, text out); the scheduler sees token ids.
     `dedicated`: the Ray cluster's room for dedicated fine-tuning runs (None with `--local`)."""
     from coserve.api.app import build_app
@@ -74,7 +73,7 @@ def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, la
 
 def build_local_app(opts: ServeOptions) -> Any:
     """The FastAPI app with the scheduler and engine in this process (started by the app's lifespan)."""
-    from coserve.actors.client import LocalScheduler
+    from coserve.actors.client import LocalSchedulerClient
     from coserve.actors.data_dir_lock import DataDirLock
     from coserve.actors.engine_actor import EngineActor
     from coserve.actors.scheduler_actor import SchedulerActor
@@ -87,7 +86,7 @@ def build_local_app(opts: ServeOptions) -> Any:
     try:
         engine = EngineActor(opts.engine_config(), ENGINE_ID)
         scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants), data_lock=lock)
-        return gateway_app(opts, tenants, MetadataStore(opts.data_dir), LocalScheduler(scheduler, engine),
+        return gateway_app(opts, tenants, MetadataStore(opts.data_dir), LocalSchedulerClient(scheduler, engine),
                            engine.layout())
     except BaseException:
         lock.release()
@@ -130,7 +129,7 @@ class GatewayIngress:
     """
 
     def __init__(self, opts: ServeOptions) -> None:
-        from coserve.actors.client import RayScheduler
+        from coserve.actors.client import RaySchedulerClient
         from coserve.store import MetadataStore
 
         self._opts = opts
@@ -142,7 +141,7 @@ class GatewayIngress:
         # error, when another server holds it): the store is opened only once this server owns the dir.
         self._scheduler_actor, self._engines, self._layout = start_ray_actors(opts, self._tenants, engines)
         self._store = MetadataStore(opts.data_dir)
-        self._scheduler = RayScheduler(self._scheduler_actor)
+        self._scheduler = RaySchedulerClient(self._scheduler_actor)
 
     def __serve_build_asgi_app__(self) -> Any:
         return gateway_app(self._opts, self._tenants, self._store, self._scheduler, self._layout,

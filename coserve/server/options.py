@@ -50,7 +50,7 @@ class ServeOptions:
     max_upload_bytes: int = 128 * 1024 * 1024  # POST /v1/files (api.state.DEFAULT_MAX_UPLOAD_BYTES: why)
     dedicated_min_tokens: int | None = None  # jobs training this many tokens go to Ray Train (None: never)
     dedicated_workers: int = 2  # workers of a dedicated run that does not say (finetune.dedicated)
-    engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.torch_engine.registry)
+    engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.torch_engine.builders)
     engines: int | None = None  # engine actors (`--engines`; None: one per visible GPU, one on the CPU)
 
     @property
@@ -166,9 +166,9 @@ class ServeOptions:
         """The hybrid token policy's factory: SLOs, tenant weights, the latency profile."""
         import json
 
+        from coserve.cluster.policy_factory import CoServingPolicyFactory
         from coserve.model.config import ModelConfig, dtype_name
         from coserve.share.latency import ModelFingerprint, engine_machine_id, model_id_from_config
-        from coserve.cluster.policy_factory import CoServingPolicyFactory
 
         config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
         dtype = dtype_name(self.dtype, ModelConfig.from_pretrained(self.model))

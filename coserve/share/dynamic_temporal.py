@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from coserve.share.strategy import ShareContext
 from coserve.inference.request import Request
+from coserve.share.strategy import ShareContext
 from coserve.share.temporal import TurnTakingShare
 
 MIN_INTERVAL, MAX_INTERVAL = 64, 512

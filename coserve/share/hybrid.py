@@ -39,10 +39,10 @@ from collections.abc import Sequence
 
 from coserve.contract.plan import IterationPlan
 from coserve.finetune.job import JobPhase
-from coserve.share.strategy import RequestWatcher, ShareContext
 from coserve.finetune.roster import Allowance, TrainingJob, fixed_allowance, whole_iteration_allowance
-from coserve.share.latency import PlanFeatures
 from coserve.inference.request import Request
+from coserve.share.latency import PlanFeatures
+from coserve.share.strategy import RequestWatcher, ShareContext
 
 __all__ = ["HybridShare", "MIN_BURST"]
 

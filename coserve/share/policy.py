@@ -8,7 +8,7 @@ what it leaves. It is composed of
 * a `FinetuneFloor` (`liveness.py`): every runnable job moves, or the policy says why not;
 * an `OnlineLatency` (`online_latency.py`): the latency model, refined from every measured iteration;
 * a `FinetuneShare` strategy (`finetune_share.py`): how much fine-tuning work an iteration gets
-  (`hybrid`, `temporal`, `dynamic_temporal`, `static_split`, none), built by name in `share_registry`.
+  (`hybrid`, `temporal`, `dynamic_temporal`, `static_split`, none), built by name in `share_kinds`.
 
 TTFT guard: while a request that has waited past the guard is waiting, the hybrid share adds no
 fine-tuning work, so the running batch drains into it instead of into training windows.
@@ -25,19 +25,19 @@ import time
 from collections.abc import Callable, Sequence
 
 from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.finetune.host import JobHost
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.admission_order import VtcOrder
-from coserve.share.strategy import FinetuneShare
-from coserve.share.settings import CoServingConfig
-from coserve.inference.scheduler import InferenceScheduler
-from coserve.finetune.host import JobHost
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.share.latency import LatencyModel, PlanFeatures, plan_features
-from coserve.share.liveness import FinetuneFloor, growth_room
-from coserve.share.online_latency import OnlineLatency
 from coserve.inference.plan_checks import check_sequences
 from coserve.inference.request import Request, RequestStatus
 from coserve.inference.request_rules import Budget
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.share.latency import LatencyModel, PlanFeatures, plan_features
+from coserve.share.liveness import FinetuneFloor, growth_room
+from coserve.share.online_latency import OnlineLatency
+from coserve.share.settings import CoServingConfig
+from coserve.share.strategy import FinetuneShare
 from coserve.tenancy.shared_vtc import SharedVtc
 from coserve.tenancy.vtc import VirtualTokenCounter
 
@@ -52,9 +52,9 @@ class CoServingPolicy:
             `finetune_kv` is given).
         adapters: the engine's adapter bank slots.
         latency: the iteration latency model (refined online from measured iterations).
-        share: the fine-tuning share strategy (`share_registry.make_share` builds one by name).
+        share: the fine-tuning share strategy (`share_kinds.make_share` builds one by name).
         finetune_kv: fine-tuning's own KV range when `share.kv_fraction` is set (a static split,
-            `split_kv`); None: `kv`. `build_policy` (`share_registry`) cuts the cache as the share says.
+            `split_kv`); None: `kv`. `build_policy` (`share_kinds`) cuts the cache as the share says.
         clock: seconds on the scale of `Request.arrival_time` (for the TTFT guard).
         shared: the counters of a `ClusterScheduler`, shared with the other engines' policies
             (`shared_vtc`); None: counters of its own (one engine).

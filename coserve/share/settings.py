@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from coserve.contract import defaults
-from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.contract.job_spec import MIN_TASKLET_TOKENS
+from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.tenancy.vtc import VTCWeights
-
 
 DEFAULT_TPOT_SLO_MS = 100.0
 DEFAULT_TTFT_SLO_MS = 5000.0

@@ -10,7 +10,7 @@ through this small protocol, reading the policy through `ShareContext`:
 * `static_split.StaticSplitShare`: a fixed fraction of every iteration (and of the KV cache);
 * `NoFinetuneShare`: none (inference only; the policy hosts no jobs).
 
-`share_registry` builds them by name.
+`share_kinds` builds them by name.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from coserve.share.settings import CoServingConfig
 from coserve.finetune.roster import Allowance
+from coserve.inference.request import Request
 from coserve.share.latency import LatencyModel, PlanFeatures
 from coserve.share.liveness import FinetuneFloor
-from coserve.inference.request import Request
+from coserve.share.settings import CoServingConfig
 
 
 class ShareContext(Protocol):

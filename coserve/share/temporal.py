@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from coserve.share.strategy import IGNORE_REQUESTS, RequestWatcher, ShareContext
 from coserve.finetune.roster import Allowance, fixed_allowance
 from coserve.share.latency import PlanFeatures
+from coserve.share.strategy import IGNORE_REQUESTS, RequestWatcher, ShareContext
 
 DEFAULT_INFERENCE_ITERATIONS = 64  # FlexLLM sweeps 64..512
 

@@ -8,8 +8,7 @@ import sqlite3
 from typing import Any
 
 from coserve.store._base import Database, check_tenant, from_row, to_json
-from coserve.store.records import (JobRecord, JobStatus, NotFoundError, check_suffix, check_transition,
-                                          new_id)
+from coserve.store.records import JobRecord, JobStatus, NotFoundError, check_suffix, check_transition, new_id
 
 JOB_JSON = frozenset({"hyperparameters", "method", "metadata", "error", "result_files", "extensions"})
 _JOB_CONVERT = {"status": JobStatus}

@@ -17,20 +17,20 @@ from pathlib import Path
 import llguidance
 import torch
 
-from coserve.contract.engine import EngineKind, RuntimeLayout
+from coserve.contract.engine import RuntimeLayout
+from coserve.contract.engine_config import EngineConfig
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, SampledToken, ScheduledChunk, StepTimings
 from coserve.contract.sampling import SamplingParams
 from coserve.forward.attention import ChunkSpan, attends_row_wise, build_metadata
-from coserve.model.config import ModelConfig, resolve_dtype
-from coserve.contract.engine_config import EngineConfig
-from coserve.torch_engine.grammar import GrammarCompiler
 from coserve.forward.kv_cache import KVCache
 from coserve.forward.lora import LoRABank, LoRASegment
-from coserve.forward.transformer import Transformer
 from coserve.forward.native import load_paged_decode
+from coserve.forward.transformer import Transformer
+from coserve.model.config import ModelConfig, resolve_dtype
+from coserve.model.weights import load_weights
+from coserve.torch_engine.grammar import GrammarCompiler
 from coserve.torch_engine.sampler import RowSampling, Sampler
 from coserve.trainer.runtime import TrainingRuntime, WindowRows
-from coserve.model.weights import load_weights
 
 
 @dataclass(slots=True)

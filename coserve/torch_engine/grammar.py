@@ -25,8 +25,8 @@ import llguidance
 import torch
 
 from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
-from coserve.torch_engine.token_mask import BITS, TokenMask, words_for
 from coserve.structured.llguidance_grammar import grammar_text, parser_limits
+from coserve.torch_engine.token_mask import BITS, TokenMask, words_for
 
 logger = logging.getLogger(__name__)
 

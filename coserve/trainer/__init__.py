@@ -2,16 +2,11 @@
 the optimizer step and checkpoints."""
 
 from coserve.trainer.checkpoint import DataPosition, load_checkpoint, save_checkpoint
-from coserve.trainer.data import (EncodedExample, PreparedDataset, TemplateError,
-                                           encode_example, prepare_dataset)
+from coserve.trainer.data import EncodedExample, PreparedDataset, TemplateError, encode_example, prepare_dataset
 from coserve.trainer.lora_params import TrainableLoRA, peft_key
-from coserve.trainer.loss import (IGNORE_INDEX, WindowLoss, chunked_cross_entropy,
-                                           full_cross_entropy, window_loss)
-from coserve.trainer.optimizer import (LoRAOptimizer, NonFiniteGradientError,
-                                                StepStats, TrainingSequence,
-                                                train_batch)
-from coserve.trainer.windowed import (SequenceState, WindowedTrainer, next_token_targets,
-                                               run_schedule, train_sequence)
+from coserve.trainer.loss import IGNORE_INDEX, WindowLoss, chunked_cross_entropy, full_cross_entropy, window_loss
+from coserve.trainer.optimizer import LoRAOptimizer, NonFiniteGradientError, StepStats, TrainingSequence, train_batch
+from coserve.trainer.windowed import SequenceState, WindowedTrainer, next_token_targets, run_schedule, train_sequence
 
 __all__ = ["IGNORE_INDEX", "DataPosition", "EncodedExample", "LoRAOptimizer",
            "NonFiniteGradientError", "PreparedDataset",

@@ -11,8 +11,8 @@ Layout of a checkpoint folder:
   steps up to this checkpoint; absent in checkpoints written before it was kept; read torch-free by
   `coserve.contract.trainer_state`).
 
-The data order is a rule, not stored data: epoch e of a job with seed s visits the examples in
-`DataPosition.order` = a permutation drawn from (s, e) (`coserve.contract.data_position`). A position (epoch, index) plus the seed is
+The data order is a rule, not stored data: epoch e of a job with seed s visits the examples in `DataPosition.order`
+= a permutation drawn from (s, e) (`coserve.contract.data_position`). A position (epoch, index) plus the seed is
 therefore enough to continue with exactly the batches an uninterrupted run would have taken.
 
 Atomicity: everything is written and fsynced in a hidden temporary folder beside the target, which
@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 
+from coserve.contract.data_position import DataPosition
 from coserve.contract.trainer_state import CHECKPOINT_FORMAT, STATE_FILE, read_trainer_state
 from coserve.model.config import ModelConfig
 from coserve.trainer.lora_params import TrainableLoRA
 from coserve.trainer.optimizer import LoRAOptimizer
-from coserve.contract.data_position import DataPosition
 
 OPTIMIZER_FILE = "optimizer.pt"
 

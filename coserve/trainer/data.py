@@ -11,8 +11,13 @@ from typing import Any
 import torch
 
 from coserve.frontend.chat_render import TemplateError, Tools
-from coserve.frontend.training_data import (EncodedConversation, Example, TrainingData, encode_conversation,
-                                            prepare_training_data)
+from coserve.frontend.training_data import (
+    EncodedConversation,
+    Example,
+    TrainingData,
+    encode_conversation,
+    prepare_training_data,
+)
 from coserve.trainer.optimizer import TrainingSequence
 
 __all__ = ["EncodedExample", "PreparedDataset", "TemplateError", "encode_example", "prepare_dataset"]

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from coserve.contract.training_settings import TARGET_MODULES, LoRASettings
-from coserve.model.config import ModelConfig
 from coserve.forward.lora import AdapterLayer, AdapterWeights, contiguous_layer, fuse_layer
+from coserve.model.config import ModelConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -21,8 +21,19 @@ from pathlib import Path
 
 import torch
 
-from coserve.contract.training_plan import (ForwardWindow, JobFailure, JobStart, SaveAdapter, SavedAdapter, StepReport,
-                                            TrainingExample, TrainingReport, TrainingWork, WindowReport)
+from coserve.contract.data_position import DataPosition
+from coserve.contract.training_plan import (
+    ForwardWindow,
+    JobFailure,
+    JobStart,
+    SaveAdapter,
+    SavedAdapter,
+    StepReport,
+    TrainingExample,
+    TrainingReport,
+    TrainingWork,
+    WindowReport,
+)
 from coserve.forward.kv_cache import KVCache
 from coserve.forward.lora import LoRABank
 from coserve.forward.transformer import Transformer
@@ -31,7 +42,6 @@ from coserve.trainer.lora_params import TrainableLoRA
 from coserve.trainer.optimizer import LoRAOptimizer, NonFiniteGradientError
 from coserve.trainer.setup import build_trainable
 from coserve.trainer.windowed import SequenceState, WindowedTrainer
-from coserve.contract.data_position import DataPosition
 
 
 class JobError(Exception):

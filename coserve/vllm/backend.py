@@ -43,15 +43,15 @@ from typing import Any
 
 import torch
 
-from coserve.model.config import ModelConfig
-from coserve.vllm.patches import keep_cpu_weights, rewind_cpu_generators, set_environment
-from coserve.vllm.weights import model_weights
-from coserve.model.weights import ModelWeights
 from coserve.contract.engine import EngineStartError
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.structured_output import StructuredOutput
+from coserve.model.config import ModelConfig
+from coserve.model.weights import ModelWeights
 from coserve.structured.llguidance_grammar import lark_text
+from coserve.vllm.patches import keep_cpu_weights, rewind_cpu_generators, set_environment
+from coserve.vllm.weights import model_weights
 
 logger = logging.getLogger(__name__)
 

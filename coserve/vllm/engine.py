@@ -29,13 +29,13 @@ import time
 
 import torch
 
-from coserve.model.config import ModelConfig
+from coserve.contract.engine import RuntimeLayout
 from coserve.contract.engine_config import EngineConfig
+from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.forward.transformer import Transformer
+from coserve.model.config import ModelConfig
 from coserve.trainer.runtime import TrainingRuntime
 from coserve.vllm.backend import VllmRuntime, VllmSettings
-from coserve.contract.engine import RuntimeLayout
-from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 
 DEFAULT_CPU_KV_CACHE_GB = 1.0  # vLLM's KV cache on CPU when the config names no size
 
@@ -101,7 +101,6 @@ class VllmEngine:
         t1 = time.perf_counter()
         if plan.chunks:
             self._infer(plan, result)
-        t2 = time.perf_counter()
         self.training.run_windows(plan.training, result.training)
         t3 = time.perf_counter()
         self.training.run_after_forward(plan.training, result.training)

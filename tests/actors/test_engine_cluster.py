@@ -14,9 +14,9 @@ import pytest
 
 from coserve.actors.engine_actor import EngineActor, LocalLink
 from coserve.actors.scheduler_actor import SchedulerActor, SchedulerSettings
+from coserve.contract.engine_config import EngineConfig
 from coserve.contract.messages import TokenBatch, TokenSubmission
 from coserve.contract.sampling import EosIds, SamplingParams
-from coserve.contract.engine_config import EngineConfig
 from coserve.server.options import ServeOptions
 
 PROMPT = [5, 17, 33, 8, 21, 40, 2, 9]

@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from deploy_config import local_args, serve_config
-from local_server import ADMIN_KEY, TERMINAL, free_port, poll_job, scrape, upload_jsonl
 
 from coserve.contract.engine_config import EngineConfig
 from coserve.server.assembly import SCHEDULER_ACTOR, app_builder
 from coserve.server.engine_count import EnginesUnavailable, engine_room
 from coserve.server.engine_pool import RAY_NAMESPACE, EnginePool, actor_name
+from deploy_config import local_args, serve_config
+from local_server import ADMIN_KEY, TERMINAL, free_port, poll_job, scrape, upload_jsonl
 
 CLUSTER_CPUS = 3  # two engines (one CPU each) and room for the third test's refusal
 KEY = "sk-engines-alpha-0123"
@@ -93,7 +93,8 @@ def test_more_engines_than_the_cluster_holds_are_refused(ray_cluster: None, llam
     assert room.count(None) == 1 and room.count(CLUSTER_CPUS) == CLUSTER_CPUS
     with pytest.raises(EnginesUnavailable, match=rf"--engines 4: the Ray cluster has {CLUSTER_CPUS} CPU\(s\)"):
         room.count(4)
-    with pytest.raises(EnginesUnavailable, match=r"--engines 4: the Ray cluster has 0 GPU\(s\) and each engine takes one GPU"):
+    with pytest.raises(EnginesUnavailable,
+                       match=r"--engines 4: the Ray cluster has 0 GPU\(s\) and each engine takes one GPU"):
         engine_room("cuda").count(4)
     # A Serve config asking for more: refused when the application is built, counted on the cluster.
     (app,) = serve_config()["applications"]

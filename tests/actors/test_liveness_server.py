@@ -7,9 +7,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from local_server import local_server, poll_job, upload_jsonl
 
 from coserve.actors.job_watchdog import JobWatchdog
+from local_server import local_server, poll_job, upload_jsonl
 
 KEY = "sk-live"
 TENANTS = {"alpha": {"api_keys": [KEY]}}

@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from deploy_config import local_args, serve_config
-from local_server import ADMIN_KEY, scrape
 
 from coserve import LLM, SamplingParams
 from coserve.server.assembly import ENGINE_ACTOR, RAY_NAMESPACE, SCHEDULER_ACTOR
+from deploy_config import local_args, serve_config
+from local_server import ADMIN_KEY, scrape
 
 KEY = "sk-ray-tenant-0123"
 OTHER_KEY = "sk-ray-other-0123"

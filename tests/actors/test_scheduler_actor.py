@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from coserve.actors.client import LocalScheduler
+from coserve.actors.client import LocalSchedulerClient
 from coserve.actors.engine_actor import EngineActor
 from coserve.actors.scheduler_actor import SchedulerActor, SchedulerSettings
+from coserve.cluster.policy_factory import CoServingPolicyFactory, PolicyFactory
+from coserve.contract.engine_config import EngineConfig
 from coserve.contract.messages import TokenSubmission
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.sampling import EosIds, SamplingParams
 from coserve.frontend.messages import ChatSubmission, StreamBatch
 from coserve.frontend.scheduler_frontend import SchedulerFrontend
 from coserve.frontend.tokenizer import Tokenizer
-from coserve.contract.engine_config import EngineConfig
-from coserve.cluster.policy_factory import CoServingPolicyFactory, PolicyFactory
 from coserve.share.latency import ModelFingerprint
-from coserve.share.registry import ShareKind
+from coserve.share.share_kinds import ShareKind
 from coserve.tenancy.quotas import TenantLimits
 
 HELLO = [{"role": "user", "content": "Hello there"}]
@@ -58,10 +58,10 @@ def engine_config(llama_dir: Path) -> EngineConfig:
 def run(llama_dir: Path, engine_config: EngineConfig, body: Callable[[SchedulerFrontend], Awaitable[object]],
         policy_factory: PolicyFactory = INFERENCE_ONLY, **settings: object) -> object:
     """Run `body(gateway)` on a fresh in-process scheduler + engine behind the gateway's frontend, on a
-    new event loop (`gateway.scheduler` is the `LocalScheduler`)."""
+    new event loop (`gateway.scheduler` is the `LocalSchedulerClient`)."""
     async def main() -> object:
         engine = EngineActor(engine_config)
-        local = LocalScheduler(SchedulerActor(SchedulerSettings(model=str(llama_dir), **settings),
+        local = LocalSchedulerClient(SchedulerActor(SchedulerSettings(model=str(llama_dir), **settings),
                                               policy_factory), engine)
         layout = engine.layout()
         gateway = SchedulerFrontend.for_engine(str(llama_dir), local, layout)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from local_server import LocalServer, local_server
 
 from coserve.api.state import DEFAULT_MAX_REQUEST_BYTES
+from local_server import LocalServer, local_server
 
 BULK_KEY = "sk-bulk-0123456789"
 QUIET_KEY = "sk-quiet-0123456789"

@@ -13,10 +13,9 @@ import httpx
 import openai
 import pytest
 
+from coserve import LLM, SamplingParams
 from local_server import ADMIN_HEADERS, local_app, scrape
 from uvicorn_thread import serve_in_thread
-
-from coserve import LLM, SamplingParams
 
 ACME_KEY = "sk-acme-0123456789"
 GLOBEX_KEY = "sk-globex-0123456789"
@@ -279,7 +278,7 @@ def test_quota_429_with_retry_after(server: Server) -> None:
 
 
 def _engine(server: Server) -> object:
-    return server.app.state.gateway.scheduler.scheduler.engine.engine  # frontend -> LocalScheduler -> actor
+    return server.app.state.gateway.scheduler.scheduler.engine.engine  # frontend -> LocalSchedulerClient -> actor
 
 
 def test_engine_failure_mid_stream_sends_error_event(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,10 +15,9 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from coserve import LLM, SamplingParams
 from local_server import local_app, scrape
 from uvicorn_thread import serve_in_thread
-
-from coserve import LLM, SamplingParams
 
 ACME_KEY = "sk-acme-0123456789"
 GLOBEX_KEY = "sk-globex-0123456789"

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_config import DEPLOY, SERVE_CONFIGS, local_args, serve_config
 from ray.serve.schema import ServeDeploySchema
 
 from coserve.server.assembly import app_builder
 from coserve.server.options import options_from_args
+from deploy_config import DEPLOY, SERVE_CONFIGS, local_args, serve_config
 
 
 def _rayservice() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from local_server import LocalServer, local_server
 
 HEAVY_KEY = "sk-heavy-0123456789"

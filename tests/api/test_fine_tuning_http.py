@@ -19,7 +19,6 @@ import pytest
 
 from local_server import LocalServer, local_server, upload_jsonl
 
-
 ACME, GLOBEX = "sk-acme-ft-0123456789", "sk-globex-ft-0123456789"
 LINES = [{"messages": [{"role": "system", "content": "You are terse."},
                        {"role": "user", "content": f"Say the number {i}"},

@@ -24,9 +24,8 @@ import torch
 from openai.types.fine_tuning import FineTuningJob
 from safetensors.torch import load
 
-from local_server import TERMINAL, LocalServer, local_server, poll_job, scrape, upload_jsonl
-
 from coserve.actors.job_manager import RECONCILE_INTERVAL_S
+from local_server import TERMINAL, LocalServer, local_server, poll_job, scrape, upload_jsonl
 
 ACME, GLOBEX = "sk-acme-life-0123456789", "sk-globex-life-0123456789"
 INITECH, SMALLCO = "sk-initech-life-0123456789", "sk-smallco-life-0123456789"

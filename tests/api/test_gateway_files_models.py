@@ -12,11 +12,10 @@ import httpx
 import openai
 import pytest
 
-from uvicorn_thread import serve_in_thread
-
-from coserve.store import MetadataStore
 from coserve.api.app import build_app
+from coserve.store import MetadataStore
 from coserve.tenancy.tenants import parse_tenants
+from uvicorn_thread import serve_in_thread
 
 ACME_KEY = "sk-acme-0123456789"
 GLOBEX_KEY = "sk-globex-0123456789"

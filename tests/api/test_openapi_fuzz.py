@@ -34,7 +34,6 @@ from schemathesis.errors import FailureGroup
 
 from local_server import local_server
 
-
 KEY = "sk-fuzz-tenant-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # Per operation and kind of case (positive, negative, with real ids): some 800 requests in all.

@@ -15,10 +15,9 @@ from openai.types import completion_create_params, file_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.fine_tuning import job_create_params
 
-from local_server import LocalServer, local_server
-
 from coserve.api.protocol import param_support
 from coserve.api.protocol.param_support import EndpointParams, Support
+from local_server import LocalServer, local_server
 
 KEY = "sk-params-0123456789"
 README = Path(__file__).resolve().parents[2] / "README.md"

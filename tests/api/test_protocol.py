@@ -14,14 +14,27 @@ from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint as OAFineTunin
 
 from coserve.api.protocol.base import ErrorResponse, ProtocolError, UsageInfo, validate_request
 from coserve.api.protocol.chat import (
-    ChatCompletion, ChatCompletionChoice, ChatCompletionChunk, ChatCompletionChunkChoice,
-    ChatCompletionMessage, ChatCompletionRequest, ChatCompletionTokenLogprob, ChoiceDelta, ChoiceLogprobs,
+    ChatCompletion,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    ChatCompletionTokenLogprob,
+    ChoiceDelta,
+    ChoiceLogprobs,
     TopLogprob,
 )
 from coserve.api.protocol.files import FileDeleted, FileList, FileObject, validate_finetune_jsonl
 from coserve.api.protocol.fine_tuning import (
-    CheckpointMetrics, FineTuningJob, FineTuningJobCheckpoint, FineTuningJobCreate, FineTuningJobError,
-    FineTuningJobEvent, Hyperparameters, MetricsData,
+    CheckpointMetrics,
+    FineTuningJob,
+    FineTuningJobCheckpoint,
+    FineTuningJobCreate,
+    FineTuningJobError,
+    FineTuningJobEvent,
+    Hyperparameters,
+    MetricsData,
 )
 from coserve.api.protocol.models import Model, ModelDeleted, ModelList
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import openai
 import pytest
+
 from local_server import local_server, poll_job, upload_jsonl
 
 pytestmark = pytest.mark.real_model

@@ -18,9 +18,8 @@ import httpx
 import openai
 import pytest
 
-from local_server import LocalServer, local_server
-
 from coserve.store import MetadataStore
+from local_server import LocalServer, local_server
 
 KEY = "sk-strict-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
 from local_server import LocalServer, local_app
 from uvicorn_thread import serve_in_thread
 

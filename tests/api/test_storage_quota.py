@@ -13,9 +13,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from local_server import local_server, poll_job
-
 from coserve.store import MetadataStore
+from local_server import local_server, poll_job
 
 KEY, OTHER = "sk-storage-acme-0123456789", "sk-storage-globex-0123456789"
 LINES = [{"messages": [{"role": "user", "content": f"Say {i}"},

@@ -1,6 +1,7 @@
 """`coserve serve --engine vllm`: the API journey with the official `openai` client (chat, stream, files,
-a fine-tuning job, its fine-tuned model served by vLLM the moment it succeeds), the engine's refusals,
-and the same application on Ray (structured output: test_vllm_structured_server.py). Replies are checked token for token against coserve's own engine."""
+a fine-tuning job, its fine-tuned model served by vLLM the moment it succeeds), the engine's refusals, and the same
+application on Ray (structured output: test_vllm_structured_server.py). Replies are checked token for token against
+coserve's own engine."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import openai
 import pytest
+
 from local_server import ADMIN_KEY, local_app, poll_job, scrape, upload_jsonl
 from uvicorn_thread import serve_in_thread
 from vllm_support import require_vllm
@@ -37,7 +39,7 @@ class Server:
     @property
     def runtime(self) -> Any:
         """The vLLM runtime inside the engine (local mode: the same process)."""
-        return self.app.state.gateway.scheduler.scheduler.engine.engine.runtime  # frontend -> LocalScheduler
+        return self.app.state.gateway.scheduler.scheduler.engine.engine.runtime  # frontend -> LocalSchedulerClient
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +111,6 @@ def test_another_vllm_version_stops_serve_with_the_install_command(llama_dir: Pa
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`coserve serve --engine vllm` with another vLLM: exit 2 before loading, naming `make vllm`."""
     import vllm
-
     from coserve.cli import main
 
     tenants = tmp_path / "tenants.yaml"
@@ -126,11 +127,11 @@ def test_engine_vllm_on_ray(llama_dir: Path, tmp_path: Path, native: LLM) -> Non
     """The same application on Ray (`deploy/serve.yaml`'s builder with `engine: vllm`): the EngineActor
     runs vLLM in its own process and the reply is coserve's engine's, token for token."""
     import ray
-    from deploy_config import local_args, serve_config
-    from local_server import free_port
     from ray import serve
 
     from coserve.server.assembly import RAY_NAMESPACE, app_builder
+    from deploy_config import local_args, serve_config
+    from local_server import free_port
 
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(json.dumps({"tenants": {"acme": {"api_keys": [KEY]}}, "admin_api_keys": [ADMIN_KEY]}))

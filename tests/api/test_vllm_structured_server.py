@@ -16,8 +16,9 @@ from typing import Literal
 
 import openai
 import pytest
-from local_server import LocalServer, local_server
 from pydantic import BaseModel, Field
+
+from local_server import LocalServer, local_server
 from tool_cases import check_forced_calls, check_streamed_calls
 from vllm_support import require_vllm
 

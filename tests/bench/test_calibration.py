@@ -29,8 +29,8 @@ def test_model_decode_step_counts_only_decode_work() -> None:
 
 
 def test_measured_decode_step_times_batch_8_decodes_on_the_engine(llama_dir: Path) -> None:
-    from coserve.torch_engine.engine import TorchEngine
     from coserve.contract.engine_config import EngineConfig
+    from coserve.torch_engine.engine import TorchEngine
 
     engine = TorchEngine(EngineConfig(model=str(llama_dir), dtype="float32", device="cpu", num_kv_blocks=256,
                                  block_size=16, max_loras=1, max_lora_rank=8, seed=0))

@@ -15,16 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from coserve.bench.run_metrics import SLO, relative_error, summarize
+from coserve.bench.cluster_sim import JobArrival
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
-from coserve.bench.simulator import (EngineShape, SimSettings, measured_overhead_s, simulate_engines,
-                                     truth_model_from_run)
-from coserve.bench.cluster_sim import JobArrival
+from coserve.bench.run_metrics import SLO, relative_error, summarize
+from coserve.bench.simulator import (
+    EngineShape,
+    SimSettings,
+    measured_overhead_s,
+    simulate_engines,
+    truth_model_from_run,
+)
 from coserve.bench.traces import RequestSpec, synthetic_training_examples
 from coserve.contract.training_settings import LoRASettings
-from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.finetune.job import FinetuneJobSpec
+from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.share.latency import LatencyModel, ModelFingerprint
 
 NUM_BLOCKS, BLOCK = 256, 16

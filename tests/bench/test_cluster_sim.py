@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from coserve.bench.cluster_sim import JobArrival, SchedulerCost
-from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
+from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.simulator import EngineShape, simulate_engines
 from coserve.bench.tenant_traces import TenantMix, diurnal_arrivals, job_mix, tenant_trace, zipf_shares
 from coserve.bench.traces import RequestSpec, prompt_token_ids, sharegpt_lengths, synthetic_training_examples
-from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.finetune.job import FinetuneJobSpec
+from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.share.latency import LatencyModel, ModelFingerprint
 
 FP = ModelFingerprint("m", "sim", "float32")

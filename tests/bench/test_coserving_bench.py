@@ -16,7 +16,8 @@ RUN_KEYS = {"policy", "rate", "slo_attainment", "inference_tokens_per_s", "finet
 def test_benchmark_writes_the_issue_json_and_plots(llama_dir: Path, tmp_path: Path) -> None:
     out, plots = tmp_path / "co.json", tmp_path / "plots"
     code = main([
-        "bench", "co-serving", "--json", str(out), "--plots", str(plots), "--model-dir", str(llama_dir), "--rates", "4,8",
+        "bench", "co-serving", "--json", str(out), "--plots", str(plots), "--model-dir", str(llama_dir),
+        "--rates", "4,8",
         "--policies", "coserve,temporal-n8", "--window-s", "1", "--threads", "1",
         # The tiny model's calibrated SLO is a few ms and swings with the machine's load; a fixed one
         # keeps this test about the harness (the calibration has its own check below).

@@ -8,9 +8,9 @@ import pytest
 from test_simulator import FP, SHAPE, _job, _setup
 
 from coserve.bench.headroom import best_baseline, headroom, inference_marginal_s
-from coserve.bench.run_metrics import summarize
 from coserve.bench.policy_set import make_factory
 from coserve.bench.replay import IterationRecord, RunLimits, RunRecord
+from coserve.bench.run_metrics import summarize
 from coserve.bench.simulator import simulate
 from coserve.bench.traces import make_trace, poisson_arrivals, sharegpt_lengths
 from coserve.share.latency import LatencyModel, PlanFeatures

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from coserve.cli import main
-from coserve.contract.plan import IterationResult
-from coserve.torch_engine.engine import TorchEngine
-from coserve.contract.engine_config import EngineConfig
 from coserve.bench.profiler import DesignedPlans, Scenario, SweepSettings, _Harness, design
+from coserve.cli import main
+from coserve.contract.engine_config import EngineConfig
+from coserve.contract.plan import IterationResult
 from coserve.share.latency import COEFFICIENT_NAMES, LatencyModel
+from coserve.torch_engine.engine import TorchEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from coserve.bench.calibration import SweepSettings, fit_latency_model, profile_engine
-from coserve.bench.run_metrics import SLO, relative_error, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord, replay
+from coserve.bench.run_metrics import SLO, relative_error, summarize
 from coserve.bench.simulator import EngineShape, SimSettings, measured_overhead_s, simulate, truth_model_from_run
 from coserve.bench.traces import RequestSpec, synthetic_training_examples
 from coserve.contract.training_settings import LoRASettings
-from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.finetune.job import FinetuneJobSpec
+from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.share.latency import ModelFingerprint
 
 NUM_BLOCKS, BLOCK = 256, 16
@@ -42,8 +42,8 @@ def _trace(n: int, spacing: float) -> list[RequestSpec]:
 
 @pytest.fixture(scope="module")
 def bench(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from coserve.torch_engine.engine import TorchEngine
     from coserve.contract.engine_config import EngineConfig
+    from coserve.torch_engine.engine import TorchEngine
 
     engine = TorchEngine(EngineConfig(model=str(llama_dir), dtype="float32", num_kv_blocks=NUM_BLOCKS,
                                  block_size=BLOCK, max_loras=2, max_lora_rank=8))

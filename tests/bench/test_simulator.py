@@ -6,14 +6,19 @@ import dataclasses
 
 import pytest
 
-from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits
+from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.simulator import EngineShape, gpu_latency_model, simulate, simulate_cluster
-from coserve.bench.traces import (RequestSpec, make_trace, poisson_arrivals, sharegpt_lengths,
-                                  synthetic_training_examples)
-from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.bench.traces import (
+    RequestSpec,
+    make_trace,
+    poisson_arrivals,
+    sharegpt_lengths,
+    synthetic_training_examples,
+)
 from coserve.finetune.job import FinetuneJobSpec
+from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.share.latency import LatencyModel, ModelFingerprint
 
 FP = ModelFingerprint("m", "sim", "float32")

@@ -7,9 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coserve.bench.traces import (SHAREGPT_OUTPUT_MEAN, SHAREGPT_PROMPT_MEAN, LengthDistribution,
-                                  bursty_arrivals, make_trace, poisson_arrivals, prompt_token_ids,
-                                  sharegpt_lengths, synthetic_chat_dataset)
+from coserve.bench.traces import (
+    SHAREGPT_OUTPUT_MEAN,
+    SHAREGPT_PROMPT_MEAN,
+    LengthDistribution,
+    bursty_arrivals,
+    make_trace,
+    poisson_arrivals,
+    prompt_token_ids,
+    sharegpt_lengths,
+    synthetic_chat_dataset,
+)
 
 
 def test_poisson_rate_and_determinism() -> None:

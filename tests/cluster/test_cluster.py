@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from cluster_sim import FakeEngine, builder, cluster, config, drain, job_spec, run_all
-from coserving_sim import FakeClock, execute, make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coserve.contract.sampling import AdapterRef
+from cluster_sim import FakeEngine, builder, cluster, config, drain, job_spec, run_all
 from coserve.cluster.cluster_scheduler import ClusterScheduler, NoEngine
-from coserve.finetune.job import FinetuneJob
-from coserve.contract.job_spec import JobEventKind
-from coserve.inference.request import Request, RequestStatus
 from coserve.cluster.routing import RoutingWeights
+from coserve.contract.job_spec import JobEventKind
+from coserve.contract.sampling import AdapterRef
+from coserve.finetune.job import FinetuneJob
+from coserve.inference.request import Request, RequestStatus
 from coserve.tenancy.vtc import VTCWeights
+from coserving_sim import FakeClock, execute, make_request
 
 
 def adapter_request(request_id: str, adapter: AdapterRef, tenant: str = "t", prompt_len: int = 6,
@@ -328,8 +328,8 @@ def test_a_job_without_a_checkpoint_starts_over_and_a_pending_cancel_is_honoured
 
 
 def test_an_engine_failure_fails_its_plan_and_the_cluster_goes_on() -> None:
-    from coserve.contract.engine import EngineFailure
     from coserve.cluster.engine_core import StepFailed
+    from coserve.contract.engine import EngineFailure
 
     c = cluster(2)
     c.submit(make_request("a", "t", 6, 3))
@@ -394,7 +394,8 @@ def test_the_cluster_and_its_simulator_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, coserve.cluster.cluster_scheduler, coserve.bench.cluster_sim, coserve.bench.cluster_projection; "
+    code = ("import sys, coserve.cluster.cluster_scheduler, coserve.bench.cluster_sim, "
+            "coserve.bench.cluster_projection; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

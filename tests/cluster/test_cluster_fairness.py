@@ -20,16 +20,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import pytest
-from cluster_sim import FakeEngine, builder, cluster, config, job_spec
-from coserving_sim import make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.contract.sampling import AdapterRef
+from cluster_sim import FakeEngine, builder, cluster, config, job_spec
 from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.contract.job_spec import JobEventKind
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import AdapterRef
 from coserve.tenancy.vtc import VTCWeights
+from coserving_sim import make_request
 
 NUM_LAYERS = 4
 
@@ -190,7 +190,7 @@ def test_every_request_and_job_on_every_engine_makes_progress(events: list[tuple
             if c.has_work(engine):
                 c.step(engine, FakeEngine())
     ended: set[str] = set()
-    for tick in range(3000):  # no more arrivals: everything must finish, on every engine
+    for _tick in range(3000):  # no more arrivals: everything must finish, on every engine
         for engine in c.engines:
             if c.has_work(engine):
                 c.step(engine, FakeEngine())

@@ -7,15 +7,15 @@ import sys
 
 import pytest
 
+from coserve.cluster.engine_core import EngineCore, PlanInFlight, PlanMismatch, StepFailed
 from coserve.contract.engine import Engine, EngineFailure, RuntimeLayout
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, TokenLogprobs
 from coserve.contract.sampling import SamplingParams
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.cluster.engine_core import EngineCore, PlanInFlight, PlanMismatch, StepFailed
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request, RequestStatus
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.inference.scheduler_config import SchedulerConfig
 
 TOKEN = 7
 LAYOUT = RuntimeLayout(num_kv_blocks=64, block_size=4, max_model_len=64, vocab_size=100,

@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 
-from coserve.contract.training_settings import (BASE_LEARNING_RATE, TARGET_MODULES, LoRASettings, OptimizerSettings,
-                                                SettingsError, TooFewExamplesError, resolve_hyperparameters)
+from coserve.contract.training_settings import (
+    BASE_LEARNING_RATE,
+    TARGET_MODULES,
+    LoRASettings,
+    OptimizerSettings,
+    SettingsError,
+    TooFewExamplesError,
+    resolve_hyperparameters,
+)
 
 
 def test_defaults() -> None:

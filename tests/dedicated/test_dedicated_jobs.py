@@ -15,12 +15,12 @@ from pathlib import Path
 from coserve import LLM
 from coserve.actors.dedicated_jobs import DedicatedJobs
 from coserve.actors.job_manager import FineTuningSettings, JobManager
-from coserve.store import MetadataStore
-from coserve.store.records import JobStatus
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate, TrainingParams
 from coserve.api.serving.fine_tuning import FineTuningService
 from coserve.dedicated.capacity import ClusterCapacity
 from coserve.finetune.dedicated import DedicatedSettings
+from coserve.store import MetadataStore
+from coserve.store.records import JobStatus
 from coserve.tenancy.tenants import parse_tenants
 
 BASE = "tiny-llama"

@@ -18,12 +18,12 @@ from safetensors.torch import load_file
 
 from coserve import LLM
 from coserve.contract.dedicated_run import Command, RunSpec, RunUpdate
+from coserve.contract.job_spec import JobEvent, JobEventKind
+from coserve.contract.trainer_state import read_trainer_state
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.dedicated.run import launch
 from coserve.frontend.job_prep import prepare_job
 from coserve.offline.finetune import FineTuneResult
-from coserve.contract.trainer_state import read_trainer_state
-from coserve.contract.job_spec import JobEvent, JobEventKind
 
 EXAMPLES = [{"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
                           {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(14)]
@@ -123,7 +123,6 @@ def test_a_killed_worker_is_replaced_from_the_checkpoint(ray_cluster: None, llam
     """Rank 1 is killed while the run is paused after its first checkpoint: Ray Train's FailureConfig
     restarts both workers from that checkpoint, the job succeeds, and the steps it redid give the losses
     an uninterrupted run gives."""
-    import ray
 
     handle = launch(_spec(llama_dir, tmp_path / "job", n_epochs=3))
     seen: list[RunUpdate] = []

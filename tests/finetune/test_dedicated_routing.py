@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from coserve.finetune.dedicated import (DedicatedSettings, TrainingMode, TrainingRequest, capacity,
-                                        capacity_text, route)
 from coserve.contract.training_settings import SettingsError
+from coserve.finetune.dedicated import DedicatedSettings, TrainingMode, TrainingRequest, capacity, capacity_text, route
 
 
 @pytest.mark.parametrize(("raw", "param"), [
@@ -38,7 +37,8 @@ def test_routing_by_request_and_by_the_operators_threshold() -> None:
     assert asked.workers == 4 and asked.reason == "the job asked for a dedicated run on 4 worker(s)"
     assert route(TrainingRequest.from_dict({"mode": "dedicated", "workers": 2}), 10, settings).workers == 2
     big = route(TrainingRequest(), 1000, settings)
-    assert big.dedicated and big.workers == 4 and "1000 trained tokens >= the server's dedicated threshold" in big.reason
+    assert big.dedicated and big.workers == 4
+    assert "1000 trained tokens >= the server's dedicated threshold" in big.reason
     assert not route(TrainingRequest(), 999, settings).dedicated
     assert not route(TrainingRequest.from_dict({"mode": "coserved"}), 10**9, settings).dedicated  # opted out
     assert not route(TrainingRequest(), 10**9, DedicatedSettings()).dedicated  # no threshold: never routed

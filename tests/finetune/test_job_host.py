@@ -3,18 +3,17 @@ runs jobs by its `jobs` attribute (a JobHost, or None)."""
 
 from __future__ import annotations
 
-from coserving_sim import BS, make_job, make_policy, make_request, step
-
 from coserve.contract.plan import IterationPlan
-from coserve.offline.finetune import OfflineJobs
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.finetune.job import JobEventKind
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.finetune.host import JobHost
+from coserve.finetune.job import JobEventKind
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.share.registry import ShareKind
-from coserve.tenancy.vtc import VTCWeights, VirtualTokenCounter
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.offline.finetune import OfflineJobs
+from coserve.share.share_kinds import ShareKind
+from coserve.tenancy.vtc import VirtualTokenCounter, VTCWeights
+from coserving_sim import BS, make_job, make_policy, make_request, step
 
 
 def _host(also: set[str] | None = None, weight: float = 1.0) -> tuple[JobHost, VirtualTokenCounter]:

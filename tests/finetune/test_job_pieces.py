@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from coserving_sim import execute
-
+from coserve.cluster.engine_core import EngineCore
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.training_plan import TrainingExample
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.cluster.engine_core import EngineCore
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobState
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.finetune.pieces import JobPieces
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserving_sim import execute
 
 
 class Executor:

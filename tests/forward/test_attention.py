@@ -7,8 +7,14 @@ import torch
 import torch.nn.functional as F
 
 import coserve.forward.attention as attention
-from coserve.forward.attention import (ROW_WISE_MAX_CONTEXT, ROW_WISE_MAX_TOKENS, ChunkSpan,
-                                        attends_row_wise, build_metadata, paged_attention)
+from coserve.forward.attention import (
+    ROW_WISE_MAX_CONTEXT,
+    ROW_WISE_MAX_TOKENS,
+    ChunkSpan,
+    attends_row_wise,
+    build_metadata,
+    paged_attention,
+)
 from coserve.forward.kv_cache import KVCache
 from coserve.forward.native import load_paged_decode
 
@@ -61,7 +67,7 @@ def test_mixed_batch_matches_dense_attention(heads: int, kv_heads: int, native: 
     q, k, v = torch.cat(q_parts), torch.cat(k_new), torch.cat(v_new)
     cache.write(0, meta.slots, k, v)
     out = paged_attention(q, k, v, cache, 0, meta).view(-1, heads, dim)
-    for span, q_rows, (start, count, length), keys, values in zip(spans, q_parts, layout, full_k, full_v):
+    for span, q_rows, (start, count, _length), keys, values in zip(spans, q_parts, layout, full_k, full_v):
         positions = torch.arange(start, start + count)
         expected = _dense_reference(q_rows, keys, values, positions)
         torch.testing.assert_close(out[span.row: span.row + count], expected, atol=1e-5, rtol=1e-5)

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from coserve.frontend.prompt_encoder import PromptEncoder
 from coserve.frontend.tokenizer import Tokenizer
 
-
 TEXTS = st.lists(st.sampled_from(["a", "b", " ", "  ", "\n", "\t", "é", "漢", "😀", "ab", "the",
                                    "<|im_start|>", "<|im_end|>", "----", "0", "12"]),
                  max_size=400).map("".join) | st.text(max_size=200)

@@ -79,7 +79,8 @@ def test_an_engine_without_grammars_refuses_forced_calls_and_json(model_dirs: di
     intake.attach(max_model_len=512, max_lora_rank=16, structured_output=False)
     try:
         forced = asyncio.run(intake.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.REQUIRED))))
-        assert isinstance(forced, Rejection) and forced.param == "tool_choice" and "enforces no grammar" in forced.message
+        assert isinstance(forced, Rejection) and forced.param == "tool_choice"
+        assert "enforces no grammar" in forced.message
         json_out = asyncio.run(intake.prepare(_submission(None, structured_output=StructuredOutput.json_object())))
         assert isinstance(json_out, Rejection) and json_out.param == "response_format"
         assert isinstance(asyncio.run(intake.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.AUTO)))), Intake)

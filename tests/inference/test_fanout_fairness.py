@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coserving_sim import FakeClock, execute, make_policy, make_request
-
 from coserve.contract.sampling import EosIds, SamplingParams
-from coserve.share.policy import CoServingPolicy
 from coserve.inference.request import Request, expand_request
+from coserve.share.policy import CoServingPolicy
+from coserving_sim import FakeClock, execute, make_policy, make_request
 
 DT = 0.03  # seconds per iteration
 HEAVY_TOKENS = 32

@@ -9,11 +9,11 @@ import pytest
 from coserve.contract.plan import AdapterLoad, IterationPlan, IterationResult, SampledToken
 from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request, RequestStatus
 from coserve.inference.request_rules import check_stop
+from coserve.inference.scheduler import InferenceScheduler
+from coserve.inference.scheduler_config import SchedulerConfig
 
 BS = 4
 TOKEN = 50  # what the fake engine samples unless told otherwise

@@ -7,8 +7,8 @@ import pytest
 from coserve.contract.sampling import SamplingParams
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request
-from coserve.tenancy.vtc import VTCWeights, VirtualTokenCounter
 from coserve.inference.waiting import FifoQueue, TenantQueues
+from coserve.tenancy.vtc import VirtualTokenCounter, VTCWeights
 
 
 def req(rid: str, tenant: str, arrival: float = 0.0) -> Request:

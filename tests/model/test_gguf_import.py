@@ -25,10 +25,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from coserve import LLM, SamplingParams, cli
-from coserve.model import registry as model_registry
+from coserve.model import known_models as model_registry
 from coserve.model.config import Architecture, ModelConfig, UnsupportedModelError
 from coserve.model.gguf_import import GGUFImportError, import_gguf, is_model_folder
-from coserve.model.registry import KnownModel, fetch_model
+from coserve.model.known_models import KnownModel, fetch_model
 
 Q = gguf.GGMLQuantizationType
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # as llama.cpp names them

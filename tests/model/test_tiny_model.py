@@ -15,8 +15,7 @@ from coserve import cli
 from coserve.model import tiny_model
 from coserve.model.chat_templates import CHATML_TEMPLATE, QWEN_TOOLS_TEMPLATE
 from coserve.model.tiny_model import ARCHS, count_parameters, create_tiny_model
-from coserve.model.tokenizer_train import (CHAT_TEMPLATE, SPECIAL_TOKENS, _trained_tokenizer_json,
-                                              train_tokenizer)
+from coserve.model.tokenizer_train import CHAT_TEMPLATE, SPECIAL_TOKENS, _trained_tokenizer_json, train_tokenizer
 
 PROMPTS = ["Hello, how are you?", "The capital of France is", "def main():", "Once upon a time"]
 

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from coserve import LLM, LoRARequest, SamplingParams
 from coserve.contract.plan import IterationPlan
-from coserve.model.tiny_model import create_random_adapter
 from coserve.finetune.job import JobState
+from coserve.model.tiny_model import create_random_adapter
 from reference import greedy_reference
 
 EXAMPLES = [{"messages": [{"role": "system", "content": "Answer briefly."},

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from reference import random_prompts
 
 from coserve import LLM, SamplingParams
+from reference import random_prompts
 
 
 @pytest.fixture(scope="module")

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from coserving_sim import COEFFICIENTS, FP, BS, FakeClock, make_job, make_policy, make_request, step
 
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.policy import CoServingPolicy
-from coserve.share.dynamic_temporal import DynamicInterval
-from coserve.share.settings import CoServingConfig
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.share.dynamic_temporal import DynamicInterval
 from coserve.share.latency import LatencyModel
-from coserve.share.registry import ShareKind
+from coserve.share.policy import CoServingPolicy
+from coserve.share.settings import CoServingConfig
+from coserve.share.share_kinds import ShareKind
 from coserve.share.static_split import StaticSplitShare, split_kv
 from coserve.share.temporal import temporal_share
+from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, make_job, make_policy, make_request, step
 
 
 def kinds(policy, steps: int) -> str:

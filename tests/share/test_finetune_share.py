@@ -6,23 +6,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, make_job, make_policy, make_request, step
 
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.policy import CoServingPolicy
-from coserve.share.dynamic_temporal import DynamicTurns
-from coserve.share.strategy import IGNORE_REQUESTS, FinetuneShare, NoFinetuneShare, ShareContext
-from coserve.share.hybrid import HybridShare
-from coserve.share.settings import CoServingConfig
-from coserve.finetune.roster import Allowance, fixed_allowance
-from coserve.inference.kv_blocks import KVBlockManager
-from coserve.share.latency import LatencyModel, PlanFeatures
 from coserve.cluster.policy_factory import CoServingPolicyFactory
+from coserve.finetune.roster import Allowance, fixed_allowance
+from coserve.inference.adapter_slots import AdapterSlots
+from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request
-from coserve.share.registry import ShareKind, ShareOptions, build_policy, make_share, share_kind
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.share.dynamic_temporal import DynamicTurns
+from coserve.share.hybrid import HybridShare
+from coserve.share.latency import LatencyModel, PlanFeatures
+from coserve.share.policy import CoServingPolicy
+from coserve.share.settings import CoServingConfig
+from coserve.share.share_kinds import ShareKind, ShareOptions, build_policy, make_share, share_kind
 from coserve.share.static_split import StaticSplitShare, split_kv
+from coserve.share.strategy import IGNORE_REQUESTS, FinetuneShare, NoFinetuneShare, ShareContext
 from coserve.share.temporal import FixedTurns, TurnTakingShare
+from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, make_job, make_policy, make_request, step
 
 CONFIG = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, block_size=BS, max_num_seqs=4,
                                                    max_batch_tokens=64), tpot_slo_ms=20.0)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import random
 
-from coserving_sim import COEFFICIENTS, FP, FakeClock, execute, keep_busy, make_job, make_policy, make_request, step
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coserve.share.policy import CoServingPolicy
+from coserve.contract.plan import IterationPlan
 from coserve.share.latency import LatencyModel, plan_features
 from coserve.share.liveness import GROWN_PIECE_COST
-from coserve.contract.plan import IterationPlan
+from coserve.share.policy import CoServingPolicy
+from coserving_sim import COEFFICIENTS, FP, FakeClock, execute, keep_busy, make_job, make_policy, make_request, step
 
 FLOOR = 16  # CoServingConfig.finetune_floor_tokens' default
 

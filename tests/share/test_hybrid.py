@@ -6,20 +6,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from coserving_sim import (BS, COEFFICIENTS, FP, FakeClock, execute, keep_busy, make_job, make_policy,
-                           make_request, step)
 
 from coserve.contract.plan import IterationPlan
 from coserve.contract.sampling import AdapterRef
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.policy import CoServingPolicy
 from coserve.finetune.job import JobEventKind, JobPhase
-from coserve.share.hybrid import HybridShare
-from coserve.share.settings import CoServingConfig
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.share.latency import LatencyModel, PlanFeatures, plan_features
 from coserve.inference.request import RequestStatus
+from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.share.hybrid import HybridShare
+from coserve.share.latency import LatencyModel, PlanFeatures, plan_features
+from coserve.share.policy import CoServingPolicy
+from coserve.share.settings import CoServingConfig
+from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, execute, keep_busy, make_job, make_policy, make_request, step
 
 
 def predicted(policy: CoServingPolicy, plan: IterationPlan, extra: PlanFeatures | None = None) -> float:

@@ -9,13 +9,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import pytest
-from coserving_sim import execute, make_job, make_policy, make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.share.policy import CoServingPolicy
 from coserve.tenancy.vtc import VTCWeights
+from coserving_sim import execute, make_job, make_policy, make_request
 
 NUM_LAYERS = 4
 

@@ -15,8 +15,15 @@ import pytest
 from coserve.contract.plan import AdapterLoad, IterationPlan, NewSequence, ScheduledChunk
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import BackwardTasklet, ForwardWindow, TrainingWork
-from coserve.share.latency import (COEFFICIENT_NAMES, LatencyModel, ModelFingerprint, PlanFeatures,
-                                      machine_id, model_id_from_config, plan_features)
+from coserve.share.latency import (
+    COEFFICIENT_NAMES,
+    LatencyModel,
+    ModelFingerprint,
+    PlanFeatures,
+    machine_id,
+    model_id_from_config,
+    plan_features,
+)
 from coserve.share.nonnegative import nnls, nonnegative_quadratic
 
 FP = ModelFingerprint(model_id="abc123", machine="Linux-x86_64 | test-cpu x2 | cpu", dtype="float32")

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coserve.contract.plan import IterationPlan
+from coserve.share.latency import LatencyModel, plan_features
+from coserve.share.policy import CoServingPolicy
+from coserve.share.sample_guard import SampleGuard
 from coserving_sim import (
     COEFFICIENTS,
     FP,
@@ -15,13 +22,6 @@ from coserving_sim import (
     make_request,
     step,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from coserve.contract.plan import IterationPlan
-from coserve.share.policy import CoServingPolicy
-from coserve.share.latency import LatencyModel, plan_features
-from coserve.share.sample_guard import SampleGuard
 
 
 def _work(plan: IterationPlan) -> int:

@@ -8,8 +8,8 @@ import pytest
 from coserve.contract import schema_limits as limits
 from coserve.contract.schema_limits import pattern_size, schema_violation, schemas_violation
 from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
-from coserve.tools.family import HERMES
 from coserve.tools.call_grammar import tool_call_grammar
+from coserve.tools.family import HERMES
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
 
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from coserve.tenancy.quotas import TenantLimits
-from coserve.tenancy.storage_quota import (QUOTA_CODES, StorageUsage, admit_job, admit_upload,
-                                            check_saved_adapter, models_per_job)
+from coserve.tenancy.storage_quota import (
+    QUOTA_CODES,
+    StorageUsage,
+    admit_job,
+    admit_upload,
+    check_saved_adapter,
+    models_per_job,
+)
 from coserve.tenancy.tenants import parse_tenants
 
 

@@ -12,9 +12,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from coserve.model.chat_templates import CHATML_TEMPLATE, QWEN_TOOLS_TEMPLATE
-from coserve.tools.family import HERMES, detect_family
 from coserve.structured.llguidance_grammar import grammar_text
 from coserve.tools.call_grammar import MAX_PARALLEL_CALLS, tool_call_grammar
+from coserve.tools.family import HERMES, detect_family
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

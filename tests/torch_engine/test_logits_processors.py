@@ -133,7 +133,7 @@ def test_greedy_repetition_penalty_matches_transformers(llama_dir: Path) -> None
     hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
     plain = llm.generate([{"prompt_token_ids": p} for p in prompts],
                          SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    for prompt, out, base in zip(prompts, outputs, plain):
+    for prompt, out in zip(prompts, outputs):
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
                           repetition_penalty=1.7, pad_token_id=0)[0, len(prompt):].tolist()
         assert out.outputs[0].token_ids == ref

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from peft import PeftModel
-from reference import greedy_reference, random_prompts
 from transformers import AutoModelForCausalLM
 
 from coserve import LLM, LoRARequest, SamplingParams
 from coserve.contract.plan import IterationPlan
 from coserve.model.tiny_model import create_random_adapter
+from reference import greedy_reference, random_prompts
 
 STEPS = 10
 LENGTHS = [5, 23, 11, 40, 17]

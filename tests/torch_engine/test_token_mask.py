@@ -38,7 +38,7 @@ def test_sampled_ids_are_always_allowed() -> None:
     generator = torch.Generator().manual_seed(0)
     for trial in range(40):
         rows = _settings()
-        for i, row in enumerate(rows):
+        for row in rows:
             row.output_index = trial
         allowed = [torch.randperm(VOCAB, generator=generator)[: 1 + trial % 7].tolist() for _ in rows]
         # The allowed ids are the unlikely ones, so an unmasked sampler would almost never pick them.

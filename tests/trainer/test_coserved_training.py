@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from coserve.contract.data_position import DataPosition
+from coserve.contract.engine_config import EngineConfig
 from coserve.contract.plan import IterationPlan, NewSequence, ScheduledChunk
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
-from coserve.torch_engine.engine import TorchEngine
-from coserve.contract.engine_config import EngineConfig
-from coserve.trainer import LoRAOptimizer, TrainableLoRA, TrainingSequence, save_checkpoint
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.contract.data_position import DataPosition
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobState
+from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.torch_engine.engine import TorchEngine
+from coserve.trainer import LoRAOptimizer, TrainableLoRA, TrainingSequence, save_checkpoint
 from train_reference import MAX_REL_ERR, check_weights, peft_adamw_run, rel_errs
 
 LORA = LoRASettings(r=4, lora_alpha=8)

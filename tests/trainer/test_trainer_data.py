@@ -16,13 +16,21 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from coserve.contract.training_settings import LoRASettings, resolve_hyperparameters
-from coserve.model.config import ModelConfig
 from coserve.forward.transformer import Transformer
+from coserve.model.config import ModelConfig
 from coserve.model.tiny_model import create_tiny_model
 from coserve.model.tokenizer_train import IM_END_TOKEN
-from coserve.trainer import (IGNORE_INDEX, LoRAOptimizer, TemplateError, TrainableLoRA, WindowedTrainer,
-                                      encode_example, prepare_dataset, train_batch)
 from coserve.model.weights import load_weights
+from coserve.trainer import (
+    IGNORE_INDEX,
+    LoRAOptimizer,
+    TemplateError,
+    TrainableLoRA,
+    WindowedTrainer,
+    encode_example,
+    prepare_dataset,
+    train_batch,
+)
 
 Messages = list[dict[str, Any]]
 

@@ -21,12 +21,21 @@ import pytest
 import torch
 
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
-from coserve.model.config import ModelConfig
 from coserve.forward.transformer import Transformer
-from coserve.trainer import (DataPosition, LoRAOptimizer, NonFiniteGradientError, TrainableLoRA,
-                                      TrainingSequence, WindowedTrainer, checkpoint as checkpoint_module,
-                                      load_checkpoint, save_checkpoint, train_batch)
+from coserve.model.config import ModelConfig
 from coserve.model.weights import load_weights
+from coserve.trainer import (
+    DataPosition,
+    LoRAOptimizer,
+    NonFiniteGradientError,
+    TrainableLoRA,
+    TrainingSequence,
+    WindowedTrainer,
+    load_checkpoint,
+    save_checkpoint,
+    train_batch,
+)
+from coserve.trainer import checkpoint as checkpoint_module
 from train_reference import MAX_REL_ERR, check_weights, peft_adamw_run, rel_errs, worst
 
 LORA = LoRASettings(r=4, lora_alpha=8)

@@ -19,13 +19,21 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from coserve.contract.training_settings import LoRASettings
-from coserve.model.config import ModelConfig
 from coserve.forward.lora import load_peft_adapter
 from coserve.forward.transformer import Transformer
-from coserve.trainer import (IGNORE_INDEX, TrainableLoRA, WindowedTrainer, chunked_cross_entropy,
-                                      full_cross_entropy, loss as loss_module, run_schedule, train_sequence,
-                                      window_loss)
+from coserve.model.config import ModelConfig
 from coserve.model.weights import load_weights
+from coserve.trainer import (
+    IGNORE_INDEX,
+    TrainableLoRA,
+    WindowedTrainer,
+    chunked_cross_entropy,
+    full_cross_entropy,
+    run_schedule,
+    train_sequence,
+    window_loss,
+)
+from coserve.trainer import loss as loss_module
 
 # prompt 0..19, answer 20..39, user turn 40..47, answer 48..63 (trained = the token is learned)
 SEGMENTS = [(20, False), (20, True), (8, False), (16, True)]

@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from vllm_support import TEST_KV_GB, require_vllm
 
 require_vllm()
 pytestmark = pytest.mark.vllm
 
 from coserve import LLM, LoRARequest, SamplingParams  # noqa: E402
+from coserve.contract.training_settings import TARGET_MODULES, LoRASettings  # noqa: E402
 from coserve.forward.transformer import Transformer  # noqa: E402
 from coserve.model.tiny_model import create_random_adapter  # noqa: E402
 from coserve.trainer.lora_params import TrainableLoRA  # noqa: E402
 from coserve.trainer.windowed import WindowedTrainer, train_sequence  # noqa: E402
 from coserve.vllm.backend import INSTALL_COMMAND, VllmUnavailable, check_vllm  # noqa: E402
-from coserve.contract.training_settings import TARGET_MODULES, LoRASettings  # noqa: E402
 
 # Small batches: prompts longer than 48 tokens are prefilled in several chunks on both engines.
 SIZES = {"dtype": "float32", "max_num_seqs": 8, "max_batch_tokens": 48}

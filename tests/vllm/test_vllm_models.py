@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+
 from vllm_support import TEST_KV_GB, require_vllm
 
 require_vllm()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+
 from vllm_support import require_vllm
 
 require_vllm()

@@ -17,8 +17,12 @@ from coserve.api.protocol.param_support import CHAT_COMPLETIONS, EndpointParams
 from coserve.api.protocol.response_format import ResponseFormat
 from coserve.api.protocol.sampling import MAX_N, MAX_STOP_SEQUENCES, SamplingRequest, StreamOptions  # noqa: F401
 from coserve.api.protocol.strict import RequestModel
-from coserve.api.protocol.tools import (ChatCompletionMessageToolCall, ChoiceDeltaToolCall, ToolChoice,
-                                        check_tool_request)
+from coserve.api.protocol.tools import (
+    ChatCompletionMessageToolCall,
+    ChoiceDeltaToolCall,
+    ToolChoice,
+    check_tool_request,
+)
 from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow
 from coserve.contract.sampling import SamplingParams
 from coserve.tools.spec import ToolSpec

@@ -12,9 +12,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from coserve.api.auth import AnyCaller, Tenant
-from coserve.api.protocol.fine_tuning import (FineTuningJob, FineTuningJobCheckpointList,
-                                              FineTuningJobCreate, FineTuningJobEventList,
-                                              FineTuningJobList)
+from coserve.api.protocol.fine_tuning import (
+    FineTuningJob,
+    FineTuningJobCheckpointList,
+    FineTuningJobCreate,
+    FineTuningJobEventList,
+    FineTuningJobList,
+)
 from coserve.api.serving.fine_tuning import FineTuningService
 from coserve.api.state import GatewayState, get_state
 

@@ -12,9 +12,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from coserve.api.protocol.base import ProtocolError, UsageInfo
-from coserve.api.protocol.chat import (ChatCompletion, ChatCompletionChoice, ChatCompletionChunk,
-                                       ChatCompletionChunkChoice, ChatCompletionMessage, ChatCompletionRequest,
-                                       ChatCompletionTokenLogprob, ChoiceDelta, ChoiceLogprobs, TopLogprob)
+from coserve.api.protocol.chat import (
+    ChatCompletion,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    ChatCompletionTokenLogprob,
+    ChoiceDelta,
+    ChoiceLogprobs,
+    TopLogprob,
+)
 from coserve.api.serving.generation import DONE_EVENT, Generation, batch_usage, error_event, finish_reason
 from coserve.api.serving.tool_output import ToolStream, finish_with_calls, tool_message
 from coserve.api.state import GatewayState

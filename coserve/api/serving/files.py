@@ -9,11 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import BinaryIO, Literal
 
-from coserve.store import FileRecord, MetadataStore, StorageLimitError
 from coserve.api.protocol.base import ProtocolError
-from coserve.api.protocol.files import (SUPPORTED_UPLOAD_PURPOSES, FileDeleted, FileList, FileObject,
-                                        validate_finetune_jsonl)
+from coserve.api.protocol.files import (
+    SUPPORTED_UPLOAD_PURPOSES,
+    FileDeleted,
+    FileList,
+    FileObject,
+    validate_finetune_jsonl,
+)
 from coserve.api.serving.storage_errors import storage_quota_error
+from coserve.store import FileRecord, MetadataStore, StorageLimitError
 from coserve.tenancy.quotas import Refusal, TenantLimits
 from coserve.tenancy.storage_quota import admit_upload
 

@@ -10,21 +10,38 @@ from __future__ import annotations
 
 import math
 
-from coserve.store import MetadataStore
-from coserve.store.records import CheckpointRecord, EventRecord, JobRecord, JobStatus
-from coserve.store.usage import RESERVED_MODELS_KEY
 from coserve.api.auth import Caller
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.files import validate_finetune_jsonl
-from coserve.api.protocol.fine_tuning import (CheckpointMetrics, FineTuningJob, FineTuningJobCheckpoint,
-                                              FineTuningJobCheckpointList, FineTuningJobCreate, FineTuningJobError,
-                                              FineTuningJobEvent, FineTuningJobEventList, FineTuningJobList,
-                                              Hyperparameters, LoRAParams, Method, SupervisedMethod,
-                                              TrainingParams)
+from coserve.api.protocol.fine_tuning import (
+    CheckpointMetrics,
+    FineTuningJob,
+    FineTuningJobCheckpoint,
+    FineTuningJobCheckpointList,
+    FineTuningJobCreate,
+    FineTuningJobError,
+    FineTuningJobEvent,
+    FineTuningJobEventList,
+    FineTuningJobList,
+    Hyperparameters,
+    LoRAParams,
+    Method,
+    SupervisedMethod,
+    TrainingParams,
+)
 from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
 from coserve.api.serving.training_mode import DedicatedCapacity, training_extension
-from coserve.contract.training_settings import (MIN_EXAMPLES, HyperparameterRequest, LoRASettings, SettingsError,
-                                                TooFewExamplesError, auto_n_epochs)
+from coserve.contract.training_settings import (
+    MIN_EXAMPLES,
+    HyperparameterRequest,
+    LoRASettings,
+    SettingsError,
+    TooFewExamplesError,
+    auto_n_epochs,
+)
+from coserve.store import MetadataStore
+from coserve.store.records import CheckpointRecord, EventRecord, JobRecord, JobStatus
+from coserve.store.usage import RESERVED_MODELS_KEY
 from coserve.tenancy.quotas import TenantQuota
 from coserve.tenancy.storage_quota import admit_job, has_storage_limits, models_per_job
 from coserve.tenancy.tenants import TenantsConfig

@@ -13,9 +13,9 @@ import re
 import tarfile
 from pathlib import Path
 
-from coserve.store import MetadataStore, ModelRecord
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.models import Model, ModelDeleted, ModelList
+from coserve.store import MetadataStore, ModelRecord
 
 BASE_MODEL_OWNER = "system"
 

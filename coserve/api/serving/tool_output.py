@@ -11,8 +11,12 @@ still be the start of a call.
 from __future__ import annotations
 
 from coserve.api.protocol.chat import ChatCompletionChunkChoice, ChatCompletionMessage, ChoiceDelta, ChoiceLogprobs
-from coserve.api.protocol.tools import (ChatCompletionMessageToolCall, ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction,
-                                        FunctionCall)
+from coserve.api.protocol.tools import (
+    ChatCompletionMessageToolCall,
+    ChoiceDeltaToolCall,
+    ChoiceDeltaToolCallFunction,
+    FunctionCall,
+)
 from coserve.frontend.messages import OutputDelta
 from coserve.tools.family import ToolFamily
 from coserve.tools.parser import ParsedCall, StreamingToolParser, parse_tool_calls

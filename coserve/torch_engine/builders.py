@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from coserve.contract.engine_config import EngineConfig
 from coserve.contract.engine import Engine, EngineKind
+from coserve.contract.engine_config import EngineConfig
 
 
 def _native(config: EngineConfig) -> Engine:

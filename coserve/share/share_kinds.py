@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.share.policy import CoServingPolicy
-from coserve.share.dynamic_temporal import dynamic_temporal_share
-from coserve.share.strategy import FinetuneShare, NoFinetuneShare
-from coserve.share.hybrid import HybridShare
-from coserve.share.settings import CoServingConfig
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.share.dynamic_temporal import dynamic_temporal_share
+from coserve.share.hybrid import HybridShare
 from coserve.share.latency import LatencyModel
-from coserve.tenancy.shared_vtc import SharedVtc
+from coserve.share.policy import CoServingPolicy
+from coserve.share.settings import CoServingConfig
 from coserve.share.static_split import DEFAULT_FINETUNE_FRACTION, StaticSplitShare, split_kv
+from coserve.share.strategy import FinetuneShare, NoFinetuneShare
 from coserve.share.temporal import DEFAULT_INFERENCE_ITERATIONS, temporal_share
+from coserve.tenancy.shared_vtc import SharedVtc
 
 
 class ShareKind(enum.Enum):
