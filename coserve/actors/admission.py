@@ -98,6 +98,7 @@ class AdmissionControl:
             return Rejection(409, f"A request with id {sub.request_id!r} is already in progress.",
                              param="request_id", code="duplicate_request")
         sampling = sub.sampling
+        assert sampling.max_tokens is not None  # the frontend sets it (`TokenSubmission.sampling`)
         estimate = self._quotas.estimate(sub.tenant, len(sub.prompt_token_ids), sampling.n, sampling.max_tokens,
                                          client_limit=sub.client_max_tokens)
         refusal = self._quotas.admit(sub.tenant, estimate, requests=int(sub.counts_request))

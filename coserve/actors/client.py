@@ -106,7 +106,7 @@ class RaySchedulerClient:
         if self._pump is None:
             self._pump = asyncio.get_running_loop().create_task(self._run_pump())
         try:
-            admission = await self.handle.submit.remote(sub)
+            admission: Admission = await self.handle.submit.remote(sub)
         except BaseException:
             self._queues.pop(sub.request_id, None)
             raise
@@ -159,13 +159,16 @@ class RaySchedulerClient:
                 self._queues.pop(request_id, None)
 
     async def stop(self, request_id: str, index: int) -> bool:
-        return await self.handle.stop.remote(request_id, index)
+        stopped: bool = await self.handle.stop.remote(request_id, index)
+        return stopped
 
     async def abort(self, request_id: str) -> bool:
-        return await self.handle.abort.remote(request_id)
+        aborted: bool = await self.handle.abort.remote(request_id)
+        return aborted
 
     async def metrics_text(self) -> str:
-        return await self.handle.metrics_text.remote()
+        text: str = await self.handle.metrics_text.remote()
+        return text
 
     async def health(self) -> str | None:
         try:

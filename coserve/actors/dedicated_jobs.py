@@ -269,12 +269,14 @@ class DedicatedJobs:
 
         from coserve.dedicated.run import launch
 
-        queued = [(job_id, job) for job_id, job in self._jobs.items() if job.run is not None and not job.paused]
+        queued = [(job_id, job, job.run) for job_id, job in self._jobs.items()
+                  if job.run is not None and not job.paused]
         if not queued:
             return
-        free, total = ray.available_resources(), ray.cluster_resources()
+        free = ray.available_resources()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
+        total = ray.cluster_resources()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
         per_worker = self._settings.per_worker()
-        for job_id, job in queued:
+        for job_id, job, run in queued:
             if capacity(free, per_worker) < job.workers:
                 now_free = {k: free.get(k, 0.0) for k in per_worker}
                 why = (f"waiting for {job.workers} free worker(s) of {per_worker}: the cluster has "
@@ -284,7 +286,7 @@ class DedicatedJobs:
                     self._store.events.add(job_id, why[0].upper() + why[1:])
                 job.waiting = why
                 return  # the runs behind it wait too: no overtaking
-            job.handle, job.run, job.waiting = launch(job.run, _run_name(job_id), self._namespace), None, ""
+            job.handle, job.run, job.waiting = launch(run, _run_name(job_id), self._namespace), None, ""
             free = {k: v - per_worker.get(k, 0.0) * job.workers for k, v in free.items()}
 
     def _absorb(self, job_id: str, job: DedicatedJob, update: Any, trained: int) -> None:

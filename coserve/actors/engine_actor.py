@@ -34,6 +34,13 @@ class SchedulerLink(Protocol):
         """Report `result` (None on the first call) and get the next plan (None: stop)."""
 
 
+class _AsyncScheduler(Protocol):
+    """The SchedulerActor's side of `LocalLink`: its `exchange` coroutine."""
+
+    async def exchange(self, engine_id: str,
+                       result: IterationResult | EngineFailure | None) -> IterationPlan | None: ...
+
+
 class LocalLink:
     """In-process: the scheduler's coroutine runs on the gateway's event loop (`--local`).
 
@@ -42,7 +49,7 @@ class LocalLink:
         loop: the running event loop the scheduler lives on.
     """
 
-    def __init__(self, scheduler: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, scheduler: _AsyncScheduler, loop: asyncio.AbstractEventLoop) -> None:
         self._scheduler = scheduler
         self._loop = loop
 
@@ -64,7 +71,8 @@ class RayLink:
     def exchange(self, engine_id: str, result: IterationResult | EngineFailure | None) -> IterationPlan | None:
         import ray
 
-        return ray.get(self._handle.exchange.remote(engine_id, result))
+        plan: IterationPlan | None = ray.get(self._handle.exchange.remote(engine_id, result))
+        return plan
 
 
 @dataclass(slots=True)

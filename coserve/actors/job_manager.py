@@ -54,7 +54,10 @@ class Intent:
 
     @property
     def job_id(self) -> str:
-        return self.cancel_id if self.cancel_id is not None else self.record.id  # type: ignore[union-attr]
+        if self.cancel_id is not None:
+            return self.cancel_id
+        assert self.record is not None  # only a cancellation may lack the record (the job is gone)
+        return self.record.id
 
 
 @dataclass(slots=True)
@@ -64,6 +67,12 @@ class _Running:
     job: RunningJob | None  # its latest object (a moved job gets a new one); None: waiting
     started_at: float
     last_loss: float | None = None
+
+    def reported_job(self) -> RunningJob:
+        """`job`, for an event the job reported (a step, a validation, its end): its runner had it then."""
+        if self.job is None:
+            raise RuntimeError(f"fine-tuning job {self.record.id} reported an event its runner has no job for")
+        return self.job
 
 
 def open_job_manager(settings: FineTuningSettings, coserved: JobRunner, tokenizer: Any,
@@ -144,15 +153,18 @@ class JobManager:
             if intent.cancel_id is not None:
                 if running is not None:
                     running.runner.cancel(intent.job_id)  # it reports the cancellation
-            elif intent.prepared is not None:
+                continue
+            record = intent.record
+            assert record is not None  # only a cancellation may lack the record
+            if intent.prepared is not None:
                 if running is None:
-                    self._start(intent.record, intent.prepared)
+                    self._start(record, intent.prepared)
             elif running is None:
                 continue  # it ended meanwhile
-            elif intent.record.status == JobStatus.PAUSED and running.record.status != JobStatus.PAUSED:
+            elif record.status == JobStatus.PAUSED and running.record.status != JobStatus.PAUSED:
                 running.runner.pause(intent.job_id)
-                running.record = intent.record
-            elif intent.record.status == JobStatus.QUEUED:  # resumed
+                running.record = record
+            elif record.status == JobStatus.QUEUED:  # resumed
                 running.runner.resume(intent.job_id)
                 running.record = self._store.jobs.update(intent.job_id, status=JobStatus.RUNNING)
 
@@ -274,8 +286,9 @@ class JobManager:
         running.last_loss = event.loss
         if self._on_trained is not None and engine_id is not None:
             self._on_trained(running.record.tenant, event.num_tokens, engine_id)
-        data = {"step": event.step, "train_loss": event.loss, "total_steps": running.job.total_steps}
-        total = f"/{running.job.total_steps}"
+        job = running.reported_job()
+        data = {"step": event.step, "train_loss": event.loss, "total_steps": job.total_steps}
+        total = f"/{job.total_steps}"
         stored = self._store.events.add_once(
             event.job_id, f"step-{event.step}", f"Step {event.step}{total}: training loss={event.loss:.4g}",
             type="metrics", data=data)
@@ -284,9 +297,9 @@ class JobManager:
             # with these counters (a rerun of a step trains the same tokens); the count never goes back.
             return
         elapsed = self._clock() - running.started_at
-        steps_done = max(1, event.step - (running.job.spec.start_position or DataPosition(0)).step)
-        remaining = (running.job.total_steps - event.step) * elapsed / steps_done
-        self._store.jobs.update(event.job_id, trained_tokens=running.job.trained_tokens,
+        steps_done = max(1, event.step - (job.spec.start_position or DataPosition(0)).step)
+        remaining = (job.total_steps - event.step) * elapsed / steps_done
+        self._store.jobs.update(event.job_id, trained_tokens=job.trained_tokens,
                                 estimated_finish=int(self._clock() + remaining))
 
     def _keep_adapter(self, running: _Running, event: JobEvent) -> bool:
@@ -314,11 +327,12 @@ class JobManager:
         self._store.events.add(record.id, f"Checkpoint created at step {event.step}")
 
     def _on_validation(self, running: _Running, event: JobEvent) -> None:
-        data = {"step": event.step, "valid_loss": event.loss, "total_steps": running.job.total_steps}
+        job = running.reported_job()
+        data = {"step": event.step, "valid_loss": event.loss, "total_steps": job.total_steps}
         if running.last_loss is not None:
             data["train_loss"] = running.last_loss
         self._store.events.add_once(event.job_id, f"validation-step-{event.step}",
-                                    f"Step {event.step}/{running.job.total_steps}: validation "
+                                    f"Step {event.step}/{job.total_steps}: validation "
                                     f"loss={event.loss:.4g}", type="metrics", data=data)
 
     def _on_succeeded(self, running: _Running, event: JobEvent) -> None:
@@ -331,7 +345,7 @@ class JobManager:
         self._store.events.add(record.id, f"New fine-tuned model created: {name}")
         self._store.events.add(record.id, "The job has successfully completed")
         self._update_terminal(record.id, status=JobStatus.SUCCEEDED, fine_tuned_model=name,
-                              trained_tokens=running.job.trained_tokens)
+                              trained_tokens=running.reported_job().trained_tokens)
         del self._running[record.id]
 
     def _on_failed(self, running: _Running, event: JobEvent) -> None:

@@ -116,10 +116,6 @@ class JobPreparation:
         self._next_adapter_id += 1
         return self._next_adapter_id
 
-    def _allocate_adapter_id(self) -> int:
-        self._next_adapter_id += 1
-        return self._next_adapter_id
-
 
 def _jsonl(content: bytes) -> list[Any]:
     """The examples of a fine-tuning JSONL file (checked at upload)."""

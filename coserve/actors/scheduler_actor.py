@@ -30,7 +30,8 @@ from pathlib import Path
 
 from coserve.actors.admission import AdmissionControl
 from coserve.actors.data_dir_lock import DataDirLock
-from coserve.actors.job_manager import FineTuningSettings, JobManager, open_job_manager
+from coserve.actors.job_manager import JobManager, open_job_manager
+from coserve.actors.job_preparation import FineTuningSettings
 from coserve.actors.metrics import QueueState, SchedulerMetrics
 from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.stream_hub import StreamHub
@@ -114,6 +115,7 @@ class SchedulerActor:
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
                 data_dir=Path(self._settings.data_dir), num_layers=self._num_layers,
                 max_model_len=layout.max_model_len, dedicated=self._settings.dedicated)
+            assert layout.tokenizer is not None  # refused above when fine-tuning jobs run (`data_dir`)
             self._jobs = open_job_manager(settings, self._cluster.jobs, Tokenizer.from_spec(layout.tokenizer),
                                           self._settings.tenant_limits, self._count_finetune)
         self._work.set()  # held requests or waiting jobs may have been placed on it

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 
 from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_error_handlers
-from coserve.api.protocol.chat import MAX_N
+from coserve.api.protocol.sampling import MAX_N
 from coserve.api.routers import chat, completions, files, fine_tuning, metrics, models
 from coserve.api.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
 from coserve.store import MetadataStore

@@ -20,7 +20,7 @@ from coserve.bench.calibration import (
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord, replay
 from coserve.bench.run_metrics import SLO
-from coserve.bench.traces import make_trace, poisson_arrivals
+from coserve.bench.traces import RequestSpec, make_trace, poisson_arrivals
 from coserve.share.latency import LatencyModel
 
 MAX_BATCH_TOKENS = 512
@@ -28,7 +28,7 @@ REALIZED_TARGET = 0.9  # of the TPOT SLO: where the margin aims co-served iterat
 DECODE_SHARE = 0.6  # of the TPOT SLO a full decode batch may take (sets max_num_seqs)
 
 
-def run_policy(engine: Any, setup: PolicySetup, job_spec: Any, policy: str, rate: float, trace: list,
+def run_policy(engine: Any, setup: PolicySetup, job_spec: Any, policy: str, rate: float, trace: list[RequestSpec],
                limits: RunLimits, tag: str) -> RunRecord:
     """One replay of `trace` with `policy` and a fresh copy of the job (its id and folder tagged `tag`)."""
     spec = dataclasses.replace(job_spec, job_id=f"bench-{tag}",

@@ -49,8 +49,8 @@ def _nested(levels: int, leaf: Any) -> Any:
     return leaf
 
 
-def _deep_list(levels: int) -> list:
-    value: list = []
+def _deep_list(levels: int) -> list[Any]:
+    value: list[Any] = []
     for _ in range(levels):
         value = [value]
     return value

@@ -89,7 +89,7 @@ def _factory(setup: PolicySetup, config: CoServingConfig, kind: ShareKind,
     return build
 
 
-def _parse(name: str, prefix: str, kind: type) -> int | float:
+def _parse(name: str, prefix: str, kind: type[int] | type[float]) -> int | float:
     try:
         return kind(name[len(prefix):])
     except ValueError as exc:

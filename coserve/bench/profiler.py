@@ -27,6 +27,7 @@ import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from coserve.cluster.engine_core import EngineCore, Step
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
@@ -39,10 +40,28 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request
 from coserve.share.latency import LatencyModel, ModelFingerprint, Sample, plan_features
-from coserve.torch_engine.engine import TorchEngine
+from coserve.torch_engine.builders import BuiltEngine
+
+if TYPE_CHECKING:
+    import torch
 
 SETUP_TOKENS = 1024  # fine-tuning tokens per iteration that brings the job to a phase
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
+
+
+@runtime_checkable
+class TypedEngine(BuiltEngine, Protocol):
+    """A built engine with the dtype it computes in, which the latency model's fingerprint names: every
+    backend's (`TorchEngine`, `VllmEngine`) has one."""
+
+    dtype: torch.dtype
+
+
+def typed_engine(engine: BuiltEngine) -> TypedEngine:
+    """`engine` (`build_engine`'s) as a `TypedEngine`."""
+    if not isinstance(engine, TypedEngine):
+        raise TypeError(f"{type(engine).__name__} does not report its dtype")
+    return engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +177,7 @@ class _Harness:
     """Builds the iterations of the sweep and runs them on one engine through an `EngineCore` over
     `DesignedPlans`, the job beside them as `JobPieces` (policy-free, see module docstring)."""
 
-    def __init__(self, engine: TorchEngine, adapter_dirs: list[str], settings: SweepSettings) -> None:
+    def __init__(self, engine: BuiltEngine, adapter_dirs: list[str], settings: SweepSettings) -> None:
         self.engine = engine
         layout = engine.layout
         self.kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching=False)
@@ -278,7 +297,7 @@ class _Harness:
         return (features, step.result.timings.total_s), bool(plan.training.optimizer_steps)
 
 
-def scenario_runs(engine: TorchEngine, adapter_dirs: list[str],
+def scenario_runs(engine: BuiltEngine, adapter_dirs: list[str],
                   settings: SweepSettings) -> list[list[tuple[Sample, bool]]]:
     """Every measured run of every scenario after the warm-up: `repeats` (features, seconds) runs per
     scenario with the optimizer flag, in pass order (their spread is the machine's noise)."""
@@ -296,7 +315,7 @@ def scenario_runs(engine: TorchEngine, adapter_dirs: list[str],
     return runs
 
 
-def iterate_samples(engine: TorchEngine, adapter_dirs: list[str],
+def iterate_samples(engine: BuiltEngine, adapter_dirs: list[str],
                     settings: SweepSettings) -> Iterator[tuple[Sample, bool]]:
     """Measured (features, seconds) of every scenario after the warm-up, its fastest run, and the
     optimizer flag."""
@@ -304,7 +323,7 @@ def iterate_samples(engine: TorchEngine, adapter_dirs: list[str],
         yield min(runs, key=lambda run: run[0][1])
 
 
-def profile(engine: TorchEngine, fingerprint: ModelFingerprint, adapter_dirs: list[str],
+def profile(engine: BuiltEngine, fingerprint: ModelFingerprint, adapter_dirs: list[str],
             settings: SweepSettings) -> ProfileReport:
     """Run the sweep, fit on a random part of it, evaluate on the rest."""
     return fit_report(list(iterate_samples(engine, adapter_dirs, settings)), fingerprint, settings)

@@ -49,7 +49,7 @@ def register_profile(subparsers: Any) -> None:
 def _cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
-    from coserve.bench.profiler import SweepSettings, profile
+    from coserve.bench.profiler import SweepSettings, profile, typed_engine
     from coserve.contract.engine import EngineStartError
     from coserve.contract.engine_config import EngineConfig
     from coserve.model.tiny_model import create_random_adapter
@@ -78,7 +78,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         return 1
     config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
     fingerprint = ModelFingerprint(model_id_from_config(config), engine_machine_id(args.device, args.engine),
-                                   str(engine.dtype).removeprefix("torch."))
+                                   str(typed_engine(engine).dtype).removeprefix("torch."))
     with tempfile.TemporaryDirectory() as tmp:
         adapters = [str(create_random_adapter(args.model, Path(tmp) / f"a{i}", seed=i, r=8,
                                               lora_alpha=16, target_modules=["q_proj", "v_proj"]))

@@ -40,7 +40,7 @@ def simulator_check(record: RunRecord, setup: PolicySetup, trace: list[RequestSp
                        policy_name=record.policy, rate=record.rate,
                        sim=SimSettings(overhead_s=overhead, noise_sigma=sigma, seed=seed))
         simulated.append(summarize(sim, setup.slo).to_dict())
-    measured = summarize(record, setup.slo).to_dict()
+    measured: dict[str, Any] = summarize(record, setup.slo).to_dict()
     return {"policy": record.policy, "rate": record.rate, "noise_sigma": sigma, "seeds": seeds,
             **{key: _compare(measured[key], [s[key] for s in simulated]) for key in SIM_CHECK_KEYS}}
 

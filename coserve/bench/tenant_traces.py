@@ -48,7 +48,8 @@ def zipf_shares(num_tenants: int, s: float = 1.1) -> np.ndarray:
     if num_tenants < 1 or not s >= 0:
         raise ValueError(f"need num_tenants >= 1 and s >= 0, got {num_tenants}, {s}")
     raw = 1.0 / np.arange(1, num_tenants + 1) ** s
-    return raw / raw.sum()
+    shares: np.ndarray = raw / raw.sum()
+    return shares
 
 
 def diurnal_arrivals(rate: float, duration_s: float, seed: int, *, period_s: float = 120.0,

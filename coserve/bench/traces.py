@@ -166,7 +166,7 @@ def prompt_token_ids(spec: RequestSpec, vocab_size: int, first_id: int = 16) -> 
     (which tiny-model tokenizers put first) are avoided; distinct requests share no prefix, except the
     first `prefix_len` tokens of a `prefix_group`'s requests."""
     rng = np.random.default_rng([_digest(spec.request_id), spec.prompt_len])
-    ids = rng.integers(first_id, vocab_size, size=spec.prompt_len).tolist()
+    ids: list[int] = rng.integers(first_id, vocab_size, size=spec.prompt_len).tolist()
     shared = min(spec.prefix_len, spec.prompt_len - 1) if spec.prefix_group is not None else 0
     if shared > 0:
         group = np.random.default_rng([_digest(spec.prefix_group or ""), 7])

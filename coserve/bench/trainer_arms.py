@@ -28,9 +28,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from coserve.trainer.windowed import SequenceState
 
 SEQ_LEN, R, ALPHA, LR = 512, 16, 32.0, 1e-4
 
@@ -65,7 +68,8 @@ class SavedMeter:
     def __init__(self, frozen: Iterable[torch.Tensor],
                  kept: Callable[[], tuple[int, set[int]]] = lambda: (0, set())) -> None:
         self.frozen = {_storage(t)[0] for t in frozen}
-        self.kept, self.seen, self.saved, self.peak = kept, set(), 0, 0
+        self.kept, self.saved, self.peak = kept, 0, 0
+        self.seen: set[int] = set()
         self.saved_peak = self.kept_peak = 0  # the two parts' own peaks (not simultaneous)
 
     def new_graph(self) -> None:
@@ -125,12 +129,14 @@ class CoserveArm:
 
         stats = train_batch(self.trainer, self.optimizer,
                             [TrainingSequence(ids, trained, forward, backward)])
+        assert stats.loss is not None  # train_batch always reports its batch's loss
         return float(stats.loss)
 
     def measure(self, ids: torch.Tensor, trained: torch.Tensor, forward: list[int],
                 backward: list[int] | None = None) -> dict[str, Any]:
         """One untimed, instrumented step: peak kept + saved bytes (module doc), and its split."""
-        trainer, states = self.trainer, []
+        trainer = self.trainer
+        states: list[SequenceState] = []
         orig_start, orig_fwd, orig_bwd = (trainer.start_sequence, trainer.forward_window,
                                           trainer.backward_tasklet)
 
@@ -164,7 +170,8 @@ class CoserveArm:
             meter.sample()
             return out
 
-        trainer.start_sequence, trainer.forward_window, trainer.backward_tasklet = start, fwd, bwd
+        # Instance attributes shadow the three methods for this one step (deleted again below).
+        vars(trainer).update(start_sequence=start, forward_window=fwd, backward_tasklet=bwd)
         try:
             with meter.hooks():
                 loss = self.step(ids, trained, forward, backward)
@@ -182,7 +189,8 @@ class HFArm:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        cfg = LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0,
+        # peft annotates lora_alpha as int; it takes any number (the scaling is lora_alpha / r).
+        cfg = LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0,  # type: ignore[arg-type]  # see above
                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                          "up_proj", "down_proj"])
         self.model = get_peft_model(hf, cfg)

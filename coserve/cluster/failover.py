@@ -48,7 +48,8 @@ class Failover:
 
 def split_requests(requests: Iterable[Request]) -> tuple[list[Request], list[Request]]:
     """(re-routable, stranded): requests without an output token, oldest first, and the others."""
-    reroutable, stranded = [], []
+    reroutable: list[Request] = []
+    stranded: list[Request] = []
     for request in requests:
         (stranded if request.num_output_tokens else reroutable).append(request)
     reroutable.sort(key=lambda r: (r.arrival_time, r.request_id))

@@ -213,10 +213,8 @@ class ClusterJobs:
         self._waiting.pop(job_id, None)
         member = self._members[answer.engine_id]
         self._vtc.ensure_tenant(spec.tenant, self._default_weight)
-        member.start_job(spec, self._vtc.weight(spec.tenant))
+        member.start_job(spec, self._vtc.weight(spec.tenant), paused=job_id in self._paused)
         self._engine[job_id] = answer.engine_id
-        if job_id in self._paused:
-            member.policy.jobs.pause(job_id)
         where = "resumed from " + spec.resume_from if spec.resume_from else "started"
         moved = f" (its engine {moved_from} was lost)" if moved_from else ""
         self._notices.append(JobNotice(job_id, answer.engine_id,

@@ -10,6 +10,7 @@ adapters they asked for, the fan-outs with a sequence here, and the jobs placed 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from coserve.cluster.engine_core import EngineCore, Step
 from coserve.cluster.routing import EngineLoad
@@ -164,8 +165,9 @@ class EngineMember:
                 finished.append(request)
         return finished
 
-    def start_job(self, spec: FinetuneJobSpec, tenant_weight: float) -> FinetuneJob:
-        """Start a job placed here (on this engine's job host: its KV blocks and adapter slots).
+    def start_job(self, spec: FinetuneJobSpec, tenant_weight: float, paused: bool = False) -> FinetuneJob:
+        """Start a job placed here (on this engine's job host: its KV blocks and adapter slots); `paused`:
+        it waits for a resume (it was paused before it was placed).
 
         Raises:
             ValueError: the policy runs no jobs, or the id is scheduled already.
@@ -174,6 +176,8 @@ class EngineMember:
         if host is None:
             raise ValueError(f"engine {self.engine_id} runs no fine-tuning jobs")
         job = host.start(spec)
+        if paused:
+            host.pause(job.job_id)
         self.jobs[job.job_id] = job
         self._job_weight[job.job_id] = tenant_weight
         return job
@@ -184,7 +188,7 @@ class EngineMember:
         self._job_weight.pop(job_id, None)
 
 
-def _decrement(counter: Counter, key: object) -> None:
+def _decrement(counter: Counter[Any], key: object) -> None:
     counter[key] -= 1
     if counter[key] <= 0:
         del counter[key]

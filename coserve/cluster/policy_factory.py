@@ -21,22 +21,30 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.share.latency import LatencyModel, ModelFingerprint
 from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
+from coserve.share.settings import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, CoServingConfig
 from coserve.share.share_kinds import ShareKind, ShareOptions, build_policy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 
 class EngineLayout(Protocol):
-    """What the scheduler reads of an engine's `RuntimeLayout`."""
+    """What the scheduler reads of an engine's `RuntimeLayout` (read-only: a layout is a frozen value)."""
 
-    num_kv_blocks: int
-    block_size: int
-    max_model_len: int
-    num_adapter_slots: int
-    max_lora_rank: int
-    tokenizer: TokenizerSpec | None
-    engine_owns_kv_cache: bool
-    structured_output: bool
+    @property
+    def num_kv_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def num_adapter_slots(self) -> int: ...
+    @property
+    def max_lora_rank(self) -> int: ...
+    @property
+    def tokenizer(self) -> TokenizerSpec | None: ...
+    @property
+    def engine_owns_kv_cache(self) -> bool: ...
+    @property
+    def structured_output(self) -> bool: ...
 
 
 class PolicyFactory(Protocol):
@@ -95,10 +103,9 @@ class CoServingPolicyFactory:
                  shared: SharedVtc | None = None) -> CoServingPolicy:
         """The policy of one engine; with `shared`, one of several engines counting with a
         `ClusterScheduler`'s counters (each engine its own latency model, fitted on its own iterations)."""
-        slos = {k: v for k, v in (("tpot_slo_ms", self.tpot_slo_ms), ("ttft_slo_ms", self.ttft_slo_ms))
-                if v is not None}
         co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights),
                              max_stall_ms=self.max_stall_ms, finetune_floor_every=self.finetune_floor_every,
-                             **slos)
+                             tpot_slo_ms=DEFAULT_TPOT_SLO_MS if self.tpot_slo_ms is None else self.tpot_slo_ms,
+                             ttft_slo_ms=DEFAULT_TTFT_SLO_MS if self.ttft_slo_ms is None else self.ttft_slo_ms)
         return build_policy(self.share, co, layout.num_kv_blocks, AdapterSlots(layout.num_adapter_slots),
                             self.latency_model(), self.share_options, shared=shared)

@@ -34,7 +34,7 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 Path = tuple[str | int, ...]
 
@@ -315,7 +315,7 @@ def _count(digits: str) -> int:
     return int(digits) if len(digits.lstrip("0")) <= 12 else 10**12
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not (
         isinstance(value, float) and math.isnan(value))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from coserve.contract.schema_limits import Path, Violation, lark_violation, schema_text_violation, schema_violation
 
@@ -68,7 +69,7 @@ class StructuredOutput:
         return cls(OutputFormat.JSON_OBJECT)
 
     @classmethod
-    def json_schema(cls, schema: dict | str) -> StructuredOutput:
+    def json_schema(cls, schema: dict[str, Any] | str) -> StructuredOutput:
         """JSON valid against `schema` (a dict or its JSON text).
 
         Raises:

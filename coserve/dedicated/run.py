@@ -69,7 +69,7 @@ class DedicatedRun:
                                  failure_config=FailureConfig(max_failures=spec.max_failures),
                                  # Every epoch's checkpoint is a servable model: Ray Train deletes none.
                                  checkpoint_config=CheckpointConfig(num_to_keep=None),
-                                 callbacks=[_FailureNotes(me)]))
+                                 callbacks=[_FailureNotes(me)]))  # type: ignore[list-item]  # typed as ray's v1 config
         try:
             trainer.fit()
             outcome = None
@@ -163,5 +163,5 @@ def launch(spec: RunSpec, name: str | None = None, namespace: str | None = None)
     if name is not None:
         options.update(name=name, namespace=namespace)
     handle = ray.remote(DedicatedRun).options(**options).remote(spec)
-    handle.start.remote()
+    handle.start.remote()  # type: ignore[attr-defined]  # ray types only @ray.method methods of a handle
     return handle

@@ -74,6 +74,7 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
     """Load the model and the adapter (from Ray Train's latest checkpoint after a worker failure, else
     the job's own start); None when this run already wrote the final adapter."""
     import ray.train
+    import ray.train.torch
     import torch
 
     from coserve.contract.trainer_state import STATE_FILE, read_trainer_state

@@ -145,6 +145,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     k_blocks, v_blocks = cache.blocks(layer)
     nd = meta.num_decodes
     if nd and meta.decode_kernel is not None:
+        assert meta.decode_blocks is not None and meta.decode_lens is not None  # set whenever there are decodes
         meta.decode_kernel(q[:nd].contiguous(), cache.k[layer], cache.v[layer], meta.decode_blocks,
                            meta.decode_lens, out, meta.block_size)
     elif nd:

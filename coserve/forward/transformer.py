@@ -51,7 +51,7 @@ class Transformer:
         # than MKL's sgemm on a CPU decode batch. It is a second copy of the matrix, so only when small.
         head_bytes = weights.lm_head.numel() * weights.lm_head.element_size()
         use_onednn = (device.type == "cpu" and dtype == torch.float32 and head_bytes <= 2**28
-                      and torch.backends.mkldnn.is_available())
+                      and torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]  # unannotated in torch
         self._lm_head_onednn = weights.lm_head.to_mkldnn() if use_onednn else None
         self._lm_head_t_onednn: torch.Tensor | None = None  # see `head_input_grad`
 
@@ -92,6 +92,7 @@ class Transformer:
         qk = qkv[:, : cfg.q_size + cfg.kv_size].view(-1, heads, cfg.head_dim)
         v = qkv[:, cfg.q_size + cfg.kv_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
+            assert w.q_norm is not None and w.k_norm is not None  # loaded whenever the config has qk_norm
             qk = torch.cat([rms_norm(qk[:, : cfg.num_heads], w.q_norm, cfg.rms_norm_eps),
                             rms_norm(qk[:, cfg.num_heads:], w.k_norm, cfg.rms_norm_eps)], dim=1)
         qk = apply_rope(qk, batch.cos, batch.sin)

@@ -89,14 +89,18 @@ def render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], generation_pro
     tools = list(tools) if tools else None
     try:
         if messages:
-            return tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=False,
-                                                 add_generation_prompt=generation_prompt)
+            text: str = tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=False,
+                                                      add_generation_prompt=generation_prompt)
+            return text
         if not generation_prompt:
             return ""
         # apply_chat_template refuses an empty conversation; the generation prompt that opens a
         # conversation starting with an assistant message still exists, so render it directly.
-        rendered, _ = render_jinja_template([[]], tools=tools, chat_template=tokenizer.get_chat_template(),
-                                            add_generation_prompt=True, **tokenizer.special_tokens_map)
+        # transformers annotates render_jinja_template "-> str" (it returns the renderings and the generation
+        # indices), and its `tools` as a list of dict | Callable (ours are JSON objects, typed as Mappings).
+        rendered, _ = render_jinja_template(  # type: ignore[str-unpack]  # see the comment above
+            [[]], tools=tools,  # type: ignore[arg-type]  # see the comment above
+            chat_template=tokenizer.get_chat_template(), add_generation_prompt=True, **tokenizer.special_tokens_map)
         return rendered[0]
     except TemplateError:
         raise
@@ -115,7 +119,8 @@ def require_tool_support(tokenizer: Any, with_tools: bool) -> None:
         "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
     call = {"id": "call_probe", "type": "function",
             "function": {"name": _PROBE_TOOL, "arguments": {"x": _PROBE_ARGUMENT}}}
-    messages = [{"role": "user", "content": "probe"}, {"role": "assistant", "tool_calls": [call]}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "probe"},
+                                      {"role": "assistant", "tool_calls": [call]}]
     try:
         text = render(tokenizer, messages, generation_prompt=False)
     except TemplateError as exc:

@@ -3,10 +3,12 @@ token ids, `chat_template_refusal` says why in the client's terms when the templ
 
 from __future__ import annotations
 
+from typing import Any
+
 import jinja2
 
 
-def encode_chat(tokenizer: object, messages: list[dict], chat_template: str | None = None,
+def encode_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None = None,
                 add_generation_prompt: bool = True) -> tuple[str, list[int]]:
     """The conversation as prompt text and token ids (the template already holds any BOS).
 
@@ -14,9 +16,10 @@ def encode_chat(tokenizer: object, messages: list[dict], chat_template: str | No
         whatever the template raises for a conversation it does not accept (jinja2 errors,
         ValueError, TypeError): callers report it as a bad `messages` parameter.
     """
-    text = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
-    return text, tokenizer.encode(text, add_special_tokens=False)
+    text: str = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
+                                              add_generation_prompt=add_generation_prompt)
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+    return text, ids
 
 
 def chat_template_refusal(error: Exception) -> str:

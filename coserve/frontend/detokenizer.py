@@ -13,10 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from coserve.contract.sampling import SamplingParams
 
 _INCOMPLETE = "\ufffd"  # what a tokenizer decodes an unfinished UTF-8 sequence to
+
+
+class TokenDecoder(Protocol):
+    """What turns output token ids into text: `coserve.frontend.tokenizer.Tokenizer` (a Hugging Face
+    tokenizer, the offline `LLM`'s, decodes a list of ids the same way)."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 @dataclass(slots=True)
@@ -28,14 +36,14 @@ class StopMatch:
 class TextTracker:
     """Decodes one request's outputs incrementally and watches for its stop strings."""
 
-    def __init__(self, tokenizer: object, sampling: SamplingParams) -> None:
+    def __init__(self, tokenizer: TokenDecoder, sampling: SamplingParams) -> None:
         self._tokenizer = tokenizer
         self._sampling = sampling
         self._tokens: list[int] = []
         self._prefix_offset = 0  # the decode window starts here (a character boundary)
         self._read_offset = 0  # tokens before this offset are in `text`
         self._checked_len = 0  # text before this offset was searched for stop strings already
-        self._hold = max((len(s) for s in sampling.stop), default=1) - 1
+        self._hold = max((len(s) for s in sampling.stop or ()), default=1) - 1
         self.text = ""
         self.stopped: StopMatch | None = None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
 
 from coserve.contract.messages import AdapterSpec, Rejection
 from coserve.contract.sampling import SamplingParams
@@ -20,6 +21,7 @@ from coserve.frontend.grammar_admission import grammar_rejection
 from coserve.frontend.messages import ChatSubmission
 from coserve.frontend.prompt_encoder import PromptEncoder, PromptRefused
 from coserve.frontend.tool_admission import PreparedChat, ToolSupport
+from coserve.model.config import ModelConfig
 from coserve.structured.guarded_check import GrammarCheck
 from coserve.tools.family import ToolFamily
 
@@ -45,7 +47,7 @@ class PromptIntake:
         model_config: the model's config (`vocab_size`, for the adapter check too).
     """
 
-    def __init__(self, tokenizer: object, model_config: object) -> None:
+    def __init__(self, tokenizer: Any, model_config: ModelConfig) -> None:
         self._model_config = model_config
         self._encoder = PromptEncoder(tokenizer)
         self._tools = ToolSupport(tokenizer)
@@ -94,8 +96,10 @@ class PromptIntake:
             logger.info("chat template refused a request of tenant %s: %r", sub.tenant, error)
             return Rejection(400, chat_template_refusal(error), param="messages", code="invalid_value")
         if encoded.ids is None:
-            return context_rejection(encoded.min_tokens, sampling.max_tokens, self._max_model_len,
-                                     at_least=True, param=source)
+            too_long = context_rejection(encoded.min_tokens, sampling.max_tokens, self._max_model_len,
+                                         at_least=True, param=source)
+            assert too_long is not None  # the encoder stopped because the prompt exceeds `room`
+            return too_long
         too_long = context_rejection(len(encoded.ids), sampling.max_tokens, self._max_model_len, param=source)
         if too_long is not None:
             return too_long
@@ -109,6 +113,7 @@ class PromptIntake:
     def _check_adapter(self, spec: AdapterSpec | None) -> Rejection | None:
         if spec is None:
             return None
+        assert self._adapters is not None  # `attach` ran: before it no prompt fits (`_max_model_len` 0)
         try:
             self._adapters.check_path(spec.path)
         except (OSError, ValueError) as error:

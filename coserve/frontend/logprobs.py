@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coserve.contract.plan import TokenLogprobs
+from coserve.frontend.detokenizer import TokenDecoder
 
 
 @dataclass(slots=True)
@@ -21,7 +22,7 @@ class Logprob:
 SampleLogprobs = list[dict[int, Logprob]]
 
 
-def to_logprob_dict(lp: TokenLogprobs, tokenizer: object) -> dict[int, Logprob]:
+def to_logprob_dict(lp: TokenLogprobs, tokenizer: TokenDecoder) -> dict[int, Logprob]:
     """vLLM's per-token logprob dict: the sampled token and the top-N alternatives."""
     # The sampled token comes first, as in vLLM, then the alternatives by rank.
     out = {lp.token_id: Logprob(logprob=lp.logprob, rank=lp.rank,

@@ -7,6 +7,7 @@ scheduler's token-level messages (`coserve.contract.messages`) and back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from coserve.contract.messages import AdapterSpec, Rejection
 from coserve.contract.sampling import SamplingParams
@@ -38,7 +39,7 @@ class ChatSubmission:
 
     request_id: str
     tenant: str
-    messages: list[dict]
+    messages: list[dict[str, Any]]
     sampling: SamplingParams
     adapter: AdapterSpec | None = None
     tools: ToolSpec | None = None  # the request's tools (rendered by the chat template)

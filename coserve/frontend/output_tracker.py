@@ -50,6 +50,7 @@ class OutputTracker:
             lp = logprobs[i] if logprobs is not None and i < len(logprobs) else None
             if self.logprobs is not None and lp is not None:
                 self.logprobs.append(to_logprob_dict(lp, self._tokenizer))
+                assert self.cumulative_logprob is not None  # set with `logprobs`
                 self.cumulative_logprob += lp.logprob
             self.text.check_stop(self.token_ids)
         return len(token_ids)
@@ -59,7 +60,7 @@ class OutputTracker:
         """The stop string or stop token id that ended the output, if any."""
         if self.text.stopped is not None:
             return self.text.stopped.stop
-        if self.token_ids and self.token_ids[-1] in self.sampling.stop_token_ids:
+        if self.token_ids and self.token_ids[-1] in (self.sampling.stop_token_ids or ()):
             return self.token_ids[-1]
         return None
 

@@ -77,8 +77,8 @@ class PromptEncoder:
             text = self._normalizer.normalize_str(text)
         return math.ceil(len(text) / self._longest)
 
-    async def encode(self, messages: list[dict], max_prompt_tokens: int,
-                     tools: list[dict] | None = None) -> EncodedPrompt:
+    async def encode(self, messages: list[dict[str, Any]], max_prompt_tokens: int,
+                     tools: list[dict[str, Any]] | None = None) -> EncodedPrompt:
         """Render `messages` with the chat template and encode them, in the pool.
 
         Args:
@@ -93,7 +93,8 @@ class PromptEncoder:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._encode, messages, max_prompt_tokens, tools)
 
-    def _encode(self, messages: list[dict], max_prompt_tokens: int, tools: list[dict] | None) -> EncodedPrompt:
+    def _encode(self, messages: list[dict[str, Any]], max_prompt_tokens: int,
+                tools: list[dict[str, Any]] | None) -> EncodedPrompt:
         text = self._tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                    add_generation_prompt=True)
         bound = self.min_tokens(text)

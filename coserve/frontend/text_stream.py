@@ -80,8 +80,8 @@ class TextStream:
         entries = []
         for per_token in logprobs[start:]:
             sampled = next(iter(per_token.values()))  # the sampled token comes first
-            top = sorted((lp for lp in per_token.values() if lp.rank is not None and lp.rank <= self._top_n),
-                         key=lambda lp: lp.rank)
+            ranked = [(lp.rank, lp) for lp in per_token.values() if lp.rank is not None and lp.rank <= self._top_n]
+            top = [lp for _, lp in sorted(ranked, key=lambda pair: pair[0])]
             entries.append(LogprobEntry(token=sampled.decoded_token or "", logprob=sampled.logprob,
                                         top=[(lp.decoded_token or "", lp.logprob) for lp in top]))
         return entries

@@ -135,10 +135,10 @@ class Tokenizer:
         return self._encoding(text, add_special_tokens).ids
 
     def __call__(self, text: str, add_special_tokens: bool = True,
-                 return_offsets_mapping: bool = False) -> dict[str, list]:
+                 return_offsets_mapping: bool = False) -> dict[str, list[int] | list[tuple[int, int]]]:
         """`{"input_ids": [...]}`, with `"offset_mapping"` (character spans) when asked."""
         encoding = self._encoding(text, add_special_tokens)
-        out: dict[str, list] = {"input_ids": encoding.ids}
+        out: dict[str, list[int] | list[tuple[int, int]]] = {"input_ids": encoding.ids}
         if return_offsets_mapping:
             out["offset_mapping"] = list(encoding.offsets)
         return out
@@ -148,7 +148,7 @@ class Tokenizer:
 
     # ------------------------------------------------------------------------ chat templates
 
-    def get_chat_template(self, chat_template: str | None = None, tools: list[dict] | None = None) -> str:
+    def get_chat_template(self, chat_template: str | None = None, tools: list[dict[str, Any]] | None = None) -> str:
         """The template a conversation is rendered with (transformers' rules for named templates).
 
         Raises:
@@ -156,21 +156,20 @@ class Tokenizer:
         """
         if isinstance(self.chat_template, dict):
             named = self.chat_template
-            if chat_template is not None and chat_template in named:
-                return named[chat_template]
-            if chat_template is None:
-                if tools is not None and "tool_use" in named:
-                    return named["tool_use"]
-                if "default" in named:
-                    return named["default"]
-                raise ValueError(f"This model has several chat templates and no default: {sorted(named)}.")
+            if chat_template is not None:  # a name, else the template itself
+                return named[chat_template] if chat_template in named else chat_template
+            if tools is not None and "tool_use" in named:
+                return named["tool_use"]
+            if "default" in named:
+                return named["default"]
+            raise ValueError(f"This model has several chat templates and no default: {sorted(named)}.")
         if chat_template is not None:
             return chat_template
         if self.chat_template is None:
             raise ValueError("Cannot use chat template functions because the tokenizer has no chat template.")
         return self.chat_template
 
-    def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]], tools: list[dict] | None = None,
+    def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None,
                             chat_template: str | None = None, add_generation_prompt: bool = False,
                             tokenize: bool = True, return_dict: bool = True,
                             **kwargs: Any) -> str | list[int] | dict[str, list[int]]:
@@ -183,9 +182,11 @@ class Tokenizer:
         if not conversation:
             raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
         template = self.get_chat_template(chat_template, tools)
-        rendered, _ = render_jinja_template(
-            conversations=[_without_nulls(conversation)], tools=tools, documents=None,
-            chat_template=template, return_assistant_tokens_mask=False, continue_final_message=False,
+        # transformers annotates render_jinja_template "-> str" (it returns the renderings and the generation
+        # indices), and its `tools` as list[dict | Callable], which a list of dicts is not (lists are invariant).
+        rendered, _ = render_jinja_template(  # type: ignore[str-unpack]  # see the comment above
+            conversations=[_without_nulls(conversation)], tools=tools,  # type: ignore[arg-type]  # see above
+            documents=None, chat_template=template, return_assistant_tokens_mask=False, continue_final_message=False,
             add_generation_prompt=add_generation_prompt, **{**self.special_tokens_map, **kwargs})
         if not tokenize:
             return rendered[0]

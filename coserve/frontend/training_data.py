@@ -117,7 +117,7 @@ def trained_char_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
     if tools:
         require_tools_rendered(tokenizer, messages, tools, full)
     require_tool_results_rendered(messages, full)
-    eos = getattr(tokenizer, "eos_token", None)
+    eos: str = getattr(tokenizer, "eos_token", None) or ""
     spans: list[tuple[int, int]] = []
     for i, message in enumerate(messages):
         if _cut_inside_tool_group(messages, i):

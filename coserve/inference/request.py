@@ -111,7 +111,7 @@ def expand_request(request_id: str, prompt_token_ids: list[int], params: Samplin
     for index in range(params.n):
         child = replace(params, n=1, seed=None if params.seed is None else params.seed + index)
         if eos.extra and not child.ignore_eos:
-            child.stop_token_ids = child.stop_token_ids + list(eos.extra)
+            child.stop_token_ids = list(child.stop_token_ids or ()) + list(eos.extra)
         children.append(Request(request_id=f"{request_id}-{index}", prompt_token_ids=list(prompt_token_ids),
                                 sampling=child, eos_token_id=eos.eos, adapter=adapter, tenant=tenant,
                                 arrival_time=arrival, parent_id=request_id if params.n > 1 else None))

@@ -63,7 +63,7 @@ def check_stop(request: Request, token_id: int, max_model_len: int) -> RequestSt
     if request.num_output_tokens >= sampling.min_tokens:
         if token_id == request.eos_token_id and not sampling.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
-        if token_id in sampling.stop_token_ids:
+        if token_id in (sampling.stop_token_ids or ()):
             return RequestStatus.FINISHED_STOPPED
     if sampling.max_tokens is not None and request.num_output_tokens >= sampling.max_tokens:
         return RequestStatus.FINISHED_LENGTH_CAPPED

@@ -116,7 +116,7 @@ class ModelConfig:
         return cls.from_dict(raw)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> ModelConfig:
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         arch = _architecture(raw)
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         head_dim = int(raw.get("head_dim") or hidden // heads)
@@ -160,7 +160,7 @@ MODEL_TYPES: dict[str, Architecture] = {
 }
 
 
-def _architecture(raw: dict) -> Architecture:
+def _architecture(raw: dict[str, Any]) -> Architecture:
     names = raw.get("architectures") or []
     for name in names:
         for arch in Architecture:
@@ -175,7 +175,7 @@ def _architecture(raw: dict) -> Architecture:
         f"{SUPPORTED_ARCHITECTURES}")
 
 
-def _rope(raw: dict) -> RopeConfig:
+def _rope(raw: dict[str, Any]) -> RopeConfig:
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = str(params.get("rope_type", params.get("type", "default")))
@@ -195,7 +195,7 @@ def _rope(raw: dict) -> RopeConfig:
     )
 
 
-def _max_positions(raw: dict) -> int:
+def _max_positions(raw: dict[str, Any]) -> int:
     limit = int(raw.get("max_position_embeddings", 2048))
     # Sliding-window attention is not implemented; cap the context at the window so results stay exact.
     window = raw.get("sliding_window")

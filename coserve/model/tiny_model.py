@@ -29,6 +29,7 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     PretrainedConfig,
+    PreTrainedModel,
     Qwen2Config,
     Qwen3Config,
 )
@@ -100,7 +101,8 @@ def create_tiny_model(path: str | Path, arch: str = "llama", preset: str = "tiny
 
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]  # unannotated in transformers
+            config, dtype=torch.float32)
     _init_peaked_weights(model, torch.Generator().manual_seed(seed))
     model.generation_config = _generation_config(config)
     model.save_pretrained(path, safe_serialization=True)
@@ -164,14 +166,15 @@ def _check_shapes(config: PretrainedConfig) -> None:
 
 def _generation_config(config: PretrainedConfig) -> GenerationConfig:
     """Greedy by default; generation stops at `<|im_end|>`, the end of an assistant turn."""
-    return GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                            pad_token_id=config.pad_token_id, do_sample=False)
+    return GenerationConfig(  # type: ignore[no-untyped-call]  # transformers leaves __init__ unannotated
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id, do_sample=False)
 
 
 @torch.no_grad()
-def _init_peaked_weights(model: torch.nn.Module, generator: torch.Generator) -> None:
+def _init_peaked_weights(model: PreTrainedModel, generator: torch.Generator) -> None:
     """Overwrite every parameter with the peaked init described in the module docstring."""
-    hidden = model.config.hidden_size
+    hidden: int = model.config.hidden_size
     done: set[int] = set()
     for module_name, module in model.named_modules():
         leaf = module_name.rsplit(".", 1)[-1]
@@ -241,7 +244,7 @@ def create_random_adapter(model_dir: str | Path, out: str | Path, *, seed: int =
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * b_std)
-    model.save_pretrained(out)
+    model.save_pretrained(str(out))
     return out
 
 

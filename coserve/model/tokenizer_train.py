@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
@@ -108,6 +109,6 @@ def save_tokenizer(tokenizer: Tokenizer, path: str | Path, model_max_length: int
     _write_json(path / "special_tokens_map.json", special_map)
 
 
-def _write_json(path: Path, payload: dict[str, object]) -> None:
+def _write_json(path: Path, payload: Mapping[str, object]) -> None:
     """Write pretty JSON with a trailing newline, as transformers does."""
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

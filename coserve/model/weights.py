@@ -115,7 +115,8 @@ class _TensorSource:
         shard = self._where[name]
         if shard not in self._open:
             self._open[shard] = safe_open(str(shard), framework="pt")
-        return self._open[shard].get_tensor(name).to(device=device, dtype=dtype).contiguous()
+        tensor: torch.Tensor = self._open[shard].get_tensor(name)  # framework="pt": a torch tensor
+        return tensor.to(device=device, dtype=dtype).contiguous()
 
     def close(self) -> None:
         """Let go of the shards (tensors that view a mapping keep it)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coserve.cluster.engine_core import EngineCore
 from coserve.contract import defaults
@@ -39,8 +39,11 @@ from coserve.offline.outputs import CompletionOutput, RequestOutput
 from coserve.structured.guarded_check import GrammarCheck
 from coserve.torch_engine.builders import build_engine
 
-PromptType = str | dict
-ChatMessages = list[dict]
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+PromptType = str | dict[str, Any]
+ChatMessages = list[dict[str, Any]]
 
 
 @dataclass(slots=True)
@@ -148,7 +151,7 @@ class LLM:
              chat_template: str | None = None, add_generation_prompt: bool = True,
              use_tqdm: bool = False) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        conversations = [messages] if _is_conversation(messages) else list(messages)
         prompts = []
         for conversation in conversations:
             text, token_ids = encode_chat(self.tokenizer, conversation, chat_template, add_generation_prompt)
@@ -158,8 +161,8 @@ class LLM:
     def apply_chat_template(self, messages: ChatMessages, chat_template: str | None = None,
                             add_generation_prompt: bool = True) -> str:
         """The conversation as prompt text, through the tokenizer's (or the given) chat template."""
-        return self.tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(  # type: ignore[return-value]  # str with tokenize=False
+            messages, chat_template=chat_template, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     # ------------------------------------------------------------------------------ internals
 
@@ -177,6 +180,7 @@ class LLM:
 
     def _prepare(self, prompt: PromptType, params: SamplingParams,
                  lora: LoRARequest | None) -> tuple[str, str | None, list[_Run]]:
+        text: str | None
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -200,16 +204,16 @@ class LLM:
         self._adapters.check(lora.lora_int_id, lora.lora_path)
         return AdapterRef(adapter_id=lora.lora_int_id, name=lora.lora_name, path=lora.lora_path)
 
-    def start_fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
+    def start_fine_tune(self, examples: Sequence[dict[str, Any] | list[dict[str, Any]]], output_dir: str,
                         hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
                         lora: LoRASettings | Mapping[str, Any] | None = None,
                         seed: int = 0, job_id: str | None = None,
-                        validation: Sequence[dict | list[dict]] = ()) -> str:
+                        validation: Sequence[dict[str, Any] | list[dict[str, Any]]] = ()) -> str:
         """Start a LoRA fine-tuning job on chat examples; returns its id at once.
 
         The job trains in the same iterations as every later `generate`/`chat` call; `wait`
         finishes it. Examples are OpenAI fine-tuning lines (`{"messages": [...], "tools": [...]}`,
-        tool calls included: README "Training files") or message lists; the loss is on assistant
+        tool calls included: docs/training-files.md) or message lists; the loss is on assistant
         tokens (messages with `"weight": 0` excluded). `hyperparameters`: a `HyperparameterRequest`,
         or OpenAI's `n_epochs`, `batch_size`, `learning_rate_multiplier` (each may be "auto"; see
         `HyperparameterRequest.resolve`); `lora`: a `LoRASettings`, or its fields by PEFT's names (`r`,
@@ -237,10 +241,10 @@ class LLM:
             self._iteration({})
         return self.jobs.result(job_id)
 
-    def fine_tune(self, examples: Sequence[dict | list[dict]], output_dir: str,
+    def fine_tune(self, examples: Sequence[dict[str, Any] | list[dict[str, Any]]], output_dir: str,
                   hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
                   lora: LoRASettings | Mapping[str, Any] | None = None,
-                  seed: int = 0, validation: Sequence[dict | list[dict]] = ()) -> FineTuneResult:
+                  seed: int = 0, validation: Sequence[dict[str, Any] | list[dict[str, Any]]] = ()) -> FineTuneResult:
         """`start_fine_tune` then `wait`: train a LoRA adapter and return where it is."""
         return self.wait(self.start_fine_tune(examples, output_dir, hyperparameters, lora, seed,
                                               validation=validation))
@@ -283,12 +287,17 @@ class LLM:
                              outputs=outputs, finished=True)
 
 
-def _per_prompt(value: object, count: int, name: str) -> list:
+def _per_prompt(value: object, count: int, name: str) -> list[Any]:
     if isinstance(value, (list, tuple)):
         if len(value) != count:
             raise ValueError(f"{name} has {len(value)} entries for {count} prompts")
         return list(value)
     return [value] * count
+
+
+def _is_conversation(messages: ChatMessages | Sequence[ChatMessages]) -> TypeIs[ChatMessages]:
+    """One conversation (a list of message dicts), rather than a list of conversations."""
+    return bool(messages) and isinstance(messages[0], dict)
 
 
 def _lora_settings(lora: LoRASettings | Mapping[str, Any] | None) -> LoRASettings | None:

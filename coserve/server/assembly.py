@@ -214,11 +214,15 @@ def start_ray_actors(opts: ServeOptions, tenants: Any, engines: int) -> tuple[An
     layouts = pool.layouts()
     link = RayLink(scheduler)
     for engine_id, engine in pool.handles.items():
-        ray.get(scheduler.register_engine.remote(engine_id, layouts[engine_id]))
+        # Ray types the handle as ActorHandle[T] | type[T]: `.remote` of a method without `@ray.method` is
+        # unknown to mypy (the two ignores below).
+        ray.get(scheduler.register_engine.remote(  # type: ignore[attr-defined]  # see the comment above
+            engine_id, layouts[engine_id]))
         # max_restarts: a crashed engine comes back (the scheduler's supervisor restarts its loop); calls
         # in flight when it died fail rather than being retried on the new one.
         ray.get(engine.start.remote(link))
-        ray.get(scheduler.supervise.remote(engine_id, engine, link))
+        ray.get(scheduler.supervise.remote(  # type: ignore[attr-defined]  # see the comment above
+            engine_id, engine, link))
     return scheduler, pool, next(iter(layouts.values()))
 
 
@@ -241,8 +245,8 @@ def run_ray(opts: ServeOptions) -> None:
     # The scheduler actor takes the data dir's lock in its own process; a second server stops here first,
     # before Ray starts (DataDirLocked), instead of after a failed deployment.
     DataDirLock.check_free(opts.data_dir)
-    ray.init(namespace=RAY_NAMESPACE, log_to_driver=True,
-             **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
+    dashboard: dict[str, Any] = {} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}
+    ray.init(namespace=RAY_NAMESPACE, log_to_driver=True, **dashboard)
     try:
         # Before deploying, on the cluster now connected: a clear error, not a failed replica.
         dedicated_capacity(opts, opts.num_engines()).check_default()
@@ -258,7 +262,8 @@ def run_ray(opts: ServeOptions) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        serve.shutdown()  # the replica's shutdown ends the scheduler's streams, then its actors
+        # The replica's shutdown ends the scheduler's streams, then its actors.
+        serve.shutdown()  # type: ignore[no-untyped-call]  # Ray Serve leaves it unannotated
         ray.shutdown()
 
 

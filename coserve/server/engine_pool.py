@@ -75,8 +75,9 @@ class EnginePool:
         ready, _ = ray.wait([group.ready()], timeout=timeout_s)
         if not ready:
             remove_placement_group(group)
+            free = ray.available_resources()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
             raise EnginesUnavailable(f"--engines {count}: the Ray cluster did not free {count} x {bundle} for the "
-                                     f"engines within {timeout_s:g} s (free now: {ray.available_resources()})")
+                                     f"engines within {timeout_s:g} s (free now: {free})")
         handles = {}
         for index, engine_id in enumerate(engine_ids(count)):
             strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)

@@ -70,9 +70,9 @@ class ServeOptions:
         for flag, value in positive.items():
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
-        for flag, value in {"--tpot-slo-ms": self.tpot_slo_ms, "--ttft-slo-ms": self.ttft_slo_ms}.items():
-            if value is not None and not value > 0:
-                raise ValueError(f"{flag} must be > 0, got {value}")
+        for flag, slo in {"--tpot-slo-ms": self.tpot_slo_ms, "--ttft-slo-ms": self.ttft_slo_ms}.items():
+            if slo is not None and not slo > 0:
+                raise ValueError(f"{flag} must be > 0, got {slo}")
         if self.max_stall_ms is not None:
             from coserve.share.settings import DEFAULT_TPOT_SLO_MS
 

@@ -111,8 +111,10 @@ class FinetuneShare(Protocol):
     label: str
     hosts_jobs: bool
     floor_applies: bool
-    kv_fraction: float | None
     watcher: RequestWatcher
+
+    @property
+    def kv_fraction(self) -> float | None: ...  # read-only: a share that never splits says None
 
     def begin_iteration(self, ctx: ShareContext) -> bool:
         """Called once per plan before inference is scheduled: whether this iteration schedules

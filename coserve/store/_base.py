@@ -12,7 +12,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,7 +49,7 @@ def to_json(name: str, value: Any) -> str | None:
 
 
 def from_row(cls: type[R], row: sqlite3.Row, json_columns: frozenset[str],
-             convert: dict[str, Callable[[Any], Any]] | None = None) -> R:
+             convert: Mapping[str, Callable[[Any], Any]] | None = None) -> R:
     """Build the dataclass `cls` from the row's columns of the same names, decoding JSON columns."""
     convert = convert or {}
     values = {}

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import IO, Any
 
 from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
 
@@ -58,37 +59,41 @@ class _Worker:
     def __init__(self, memory_bytes: int) -> None:
         self._proc = subprocess.Popen([sys.executable, "-m", "coserve.structured.check_worker", str(memory_bytes)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        stdin, stdout = self._proc.stdin, self._proc.stdout
+        assert stdin is not None and stdout is not None  # both are pipes (PIPE above)
+        self._stdin: IO[bytes] = stdin
+        self._stdout: IO[bytes] = stdout
         if not isinstance(self._read(_START_TIMEOUT_S), dict):
             self.kill()
             raise RuntimeError("the grammar check's worker did not start")
         self.checks = 0
 
-    def ask(self, spec: StructuredOutput, timeout_s: float) -> dict | _Failure:
+    def ask(self, spec: StructuredOutput, timeout_s: float) -> dict[str, Any] | _Failure:
         """The worker's answer, or how it failed (it is then killed)."""
         request = json.dumps({"format": spec.format.value, "text": spec.schema_json}) + "\n"
         self.checks += 1
         try:
-            self._proc.stdin.write(request.encode("utf-8", "surrogatepass"))
-            self._proc.stdin.flush()
+            self._stdin.write(request.encode("utf-8", "surrogatepass"))
+            self._stdin.flush()
         except OSError:  # a broken pipe: it died
-            answer: dict | _Failure = _Failure.DIED
+            answer: dict[str, Any] | _Failure = _Failure.DIED
         else:
             answer = self._read(timeout_s)
         if isinstance(answer, _Failure):
             self.kill()
         return answer
 
-    def _read(self, timeout_s: float) -> dict | _Failure:
-        ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
+    def _read(self, timeout_s: float) -> dict[str, Any] | _Failure:
+        ready, _, _ = select.select([self._stdout], [], [], timeout_s)
         if not ready:
             return _Failure.TIMED_OUT
-        line = self._proc.stdout.readline()
+        line = self._stdout.readline()
         return json.loads(line) if line else _Failure.DIED
 
     def kill(self) -> None:
         self._proc.kill()
         self._proc.wait()
-        for stream in (self._proc.stdin, self._proc.stdout):
+        for stream in (self._stdin, self._stdout):
             stream.close()
 
 

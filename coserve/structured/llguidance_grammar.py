@@ -9,15 +9,23 @@ which takes only Lark. Both are text transforms (microseconds); compiling is the
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any, cast
 
 import llguidance
 
 from coserve.contract.structured_output import JSON_LAYOUT, OutputFormat, StructuredOutput, StructuredOutputError
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # llguidance declares it in its stubs only
+
 # llguidance's defaults, but for the lexer's states: each costs 1-2 kB, and 250k of them (the default)
 # would let one grammar hold ~0.5 GB of an engine's memory. JSON schemas within `schema_limits` need
 # a few thousand; a grammar that needs more ends its own request with `grammar_error`.
 MAX_LEXER_STATES = 50_000
+
+# The fixed JSON layout as the compiler's options: JSON_LAYOUT's keys and value types are JsonCompileOptions'
+# (the contract, which imports no library, keeps it as a plain dict).
+_LAYOUT_OVERRIDES = cast("JsonCompileOptions", JSON_LAYOUT)
 
 
 def parser_limits() -> llguidance.LLParserLimits:
@@ -35,7 +43,7 @@ def grammar_text(spec: StructuredOutput) -> str:
         return llguidance.LLMatcher.grammar_from_lark(spec.schema_json)
     schema = spec.schema_json if spec.format is OutputFormat.JSON_SCHEMA else '{"type":"object"}'
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_LAYOUT_OVERRIDES)
     except ValueError as error:  # not an object schema (e.g. `true`), or not JSON
         raise StructuredOutputError(f"invalid JSON schema: {error}") from None
 
@@ -45,7 +53,8 @@ def lark_text(spec: StructuredOutput) -> str:
     with the fixed layout in the schema's `x-guidance`, which is what `grammar_text`'s override does."""
     if spec.format is OutputFormat.LARK:
         return spec.schema_json
-    schema = json.loads(spec.schema_json) if spec.format is OutputFormat.JSON_SCHEMA else {"type": "object"}
+    schema: dict[str, Any] = (json.loads(spec.schema_json) if spec.format is OutputFormat.JSON_SCHEMA
+                              else {"type": "object"})
     schema["x-guidance"] = {**schema.get("x-guidance", {}), **JSON_LAYOUT}
     return f"start: %json {json.dumps(schema, separators=(',', ':'))}\n"
 

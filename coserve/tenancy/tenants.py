@@ -1,4 +1,4 @@
-"""The tenants file (YAML, format in the README): API keys, weights and limits per tenant, admin keys.
+"""The tenants file (YAML, format in docs/tenants.md): API keys, weights and limits per tenant, admin keys.
 
 Only SHA-256 digests of keys are kept in memory, whether the file holds a key or its
 `sha256:<hex>` form, and a key is looked up by comparing its digest to every stored digest with

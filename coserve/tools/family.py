@@ -56,6 +56,7 @@ def template_text(tokenizer: Any) -> str | None:
     """The chat template a request with tools is rendered with (a tokenizer may keep several by name,
     `tool_use` among them); None when it has none."""
     try:
-        return tokenizer.get_chat_template(tools=[{"type": "function", "function": {"name": "probe"}}])
+        template: str = tokenizer.get_chat_template(tools=[{"type": "function", "function": {"name": "probe"}}])
     except ValueError:  # no chat template at all
         return None
+    return template

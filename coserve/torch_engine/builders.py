@@ -6,30 +6,39 @@ Each builder imports its backend when called, so choosing coserve's engine never
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from coserve.contract.engine import Engine, EngineKind
 from coserve.contract.engine_config import EngineConfig
+from coserve.model.config import ModelConfig
 
 
-def _native(config: EngineConfig) -> Engine:
+class BuiltEngine(Engine, Protocol):
+    """What every backend `build_engine` builds offers beyond `Engine`: its settings and the model's config."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+
+
+def _native(config: EngineConfig) -> BuiltEngine:
     from coserve.torch_engine.engine import TorchEngine
 
     return TorchEngine(config)
 
 
-def _vllm(config: EngineConfig) -> Engine:
+def _vllm(config: EngineConfig) -> BuiltEngine:
     from coserve.vllm.engine import VllmEngine
 
     return VllmEngine(config)
 
 
-ENGINE_BUILDERS: dict[EngineKind, Callable[[EngineConfig], Engine]] = {
+ENGINE_BUILDERS: dict[EngineKind, Callable[[EngineConfig], BuiltEngine]] = {
     EngineKind.NATIVE: _native,
     EngineKind.VLLM: _vllm,
 }
 
 
-def build_engine(config: EngineConfig) -> Engine:
+def build_engine(config: EngineConfig) -> BuiltEngine:
     """Build the backend `config.engine` names.
 
     Raises:

@@ -148,7 +148,8 @@ class TorchEngine:
     def _run(self, chunks: list[ScheduledChunk], windows: list[WindowRows], result: IterationResult,
              t0: float) -> None:
         order = self._rows(chunks, windows)
-        spans, token_ids, segments, sample_rows, sampled, placed = [], [], [], [], [], []
+        spans, token_ids, sample_rows, sampled, placed = [], [], [], [], []
+        segments: list[LoRASegment] = []
         row = 0
         for piece in order:
             spans.append(ChunkSpan(row, piece.start, piece.num_tokens, piece.block_table))
@@ -179,12 +180,12 @@ class TorchEngine:
                 result: IterationResult) -> None:
         seqs = [self._seqs[c.request_id] for c in chunks]
         rows = [_row_sampling(s) for s in seqs]
-        constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        constrained = {i: s.grammar for i, s in enumerate(seqs) if s.grammar is not None}  # row -> matcher
         mask, stuck = None, [False] * len(seqs)
         if constrained:
             # CUDA kernels run asynchronously, so on a GPU the CPU can fill the masks while the
             # forward may still be running (not measured here: this machine has no GPU).
-            fill = self.grammars.fill_masks(constrained, [seqs[i].grammar for i in constrained])
+            fill = self.grammars.fill_masks(list(constrained), list(constrained.values()))
             mask = fill.mask
             for i, is_stuck in zip(constrained, fill.stuck):
                 stuck[i] = is_stuck

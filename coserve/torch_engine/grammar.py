@@ -1,6 +1,6 @@
 """Structured output on the engine: compiled grammars, one matcher per sequence, the batch's token mask.
 
-The grammar library is llguidance (why: the README's list of libraries). Per engine:
+The grammar library is llguidance (why: docs/libraries.md). Per engine:
 
 - the llguidance tokenizer is built once, on the first structured request, from the model folder's
   tokenizer (about 0.5 s for a 49k vocabulary), sized to the model's logits and told every id that
@@ -66,13 +66,15 @@ class GrammarCompiler:
         """The llguidance tokenizer, built on first use."""
         if self._tokenizer is None:
             import llguidance.hf
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
             hf = AutoTokenizer.from_pretrained(self._model_dir)
             eos = [hf.eos_token_id] if hf.eos_token_id is not None else []
             eos += [t for t in self._model_eos if t not in eos]
             if not eos:
                 raise ValueError(f"{self._model_dir}: no EOS token id, so a grammar cannot end the output")
+            if not isinstance(hf, PreTrainedTokenizerFast):  # llguidance's own check, made before its call
+                raise ValueError("Only fast tokenizers are supported")
             self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab_size, eos_token=eos)
             self.eos_id = eos[0]
         return self._tokenizer

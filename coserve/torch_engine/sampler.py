@@ -165,7 +165,7 @@ class Sampler:
     ) -> torch.Tensor:
         """`Exp(1)` noise per row: batched for unseeded rows, per-row generator for seeded ones."""
         q = torch.empty(shape, dtype=torch.float32, device=device)
-        seeded = [j for j, r in enumerate(rows) if r.seed is not None]
+        seeded = {j: (r.seed, r.output_index) for j, r in enumerate(rows) if r.seed is not None}
         if not seeded:
             q.exponential_()
         elif len(seeded) < len(rows):
@@ -175,8 +175,8 @@ class Sampler:
             ).exponential_()
         if seeded:
             gen = self._generator(device)
-            for j in seeded:
-                gen.manual_seed(mix_seed(rows[j].seed, rows[j].output_index))
+            for j, (seed, output_index) in seeded.items():
+                gen.manual_seed(mix_seed(seed, output_index))
                 # A whole contiguous row of size V from a freshly seeded generator: the same draws
                 # whatever the batch looks like.
                 q[j].exponential_(generator=gen)
@@ -194,26 +194,26 @@ class Sampler:
     ) -> list[TokenLogprobs | None]:
         """Raw-distribution logprobs, computed only for the rows that asked (batched over them)."""
         out: list[TokenLogprobs | None] = [None] * len(rows)
-        want = [i for i, r in enumerate(rows) if r.num_logprobs is not None]
+        want = {i: r.num_logprobs for i, r in enumerate(rows) if r.num_logprobs is not None}  # row -> count
         if not want:
             return out
         vocab = x.shape[1]
         if len(want) == len(rows):
             lp, tok = torch.log_softmax(x, dim=-1), tokens
         else:
-            idx = _index(want, x.device)
+            idx = _index(list(want), x.device)
             lp, tok = torch.log_softmax(x[idx], dim=-1), tokens[idx]
         chosen = lp.gather(1, tok.unsqueeze(1))
         ranks = (lp > chosen).sum(dim=-1) + 1
-        top_n = min(max(rows[i].num_logprobs for i in want), vocab)
+        top_n = min(max(want.values()), vocab)
         top_vals: list[list[float]] = [[] for _ in want]
         top_ids: list[list[int]] = [[] for _ in want]
         if top_n > 0:
             vals, ids = lp.topk(top_n, dim=-1)  # sorted, most likely first
             top_vals, top_ids = vals.tolist(), ids.tolist()
         chosen_l, ranks_l, tok_l = chosen.squeeze(1).tolist(), ranks.tolist(), tok.tolist()
-        for j, i in enumerate(want):
-            k = min(rows[i].num_logprobs, vocab)
+        for j, (i, num_logprobs) in enumerate(want.items()):
+            k = min(num_logprobs, vocab)
             out[i] = TokenLogprobs(
                 token_id=tok_l[j], logprob=chosen_l[j], rank=ranks_l[j],
                 top_token_ids=top_ids[j][:k], top_logprobs=top_vals[j][:k],

@@ -1,7 +1,8 @@
 """Token-level LoRA fine-tuning: trainable adapters, the windowed exact forward/backward, the loss,
 the optimizer step and checkpoints."""
 
-from coserve.trainer.checkpoint import DataPosition, load_checkpoint, save_checkpoint
+from coserve.contract.data_position import DataPosition
+from coserve.trainer.checkpoint import load_checkpoint, save_checkpoint
 from coserve.trainer.data import EncodedExample, PreparedDataset, TemplateError, encode_example, prepare_dataset
 from coserve.trainer.lora_params import TrainableLoRA, peft_key
 from coserve.trainer.loss import IGNORE_INDEX, WindowLoss, chunked_cross_entropy, full_cross_entropy, window_loss

@@ -17,6 +17,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -40,7 +41,7 @@ def peft_key(layer: int, module: str, which: str) -> str:
     return f"base_model.model.model.layers.{layer}.{parent}.{module}.lora_{which}.weight"
 
 
-def to_peft_dict(settings: LoRASettings, base_model_name_or_path: str | None = None) -> dict:
+def to_peft_dict(settings: LoRASettings, base_model_name_or_path: str | None = None) -> dict[str, Any]:
     """The `adapter_config.json` content, as PEFT writes it for `settings`."""
     return {
         "peft_type": "LORA", "task_type": "CAUSAL_LM",
@@ -54,7 +55,7 @@ def to_peft_dict(settings: LoRASettings, base_model_name_or_path: str | None = N
     }
 
 
-def from_peft_dict(raw: dict) -> LoRASettings:
+def from_peft_dict(raw: dict[str, Any]) -> LoRASettings:
     """Read the settings back; refuses PEFT features the trainer does not implement."""
     unsupported = [k for k in ("use_dora", "modules_to_save", "rank_pattern",
                                "alpha_pattern", "layers_to_transform") if raw.get(k)]
@@ -136,7 +137,7 @@ class TrainableLoRA:
                   for i in range(self.model_config.num_layers)]
         return AdapterWeights(adapter_id=adapter_id, rank=self.config.r,
                               target_modules=self.config.target_modules,
-                              layers=layers)  # type: ignore[arg-type]
+                              layers=layers)
 
     def save_pretrained(self, path: str | Path, base_model_name_or_path: str | None = None) -> Path:
         """Write a PEFT adapter folder (`adapter_config.json` + `adapter_model.safetensors`)."""

@@ -160,9 +160,10 @@ class TrainingRuntime:
             return
         for sequence_id in [s for s, seq in self.sequences.items() if seq.job_id == job_id]:
             del self.sequences[sequence_id]
-        if self.bank is not None and self.bank.slots[job.slot] is not None \
-                and self.bank.slots[job.slot].adapter_id == -1:
-            self.bank.unload(job.slot)
+        if self.bank is not None:
+            installed = self.bank.slots[job.slot]
+            if installed is not None and installed.adapter_id == -1:
+                self.bank.unload(job.slot)
 
     def _fail(self, job_id: str, code: str, message: str, report: TrainingReport) -> None:
         self._drop_job(job_id)
@@ -181,11 +182,13 @@ class TrainingRuntime:
             if window.start != state.forward_end or end > state.length:
                 raise RuntimeError(f"window [{window.start}, {end}) of {window.sequence_id} does not "
                                    f"continue its forward at {state.forward_end}")
+            kv_slots = state.kv_slots
+            # Fused windows only come with the engine's paged cache, and their sequences are paged.
+            assert self.cache is not None and kv_slots is not None
             bs = self.cache.block_size
             pos = torch.arange(window.start, end)
             table = torch.tensor(window.block_table, dtype=torch.int64)
-            state.kv_slots[window.start:end] = (table[pos // bs] * bs + pos % bs).to(  # type: ignore[index]
-                state.kv_slots.device)  # type: ignore[union-attr]
+            kv_slots[window.start:end] = (table[pos // bs] * bs + pos % bs).to(kv_slots.device)
             token_ids = state.token_ids[window.start:end].tolist()
             rows.append(WindowRows(window, self.jobs[seq.job_id].slot, token_ids))
         return rows

@@ -44,7 +44,7 @@ import torch
 
 from coserve.forward.attention import ChunkSpan, build_metadata
 from coserve.forward.kv_cache import KVCache
-from coserve.forward.lora import AdapterWeights, LoRABank, LoRASegment
+from coserve.forward.lora import AdapterLayer, AdapterWeights, LoRABank, LoRASegment
 from coserve.forward.transformer import ForwardBatch, Transformer
 from coserve.trainer.lora_params import TrainableLoRA
 from coserve.trainer.loss import DEFAULT_VOCAB_CHUNK, IGNORE_INDEX, WindowLoss, window_loss
@@ -146,14 +146,18 @@ class _LeafKV:
 
     def __init__(self, past_k: torch.Tensor, past_v: torch.Tensor) -> None:
         self.past_k, self.past_v = past_k, past_v
-        self.new_k = self.new_v = self.all_k = self.all_v = None
+        self.new_k: torch.Tensor | None = None
+        self.new_v: torch.Tensor | None = None
+        self.all_k: torch.Tensor | None = None
+        self.all_v: torch.Tensor | None = None
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.new_k, self.new_v = k, v
         self.all_k, self.all_v = torch.cat([self.past_k, k]), torch.cat([self.past_v, v])
 
     def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.all_k.unsqueeze(1), self.all_v.unsqueeze(1)  # type: ignore[union-attr]
+        assert self.all_k is not None and self.all_v is not None  # a layer writes its K/V before attending
+        return self.all_k.unsqueeze(1), self.all_v.unsqueeze(1)
 
 
 class WindowedTrainer:
@@ -265,6 +269,9 @@ class WindowedTrainer:
             shape = (state.length, cfg.num_kv_heads, cfg.head_dim)
             state.key_grads[layer] = torch.zeros(shape, device=self.model.device)
             state.value_grads[layer] = torch.zeros(shape, device=self.model.device)
+        grad_hidden, key_grads, value_grads = state.grad_hidden, state.key_grads[layer], state.value_grads[layer]
+        # Kept until the layer's backward completes (the gradient buffer: until layer 0's).
+        assert grad_hidden is not None and key_grads is not None and value_grads is not None
         x = state.layer_inputs[layer][start:end].detach()  # type: ignore[index]
         # The embeddings are frozen: layer 0 needs no input gradient, only LoRA gradients.
         x.requires_grad_(layer > 0)
@@ -274,18 +281,20 @@ class WindowedTrainer:
             self._bank.install(_SLOT, self._grad_adapter(layer))
             out = self.model.layer(layer, x, self._batch(state, start, end), cache,  # type: ignore[arg-type]
                                    self._bank)
-            pairs = [(out, state.grad_hidden[start:end]),  # type: ignore[index]
-                     (cache.new_k, state.key_grads[layer][start:end]),  # type: ignore[index]
-                     (cache.new_v, state.value_grads[layer][start:end])]  # type: ignore[index]
+            assert cache.new_k is not None and cache.new_v is not None  # the layer wrote them
+            pairs = [(out, grad_hidden[start:end]), (cache.new_k, key_grads[start:end]),
+                     (cache.new_v, value_grads[start:end])]
             # At layer 0 with no LoRA on q/k/v, the window's K/V do not depend on anything trained.
-            pairs = [(t, g.to(t.dtype)) for t, g in pairs if t.requires_grad]  # type: ignore[union-attr]
+            pairs = [(t, g.to(t.dtype)) for t, g in pairs if t.requires_grad]
             if pairs:
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         if layer > 0:
-            state.grad_hidden[start:end] = x.grad  # type: ignore[index]
+            assert x.grad is not None  # x required grad and fed the layer's output
+            grad_hidden[start:end] = x.grad
         if start > 0:
-            state.key_grads[layer][:start] += past_k.grad  # type: ignore[index]
-            state.value_grads[layer][:start] += past_v.grad  # type: ignore[index]
+            assert past_k.grad is not None and past_v.grad is not None  # leaves the window attended to
+            key_grads[:start] += past_k.grad
+            value_grads[:start] += past_v.grad
         state.backward_end[layer] = start
         if start == 0:
             self._release_layer(state, layer)
@@ -302,11 +311,11 @@ class WindowedTrainer:
     def _grad_adapter(self, layer: int) -> AdapterWeights:
         """An adapter whose only built layer is `layer`, differentiable into the master weights."""
         cfg = self.model.cfg
-        layers = [(None, None, None, None)] * cfg.num_layers
+        layers: list[AdapterLayer] = [(None, None, None, None)] * cfg.num_layers
         layers[layer] = self.lora.fused_layer(layer, self.model.dtype)
         return AdapterWeights(adapter_id=-1, rank=self.lora.config.r,
                               target_modules=self.lora.config.target_modules,
-                              layers=layers)  # type: ignore[arg-type]
+                              layers=layers)
 
     @staticmethod
     def _release_layer(state: SequenceState, layer: int) -> None:

@@ -191,7 +191,7 @@ class VllmRuntime:
 
         def clip(request: Any, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
                  num_external_computed_tokens: int = 0) -> int:
-            start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+            start: int = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
             end = targets.get(request.request_id)
             if end is None:
                 return 0  # not in coserve's plan: not computed in this step
@@ -253,8 +253,9 @@ class VllmRuntime:
         from vllm.inputs import TokensPrompt
 
         params = self._sampling(sampling, len(token_ids), grammar)
-        return self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(token_ids)), params,
-                                       lora_request=lora)
+        vllm_id: str = self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(token_ids)), params,
+                                               lora_request=lora)
+        return vllm_id
 
     def _matcher(self, vllm_id: str, outputs: list[int]) -> Any | None:
         """The llguidance matcher vLLM compiled for the request, advanced through `outputs`; None when
@@ -314,7 +315,7 @@ class VllmRuntime:
         could be built for); None: unconstrained."""
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        constrained = {}
+        constrained: dict[str, StructuredOutputsParams | list[int | None]] = {}
         if grammar:
             constrained["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
         elif grammar is not None:

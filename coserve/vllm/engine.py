@@ -17,7 +17,7 @@ the job manager, the metrics and the API are the ones of coserve's engine. One `
 Grammars (`response_format`, forced `tool_choice`) are enforced by vLLM's own structured output (its
 `guidance` backend: llguidance, as on coserve's engine), with coserve's grammar text; a sequence whose
 grammar cannot go on ends with `grammar_error` as on coserve's engine. What vLLM does not do as
-coserve's engine does (documented in the README): after a preemption a sequence is re-added with its
+coserve's engine does (documented in docs/vllm.md): after a preemption a sequence is re-added with its
 outputs as prompt (its grammar replayed through them), so a seeded request's tokens and the
 frequency/presence penalties (output tokens only) may differ from an uninterrupted run; logprobs
 under a grammar are vLLM's, after the grammar's mask.

@@ -26,7 +26,7 @@ def set_environment(device: str) -> None:
 
 def keep_cpu_weights() -> None:
     """vLLM's CPU linear layers hand their weight to oneDNN and free it; keep it (the trainer's views)."""
-    utils = importlib.import_module("vllm.model_executor.layers.utils")
+    utils: Any = importlib.import_module("vllm.model_executor.layers.utils")  # vLLM ships no types
     dispatch = utils.dispatch_cpu_unquantized_gemm
     if getattr(dispatch, "_coserve_keeps_weights", False):
         return
@@ -38,7 +38,7 @@ def keep_cpu_weights() -> None:
     utils.dispatch_cpu_unquantized_gemm = keep
     # Modules that imported the function by name before this patch.
     for name in ("vllm.model_executor.layers.linear", "vllm.model_executor.layers.vocab_parallel_embedding"):
-        module = importlib.import_module(name)
+        module: Any = importlib.import_module(name)
         if getattr(module, "dispatch_cpu_unquantized_gemm", None) is dispatch:
             module.dispatch_cpu_unquantized_gemm = keep
 

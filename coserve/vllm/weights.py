@@ -7,10 +7,50 @@ trains against the very weights vLLM serves from.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Protocol, cast
+
 import torch
 
 from coserve.model.config import ModelConfig, UnsupportedModelError
 from coserve.model.weights import LayerWeights, ModelWeights
+
+
+class _Weighted(Protocol):
+    """A linear, embedding or norm layer (vLLM's LoRA wrapper has its `base_layer`'s `weight` too)."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+
+class _Attention(Protocol):
+    qkv_proj: _Weighted
+    o_proj: _Weighted
+
+
+class _Mlp(Protocol):
+    gate_up_proj: _Weighted
+    down_proj: _Weighted
+
+
+class _DecoderLayer(Protocol):
+    self_attn: _Attention
+    mlp: _Mlp
+    input_layernorm: _Weighted
+    post_attention_layernorm: _Weighted
+
+
+class _Decoder(Protocol):
+    layers: Iterable[_DecoderLayer]
+    embed_tokens: _Weighted
+    norm: _Weighted
+
+
+class _CausalLM(Protocol):
+    """vLLM's model module as coserve reads it; `lm_head` is absent where the embedding is tied."""
+
+    model: _Decoder
+    lm_head: _Weighted
 
 
 def model_weights(model: torch.nn.Module, cfg: ModelConfig) -> ModelWeights:
@@ -23,11 +63,12 @@ def model_weights(model: torch.nn.Module, cfg: ModelConfig) -> ModelWeights:
     Raises:
         UnsupportedModelError: vLLM's module tree or shapes are not the layout coserve expects.
     """
+    lm = cast(_CausalLM, model)  # the layout coserve expects: an attribute that is not there raises below
     try:
-        decoder = model.model
+        decoder = lm.model
         layers = [_layer(layer, cfg) for layer in decoder.layers]
         embed = _weight(decoder.embed_tokens)[: cfg.vocab_size]
-        head = _weight(model.lm_head)[: cfg.vocab_size] if hasattr(model, "lm_head") else embed
+        head = _weight(lm.lm_head)[: cfg.vocab_size] if hasattr(lm, "lm_head") else embed
         final_norm = decoder.norm.weight
     except AttributeError as error:
         raise UnsupportedModelError(f"vLLM's {type(model).__name__} is not laid out as coserve's "
@@ -35,16 +76,16 @@ def model_weights(model: torch.nn.Module, cfg: ModelConfig) -> ModelWeights:
     return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=head)
 
 
-def _weight(module: torch.nn.Module) -> torch.Tensor:
+def _weight(module: _Weighted) -> torch.Tensor:
     """A linear or embedding layer's weight (the base layer's when vLLM wrapped it for LoRA)."""
     return getattr(module, "base_layer", module).weight
 
 
-def _bias(module: torch.nn.Module) -> torch.Tensor | None:
+def _bias(module: _Weighted) -> torch.Tensor | None:
     return getattr(getattr(module, "base_layer", module), "bias", None)
 
 
-def _layer(layer: torch.nn.Module, cfg: ModelConfig) -> LayerWeights:
+def _layer(layer: _DecoderLayer, cfg: ModelConfig) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     q_norm = getattr(attn, "q_norm", None)
     k_norm = getattr(attn, "k_norm", None)

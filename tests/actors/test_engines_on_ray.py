@@ -26,6 +26,8 @@ from coserve.server.engine_pool import RAY_NAMESPACE, EnginePool, actor_name
 from deploy_config import local_args, serve_config
 from local_server import ADMIN_KEY, TERMINAL, free_port, poll_job, scrape, upload_jsonl
 
+pytestmark = pytest.mark.ray
+
 CLUSTER_CPUS = 3  # two engines (one CPU each) and room for the third test's refusal
 KEY = "sk-engines-alpha-0123"
 HELLO = [{"role": "user", "content": "Hello there"}]

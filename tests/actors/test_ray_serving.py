@@ -24,6 +24,8 @@ from coserve.server.assembly import ENGINE_ACTOR, RAY_NAMESPACE, SCHEDULER_ACTOR
 from deploy_config import local_args, serve_config
 from local_server import ADMIN_KEY, scrape
 
+pytestmark = pytest.mark.ray
+
 KEY = "sk-ray-tenant-0123"
 OTHER_KEY = "sk-ray-other-0123"
 HELLO = [{"role": "user", "content": "Hello there"}]

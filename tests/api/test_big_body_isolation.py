@@ -1,6 +1,7 @@
 """One tenant's big request bodies cost that tenant, not the server: while "bulk" sends chat bodies just
 under the body cap (4 MiB, the default) and over it, in a loop, another tenant's chat latency and
-`/health` stay within 2x of their quiet values. Through the real `--local` server in a thread.
+`/health` stay within 5x of their quiet values (a bound for a loaded CI machine). Through the real
+`--local` server in a thread.
 
 Before the body cap, the context pre-check and tokenization off the event loop, each near-cap body held
 the gateway's event loop for seconds (encoding 4 MB of text), and /health and the other tenant waited."""
@@ -126,8 +127,10 @@ def test_big_bodies_do_not_slow_other_tenants_or_health(server: LocalServer, tmp
         loaded = {"health": median_s(health), "chat": median_s(chat)}
         sent = len(bulk.statuses)
     assert sent >= 4, f"the bulk tenant sent only {sent} bodies while the others were measured"
+    # Generous (a loaded CI machine's scheduling jitter moves ms-long calls): a body parsed on the event loop
+    # costs every other request tens of ms each, far past this bound.
     for kind in ("health", "chat"):
-        assert loaded[kind] <= 2 * idle[kind], f"{kind}: loaded {loaded[kind] * 1000:.1f} ms vs quiet " \
+        assert loaded[kind] <= 5 * idle[kind], f"{kind}: loaded {loaded[kind] * 1000:.1f} ms vs quiet " \
                                                f"{idle[kind] * 1000:.1f} ms ({sent} big bodies sent)"
     # Near-cap bodies: the prompt is far over the context (400); over-cap ones: 413.
     assert set(bulk.statuses) <= {400, 413} and 413 in bulk.statuses and 400 in bulk.statuses

@@ -1,5 +1,5 @@
 """The OpenAI parameter tables (`coserve.api.protocol.param_support`) against the official client's request
-types, the README, and the server: every field is listed, the README's table is the module's, and what
+types, docs/openai-parameters.md, and the server: every field is listed, the docs page's table is the module's, and what
 is refused is a 400 naming it through the real `--local` server (what "not used" means is accepted)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from coserve.api.protocol.param_support import EndpointParams, Support
 from local_server import LocalServer, local_server
 
 KEY = "sk-params-0123456789"
-README = Path(__file__).resolve().parents[2] / "README.md"
+PARAMS_DOC = Path(__file__).resolve().parents[2] / "docs" / "openai-parameters.md"
 BEGIN, END = "<!-- param-support:begin -->", "<!-- param-support:end -->"
 # A value no restricted parameter takes: not null, not false, not a listed literal.
 UNTAKEN = {"type": "not-taken"}
@@ -49,12 +49,12 @@ def test_every_client_field_is_listed_and_nothing_else(endpoint: EndpointParams,
             assert param.accepts is not None and param.accepts(None), f"{name}: refused, but null must mean unset"
 
 
-def test_readme_table_is_the_modules() -> None:
-    text = README.read_text()
+def test_docs_table_is_the_modules() -> None:
+    text = PARAMS_DOC.read_text()
     assert text.count(BEGIN) == 1 and text.count(END) == 1
     table = text.split(BEGIN)[1].split(END)[0].strip()
     assert table == param_support.markdown(), (
-        "README's parameter table is stale; regenerate it with "
+        "docs/openai-parameters.md's parameter table is stale; regenerate it with "
         "python -c 'from coserve.api.protocol import param_support; print(param_support.markdown())'")
 
 

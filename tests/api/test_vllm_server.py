@@ -123,6 +123,7 @@ def test_another_vllm_version_stops_serve_with_the_install_command(llama_dir: Pa
     assert code == 2
 
 
+@pytest.mark.ray
 def test_engine_vllm_on_ray(llama_dir: Path, tmp_path: Path, native: LLM) -> None:
     """The same application on Ray (`deploy/serve.yaml`'s builder with `engine: vllm`): the EngineActor
     runs vLLM in its own process and the reply is coserve's engine's, token for token."""

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from coserve import LLM
 from coserve.actors.dedicated_jobs import DedicatedJobs
 from coserve.actors.job_manager import FineTuningSettings, JobManager
@@ -22,6 +24,8 @@ from coserve.finetune.dedicated import DedicatedSettings
 from coserve.store import MetadataStore
 from coserve.store.records import JobStatus
 from coserve.tenancy.tenants import parse_tenants
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 BASE = "tiny-llama"
 LINES = [{"messages": [{"role": "user", "content": f"Say the number {i}"},
@@ -128,8 +132,6 @@ def _trained_tokens_per_epoch(llm: LLM) -> int:
 
 
 def test_the_cluster_capacity_refuses_what_it_can_never_place(ray_cluster: None) -> None:
-    import pytest
-
     from coserve.dedicated.capacity import ClusterTooSmall
 
     capacity = ClusterCapacity(DedicatedSettings(min_trained_tokens=1, default_workers=3))

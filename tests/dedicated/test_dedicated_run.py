@@ -25,6 +25,8 @@ from coserve.dedicated.run import launch
 from coserve.frontend.job_prep import prepare_job
 from coserve.offline.finetune import FineTuneResult
 
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
 EXAMPLES = [{"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
                           {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]} for i in range(14)]
 VALIDATION = [{"messages": [{"role": "user", "content": "What is 20 plus 20?"},

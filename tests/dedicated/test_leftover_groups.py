@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from coserve.actors.leftover_groups import LeftoverGroups, group_idle
+
+pytestmark = pytest.mark.ray
 
 
 class _Clock:

@@ -74,7 +74,8 @@ def test_encoding_runs_off_the_event_loop(llama_dir: Path) -> None:
     took, encoded = asyncio.run(main())
     assert encoded.ids is not None and len(encoded.ids) >= encoder.min_tokens(text)
     assert took > 0.2 and len(lags) >= took / 0.05, (took, len(lags))  # the loop kept ticking
-    assert sorted(lags)[len(lags) // 2] < 0.05, f"median loop lag {sorted(lags)[len(lags) // 2]:.3f} s"
+    median = sorted(lags)[len(lags) // 2]  # on the loop, it would be the whole encoding
+    assert median < took / 5, f"median loop lag {median:.3f} s while encoding took {took:.3f} s"
 
 
 def test_a_prompt_over_the_room_is_not_encoded(llama_dir: Path) -> None:

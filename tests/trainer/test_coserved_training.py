@@ -139,12 +139,13 @@ SCHEDULES: dict[str, Budget] = {
 }
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+# Every schedule on llama; on qwen3 (q/k norm, another head_dim) the two that cut windows unevenly.
+GRID = [("llama", schedule) for schedule in SCHEDULES] + [("qwen3", "uniform16"), ("qwen3", "uneven")]
+
+
+@pytest.mark.parametrize(("family", "schedule"), GRID)
 def test_fused_training_steps_equal_peft(model_dirs: dict[str, Path], tmp_path: Path, family: str,
                                          schedule: str) -> None:
-    if family == "qwen3" and schedule in ("one_window", "prompt_edge"):
-        pytest.skip("two schedules per second family keep the suite short")
     model_dir = model_dirs[family]
     engine = _engine(model_dir)
     kv, slots = KVBlockManager(48, 8, enable_prefix_caching=False), AdapterSlots(2)

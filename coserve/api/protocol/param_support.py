@@ -4,9 +4,9 @@ One table per endpoint, keyed by the parameter's name in the official client's r
 (`openai.types.chat.completion_create_params.CompletionCreateParamsBase`, ...). The same tables
 1. refuse, in the gateway, a parameter coserve cannot honour when it is sent with a value other than
    the ones that mean "not used" (`Param.accepts`): a 400 naming it, never a silent drop;
-2. are the README's feature table (`markdown()`; a test checks the README holds exactly that text);
+2. are the docs' parameter table (`markdown()`; a test checks docs/openai-parameters.md holds exactly that text);
 3. are checked by a test against the official client's request types: every field is listed.
-So the behaviour, the README and the list cannot drift apart.
+So the behaviour, the docs and the list cannot drift apart.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Param:
 
     Args:
         support: how coserve treats it.
-        note: what differs, or why it is refused (the README's wording).
+        note: what differs, or why it is refused (the docs' wording).
         accepts: for a refused or partly supported parameter, which values are taken (the ones that mean
             "not used"); any other value is a 400 naming the parameter. None: every value the request
             model validates is taken.
@@ -66,7 +66,7 @@ def refused(note: str, accepts: Callable[[Any], bool] = _unset) -> Param:
 class EndpointParams:
     """The parameters of one endpoint's request body."""
 
-    title: str  # the README table's heading: the endpoint and the client call
+    title: str  # the docs table's heading: the endpoint and the client call
     params: Mapping[str, Param]
 
     def problem(self, body: Any) -> ProtocolError | None:
@@ -80,7 +80,7 @@ class EndpointParams:
         for name, param in self.params.items():
             if param.accepts is None or name not in body or param.accepts(body[name]):
                 continue
-            note = param.note.replace("`", "")  # README markdown, not for an error message
+            note = param.note.replace("`", "")  # docs markdown, not for an error message
             if param.support is Support.REFUSED:
                 return ProtocolError(f"Unsupported parameter: '{name}' is not supported by this server: "
                                      f"{note}.", param=name, code="unsupported_parameter")
@@ -104,7 +104,7 @@ class EndpointParams:
         return body
 
     def markdown(self) -> str:
-        """The README table: one row per parameter, in the order listed."""
+        """The docs table: one row per parameter, in the order listed."""
         rows = [f"**{self.title}**", "", "| Parameter | Support | Notes |", "| --- | --- | --- |"]
         rows += [f"| `{name}` | {param.support.value} | {param.note} |" for name, param in self.params.items()]
         return "\n".join(rows)
@@ -208,5 +208,5 @@ ENDPOINTS: tuple[EndpointParams, ...] = (CHAT_COMPLETIONS, COMPLETIONS, FILES, F
 
 
 def markdown() -> str:
-    """Every endpoint's table, as the README holds it."""
+    """Every endpoint's table, as docs/openai-parameters.md holds it."""
     return "\n\n".join(endpoint.markdown() for endpoint in ENDPOINTS)

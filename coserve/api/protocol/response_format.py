@@ -60,5 +60,7 @@ class ResponseFormat(RequestModel):
         if self.type == "json_object":
             return StructuredOutput.json_object()
         if self.type == "json_schema":
-            return StructuredOutput.json_schema(self.json_schema.schema_)
+            schema = None if self.json_schema is None else self.json_schema.schema_
+            assert schema is not None  # `_check` refuses a 'json_schema' format without a schema
+            return StructuredOutput.json_schema(schema)
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from coserve.api.protocol.base import ProtocolError, UsageInfo
 from coserve.api.protocol.chat import (
@@ -18,6 +19,7 @@ from coserve.api.protocol.chat import (
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
     ChatCompletionMessage,
+    ChatCompletionMessageParam,
     ChatCompletionRequest,
     ChatCompletionTokenLogprob,
     ChoiceDelta,
@@ -86,8 +88,9 @@ class ChatService:
             last = batch
             for delta in batch.deltas:
                 texts[delta.index] += delta.text
-                if delta.logprobs is not None and logprobs[delta.index] is not None:
-                    logprobs[delta.index].extend(delta.logprobs)
+                entries = logprobs[delta.index]
+                if delta.logprobs is not None and entries is not None:
+                    entries.extend(delta.logprobs)
                 finish[delta.index] = delta.finish_reason or finish[delta.index]
         if last.error is not None or not last.done:
             raise ProtocolError(last.error or "The stream ended early.", status=500, type="server_error")
@@ -114,8 +117,8 @@ class ChatService:
                 if tools is not None:
                     finish = None if delta.finish_reason is None else finish_reason(delta.finish_reason)
                     logprobs = _choice_logprobs(delta.logprobs) if delta.logprobs else None
-                    for choice in tools.choices(delta, logprobs, finish):
-                        yield _event(chunk, [choice])
+                    for piece in tools.choices(delta, logprobs, finish):
+                        yield _event(chunk, [piece])
                     continue
                 choice = _chunk_choice(delta)
                 if choice is not None:
@@ -131,7 +134,7 @@ class ChatService:
         yield error_event("The stream ended early.")
 
 
-def _message_dict(message: object) -> dict:
+def _message_dict(message: ChatCompletionMessageParam) -> dict[str, Any]:
     """The message as the chat template reads it: text parts joined, nothing unset."""
     data = message.model_dump(exclude_none=True)
     data["content"] = message.text()

@@ -171,11 +171,11 @@ async def _merged(generation: Generation, request_ids: list[str]) -> AsyncIterat
     try:
         open_streams = len(tasks)
         while open_streams:
-            k, batch = await queue.get()
-            if batch is None:
+            k, item = await queue.get()
+            if item is None:
                 open_streams -= 1
             else:
-                yield k, batch
+                yield k, item
     finally:
         for task in tasks:
             task.cancel()

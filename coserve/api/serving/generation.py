@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from coserve.api.protocol.base import ErrorBody, ErrorResponse, ProtocolError, UsageInfo
 from coserve.api.serving.models import model_not_found
@@ -21,7 +22,12 @@ from coserve.contract.messages import AdapterSpec, Rejection
 from coserve.contract.sampling import SamplingParams
 from coserve.frontend.messages import ChatAdmission, ChatSubmission, StreamBatch
 
+if TYPE_CHECKING:
+    from coserve.frontend.scheduler_frontend import SchedulerFrontend
+
 DONE_EVENT = "data: [DONE]\n\n"
+# The finish reasons a choice's last delta reports (`finish_reason`): both endpoints' wire values.
+WireFinishReason = Literal["stop", "length", "grammar_error"]
 
 
 class Generation:
@@ -38,7 +44,7 @@ class Generation:
         if state.scheduler is None:
             raise ProtocolError("This server does not serve completions.", status=503, type="server_error")
         self.state = state
-        self.scheduler = state.scheduler
+        self.scheduler: SchedulerFrontend = state.scheduler
 
     def check_n(self, choices: int) -> None:
         """400 naming `n` when a request asks for more completions than the server's `--max-n`."""
@@ -97,10 +103,13 @@ def to_error(rejection: Rejection) -> ProtocolError:
                          param=rejection.param, code=rejection.code, headers=headers)
 
 
-def finish_reason(reason: str | None) -> str:
+def finish_reason(reason: str | None) -> WireFinishReason:
     """The wire finish reason of a choice's last delta."""
+    match reason:
+        case "stop" | "length" | "grammar_error":
+            return reason
     # Only an aborted request has none of these; nobody reads it (its client is gone).
-    return reason if reason in ("stop", "length", "grammar_error") else "stop"
+    return "stop"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:

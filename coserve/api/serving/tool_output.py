@@ -10,7 +10,13 @@ still be the start of a call.
 
 from __future__ import annotations
 
-from coserve.api.protocol.chat import ChatCompletionChunkChoice, ChatCompletionMessage, ChoiceDelta, ChoiceLogprobs
+from coserve.api.protocol.chat import (
+    ChatCompletionChunkChoice,
+    ChatCompletionMessage,
+    ChoiceDelta,
+    ChoiceLogprobs,
+    FinishReason,
+)
 from coserve.api.protocol.tools import (
     ChatCompletionMessageToolCall,
     ChoiceDeltaToolCall,
@@ -22,7 +28,7 @@ from coserve.tools.family import ToolFamily
 from coserve.tools.parser import ParsedCall, StreamingToolParser, parse_tool_calls
 
 
-def finish_with_calls(reason: str, has_calls: bool) -> str:
+def finish_with_calls(reason: FinishReason, has_calls: bool) -> FinishReason:
     """A reply that ended by itself after making calls finishes with `tool_calls` (OpenAI's)."""
     return "tool_calls" if has_calls and reason == "stop" else reason
 
@@ -48,7 +54,7 @@ class ToolStream:
         self._parsers = [StreamingToolParser(family) for _ in range(n)]
 
     def choices(self, delta: OutputDelta, logprobs: ChoiceLogprobs | None,
-                finish: str | None) -> list[ChatCompletionChunkChoice]:
+                finish: FinishReason | None) -> list[ChatCompletionChunkChoice]:
         """The chunk choices for `delta` (none while its text is undecided): `logprobs` is the
         delta's rendered logprobs (sent with its first choice), `finish` its finish reason as the
         reply reports it (the choice's last chunk)."""
