@@ -38,6 +38,7 @@ from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.cluster.engine_core import Step, StepFailed
+from coserve.cluster.plan_wait import next_plan_when_ready
 from coserve.cluster.policy_factory import EngineLayout, PolicyFactory
 from coserve.contract.engine import EngineFailure
 from coserve.contract.messages import Admission, Rejection, TokenBatch, TokenSubmission
@@ -47,10 +48,6 @@ from coserve.inference.request import RequestStatus, expand_request
 from coserve.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
-
-# The longest wait before planning again after an empty plan (work that cannot run yet).
-EMPTY_PLAN_WAIT_S = 0.05
-
 
 # How long a scheduler that takes the data dir's lock itself (on Ray) waits for it: a replaced Serve
 # replica's scheduler may still be exiting when the new one starts. A second server fails after it.
@@ -182,25 +179,10 @@ class SchedulerActor:
             if len(self._cluster.engines) > 1:
                 self._work.set()  # the others may take work this step left waiting (late binding)
         self._start_job_loop()
-        idle_s = 0.0
         generation = self._generations[engine_id]
-        while not self._closed and generation == self._generations[engine_id]:
-            if self._cluster.has_work(engine_id):
-                plan = self._cluster.next_plan(engine_id)
-                if plan is not None:
-                    return plan
-                # Work that cannot run yet (no free blocks): back off, up to EMPTY_PLAN_WAIT_S, unless
-                # something new arrives (the watchdog reports a job that stays stuck).
-                idle_s = min(max(2 * idle_s, 0.001), EMPTY_PLAN_WAIT_S)
-                self._work.clear()
-                try:
-                    await asyncio.wait_for(self._work.wait(), idle_s)
-                except TimeoutError:
-                    pass
-            else:
-                self._work.clear()
-                await self._work.wait()  # new requests, or jobs the job loop started
-        return None
+        return await next_plan_when_ready(
+            self._cluster, engine_id, self._work,
+            lambda: not self._closed and generation == self._generations[engine_id])
 
     # ---------------------------------------------------------------------------- requests
 
