@@ -23,17 +23,10 @@ from typing import Any
 from coserve.actors.job_failures import JobRefused
 from coserve.actors.leftover_groups import LeftoverGroups
 from coserve.contract.dedicated_run import Command, RunSpec
+from coserve.contract.job_request import TRAINING_KEY, FineTuningMethod, JobRequest, TrainingMode, TrainingRequest
 from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
-from coserve.finetune.dedicated import (
-    TRAINING_KEY,
-    DedicatedSettings,
-    Route,
-    TrainingMode,
-    TrainingRequest,
-    capacity,
-    route,
-)
+from coserve.finetune.dedicated import DedicatedSettings, Route, capacity, route
 from coserve.store import JobRecord, MetadataStore
 
 RUN_NAMESPACE = "coserve"
@@ -41,9 +34,17 @@ PLACEMENT_GROUP_KEY = "ray_placement_group"  # the job row's extension: its late
 POLL_TIMEOUT_S = 10.0
 
 
+def _request(record: JobRecord) -> JobRequest:
+    return JobRequest.from_row(record.hyperparameters, record.method, record.extensions)
+
+
+def _training(record: JobRecord) -> TrainingRequest:
+    return _request(record).training
+
+
 def is_dedicated(record: JobRecord) -> bool:
     """Whether the job row says the job runs on Ray Train."""
-    return TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY)).mode == TrainingMode.DEDICATED
+    return _training(record).mode == TrainingMode.DEDICATED
 
 
 def route_job(store: MetadataStore, record: JobRecord, trained_tokens: int, settings: DedicatedSettings | None,
@@ -54,14 +55,17 @@ def route_job(store: MetadataStore, record: JobRecord, trained_tokens: int, sett
     Raises:
         JobRefused: the job runs dedicated but this server has no Ray (`dedicated_training_unavailable`).
     """
-    request = TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY))
-    decision = route(request, trained_tokens, settings if decide else None)
+    job = _request(record)
+    request = job.training
+    # The operator's threshold routes supervised jobs only: a Ray Train run has no DPO loss.
+    routable = decide and job.method == FineTuningMethod.SUPERVISED
+    decision = route(request, trained_tokens, settings if routable else None)
     if decision.dedicated and settings is None:
         raise JobRefused("the job asks for a dedicated Ray Train run, and this server runs without Ray "
                          "(--local)", "dedicated_training_unavailable", "training.mode")
     if decision.dedicated and request.mode is None:
-        extensions = {**record.extensions, TRAINING_KEY: {"mode": TrainingMode.DEDICATED.value,
-                                                          "workers": decision.workers}}
+        routed = TrainingRequest(TrainingMode.DEDICATED, decision.workers)
+        extensions = {**record.extensions, TRAINING_KEY: routed.to_dict()}
         store.jobs.update(record.id, extensions=extensions)
         record.extensions = extensions
         store.events.add(record.id, f"Routed to a dedicated Ray Train run on {decision.workers} worker(s): "
@@ -161,8 +165,7 @@ class DedicatedJobs:
         record = self._store.jobs.get(spec.tenant, spec.job_id)
         if record is None or spec.job_id in self._jobs:
             raise ValueError(f"job {spec.job_id!r} is not in the store, or runs already")
-        workers = TrainingRequest.from_dict(record.extensions.get(TRAINING_KEY)).workers \
-            or self._settings.default_workers
+        workers = _training(record).workers or self._settings.default_workers
         name, handle, run = _run_name(record.id), None, None
         try:
             handle = ray.get_actor(name, namespace=self._namespace)

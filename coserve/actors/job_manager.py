@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from coserve.actors.dedicated_jobs import DedicatedJobs, is_dedicated
@@ -67,6 +67,7 @@ class _Running:
     job: RunningJob | None  # its latest object (a moved job gets a new one); None: waiting
     started_at: float
     last_loss: float | None = None
+    last_metrics: dict[str, float] = field(default_factory=dict)  # a DPO step's rewards
 
     def reported_job(self) -> RunningJob:
         """`job`, for an event the job reported (a step, a validation, its end): its runner had it then."""
@@ -283,11 +284,11 @@ class JobManager:
         return running.runner.get(job_id) or running.job
 
     def _on_step(self, running: _Running, event: JobEvent, engine_id: str | None) -> None:
-        running.last_loss = event.loss
+        running.last_loss, running.last_metrics = event.loss, event.metrics
         if self._on_trained is not None and engine_id is not None:
             self._on_trained(running.record.tenant, event.num_tokens, engine_id)
         job = running.reported_job()
-        data = {"step": event.step, "train_loss": event.loss, "total_steps": job.total_steps}
+        data = {**event.metrics, "step": event.step, "train_loss": event.loss, "total_steps": job.total_steps}
         total = f"/{job.total_steps}"
         stored = self._store.events.add_once(
             event.job_id, f"step-{event.step}", f"Step {event.step}{total}: training loss={event.loss:.4g}",
@@ -319,7 +320,7 @@ class JobManager:
             return
         record = running.record
         name = f"{model_id(self._settings, record)}:ckpt-step-{event.step}"
-        metrics = {"step": event.step, "train_loss": running.last_loss}
+        metrics = {**running.last_metrics, "step": event.step, "train_loss": running.last_loss}
         self._store.models.register(name, tenant=record.tenant, base_model=self._settings.base_model_id,
                                     adapter_path=event.path, job_id=record.id)
         self._store.checkpoints.add(record.id, event.step, name, metrics=metrics,
@@ -328,7 +329,7 @@ class JobManager:
 
     def _on_validation(self, running: _Running, event: JobEvent) -> None:
         job = running.reported_job()
-        data = {"step": event.step, "valid_loss": event.loss, "total_steps": job.total_steps}
+        data = {**event.metrics, "step": event.step, "valid_loss": event.loss, "total_steps": job.total_steps}
         if running.last_loss is not None:
             data["train_loss"] = running.last_loss
         self._store.events.add_once(event.job_id, f"validation-step-{event.step}",

@@ -18,7 +18,8 @@ from coserve.actors.dedicated_jobs import route_job
 from coserve.actors.job_failures import JobRefused
 from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S
-from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
+from coserve.contract.job_request import JobRequest
+from coserve.contract.training_settings import LoRASettings
 from coserve.finetune.dedicated import DedicatedSettings
 from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
 from coserve.store import MetadataStore
@@ -77,6 +78,7 @@ class JobPreparation:
                 raise JobRefused(f"the validation file {record.validation_file} no longer exists",
                                  "invalid_validation_file", "validation_file")
             validation = _jsonl(raw)
+        request = JobRequest.from_row(record.hyperparameters, record.method, record.extensions)
         init_adapter = None
         if record.model != self._settings.base_model_id:
             model = self._store.models.get(record.tenant, record.model)
@@ -89,10 +91,9 @@ class JobPreparation:
             adapter_id=self._allocate_adapter_id(), num_layers=self._settings.num_layers,
             max_len=self._settings.max_model_len,
             output_dir=self._settings.data_dir.resolve() / "adapters" / record.id,
-            hyperparameters=HyperparameterRequest.from_dict(record.hyperparameters),
-            lora=LoRASettings.from_dict(record.extensions.get("lora") or {}), seed=record.seed,
+            hyperparameters=request.hyperparameters, lora=request.lora or LoRASettings(), seed=record.seed,
             base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
-            validation=validation)
+            validation=validation, loss=request.loss())
         route_job(self._store, record, prepared.hyperparameters.total_trained_tokens, self._settings.dedicated,
                   decide=not resume)  # decided once, kept in the row; JobRefused when it needs Ray
         quota = TenantQuota(self._limits.get(record.tenant, TenantLimits()))

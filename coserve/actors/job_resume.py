@@ -31,5 +31,6 @@ def resume_spec(store: MetadataStore, record: JobRecord, spec: FinetuneJobSpec) 
     state = read_trainer_state(path)
     tokens = state.trained_tokens
     if tokens is None:  # a checkpoint written before the count was kept: what the run had trained by then
-        tokens = trained_tokens_before(spec.examples, state.position)
-    return replace(spec, resume_from=str(path), start_position=state.position, start_trained_tokens=tokens)
+        tokens = trained_tokens_before(spec, state.position)
+    return replace(spec, resume_from=str(path), start_position=state.position, start_trained_tokens=tokens,
+                   reference_logprobs={**spec.reference_logprobs, **state.reference_logprobs})

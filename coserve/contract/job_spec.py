@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
+from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 
@@ -56,11 +57,17 @@ class JobEvent:
     epoch: int | None = None
     code: str | None = None
     message: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # a DPO step's rewards (TRL's names)
 
 
 @dataclass(frozen=True, slots=True)
 class FinetuneJobSpec:
-    """What a job trains and how. Examples are tokenized, with at least one trained token each."""
+    """What a job trains and how. Examples are tokenized, with at least one trained token each.
+
+    A DPO job (`loss.kind` dpo) trains on pairs: `examples[i]` is pair i's chosen answer and
+    `rejected_examples[i]` its rejected one. `reference_logprobs` holds the pairs' reference sums known
+    when the job starts (pair index -> (chosen, rejected), from the checkpoint a resume starts from).
+    """
 
     job_id: str
     tenant: str
@@ -81,6 +88,14 @@ class FinetuneJobSpec:
     start_trained_tokens: int = 0  # trained tokens of the steps before `start_position` (a resume's count)
     base_model_name_or_path: str | None = None
     validation_examples: list[TrainingExample] = field(default_factory=list)  # evaluated each epoch
+    loss: LossSpec = field(default_factory=LossSpec)
+    rejected_examples: list[TrainingExample] = field(default_factory=list)
+    validation_rejected: list[TrainingExample] = field(default_factory=list)
+    reference_logprobs: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def is_preference(self) -> bool:
+        return self.loss.kind == LossKind.DPO
 
     def __post_init__(self) -> None:
         checks = {"n_epochs": self.n_epochs, "batch_size": self.batch_size,
@@ -97,6 +112,19 @@ class FinetuneJobSpec:
                                  f"trained flag per token")
             if not any(example.trained[1:]):
                 raise ValueError(f"job {self.job_id}: example {i} has no trained token")
+        if self.is_preference != bool(self.rejected_examples) or (
+                self.is_preference and len(self.rejected_examples) != len(self.examples)):
+            raise ValueError(f"job {self.job_id}: a DPO job has one rejected example per example, and "
+                             f"only a DPO job has rejected examples")
+        if len(self.validation_rejected) != (len(self.validation_examples) if self.is_preference else 0):
+            raise ValueError(f"job {self.job_id}: a DPO job has one rejected validation example per "
+                             f"validation example")
+        for i, example in enumerate(self.rejected_examples):
+            if len(example.token_ids) < 2 or not any(example.trained[1:]):
+                raise ValueError(f"job {self.job_id}: rejected example {i} has no trained token")
+        if self.loss.kind not in (LossKind.CROSS_ENTROPY, LossKind.DPO):
+            raise ValueError(f"job {self.job_id}: a job trains with cross-entropy or DPO, not "
+                             f"{self.loss.kind.value}")
         if (self.resume_from is None) != (self.start_position is None):
             raise ValueError("resume_from and start_position go together")
         if self.start_trained_tokens < 0 or (self.start_trained_tokens and self.start_position is None):
@@ -109,9 +137,16 @@ def trained_tokens(example: TrainingExample) -> int:
     return sum(example.trained[1:])
 
 
-def trained_tokens_before(examples: list[TrainingExample], position: DataPosition) -> int:
+def unit_tokens(spec: FinetuneJobSpec, index: int) -> int:
+    """Trained tokens of the job's example `index`: its sequence's, or both sides of a DPO pair."""
+    tokens = trained_tokens(spec.examples[index])
+    return tokens + trained_tokens(spec.rejected_examples[index]) if spec.is_preference else tokens
+
+
+def trained_tokens_before(spec: FinetuneJobSpec, position: DataPosition) -> int:
     """Trained tokens of the steps a job did before `position` (each epoch visits every example once,
     in `position.order`): the count to resume from when a checkpoint predates keeping it."""
-    per_epoch = sum(trained_tokens(e) for e in examples)
-    done = position.order(len(examples))[:position.index]
-    return position.epoch * per_epoch + sum(trained_tokens(examples[i]) for i in done)
+    count = len(spec.examples)
+    per_epoch = sum(unit_tokens(spec, i) for i in range(count))
+    done = position.order(count)[:position.index]
+    return position.epoch * per_epoch + sum(unit_tokens(spec, i) for i in done)

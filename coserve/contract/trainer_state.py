@@ -3,13 +3,16 @@
 
 It holds the format version, the `DataPosition` (seed, epoch, index, step) and the job's counters that
 a resume must continue rather than restart: `trained_tokens` (trained tokens of the steps up to this
-checkpoint; absent in checkpoints written before it was kept).
+checkpoint; absent in checkpoints written before it was kept) and, for a DPO job, `reference_logprobs`
+(each pair's reference log-prob sums computed so far: they never change, so a resume does not pay for
+them again), as a list of `[pair index, chosen, rejected]`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coserve.contract.data_position import DataPosition
@@ -27,6 +30,15 @@ class TrainerState:
 
     position: DataPosition
     trained_tokens: int | None = None
+    reference_logprobs: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        state: dict[str, object] = {"format": CHECKPOINT_FORMAT, "position": self.position.to_dict()}
+        if self.trained_tokens is not None:
+            state["trained_tokens"] = self.trained_tokens
+        if self.reference_logprobs:
+            state["reference_logprobs"] = [[i, c, r] for i, (c, r) in sorted(self.reference_logprobs.items())]
+        return json.dumps(state, indent=2, sort_keys=True) + "\n"
 
 
 def read_trainer_state(path: str | Path) -> TrainerState:
@@ -45,4 +57,16 @@ def read_trainer_state(path: str | Path) -> TrainerState:
     tokens = state.get("trained_tokens")
     if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0):
         raise ValueError(f"checkpoint {path}: trained_tokens must be an integer >= 0, got {tokens!r}")
-    return TrainerState(DataPosition.from_dict(state["position"]), tokens)
+    return TrainerState(DataPosition.from_dict(state["position"]), tokens,
+                        _reference_logprobs(path, state.get("reference_logprobs", [])))
+
+
+def _reference_logprobs(path: Path, raw: object) -> dict[int, tuple[float, float]]:
+    def valid(entry: object) -> bool:
+        return (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and entry[0] >= 0
+                and all(type(x) in (int, float) and math.isfinite(x) for x in entry[1:]))
+
+    if not isinstance(raw, list) or not all(valid(entry) for entry in raw):
+        raise ValueError(f"checkpoint {path}: reference_logprobs must be a list of [index, chosen, "
+                         f"rejected] with finite sums")
+    return {int(i): (float(c), float(r)) for i, c, r in raw}

@@ -5,7 +5,11 @@ Plain dataclasses of ints, floats, strings and lists (they cross a Ray call). A 
 
 Work of one training sequence (`sequence_id`, one example of one batch of one job):
 
-* `SequenceStart`: the engine sets up the sequence's state (kept layer inputs, gradient buffer).
+* `SequenceStart`: the engine sets up the sequence's state (kept layer inputs, gradient buffer). A DPO
+  job's sequences: reference passes (`reference`: the base model alone, forward only, their summed
+  log-prob reported in their windows' `loss_sum`) and the pairs' two trained sequences (`pair`: the
+  partner and the reference sums), whose gradients the engine scales by the pair's DPO coefficient once
+  both forwards are done, before either backward (`coserve.trainer.preference`).
 * `ForwardWindow`: positions [start, start + num_tokens) run through every layer *inside the same
   fused forward as the inference tokens*, through the job's trainable adapter (bank slot
   `JobStart.adapter_slot`); their K/V go to the paged KV cache at `block_table`, like a prefill chunk.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from coserve.contract.loss_spec import LossSpec
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 
 
@@ -52,6 +57,20 @@ class JobStart:
     init_adapter: str | None = None  # a PEFT folder to start from (fine-tuning a fine-tuned model)
     validation_examples: list[TrainingExample] = field(default_factory=list)
     base_model_name_or_path: str | None = None  # written into adapter_config.json
+    loss: LossSpec = field(default_factory=LossSpec)
+    rejected_examples: list[TrainingExample] = field(default_factory=list)  # a DPO job's (per example)
+    validation_rejected: list[TrainingExample] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PairStart:
+    """A DPO pair's trained sequence: its partner and the pair's reference log-prob sums."""
+
+    partner_id: str  # the pair's other sequence (started in the same or an earlier plan)
+    chosen: bool  # this sequence is the chosen answer (the partner the rejected one)
+    reference_chosen: float
+    reference_rejected: float
+    pairs_in_batch: int  # the batch's pairs: the loss is their mean
 
 
 @dataclass(slots=True)
@@ -61,6 +80,9 @@ class SequenceStart:
     example_index: int
     loss_normalizer: int  # trained tokens of the whole batch: gradients are of the batch mean
     evaluate: bool = False  # a validation example: forward windows only (loss, no gradient, no backward)
+    rejected: bool = False  # the example is a DPO pair's rejected answer (`JobStart.rejected_examples`)
+    reference: bool = False  # the base model alone (adapter off), forward only: DPO's reference pass
+    pair: PairStart | None = None  # a DPO pair's trained sequence
 
 
 @dataclass(slots=True)
@@ -99,6 +121,7 @@ class SaveAdapter:
     step: int
     position: dict[str, int] | None = None  # DataPosition.to_dict(): save a resumable checkpoint
     trained_tokens: int | None = None  # the job's trained tokens up to `position` (kept in the checkpoint)
+    reference_logprobs: dict[int, tuple[float, float]] | None = None  # a DPO job's, kept in the checkpoint
     final: bool = False  # the job's last save: the engine drops the job's state after it
 
 
@@ -146,6 +169,7 @@ class StepReport:
     learning_rate: float
     num_sequences: int
     num_tokens: int
+    metrics: dict[str, float] = field(default_factory=dict)  # DPO's rewards (TRL's names)
 
 
 @dataclass(slots=True)

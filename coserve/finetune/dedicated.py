@@ -6,78 +6,19 @@ A job asks with the coserve extension `training` (`{"mode": "dedicated", "worker
 the operator's threshold (`DedicatedSettings.min_trained_tokens`, `coserve serve --dedicated-min-tokens`,
 off by default): one that trains at least that many tokens (its file's trained tokens x its epochs) runs
 dedicated on `default_workers` workers. The job row keeps the decision (`TRAINING_KEY` in its
-extensions), so a restarted server runs the job the same way.
+extensions, `coserve.contract.job_request`), so a restarted server runs the job the same way.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from coserve.contract.training_settings import SettingsError
+from coserve.contract.job_request import MAX_WORKERS, TrainingMode, TrainingRequest
 
-TRAINING_KEY = "training"  # the job row's extension holding {"mode": ..., "workers": ...}
 DEFAULT_WORKERS = 2
-MAX_WORKERS = 1024
 DEFAULT_MAX_FAILURES = 3  # worker failures a run recovers from (Ray Train's FailureConfig.max_failures)
-
-
-class TrainingMode(str, enum.Enum):
-    COSERVED = "coserved"  # in the engines' iterations, next to inference (the default)
-    DEDICATED = "dedicated"  # a Ray Train TorchTrainer of its own (data parallel over `workers`)
-
-
-@dataclass(frozen=True, slots=True)
-class TrainingRequest:
-    """What a job asked for (`training` extension); None fields: not given.
-
-    Raises:
-        SettingsError: an unknown mode, workers that are not an integer in 1..MAX_WORKERS, or workers
-            with the co-served mode (it has no workers to size); `param` is `training.<name>`.
-    """
-
-    mode: TrainingMode | None = None
-    workers: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode is not None and not isinstance(self.mode, TrainingMode):
-            try:
-                object.__setattr__(self, "mode", TrainingMode(self.mode))
-            except ValueError:
-                raise SettingsError("training.mode", f"training.mode must be one of "
-                                    f"{[m.value for m in TrainingMode]}, got {self.mode!r}") from None
-        if self.workers is not None and (type(self.workers) is not int
-                                         or not 1 <= self.workers <= MAX_WORKERS):
-            raise SettingsError("training.workers", f"training.workers must be an integer in "
-                                f"1..{MAX_WORKERS}, got {self.workers!r}")
-        if self.workers is not None and self.mode != TrainingMode.DEDICATED:
-            raise SettingsError("training.workers", "training.workers sizes a dedicated run: give it "
-                                "with training.mode \"dedicated\"")
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any] | None) -> TrainingRequest:
-        """From the request's (or the job row's) JSON; None or {} asks for nothing.
-
-        Raises:
-            SettingsError: an unknown key, or what `__post_init__` refuses.
-        """
-        raw = raw or {}
-        unknown = sorted(set(raw) - {"mode", "workers"})
-        if unknown:
-            raise SettingsError(f"training.{unknown[0]}", f"unknown training setting(s) {unknown}; "
-                                                          f"use ['mode', 'workers']")
-        return cls(**{k: v for k, v in raw.items() if v is not None})
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.mode is not None:
-            out["mode"] = self.mode.value
-        if self.workers is not None:
-            out["workers"] = self.workers
-        return out
 
 
 @dataclass(frozen=True, slots=True)

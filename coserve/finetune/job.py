@@ -33,7 +33,9 @@ from coserve.contract.training_plan import (
     OptimizerStep,
     SaveAdapter,
     SequenceStart,
+    TrainingExample,
 )
+from coserve.finetune.preference_batches import ReferenceSums, pair_start, preference_batch, validation_metrics
 from coserve.finetune.progress import BatchProgress, SequenceProgress
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
@@ -71,6 +73,8 @@ class FinetuneJob:
         self._eval_losses: dict[str, tuple[float, int]] = {}  # validation sequence -> (sum, tokens)
         self._eval_report_step = -1  # plan whose result completes the validation pass
         self._pending: list[JobEvent] = []  # events found while planning, reported by `update`
+        self._references = ReferenceSums(dict(spec.reference_logprobs))  # a DPO job's reference sums
+        self._eval_batch: BatchProgress | None = None  # the validation batch whose metrics are pending
 
     # ------------------------------------------------------------------------------ properties
 
@@ -100,9 +104,17 @@ class FinetuneJob:
     @property
     def phase(self) -> JobPhase:
         seq = self._current()
-        if seq is not None and seq.forward_end == seq.length:
+        if seq is not None and self._forward_target(seq) is None:
             return JobPhase.BACKWARD
         return JobPhase.FORWARD
+
+    def _forward_target(self, seq: SequenceProgress) -> SequenceProgress | None:
+        """The sequence whose forward comes next while `seq` is current: `seq` itself, or (a DPO pair)
+        the next of its group whose forward is not done; None when the group's forwards are all done."""
+        assert self._batch is not None
+        if seq.forward_end < seq.length or self._batch.forward_only(seq):
+            return seq if seq.forward_end < seq.length else None
+        return next((s for s in self._batch.group_of(seq) if s.forward_end < s.length), None)
 
     def _current(self) -> SequenceProgress | None:
         if self._batch is None or self._batch.current >= len(self._batch.sequences):
@@ -150,18 +162,25 @@ class FinetuneJob:
             self._stop_sent = True
 
     def release_kv(self, plan: IterationPlan) -> int:
-        """Drop the sequence in flight to free its KV blocks; returns the blocks freed.
+        """Drop the sequences in flight to free their KV blocks; returns the blocks freed.
 
-        Refused (0) when the sequence already has work in `plan` (it would read freed blocks).
+        Refused (0) when they already have work in `plan` (it would read freed blocks), and for a DPO
+        pair once a backward of it has started (its gradient is then part-way into the adapter's).
         """
         seq = self._current()
         if seq is None or not seq.started or self._last_planned == plan.step_id:
             return 0
-        freed = len(self._kv.block_table(seq.sequence_id))
-        self._kv.free(seq.sequence_id)
-        plan.training.sequence_drops.append(seq.sequence_id)
-        self._eval_losses.pop(seq.sequence_id, None)  # its windows are redone
-        seq.reset()
+        assert self._batch is not None
+        group = [seq] if self._batch.forward_only(seq) else self._batch.group_of(seq)
+        if len(group) > 1 and any(s.layer_end != [s.length] * s.num_layers for s in group):
+            return 0
+        freed = 0
+        for member in (s for s in group if s.started):
+            freed += len(self._kv.block_table(member.sequence_id))
+            self._kv.free(member.sequence_id)
+            plan.training.sequence_drops.append(member.sequence_id)
+            self._eval_losses.pop(member.sequence_id, None)  # its windows are redone
+            member.reset()
         return freed
 
     # ------------------------------------------------------------------------------ scheduling
@@ -179,15 +198,15 @@ class FinetuneJob:
             return 0.0
         if self._batch is None and not self._next_batch(plan):
             return 0.0
-        seq = self._current()
-        assert seq is not None
+        seq, batch = self._current(), self._batch
+        assert seq is not None and batch is not None
         charged = 0.0
-        if seq.forward_end < seq.length:
-            charged += self._schedule_forward(plan, seq, forward_tokens)
-        assert self._batch is not None
-        if seq.forward_end == seq.length and self._batch.evaluation:
-            self._complete_evaluation_sequence(plan)
-        elif seq.forward_end == seq.length:
+        target = self._forward_target(seq)
+        if target is not None:
+            charged += self._schedule_forward(plan, target, forward_tokens)
+        if seq.forward_end == seq.length and batch.forward_only(seq):
+            self._complete_forward_only(plan)
+        elif self._forward_target(seq) is None:
             charged += self._schedule_backward(plan, seq, backward_token_layers)
         if charged:
             self._last_planned = plan.step_id
@@ -210,7 +229,8 @@ class FinetuneJob:
                 optimizer=spec.optimizer, seed=spec.seed, examples=spec.examples,
                 resume_from=spec.resume_from, init_adapter=spec.init_adapter,
                 validation_examples=spec.validation_examples,
-                base_model_name_or_path=spec.base_model_name_or_path))
+                base_model_name_or_path=spec.base_model_name_or_path, loss=spec.loss,
+                rejected_examples=spec.rejected_examples, validation_rejected=spec.validation_rejected))
             self._started = True
         return True
 
@@ -225,10 +245,14 @@ class FinetuneJob:
             self._finish(plan)
             return False
         indices, after = self.position.next_batch(len(spec.examples), spec.batch_size)
+        if spec.is_preference:
+            self._batch = preference_batch(spec, after, indices, self._references.known,
+                                           f"{spec.job_id}/s{after.step}")
+            return True
         sequences = []
         for k, index in enumerate(indices):
             seq = SequenceProgress(f"{spec.job_id}/s{after.step}.{k}", index,
-                            len(spec.examples[index].token_ids), spec.num_layers)
+                                   len(spec.examples[index].token_ids), spec.num_layers, group=k)
             seq.reset()
             sequences.append(seq)
         normalizer = sum(trained_tokens(spec.examples[i]) for i in indices)
@@ -237,10 +261,13 @@ class FinetuneJob:
 
     def _evaluation_batch(self) -> BatchProgress:
         examples = self.spec.validation_examples
+        if self.spec.is_preference:
+            return preference_batch(self.spec, self.position, list(range(len(examples))), {},
+                                    f"{self.job_id}/v{self.position.step}", evaluation=True)
         sequences = []
         for k, example in enumerate(examples):
             seq = SequenceProgress(f"{self.job_id}/v{self.position.step}.{k}", k, len(example.token_ids),
-                            self.spec.num_layers)
+                                   self.spec.num_layers, group=k)
             seq.reset()
             sequences.append(seq)
         normalizer = max(1, sum(trained_tokens(e) for e in examples))
@@ -263,16 +290,34 @@ class FinetuneJob:
                     message=f"a training sequence of {seq.length} tokens needs more KV blocks than the "
                             f"{self._kv.num_blocks} of {self._kv.block_size} tokens the job may use"))
             return 0.0
-        if not seq.started:
-            assert self._batch is not None
-            plan.training.sequence_starts.append(SequenceStart(
-                seq.sequence_id, self.job_id, seq.example_index, self._batch.normalizer,
-                evaluate=self._batch.evaluation))
-            seq.started = True
+        if not seq.started and not self._start_sequence(plan, seq):
+            self._kv.free(seq.sequence_id)
+            return 0.0
         plan.training.forward_windows.append(ForwardWindow(
             seq.sequence_id, seq.forward_end, count, list(self._kv.block_table(seq.sequence_id))))
         seq.forward_end += count
         return float(count)
+
+    def _start_sequence(self, plan: IterationPlan, seq: SequenceProgress) -> bool:
+        """Send the sequence's start; False while a DPO pair's reference sums are not back yet."""
+        batch, spec = self._batch, self.spec
+        assert batch is not None
+        pair = None
+        if spec.is_preference and not batch.forward_only(seq):
+            pair = pair_start(batch, seq, self._references.known)
+            if pair is None:
+                return False
+        if seq.reference and not batch.evaluation:
+            self._references.expect(seq, trained_tokens(self._example(seq)))
+        normalizer = 1 if spec.is_preference else batch.normalizer  # DPO's coefficient has the mean
+        plan.training.sequence_starts.append(SequenceStart(
+            seq.sequence_id, self.job_id, seq.example_index, normalizer, evaluate=batch.evaluation,
+            rejected=seq.rejected, reference=seq.reference, pair=pair))
+        seq.started = True
+        return True
+
+    def _example(self, seq: SequenceProgress) -> TrainingExample:
+        return (self.spec.rejected_examples if seq.rejected else self.spec.examples)[seq.example_index]
 
     def _schedule_backward(self, plan: IterationPlan, seq: SequenceProgress, budget: int) -> float:
         """Layer-major tasklets (last layer first, last tokens first) within `budget` token-layers."""
@@ -294,14 +339,16 @@ class FinetuneJob:
             self._complete_sequence(plan)
         return charged
 
-    def _complete_evaluation_sequence(self, plan: IterationPlan) -> None:
-        """A validation sequence's last window is planned (the engine drops it after the forward)."""
+    def _complete_forward_only(self, plan: IterationPlan) -> None:
+        """A validation or reference sequence's last window is planned (the engine drops it after the
+        forward); the batch goes on (a validation batch ends with its last sequence)."""
         batch = self._batch
         assert batch is not None
         self._to_free.append(batch.sequences[batch.current].sequence_id)
         batch.current += 1
         if batch.current == len(batch.sequences):
             self._eval_report_step = plan.step_id
+            self._eval_batch = batch
             self._batch = None
 
     def _complete_sequence(self, plan: IterationPlan) -> None:
@@ -313,13 +360,16 @@ class FinetuneJob:
         if batch.current < len(batch.sequences):
             return
         spec, before = self.spec, self.position
-        plan.training.optimizer_steps.append(OptimizerStep(
-            self.job_id, batch.after.step, len(batch.sequences), batch.normalizer))
+        trained = sum(1 for s in batch.sequences if not batch.forward_only(s))
+        plan.training.optimizer_steps.append(OptimizerStep(self.job_id, batch.after.step, trained,
+                                                           batch.normalizer))
         self._planned_tokens += batch.normalizer
         if batch.after.epoch > before.epoch:  # an epoch ends with this step: checkpoint, evaluate
             path = f"{spec.output_dir}/ckpt-step-{batch.after.step}"
+            references = dict(self._references.known) if spec.is_preference else None
             plan.training.saves.append(SaveAdapter(self.job_id, path, batch.after.step,
-                                                   batch.after.to_dict(), self._planned_tokens))
+                                                   batch.after.to_dict(), self._planned_tokens,
+                                                   references))
             self._eval_pending = bool(spec.validation_examples)
         self.position = batch.after
         self._batch = None
@@ -339,12 +389,14 @@ class FinetuneJob:
                 self._end(None, JobState.FAILED)  # the engine has dropped the job already
                 events.append(JobEvent(self.job_id, JobEventKind.FAILED, self.position.step,
                                        code=failure.code, message=failure.message))
+        for window in report.windows:
+            self._references.add(window.sequence_id, window.loss_sum, window.num_tokens)
         for step in report.steps:
             if step.job_id == self.job_id:
                 self.trained_tokens += step.num_tokens
                 events.append(JobEvent(self.job_id, JobEventKind.STEP, step.step, loss=step.loss,
                                        grad_norm=step.grad_norm, learning_rate=step.learning_rate,
-                                       num_tokens=step.num_tokens))
+                                       num_tokens=step.num_tokens, metrics=dict(step.metrics)))
         for saved in report.saved:
             if saved.job_id == self.job_id:
                 events.append(self._on_saved(plan, saved.path, saved.step))
@@ -362,9 +414,14 @@ class FinetuneJob:
             return []
         total = sum(loss for loss, _ in self._eval_losses.values())
         count = sum(n for _, n in self._eval_losses.values())
+        metrics: dict[str, float] = {}
+        if self.spec.is_preference and self._eval_batch is not None:
+            metrics = validation_metrics(self._eval_batch, self._eval_losses, self.spec.loss.beta)
+            total, count = metrics["valid_loss"], 1
         self._eval_losses.clear()
+        self._eval_batch = None
         return [JobEvent(self.job_id, JobEventKind.VALIDATION, self.position.step,
-                         loss=total / max(1, count), num_tokens=count,
+                         loss=total / max(1, count), num_tokens=count, metrics=metrics,
                          message=f"validation loss after step {self.position.step}")]
 
     def _on_saved(self, plan: IterationPlan, path: str, step: int) -> JobEvent:

@@ -24,6 +24,7 @@ class JobCheckpoint:
     step: int
     position: DataPosition
     trained_tokens: int
+    reference_logprobs: dict[int, tuple[float, float]]  # a DPO job's reference sums then
 
 
 class JobCheckpoints:
@@ -46,8 +47,9 @@ class JobCheckpoints:
             position = DataPosition.from_dict(save.position)
             tokens = save.trained_tokens
             if tokens is None:
-                tokens = trained_tokens_before(spec.examples, position)
-            checkpoint = JobCheckpoint(saved.path, saved.step, position, tokens)
+                tokens = trained_tokens_before(spec, position)
+            checkpoint = JobCheckpoint(saved.path, saved.step, position, tokens,
+                                       dict(save.reference_logprobs or {}))
             self._last[saved.job_id] = checkpoint
             new.append(checkpoint)
         return new
@@ -67,4 +69,5 @@ class JobCheckpoints:
         if checkpoint is None:
             return spec
         return replace(spec, resume_from=checkpoint.path, start_position=checkpoint.position,
-                       start_trained_tokens=checkpoint.trained_tokens)
+                       start_trained_tokens=checkpoint.trained_tokens,
+                       reference_logprobs={**spec.reference_logprobs, **checkpoint.reference_logprobs})

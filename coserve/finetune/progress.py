@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
+from coserve.contract.training_plan import PairStart
 
 
 @dataclass(slots=True)
@@ -20,6 +21,13 @@ class SequenceProgress:
     forward_end: int = 0
     layer_end: list[int] = field(default_factory=list)  # per layer: tokens [0, end) still to do
     layer: int = 0  # the layer whose tasklets come next (layer-major: the highest unfinished)
+    # DPO: a pair's rejected answer, a reference pass (forward only, base model), and the group of
+    # sequences whose forwards all run before any of their backwards (a pair's two trained sequences;
+    # a supervised sequence is a group of its own: each sequence of a batch has its own number).
+    rejected: bool = False
+    reference: bool = False
+    group: int = 0
+    pair: PairStart | None = None
 
     def reset(self) -> None:
         """Back to the start (before its forward): a sequence redone after its KV was released."""
@@ -41,3 +49,10 @@ class BatchProgress:
     sequences: list[SequenceProgress]
     current: int = 0  # index of the sequence in flight (sequences run one after the other)
     evaluation: bool = False  # the validation set: forward windows only, no optimizer step
+    pairs: list[int] = field(default_factory=list)  # a DPO batch's pair (example) indices
+
+    def forward_only(self, seq: SequenceProgress) -> bool:
+        return self.evaluation or seq.reference
+
+    def group_of(self, seq: SequenceProgress) -> list[SequenceProgress]:
+        return [s for s in self.sequences if s.group == seq.group and not self.forward_only(s)]

@@ -189,7 +189,7 @@ class TrainingData:
     warnings: list[str] = field(default_factory=list)
 
 
-def _indices_text(indices: list[int]) -> str:
+def indices_text(indices: list[int]) -> str:
     shown = ", ".join(str(i) for i in indices[:MAX_WARNED_INDICES])
     more = len(indices) - MAX_WARNED_INDICES
     return shown + (f" and {more} more" if more > 0 else "")
@@ -231,10 +231,10 @@ def prepare_training_data(tokenizer: Any, examples: Sequence[Example], max_len: 
     warnings = []
     if truncated:
         warnings.append(f"{len(truncated)} example(s) longer than {max_len} tokens were truncated to "
-                        f"{max_len}: index {_indices_text(truncated)}")
+                        f"{max_len}: index {indices_text(truncated)}")
     if skipped:
         warnings.append(f"{len(skipped)} example(s) have no trainable assistant token and were "
-                        f"skipped: index {_indices_text(skipped)}")
+                        f"skipped: index {indices_text(skipped)}")
     return TrainingData(examples=encoded_examples, num_examples=len(examples), num_skipped=len(skipped),
                         num_truncated=len(truncated),
                         trained_tokens=sum(sum(example.trained[1:]) for example in encoded_examples),

@@ -25,16 +25,16 @@ old one back; a process crash between them leaves it as `.<name>.old-*/checkpoin
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from coserve.contract.data_position import DataPosition
-from coserve.contract.trainer_state import CHECKPOINT_FORMAT, STATE_FILE, read_trainer_state
+from coserve.contract.trainer_state import STATE_FILE, TrainerState, read_trainer_state
 from coserve.model.config import ModelConfig
 from coserve.trainer.lora_params import TrainableLoRA
 from coserve.trainer.optimizer import LoRAOptimizer
@@ -59,24 +59,21 @@ def _fsync_tree(folder: Path) -> None:
     _fsync_dir(folder)
 
 
-def _write_contents(folder: Path, lora: TrainableLoRA, optimizer: LoRAOptimizer,
-                    position: DataPosition, base_model_name_or_path: str | None,
-                    trained_tokens: int | None) -> None:
+def _write_contents(folder: Path, lora: TrainableLoRA, optimizer: LoRAOptimizer, state: TrainerState,
+                    base_model_name_or_path: str | None) -> None:
     lora.save_pretrained(folder, base_model_name_or_path)
     torch.save(optimizer.state_dict(), folder / OPTIMIZER_FILE)
-    state: dict[str, object] = {"format": CHECKPOINT_FORMAT, "position": position.to_dict()}
-    if trained_tokens is not None:
-        state["trained_tokens"] = trained_tokens
-    (folder / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    (folder / STATE_FILE).write_text(state.to_json())
 
 
 def save_checkpoint(path: str | Path, lora: TrainableLoRA, optimizer: LoRAOptimizer,
                     position: DataPosition, base_model_name_or_path: str | None = None,
-                    trained_tokens: int | None = None) -> Path:
+                    trained_tokens: int | None = None,
+                    reference_logprobs: Mapping[int, tuple[float, float]] | None = None) -> Path:
     """Write a checkpoint folder at `path` atomically (replacing one that is there); returns `path`.
 
     `trained_tokens`: the job's trained tokens up to `position` (kept so that a resume continues the
-    count instead of restarting it from 0).
+    count instead of restarting it from 0); `reference_logprobs`: a DPO job's reference sums so far.
 
     Raises:
         ValueError: the optimizer is not over `lora`, or the position's step disagrees with the
@@ -92,7 +89,8 @@ def save_checkpoint(path: str | Path, lora: TrainableLoRA, optimizer: LoRAOptimi
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     old: Path | None = None
     try:
-        _write_contents(tmp, lora, optimizer, position, base_model_name_or_path, trained_tokens)
+        state = TrainerState(position, trained_tokens, dict(reference_logprobs or {}))
+        _write_contents(tmp, lora, optimizer, state, base_model_name_or_path)
         _fsync_tree(tmp)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))

@@ -1,4 +1,5 @@
-"""The loss of one forward window: chunked cross-entropy and its gradient w.r.t. the hidden state.
+"""The loss of one forward window: the target tokens' log-probs (chunked cross-entropy) and the loss's
+gradient w.r.t. the hidden state (the loss itself comes from `coserve.trainer.token_losses`).
 
 For large windows or vocabularies the full [tokens, vocab] logits are never materialised. The
 vocabulary is walked in chunks with an online log-sum-exp (as flash attention does over keys): for
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from coserve.forward.transformer import Transformer, rms_norm
+from coserve.trainer.token_losses import CrossEntropy, TokenLoss
 
 IGNORE_INDEX = -100  # a position without a target, as in HF labels
 DEFAULT_VOCAB_CHUNK = 4096
@@ -37,9 +39,11 @@ EXP_FLOOR = -87.0
 class WindowLoss:
     """The loss of a window's trained positions and the gradient handed to the backward."""
 
-    loss_sum: float  # sum of per-token cross-entropies (unscaled, for logging)
+    loss_sum: float  # sum of the loss's per-token terms (unscaled; cross-entropy: the token NLLs)
     num_tokens: int  # trained positions in the window
     grad_hidden: torch.Tensor  # [window, hidden] fp32: scale * d(loss_sum)/d(last hidden state)
+    positions: torch.Tensor  # [num_tokens] the trained positions, relative to the window's start
+    logprobs: torch.Tensor  # [num_tokens] fp32: log-prob of each trained position's target
 
 
 def chunked_cross_entropy(normed: torch.Tensor, lm_head: torch.Tensor, targets: torch.Tensor,
@@ -95,33 +99,47 @@ def full_cross_entropy(model: Transformer, normed: torch.Tensor,
 
 
 def window_loss(model: Transformer, hidden: torch.Tensor, targets: torch.Tensor, scale: float,
-                chunk: int = DEFAULT_VOCAB_CHUNK) -> WindowLoss:
-    """Loss of the window's positions that have a target, and `scale` x its gradient.
+                chunk: int = DEFAULT_VOCAB_CHUNK, loss: TokenLoss | None = None,
+                start: int = 0) -> WindowLoss:
+    """The window's trained positions' loss and `scale` x its gradient.
 
     Args:
         hidden: [s, hidden] states after the last layer (before the final norm) of the window.
         targets: [s] next-token targets from the *whole* sequence, IGNORE_INDEX where untrained.
         scale: the normalisation of the gradient (1 / trained tokens of the sequence or batch).
+        loss: the loss over the target log-probs (default: cross-entropy, weight 1).
+        start: the window's first position in its sequence (the loss's per-token inputs are the
+            sequence's: position p's target is token p + 1).
     """
     grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     rows = (targets != IGNORE_INDEX).nonzero().squeeze(1)
     if rows.numel() == 0:
-        return WindowLoss(0.0, 0, grad_hidden)
+        empty = torch.zeros(0, device=hidden.device)
+        return WindowLoss(0.0, 0, grad_hidden, rows, empty)
     with torch.enable_grad():
         h = hidden[rows].detach().requires_grad_()
         normed = rms_norm(h, model.weights.final_norm, model.cfg.rms_norm_eps)
+    nll, grad_nll = _target_nll(model, normed.detach(), targets[rows], chunk)
+    logprobs = -nll
+    terms = (loss or CrossEntropy()).terms(rows + start + 1, logprobs)
+    # d(loss)/d(normed) = d(loss)/d(logprob) * d(logprob)/d(normed), and d(logprob) = -d(nll).
+    grad_normed = grad_nll * (-terms.dlogprob * scale).unsqueeze(1)
+    # Back through the final norm only (a few [n, hidden] ops); the LM head part is already done.
+    (grad_h,) = torch.autograd.grad(normed, h, grad_normed.to(normed.dtype))
+    grad_hidden[rows] = grad_h.float()
+    return WindowLoss(float(terms.loss.sum()), int(rows.numel()), grad_hidden, rows, logprobs)
+
+
+def _target_nll(model: Transformer, normed: torch.Tensor, targets: torch.Tensor,
+                chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row cross-entropy of the targets and its gradient w.r.t. `normed` (one-pass blocks of whole
+    rows when the head is float32, the chunked walk over the vocabulary otherwise)."""
     head = model.weights.lm_head
     block = FULL_LOGITS_MAX_ELEMENTS // head.shape[0]  # whole rows of logits per one-pass block
-    if head.dtype == torch.float32 and block >= 1:
-        parts = [full_cross_entropy(model, normed[lo: lo + block].detach(), targets[rows[lo: lo + block]])
-                 for lo in range(0, rows.numel(), block)]
-        if len(parts) == 1:  # the usual window (a few tokens next to decodes): no copy
-            loss, grad_normed = parts[0]
-        else:
-            loss, grad_normed = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-    else:
-        loss, grad_normed = chunked_cross_entropy(normed.detach(), head, targets[rows], chunk)
-    # Back through the final norm only (a few [n, hidden] ops); the LM head part is already done.
-    (grad_h,) = torch.autograd.grad(normed, h, (grad_normed * scale).to(normed.dtype))
-    grad_hidden[rows] = grad_h.float()
-    return WindowLoss(float(loss.sum()), int(rows.numel()), grad_hidden)
+    if head.dtype != torch.float32 or block < 1:
+        return chunked_cross_entropy(normed, head, targets, chunk)
+    parts = [full_cross_entropy(model, normed[lo: lo + block], targets[lo: lo + block])
+             for lo in range(0, normed.shape[0], block)]
+    if len(parts) == 1:  # the usual window (a few tokens next to decodes): no copy
+        return parts[0]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

@@ -22,12 +22,16 @@ from pathlib import Path
 import torch
 
 from coserve.contract.data_position import DataPosition
+from coserve.contract.loss_spec import LossKind, LossSpec
+from coserve.contract.preference import DpoPair, PairLogprobs, dpo_metrics, dpo_pair
 from coserve.contract.training_plan import (
     ForwardWindow,
     JobFailure,
     JobStart,
+    PairStart,
     SaveAdapter,
     SavedAdapter,
+    SequenceStart,
     StepReport,
     TrainingExample,
     TrainingReport,
@@ -41,6 +45,7 @@ from coserve.trainer.checkpoint import save_checkpoint
 from coserve.trainer.lora_params import TrainableLoRA
 from coserve.trainer.optimizer import LoRAOptimizer, NonFiniteGradientError
 from coserve.trainer.setup import build_trainable
+from coserve.trainer.token_losses import SequenceLogprob
 from coserve.trainer.windowed import SequenceState, WindowedTrainer
 
 
@@ -52,23 +57,37 @@ class JobError(Exception):
         self.code = code
 
 
+Tensors = list[tuple[torch.Tensor, torch.Tensor]]  # (token ids, trained mask) per example
+
+
 @dataclass(slots=True)
 class _Job:
     lora: TrainableLoRA
     optimizer: LoRAOptimizer
     trainer: WindowedTrainer
     slot: int
-    examples: list[tuple[torch.Tensor, torch.Tensor]]  # (token ids, trained mask) per example
-    validation: list[tuple[torch.Tensor, torch.Tensor]]
+    examples: Tensors
+    validation: Tensors
     base_model_name_or_path: str | None
+    loss: LossSpec
+    rejected: Tensors  # a DPO job's rejected answers (per example), and its validation pairs'
+    validation_rejected: Tensors
     batch_loss_sum: float = 0.0  # token losses of the batch's completed sequences
+    batch_pairs: list[tuple[DpoPair, PairLogprobs]] = field(default_factory=list)  # a DPO batch's
+
+    def example(self, start: SequenceStart) -> tuple[torch.Tensor, torch.Tensor]:
+        if start.evaluate:
+            return (self.validation_rejected if start.rejected else self.validation)[start.example_index]
+        return (self.rejected if start.rejected else self.examples)[start.example_index]
 
 
 @dataclass(slots=True)
 class _Sequence:
     job_id: str
     state: SequenceState
-    grad_before: list[torch.Tensor | None] | None  # the job's .grad when it started (None: evaluation)
+    grad_before: list[torch.Tensor | None] | None  # the job's .grad when it started (None: forward only)
+    pair: PairStart | None = None  # a DPO pair's trained sequence
+    dpo: tuple[DpoPair, PairLogprobs] | None = None  # its pair's loss, once both forwards are done
 
 
 @dataclass(slots=True)
@@ -110,12 +129,15 @@ class TrainingRuntime:
             job = self.jobs.get(seq.job_id)
             if job is None:
                 continue  # the job failed in this plan; its work is skipped
-            ids, trained = (job.validation if seq.evaluate else job.examples)[seq.example_index]
+            ids, trained = job.example(seq)
+            forward_only = seq.evaluate or seq.reference
+            loss = SequenceLogprob() if job.loss.kind == LossKind.DPO else None
             state = job.trainer.start_sequence(ids, trained, seq.loss_normalizer,
-                                               paged=self.cache is not None, keep_inputs=not seq.evaluate)
-            grads = None if seq.evaluate else [None if p.grad is None else p.grad.clone()
+                                               paged=self.cache is not None, keep_inputs=not forward_only,
+                                               loss=loss, adapter=not seq.reference)
+            grads = None if forward_only else [None if p.grad is None else p.grad.clone()
                                                for p in job.lora.parameters()]
-            self.sequences[seq.sequence_id] = _Sequence(seq.job_id, state, grads)
+            self.sequences[seq.sequence_id] = _Sequence(seq.job_id, state, grads, seq.pair)
 
     def _build_job(self, start: JobStart) -> _Job:
         cfg = self.model.cfg
@@ -135,7 +157,8 @@ class TrainingRuntime:
 
         trainer = WindowedTrainer(self.model, lora, cache=self.cache)
         return _Job(lora, optimizer, trainer, start.adapter_slot, tensors(start.examples),
-                    tensors(start.validation_examples), start.base_model_name_or_path)
+                    tensors(start.validation_examples), start.base_model_name_or_path, start.loss,
+                    tensors(start.rejected_examples), tensors(start.validation_rejected))
 
     def _install(self, job_id: str) -> None:
         """Put the job's current weights into its bank slot (forward windows run through them)."""
@@ -190,7 +213,8 @@ class TrainingRuntime:
             table = torch.tensor(window.block_table, dtype=torch.int64)
             kv_slots[window.start:end] = (table[pos // bs] * bs + pos % bs).to(kv_slots.device)
             token_ids = state.token_ids[window.start:end].tolist()
-            rows.append(WindowRows(window, self.jobs[seq.job_id].slot, token_ids))
+            slot = self.jobs[seq.job_id].slot if state.adapter else -1  # -1: the base model alone
+            rows.append(WindowRows(window, slot, token_ids))
         return rows
 
     def keep_layer_input(self, placed: list[tuple[int, WindowRows]], layer: int,
@@ -236,8 +260,26 @@ class TrainingRuntime:
                        f"{loss_sum} on sequence {w.sequence_id}; the job stopped", report)
             return
         report.windows.append(WindowReport(w.sequence_id, loss_sum, num_tokens))
-        if seq.grad_before is None and seq.state.forward_done:  # evaluated: nothing more to do
+        if seq.grad_before is None and seq.state.forward_done:  # forward only: nothing more to do
             del self.sequences[w.sequence_id]
+        elif seq.pair is not None and seq.state.forward_done:
+            self._scale_pair(seq)
+
+    def _scale_pair(self, seq: _Sequence) -> None:
+        """Both forwards of a DPO pair are done: scale each sequence's gradient by the pair's
+        coefficient (before either backward: `SequenceState.scale_gradient`)."""
+        assert seq.pair is not None
+        partner = self.sequences.get(seq.pair.partner_id)
+        if partner is None or not partner.state.forward_done:
+            return  # the partner's forward finishes later (it scales both then)
+        chosen, rejected = (seq, partner) if seq.pair.chosen else (partner, seq)
+        pair = seq.pair
+        logprobs = PairLogprobs(chosen.state.loss_sum, rejected.state.loss_sum, pair.reference_chosen,
+                                pair.reference_rejected)
+        result = dpo_pair(logprobs, self.jobs[seq.job_id].loss.beta, pair.pairs_in_batch)
+        chosen.state.scale_gradient(result.chosen_coefficient)
+        rejected.state.scale_gradient(result.rejected_coefficient)
+        chosen.dpo = (result, logprobs)
 
     # ------------------------------------------------------------------------ after the forward
 
@@ -254,8 +296,7 @@ class TrainingRuntime:
                                        f"sequence, pending up to {seq.state.backward_end[layer]}")
                 trainer.backward_tasklet(seq.state, layer, tasklet.end - tasklet.start)
             if seq.state.backward_done:
-                self.jobs[seq.job_id].batch_loss_sum += seq.state.loss_sum
-                del self.sequences[tasklet.sequence_id]
+                self._sequence_done(tasklet.sequence_id)
         for step in work.optimizer_steps:
             if step.job_id in self.jobs:
                 self._step(step.job_id, step.step, step.num_sequences, step.num_tokens, report)
@@ -263,6 +304,15 @@ class TrainingRuntime:
             job = self.jobs.get(save.job_id)
             if job is not None and self._save(job, save, report) and save.final:
                 self._drop_job(save.job_id)
+
+    def _sequence_done(self, sequence_id: str) -> None:
+        """A trained sequence's backward is complete: its loss (a DPO pair's, with its chosen answer)
+        joins the batch's, and its state goes."""
+        seq = self.sequences.pop(sequence_id)
+        job = self.jobs[seq.job_id]
+        job.batch_loss_sum += seq.state.loss_sum
+        if seq.dpo is not None:
+            job.batch_pairs.append(seq.dpo)
 
     def _save(self, job: _Job, save: SaveAdapter, report: TrainingReport) -> bool:
         """Write a checkpoint or the final adapter; a failed write (disk full, permissions) fails the job
@@ -274,7 +324,7 @@ class TrainingRuntime:
                 job.lora.save_pretrained(path, job.base_model_name_or_path)
             else:
                 save_checkpoint(path, job.lora, job.optimizer, DataPosition.from_dict(save.position),
-                                job.base_model_name_or_path, save.trained_tokens)
+                                job.base_model_name_or_path, save.trained_tokens, save.reference_logprobs)
         except OSError as err:
             if save.position is None:
                 shutil.rmtree(path, ignore_errors=True)
@@ -291,13 +341,17 @@ class TrainingRuntime:
         if step != job.optimizer.step_count + 1:
             raise RuntimeError(f"job {job_id}: plan asks for step {step}, the optimizer has done "
                                f"{job.optimizer.step_count}")
-        loss = job.batch_loss_sum / num_tokens
+        loss, metrics = job.batch_loss_sum / num_tokens, {}
+        if job.batch_pairs:
+            pairs, logprobs = zip(*job.batch_pairs, strict=True)
+            metrics = dpo_metrics(list(pairs), list(logprobs)).as_dict()
+            loss = metrics["train_loss"]
         try:
             stats = job.optimizer.step(loss=loss, num_sequences=num_sequences, num_tokens=num_tokens)
         except NonFiniteGradientError as err:
             self._fail(job_id, "non_finite_gradient", f"{err}; the job stopped", report)
             return
-        job.batch_loss_sum = 0.0
+        job.batch_loss_sum, job.batch_pairs = 0.0, []
         self._install(job_id)
         report.steps.append(StepReport(job_id, stats.step, loss, stats.grad_norm, stats.learning_rate,
-                                       num_sequences, num_tokens))
+                                       num_sequences, num_tokens, metrics))

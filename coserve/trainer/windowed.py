@@ -4,8 +4,10 @@ A sequence of L tokens is trained in pieces the scheduler can interleave with in
 
 * `forward_window(state, s)`: the next s tokens run through every layer with no autograd graph. The
   input of every layer for those tokens and the post-rope K/V of every layer are kept in `state`;
-  then the window's loss (chunked cross-entropy, labels from the whole sequence) and its gradient
-  w.r.t. the last hidden state are computed at once and stored in `state.grad_hidden`.
+  then the window's loss (the targets' log-probs from the chunked cross-entropy, labels from the whole
+  sequence, and what the sequence's loss makes of them: `token_losses`) and its gradient w.r.t. the
+  last hidden state are computed at once and stored in `state.grad_hidden`. A loss over whole-sequence
+  sums (DPO) scales that gradient once every forward it needs is done (`SequenceState.scale_gradient`).
 * `backward_tasklet(state, layer, s)`: recomputes one layer on the last s not-yet-done tokens of that
   layer from its saved input, with the K/V of earlier tokens as leaves, and back-propagates the
   window's output gradient plus the K/V gradient that later windows left in the layer's accumulator.
@@ -48,6 +50,7 @@ from coserve.forward.lora import AdapterLayer, AdapterWeights, LoRABank, LoRASeg
 from coserve.forward.transformer import ForwardBatch, Transformer
 from coserve.trainer.lora_params import TrainableLoRA
 from coserve.trainer.loss import DEFAULT_VOCAB_CHUNK, IGNORE_INDEX, WindowLoss, window_loss
+from coserve.trainer.token_losses import TokenLoss
 
 _SLOT = 0  # the trainer's private bank has one slot: the job's adapter
 
@@ -88,6 +91,10 @@ class SequenceState:
     loss_sum: float = 0.0
     num_loss_tokens: int = 0
     kv_slots: torch.Tensor | None = None  # [L] paged-cache slot of each position (co-served mode)
+    loss: TokenLoss | None = None  # None: cross-entropy (weight 1 on every trained token)
+    # [L] fp32: log-prob of token t given tokens < t, for trained t (0 elsewhere), filled by the windows
+    logprobs: torch.Tensor | None = None
+    adapter: bool = True  # False: the base model alone (DPO's reference pass; no gradient)
 
     @property
     def length(self) -> int:
@@ -110,6 +117,15 @@ class SequenceState:
         tensors = [*self.layer_inputs, *self.keys, *self.values, *self.key_grads,
                    *self.value_grads, self.grad_hidden]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def scale_gradient(self, coefficient: float) -> None:
+        """Multiply the loss's gradient by `coefficient`, once the forward is done and before the first
+        backward tasklet: a loss over whole-sequence sums (`token_losses.SequenceLogprob`) learns its
+        d(loss)/d(sum) only when every sequence it spans has run forward."""
+        if not self.forward_done or any(end != self.length for end in self.backward_end):
+            raise RuntimeError("a sequence's gradient is scaled between its forward and its backward")
+        assert self.grad_hidden is not None  # kept until layer 0's backward completes
+        self.grad_hidden.mul_(coefficient)
 
     def next_backward_layer(self) -> int | None:
         """The layer whose tasklet comes next in layer-major order (None when all are done)."""
@@ -177,13 +193,18 @@ class WindowedTrainer:
 
     def start_sequence(self, token_ids: torch.Tensor | list[int], trained: torch.Tensor | list[bool],
                        loss_normalizer: int | None = None, paged: bool = False,
-                       keep_inputs: bool = True) -> SequenceState:
+                       keep_inputs: bool = True, loss: TokenLoss | None = None,
+                       adapter: bool = True) -> SequenceState:
         """Set up the state of one sequence. `trained[p]`: token p is a learned (assistant) token.
 
         `loss_normalizer`: trained tokens of the whole batch (default: of this sequence).
         `paged`: the K/V live in the trainer's `cache` (co-served windows), not in the state.
         `keep_inputs=False`: an evaluation-only sequence (loss, no backward): no layer inputs kept.
+        `loss`: what the trained tokens' log-probs are trained on (default: their cross-entropy).
+        `adapter=False`: through the base model alone (a reference pass: give `keep_inputs=False`).
         """
+        if not adapter and keep_inputs:
+            raise ValueError("a sequence without the adapter has nothing to train: keep_inputs=False")
         if paged and self.cache is None:
             raise ValueError("a paged sequence needs the trainer to have the engine's KV cache")
         device = self.model.device
@@ -213,14 +234,15 @@ class WindowedTrainer:
             keys=kv(), values=kv(),
             grad_hidden=torch.zeros(length, cfg.hidden_size, device=device),
             key_grads=[None] * n, value_grads=[None] * n, backward_end=[length] * n,
-            kv_slots=torch.full((length,), -1, dtype=torch.int64, device=device) if paged else None)
+            kv_slots=torch.full((length,), -1, dtype=torch.int64, device=device) if paged else None,
+            loss=loss, logprobs=torch.zeros(length, device=device), adapter=adapter)
 
     def _batch(self, state: SequenceState, start: int, end: int) -> ForwardBatch:
         """Metadata of tokens [start, end) attending to [0, end): block size 1, slot = position."""
         span = ChunkSpan(row=0, start=start, num_tokens=end - start, block_table=list(range(end)))
         attn = build_metadata([span], block_size=1, device=self.model.device)
-        return self.model.make_batch(state.token_ids[start:end], attn,
-                                     [LoRASegment(_SLOT, 0, end - start)])
+        segments = [LoRASegment(_SLOT, 0, end - start)] if state.adapter else []
+        return self.model.make_batch(state.token_ids[start:end], attn, segments)
 
     @torch.no_grad()
     def forward_window(self, state: SequenceState, num_tokens: int) -> WindowLoss:
@@ -232,7 +254,9 @@ class WindowedTrainer:
         batch, cache = self._batch(state, start, end), _DenseKV(state.keys, state.values)
         h = self.model.weights.embed[state.token_ids[start:end]]
         for n in range(self.model.cfg.num_layers):
-            state.layer_inputs[n][start:end] = h  # type: ignore[index]
+            kept = state.layer_inputs[n]
+            if kept is not None:  # None: a forward-only sequence (evaluation, reference) keeps nothing
+                kept[start:end] = h
             h = self.model.layer(n, h, batch, cache, self._bank)  # type: ignore[arg-type]
         return self.record_window(state, start, end, h)
 
@@ -243,8 +267,10 @@ class WindowedTrainer:
             raise ValueError(f"window [{start}, {end}) does not continue the sequence's forward at "
                              f"{state.forward_end} (length {state.length})")
         result = window_loss(self.model, hidden, state.targets[start:end], state.loss_scale,
-                             self.vocab_chunk)
+                             self.vocab_chunk, state.loss, start)
         state.grad_hidden[start:end] = result.grad_hidden  # type: ignore[index]
+        assert state.logprobs is not None  # set by start_sequence
+        state.logprobs[result.positions + start + 1] = result.logprobs
         state.forward_end, state.loss_sum = end, state.loss_sum + result.loss_sum
         state.num_loss_tokens += result.num_tokens
         return result

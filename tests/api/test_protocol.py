@@ -25,7 +25,7 @@ from coserve.api.protocol.chat import (
     ChoiceLogprobs,
     TopLogprob,
 )
-from coserve.api.protocol.files import FileDeleted, FileList, FileObject, validate_finetune_jsonl
+from coserve.api.protocol.files import FileDeleted, FileList, FileObject, TrainingFileKind, validate_finetune_jsonl
 from coserve.api.protocol.fine_tuning import (
     CheckpointMetrics,
     FineTuningJob,
@@ -189,6 +189,10 @@ def test_finetune_create_accepts_client_body_and_resolves() -> None:
     hp = job.requested_hyperparameters()
     assert (hp.n_epochs, hp.batch_size, hp.learning_rate_multiplier) == (2, "auto", "auto")
     assert job.lora is not None and job.lora.target_modules == ["q_proj"]
+    dpo = validate_request(FineTuningJobCreate, {"model": "m", "training_file": "f", "method": {
+        "type": "dpo", "dpo": {"hyperparameters": {"beta": 0.25, "n_epochs": 1}}}})
+    assert dpo.requested_hyperparameters().model_dump() == {
+        "batch_size": "auto", "learning_rate_multiplier": "auto", "n_epochs": 1, "beta": 0.25}
     legacy_body = {"model": "m", "training_file": "f", "hyperparameters": {"batch_size": "auto", "n_epochs": 50}}
     legacy = validate_request(FineTuningJobCreate, legacy_body)
     assert legacy.requested_hyperparameters().n_epochs == 50
@@ -201,7 +205,15 @@ def test_finetune_create_accepts_client_body_and_resolves() -> None:
     ({"hyperparameters": {"learning_rate_multiplier": "fast"}}, "hyperparameters.learning_rate_multiplier"),
     ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 257}}}},
      "method.supervised.hyperparameters.batch_size"),
-    ({"method": {"type": "dpo"}}, "method.type"),
+    ({"method": {"type": "reinforcement"}}, "method.type"),
+    ({"method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}}}, "method.dpo.hyperparameters.beta"),
+    ({"method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 10.5}}}},
+     "method.dpo.hyperparameters.beta"),
+    ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"beta": 0.1}}}},
+     "method.supervised.hyperparameters.beta"),
+    ({"method": {"type": "dpo", "supervised": {}}}, "method.supervised"),
+    ({"method": {"type": "supervised", "grader": {}}}, "method.grader"),
+    ({"hyperparameters": {"n_epoch": 2}}, "hyperparameters.n_epoch"),
     ({"hyperparameters": {"n_epochs": 2}, "method": {"type": "supervised", "supervised": {
         "hyperparameters": {"n_epochs": 3}}}}, "hyperparameters"),
     ({"suffix": "a" * 65}, "suffix"),
@@ -226,7 +238,7 @@ GOOD = _line({"role": "system", "content": "s"}, USER, {"role": "assistant", "co
 
 
 def test_jsonl_counts_examples() -> None:
-    assert validate_finetune_jsonl(b"\xef\xbb\xbf" + b"\n".join([GOOD] * 3) + b"\n\n") == 3
+    assert validate_finetune_jsonl(b"\xef\xbb\xbf" + b"\n".join([GOOD] * 3) + b"\n\n").num_examples == 3
 
 
 @pytest.mark.parametrize(("bad", "reason"), [
@@ -256,3 +268,39 @@ def test_jsonl_reports_first_bad_line(bad: bytes, reason: str) -> None:
 def test_jsonl_rejects_empty_file() -> None:
     with pytest.raises(ProtocolError, match="no examples"):
         validate_finetune_jsonl(b"\n \n")
+
+
+def _pair(**patch: Any) -> dict[str, Any]:
+    row = {"input": {"messages": [{"role": "system", "content": "be brief"}, USER]},
+           "preferred_output": [{"role": "assistant", "content": "Short."}],
+           "non_preferred_output": [{"role": "assistant", "content": "A long and rambling answer."}]}
+    return {**row, **patch}
+
+
+def test_preference_rows_are_counted_as_a_dpo_file() -> None:
+    data = b"\n".join(json.dumps(_pair()).encode() for _ in range(3))
+    summary = validate_finetune_jsonl(data)
+    assert (summary.num_examples, summary.kind) == (3, TrainingFileKind.PREFERENCE)
+    assert validate_finetune_jsonl(GOOD).kind == TrainingFileKind.CHAT
+
+
+@pytest.mark.parametrize(("patch", "reason"), [
+    ({"preferred_output": [{"role": "assistant", "content": " "}]}, "'preferred_output' has an empty answer"),
+    ({"non_preferred_output": []}, "'non_preferred_output' must be a list of one assistant message"),
+    ({"non_preferred_output": [{"role": "assistant", "content": "Short."}]}, "the same answer"),
+    ({"input": {"messages": [USER, {"role": "assistant", "content": "a"}]}}, "must end with a user message"),
+    ({"input": {"messages": []}}, "non-empty 'messages'"),
+    ({"input": {"messages": [{"role": "bot", "content": "x"}]}}, "input message 1"),
+    ({"preferred_output": [{"role": "user", "content": "x"}]}, "must be an assistant message"),
+    ({"messages": [USER]}, "unrecognized keys ['messages']"),
+])
+def test_a_bad_preference_row_names_its_line(patch: dict[str, Any], reason: str) -> None:
+    data = b"\n".join([json.dumps(_pair()).encode(), json.dumps(_pair(**patch)).encode()])
+    with pytest.raises(ProtocolError) as info:
+        validate_finetune_jsonl(data)
+    assert "Line 2:" in info.value.message and reason in info.value.message
+
+
+def test_a_file_holds_one_kind_of_row() -> None:
+    with pytest.raises(ProtocolError, match="Line 2: a chat row in a file of preference rows"):
+        validate_finetune_jsonl(b"\n".join([json.dumps(_pair()).encode(), GOOD]))

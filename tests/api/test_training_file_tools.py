@@ -63,7 +63,7 @@ def test_tool_rows_are_accepted() -> None:
     assert {"tool_calls", "function_call", "refusal", "annotations", "audio"} <= set(reply)
     dumped = {"messages": [{"role": "user", "content": "Hi", "name": None}, reply]}
     rows = (_row(), ends_on_call, no_tools, dumped)
-    assert validate_finetune_jsonl(b"\n".join(_line(r) for r in rows)) == 4
+    assert validate_finetune_jsonl(b"\n".join(_line(r) for r in rows)).num_examples == 4
 
 
 def _edit(path: str, value: Any) -> dict[str, Any]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from coserve.contract.job_request import TrainingMode, TrainingRequest
 from coserve.contract.training_settings import SettingsError
-from coserve.finetune.dedicated import DedicatedSettings, TrainingMode, TrainingRequest, capacity, capacity_text, route
+from coserve.finetune.dedicated import DedicatedSettings, capacity, capacity_text, route
 
 
 @pytest.mark.parametrize(("raw", "param"), [

@@ -7,16 +7,20 @@ optional `weight` of 0 or 1 on assistant messages only. Numbers in error message
 Rows may also carry OpenAI's function-calling shapes (`tools`, `parallel_tool_calls`, assistant
 `tool_calls` with a null or absent content, `tool` messages with `tool_call_id`), checked strictly by
 `training_tools.py`. The deprecated `functions` / `function_call` shapes are refused, not dropped.
+A file may instead hold DPO's preference rows (`preference_rows.py`); one file holds one kind.
 """
 
 from __future__ import annotations
 
+import enum
 import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field
 
 from coserve.api.protocol.base import OpenAIBaseModel, ProtocolError, now
+from coserve.api.protocol.preference_rows import check_preference_row, is_preference_row
 from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow, check_tools
 
 FilePurpose = Literal["assistants", "assistants_output", "batch", "batch_output", "fine-tune",
@@ -153,17 +157,40 @@ def _check_example(example: Any) -> str | None:
     return _check_row_tools(example)
 
 
-def validate_finetune_jsonl(data: bytes) -> int:
-    """Check a fine-tuning upload and return its number of examples.
+class TrainingFileKind(str, enum.Enum):
+    CHAT = "chat"  # `messages` rows: supervised fine-tuning
+    PREFERENCE = "preference"  # `input` / `preferred_output` / `non_preferred_output` rows: DPO
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingFile:
+    """What a valid fine-tuning file holds."""
+
+    num_examples: int
+    kind: TrainingFileKind
+
+
+def _check_row(example: Any) -> tuple[TrainingFileKind, str | None]:
+    if is_preference_row(example):
+        reason = check_preference_row(example, _check_message)
+        tools = example["input"].get("tools") if reason is None else None
+        if reason is None and tools is not None:
+            reason = check_tools(tools)
+        return TrainingFileKind.PREFERENCE, reason
+    return TrainingFileKind.CHAT, _check_example(example)
+
+
+def validate_finetune_jsonl(data: bytes) -> TrainingFile:
+    """Check a fine-tuning upload: its number of examples and their kind (every row of one kind).
 
     Blank lines (a trailing newline, say) are skipped but still counted in line numbers.
 
     Raises:
         ProtocolError: 400 `invalid_file_format`, param `file`, naming the FIRST bad line (1-based);
-            also when the file holds no example at all. The minimum of 10 examples is checked when a
-            job is created, as OpenAI does, not here.
+            also when the file holds no example at all, or mixes chat and preference rows. The minimum
+            of 10 examples is checked when a job is created, as OpenAI does, not here.
     """
-    count = 0
+    count, kind = 0, None
     for line_no, raw in enumerate(data.split(b"\n"), start=1):
         try:
             # utf-8-sig on the first line: editors on Windows prepend a byte-order mark.
@@ -176,11 +203,16 @@ def validate_finetune_jsonl(data: bytes) -> int:
             example = json.loads(line)
         except json.JSONDecodeError as exc:
             raise _bad_line(line_no, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-        reason = _check_example(example)
+        row_kind, reason = _check_row(example)
         if reason:
             raise _bad_line(line_no, reason)
+        if kind is not None and row_kind != kind:
+            raise _bad_line(line_no, f"a {row_kind.value} row in a file of {kind.value} rows; a file "
+                                     f"holds one kind (chat rows for supervised jobs, preference rows "
+                                     f"for DPO)")
+        kind = row_kind
         count += 1
-    if count == 0:
+    if kind is None:
         raise ProtocolError("Invalid file format. The file contains no examples.", param="file",
                             code="invalid_file_format")
-    return count
+    return TrainingFile(count, kind)

@@ -1,21 +1,24 @@
 """`/v1/fine_tuning/jobs`: the create request, jobs, events, checkpoints and their list pages.
 
 Fields follow https://platform.openai.com/docs/api-reference/fine-tuning and the bounds of OpenAI's
-spec (n_epochs 1..50, batch_size 1..256, learning_rate_multiplier > 0; coserve caps it at 10). Only the
-`supervised` method is implemented. The coserve extension `lora` takes PEFT's names.
+spec (n_epochs 1..50, batch_size 1..256, learning_rate_multiplier > 0; coserve caps it at 10; DPO's beta
+in (0, 10]). The `supervised` and `dpo` methods are implemented. The coserve extension `lora` takes
+PEFT's names. The shape only: the gateway turns a body into the one typed `JobRequest`
+(`coserve.contract.job_request`), which checks the values.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from coserve.api.protocol.base import OpenAIBaseModel, now, param_error
 from coserve.api.protocol.param_support import FINE_TUNING_JOBS
 from coserve.api.protocol.strict import RequestBody, RequestModel
+from coserve.contract.job_request import MAX_WORKERS
+from coserve.contract.loss_spec import MAX_BETA
 from coserve.contract.training_settings import BOUNDS, MAX_LEARNING_RATE_MULTIPLIER
-from coserve.finetune.dedicated import MAX_WORKERS
 
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled",
                     "paused"]  # "paused" is not in the SDK's Literal; its lenient parser accepts it
@@ -28,30 +31,65 @@ LearningRateMultiplier = Auto | Annotated[float, Field(gt=0.0, le=MAX_LEARNING_R
 
 
 class Hyperparameters(RequestModel):
-    """Training hyperparameters; "auto" lets coserve choose (resolved values are echoed in the job)."""
+    """Training hyperparameters; "auto" lets coserve choose (resolved values are echoed in the job).
+    An unknown name is a 400 (a typo such as `n_epoch`, or DPO's `beta` on a supervised job), as are
+    unknown keys in the method objects below."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     batch_size: BatchSize | None = "auto"
     learning_rate_multiplier: LearningRateMultiplier | None = "auto"
     n_epochs: NEpochs | None = "auto"
 
 
+class DpoHyperparameters(Hyperparameters):
+    """DPO's hyperparameters: the supervised ones and `beta`, the strength of the pull towards the
+    reference (the base model); "auto" is 0.1."""
+
+    beta: Auto | Annotated[float, Field(gt=0.0, le=MAX_BETA, allow_inf_nan=False)] | None = "auto"
+
+
 class SupervisedMethod(RequestModel):
     """Configuration of supervised fine-tuning."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     hyperparameters: Hyperparameters | None = None
 
 
+class DpoMethod(RequestModel):
+    """Configuration of DPO fine-tuning."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    hyperparameters: DpoHyperparameters | None = None
+
+
 class Method(RequestModel):
-    """The fine-tuning method; coserve implements `supervised` only."""
+    """The fine-tuning method: `supervised` or `dpo`, with its settings under the key of that name
+    (OpenAI's shape). `reinforcement` is refused: coserve does not implement it yet."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     type: Literal["supervised", "dpo", "reinforcement"]
     supervised: SupervisedMethod | None = None
+    dpo: DpoMethod | None = None
 
     @model_validator(mode="after")
-    def _only_supervised(self) -> Method:
-        if self.type != "supervised":
-            raise param_error("type", f"method '{self.type}' is not supported; use 'supervised'")
+    def _settings_of_its_type(self) -> Method:
+        if self.type == "reinforcement":
+            raise param_error("type", "method 'reinforcement' is not supported yet; use 'supervised' "
+                              "or 'dpo'")
+        for other in ("supervised", "dpo"):
+            if other != self.type and getattr(self, other) is not None:
+                raise param_error(other, f"'method.{other}' configures the {other} method, and this "
+                                  f"job's method type is '{self.type}'")
         return self
+
+    def given_hyperparameters(self) -> Hyperparameters | None:
+        """The hyperparameters under the method's own key (None: not given)."""
+        settings = self.dpo if self.type == "dpo" else self.supervised
+        return settings.hyperparameters if settings is not None else None
 
 
 class LoRAParams(RequestModel):
@@ -72,7 +110,7 @@ class LoRAParams(RequestModel):
 class TrainingParams(RequestModel):
     """coserve extension: where the job trains. `mode` "coserved" (in the shared engines' iterations, the
     default) or "dedicated" (a Ray Train run of its own on `workers` workers, default the server's
-    `--dedicated-workers`). The wire shape only: `coserve.finetune.dedicated.TrainingRequest` checks it."""
+    `--dedicated-workers`). The wire shape only: `coserve.contract.job_request.TrainingRequest` checks it."""
 
     mode: Literal["coserved", "dedicated"] | None = None
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | None = None
@@ -111,22 +149,20 @@ class FineTuningJobCreate(RequestBody):
 
     @model_validator(mode="after")
     def _one_hyperparameter_source(self) -> FineTuningJobCreate:
-        method_hp = self.method.supervised.hyperparameters if self.method and self.method.supervised \
-            else None
+        method_hp = self.method.given_hyperparameters() if self.method else None
         if self.hyperparameters is not None and method_hp is not None:
-            raise param_error("hyperparameters", "set 'method.supervised.hyperparameters' or the "
-                              "deprecated 'hyperparameters', not both")
+            key = self.method.type if self.method else "supervised"
+            raise param_error("hyperparameters", f"set 'method.{key}.hyperparameters' or the "
+                              f"deprecated 'hyperparameters', not both")
         return self
 
     def requested_hyperparameters(self) -> Hyperparameters:
-        """The hyperparameters from whichever place the client used, "auto" where unset."""
-        if self.method and self.method.supervised and self.method.supervised.hyperparameters:
-            hp = self.method.supervised.hyperparameters
-        else:
-            hp = self.hyperparameters or Hyperparameters()
-        return Hyperparameters(batch_size=hp.batch_size or "auto",
-                               learning_rate_multiplier=hp.learning_rate_multiplier or "auto",
-                               n_epochs=hp.n_epochs or "auto")
+        """The hyperparameters from whichever place the client used, "auto" where unset (DPO's
+        `beta` included)."""
+        hp = (self.method.given_hyperparameters() if self.method else None) or self.hyperparameters \
+            or Hyperparameters()
+        values = {name: getattr(hp, name) or "auto" for name in type(hp).model_fields}
+        return type(hp).model_validate(values)
 
 
 class FineTuningJobError(OpenAIBaseModel):

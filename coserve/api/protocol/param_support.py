@@ -198,7 +198,9 @@ FINE_TUNING_JOBS = EndpointParams("`POST /v1/fine_tuning/jobs` (`client.fine_tun
     "hyperparameters": supported("`n_epochs`, `batch_size`, `learning_rate_multiplier`, or `auto`"),
     "integrations": refused("no integrations (such as Weights & Biases)"),
     "metadata": supported(),
-    "method": differs("`supervised` only (another `type` is a 400 naming `method.type`)"),
+    "method": differs("`supervised` (hyperparameters `n_epochs`, `batch_size`, `learning_rate_multiplier`) "
+                      "and `dpo` (the same and `beta` in (0, 10], `auto` 0.1; the reference is the base "
+                      "model); `reinforcement` is a 400 naming `method.type`"),
     "seed": supported(),
     "suffix": differs("`[A-Za-z0-9_-]`, 1..64 characters (it is part of the model id)"),
     "validation_file": supported(),

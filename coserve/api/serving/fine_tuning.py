@@ -12,7 +12,7 @@ import math
 
 from coserve.api.auth import Caller
 from coserve.api.protocol.base import ProtocolError
-from coserve.api.protocol.files import validate_finetune_jsonl
+from coserve.api.protocol.files import TrainingFileKind, validate_finetune_jsonl
 from coserve.api.protocol.fine_tuning import (
     CheckpointMetrics,
     FineTuningJob,
@@ -26,19 +26,12 @@ from coserve.api.protocol.fine_tuning import (
     Hyperparameters,
     LoRAParams,
     Method,
-    SupervisedMethod,
     TrainingParams,
 )
+from coserve.api.serving.job_request import DedicatedCapacity, job_request
 from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
-from coserve.api.serving.training_mode import DedicatedCapacity, training_extension
-from coserve.contract.training_settings import (
-    MIN_EXAMPLES,
-    HyperparameterRequest,
-    LoRASettings,
-    SettingsError,
-    TooFewExamplesError,
-    auto_n_epochs,
-)
+from coserve.contract.job_request import FineTuningMethod, JobRequest
+from coserve.contract.training_settings import HYPERPARAMETERS, MIN_EXAMPLES, TooFewExamplesError, auto_n_epochs
 from coserve.store import MetadataStore
 from coserve.store.records import CheckpointRecord, EventRecord, JobRecord, JobStatus
 from coserve.store.usage import RESERVED_MODELS_KEY
@@ -46,22 +39,28 @@ from coserve.tenancy.quotas import TenantQuota
 from coserve.tenancy.storage_quota import admit_job, has_storage_limits, models_per_job
 from coserve.tenancy.tenants import TenantsConfig
 
+# The rows each method trains on.
+METHOD_FILES = {FineTuningMethod.SUPERVISED: TrainingFileKind.CHAT,
+                FineTuningMethod.DPO: TrainingFileKind.PREFERENCE}
+
 
 def to_job(record: JobRecord) -> FineTuningJob:
-    """The OpenAI `fine_tuning.job` of a stored job."""
-    hp = Hyperparameters(**{k: record.hyperparameters.get(k, "auto")
-                            for k in ("n_epochs", "batch_size", "learning_rate_multiplier")})
-    lora, training = record.extensions.get("lora"), record.extensions.get("training")
+    """The OpenAI `fine_tuning.job` of a stored job (`method` echoes the hyperparameters, resolved once
+    the job's file is tokenized, and DPO's beta)."""
+    request = JobRequest.from_row(record.hyperparameters, record.method, record.extensions)
+    hp = {k: record.hyperparameters.get(k, "auto") for k in HYPERPARAMETERS}
+    training = request.training.to_dict()
     return FineTuningJob(
         id=record.id, created_at=record.created_at, model=record.model, organization_id=record.tenant,
         status=record.status.value, training_file=record.training_file,
-        validation_file=record.validation_file, seed=record.seed, hyperparameters=hp,
-        method=Method(type="supervised", supervised=SupervisedMethod(hyperparameters=hp)),
+        validation_file=record.validation_file, seed=record.seed, hyperparameters=Hyperparameters(**hp),
+        method=Method.model_validate(request.method_json(hp)),
         fine_tuned_model=record.fine_tuned_model, finished_at=record.finished_at,
         trained_tokens=record.trained_tokens, estimated_finish=record.estimated_finish,
         error=FineTuningJobError(**record.error) if record.error else None,
         metadata=record.metadata, result_files=record.result_files,
-        user_provided_suffix=record.suffix, lora=LoRAParams(**lora) if lora else None,
+        user_provided_suffix=record.suffix,
+        lora=LoRAParams(**request.lora.to_dict()) if request.lora else None,
         training=TrainingParams(**training) if training else None)
 
 
@@ -71,44 +70,12 @@ def to_event(record: EventRecord) -> FineTuningJobEvent:
 
 
 def to_checkpoint(record: CheckpointRecord) -> FineTuningJobCheckpoint:
-    metrics = {k: v for k, v in record.metrics.items() if k in CheckpointMetrics.model_fields}
+    # OpenAI's fields, and a DPO job's rewards (TRL's names: `rewards/accuracies`, ...) beside them.
+    metrics = {k: v for k, v in record.metrics.items() if k in CheckpointMetrics.model_fields or "/" in k}
     return FineTuningJobCheckpoint(id=record.id, created_at=record.created_at,
                                    fine_tuned_model_checkpoint=record.fine_tuned_model_checkpoint,
                                    fine_tuning_job_id=record.job_id, step_number=record.step_number,
                                    metrics=CheckpointMetrics(**metrics))
-
-
-def lora_settings(lora: LoRAParams | None, max_lora_rank: int | None) -> LoRASettings | None:
-    """The typed LoRA settings of a request (None: the server's default); what the trainer cannot do
-    is refused here, naming the setting (not later as a failed job).
-
-    Raises:
-        ProtocolError: 400 `invalid_lora` with param `lora.<name>` (an unknown name too: it would be
-            stored with the job, any JSON, `NaN` included, and fail it when it starts).
-    """
-    if lora is None:
-        return None
-    if max_lora_rank is not None and lora.r is not None and lora.r > max_lora_rank:
-        raise ProtocolError(f"lora.r={lora.r} is above this server's max_lora_rank {max_lora_rank}",
-                            param="lora.r", code="invalid_lora")
-    try:
-        return LoRASettings.from_dict(lora.model_dump(exclude_none=True))
-    except SettingsError as err:
-        raise ProtocolError(f"lora.{err.param}: {err.message}", param=f"lora.{err.param}",
-                            code="invalid_lora") from None
-
-
-def hyperparameter_request(body: FineTuningJobCreate) -> HyperparameterRequest:
-    """The typed hyperparameters of a request (None where "auto").
-
-    Raises:
-        ProtocolError: 400 naming the hyperparameter (the schema's bounds are the settings' own, so
-            the schema refuses first; this keeps the contract's error typed).
-    """
-    try:
-        return HyperparameterRequest.from_dict(body.requested_hyperparameters().model_dump())
-    except SettingsError as err:
-        raise ProtocolError(err.message, param=err.param) from None
 
 
 def _job_not_found(job_id: str) -> ProtocolError:
@@ -143,22 +110,21 @@ class FineTuningService:
                 or `training.workers` for a dedicated run this server cannot hold (`training_mode`).
         """
         self._check_model(tenant, body.model)
-        lora_settings(body.lora, self.max_lora_rank)
+        request = job_request(body, self.max_lora_rank, self.dedicated)
         if body.lora is not None and body.model not in self.base_models:
             # Training on from a fine-tuned model continues its adapter, whose shape is fixed: settings
             # given here could not apply, and ignoring them silently would mislead.
             raise ProtocolError("lora: a job that continues a fine-tuned model trains that model's adapter "
                                 "as it is (its r, lora_alpha and target_modules); leave lora out",
                                 param="lora", code="invalid_lora")
-        training = training_extension(body.training, self.dedicated)
-        count = self._count_examples(tenant, body.training_file, "training_file")
+        count = self._count_examples(tenant, body.training_file, "training_file", request.method)
         if count < MIN_EXAMPLES:
             err = TooFewExamplesError(count)
             raise ProtocolError(err.message, param=err.param, code="invalid_n_examples")
         if body.validation_file is not None:
-            self._count_examples(tenant, body.validation_file, "validation_file")
+            self._count_examples(tenant, body.validation_file, "validation_file", request.method)
         self._check_job_limit(tenant)
-        hp = hyperparameter_request(body)
+        hp = request.hyperparameters
         # "auto" resolves from the examples the trainer keeps, which the job manager counts again (and
         # checks the reservation again) once it has tokenized the file.
         n_epochs = hp.n_epochs if hp.n_epochs is not None else auto_n_epochs(count)
@@ -168,16 +134,12 @@ class FineTuningService:
             refusal = admit_job(limits, self.store.usage.of(tenant), reserved)
             if refusal is not None:
                 raise storage_quota_error(refusal, None)
-        lora = body.lora.model_dump(exclude_none=True) if body.lora else None
-        extensions: dict[str, object] = {RESERVED_MODELS_KEY: reserved}
-        if lora:
-            extensions["lora"] = lora
-        if training:
-            extensions["training"] = training
+        row = request.row()
         record = self.store.jobs.create(
             tenant, body.model, body.training_file, validation_file=body.validation_file,
-            hyperparameters=hp.to_dict(), method={"type": "supervised"}, suffix=body.suffix,
-            seed=body.seed, metadata=body.metadata, extensions=extensions)
+            hyperparameters=row.hyperparameters, method=row.method, suffix=body.suffix,
+            seed=body.seed, metadata=body.metadata,
+            extensions={**row.extensions, RESERVED_MODELS_KEY: reserved})
         self.store.events.add(record.id, f"Created fine-tuning job: {record.id}")
         return to_job(record)
 
@@ -189,7 +151,7 @@ class FineTuningService:
             raise ProtocolError(f"Model {model} is not available for fine-tuning or does not exist.",
                                 param="model", code="model_not_available")
 
-    def _count_examples(self, tenant: str, file_id: str, param: str) -> int:
+    def _count_examples(self, tenant: str, file_id: str, param: str, method: FineTuningMethod) -> int:
         record = self.store.files.get(tenant, file_id)
         content = self.store.files.content(tenant, file_id) if record is not None else None
         if record is None or content is None:
@@ -199,10 +161,16 @@ class FineTuningService:
             raise ProtocolError(f"invalid {param}: file {file_id} has purpose '{record.purpose}', "
                                 f"not 'fine-tune'", param=param, code="invalid_file_purpose")
         try:
-            return validate_finetune_jsonl(content)
+            summary = validate_finetune_jsonl(content)
         except ProtocolError as err:
             raise ProtocolError(f"invalid {param}: {err.message}", param=param,
                                 code="invalid_file_format") from None
+        wanted = METHOD_FILES[method]
+        if summary.kind != wanted:
+            raise ProtocolError(f"invalid {param}: file {file_id} holds {summary.kind.value} rows, and a "
+                                f"{method.value} job trains on {wanted.value} rows", param=param,
+                                code="invalid_file_format")
+        return summary.num_examples
 
     def _check_job_limit(self, tenant: str) -> None:
         """The tenant's concurrent-jobs quota (training tokens are checked once the file is tokenized)."""
