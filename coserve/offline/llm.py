@@ -21,6 +21,7 @@ from coserve.cluster.engine_core import EngineCore
 from coserve.contract import defaults
 from coserve.contract.engine import EngineKind
 from coserve.contract.engine_config import EngineConfig
+from coserve.contract.loss_spec import LossSpec
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
@@ -208,7 +209,8 @@ class LLM:
                         hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
                         lora: LoRASettings | Mapping[str, Any] | None = None,
                         seed: int = 0, job_id: str | None = None,
-                        validation: Sequence[dict[str, Any] | list[dict[str, Any]]] = ()) -> str:
+                        validation: Sequence[dict[str, Any] | list[dict[str, Any]]] = (),
+                        loss: LossSpec | None = None) -> str:
         """Start a LoRA fine-tuning job on chat examples; returns its id at once.
 
         The job trains in the same iterations as every later `generate`/`chat` call; `wait`
@@ -220,6 +222,9 @@ class LLM:
         `lora_alpha`, `target_modules`, `use_rslora`; default r=16, alpha=32, all seven projections). Checkpoints
         are written to `output_dir/ckpt-step-N` at each epoch's end, the adapter to `output_dir/final`; the
         `validation` examples' mean loss is measured at each epoch's end (`validation_losses`).
+        `loss=LossSpec(LossKind.DPO, beta=...)` trains DPO on preference rows (`{"input": ...,
+        "preferred_output": ..., "non_preferred_output": ...}`: docs/training-files.md), the base
+        model as the reference; None is supervised (cross-entropy).
 
         Raises:
             TooFewExamplesError: fewer than 10 usable examples.
@@ -231,7 +236,7 @@ class LLM:
             tenant="offline", adapter_id=adapter_id, num_layers=self.engine.model_config.num_layers,
             max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
             hyperparameters=_hyperparameters(hyperparameters), lora=_lora_settings(lora), seed=seed,
-            base_model_name_or_path=self.engine.config.model, validation=validation)
+            base_model_name_or_path=self.engine.config.model, validation=validation, loss=loss)
         return self.jobs.submit(prepared).job_id
 
     def wait(self, job_id: str) -> FineTuneResult:
@@ -244,10 +249,11 @@ class LLM:
     def fine_tune(self, examples: Sequence[dict[str, Any] | list[dict[str, Any]]], output_dir: str,
                   hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
                   lora: LoRASettings | Mapping[str, Any] | None = None,
-                  seed: int = 0, validation: Sequence[dict[str, Any] | list[dict[str, Any]]] = ()) -> FineTuneResult:
+                  seed: int = 0, validation: Sequence[dict[str, Any] | list[dict[str, Any]]] = (),
+                  loss: LossSpec | None = None) -> FineTuneResult:
         """`start_fine_tune` then `wait`: train a LoRA adapter and return where it is."""
         return self.wait(self.start_fine_tune(examples, output_dir, hyperparameters, lora, seed,
-                                              validation=validation))
+                                              validation=validation, loss=loss))
 
     def _run_to_completion(self, tracked: list[_Run]) -> None:
         by_id = {t.request.request_id: t for t in tracked}

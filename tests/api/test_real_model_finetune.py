@@ -68,10 +68,10 @@ def test_fine_tuned_smollm2_learns_a_habit_and_keeps_its_knowledge(smollm2_dir: 
         assert not any(HABIT.lower() in text.lower() for text in base_before.values()), base_before
         assert "Paris" in base_before[FRANCE]
 
-        # 20 examples / 4 x 3 epochs = 15 steps at 5e-4; 2 epochs (10 steps) already teach the habit.
+        # 20 examples / 4 x 2 epochs = 10 steps at 5e-4 teach the habit.
         job = oa.fine_tuning.jobs.create(
             model=srv.base, training_file=upload_jsonl(oa, LINES), seed=0, suffix="pirate",
-            hyperparameters={"n_epochs": 3, "batch_size": 4, "learning_rate_multiplier": 5},
+            hyperparameters={"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 5},
             extra_body={"lora": {"r": 16, "lora_alpha": 32}})
         job = poll_job(oa, job.id, timeout=300, interval=0.5)
         assert job.status == "succeeded", job.error

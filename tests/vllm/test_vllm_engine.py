@@ -18,6 +18,7 @@ require_vllm()
 pytestmark = pytest.mark.vllm
 
 from coserve import LLM, LoRARequest, SamplingParams  # noqa: E402
+from coserve.contract.loss_spec import LossKind, LossSpec  # noqa: E402
 from coserve.contract.training_settings import TARGET_MODULES, LoRASettings  # noqa: E402
 from coserve.forward.transformer import Transformer  # noqa: E402
 from coserve.model.tiny_model import create_random_adapter  # noqa: E402
@@ -135,6 +136,33 @@ def test_offline_fine_tune_on_vllm_is_served_by_vllm(vllm_llm: LLM, native_llm: 
     base = vllm_llm.chat(chat, params)
     assert served[0].outputs[0].token_ids == reference[0].outputs[0].token_ids
     assert served[0].outputs[0].token_ids != base[0].outputs[0].token_ids
+
+
+def _pairs(n: int = 10) -> list[dict]:
+    return [{"input": {"messages": [{"role": "user", "content": f"Say the word number {i}."}]},
+             "preferred_output": [{"role": "assistant", "content": f"Word {i}."}],
+             "non_preferred_output": [{"role": "assistant", "content": f"Banana {i * 7}, and more."}]}
+            for i in range(n)]
+
+
+def test_dpo_on_vllm_takes_its_reference_from_vllms_weights(vllm_llm: LLM, native_llm: LLM,
+                                                            tmp_path: Path) -> None:
+    """A DPO job trained on vLLM's weights (the reference pass through them with the adapter off) gives
+    the adapter the native engine gives, and it learnt the preference on both."""
+    hyper, lora = {"n_epochs": 2, "batch_size": 2, "learning_rate_multiplier": 10.0}, {"r": 8, "lora_alpha": 16}
+    loss = LossSpec(LossKind.DPO, beta=0.5)
+    theirs = vllm_llm.fine_tune(_pairs(), str(tmp_path / "v"), hyperparameters=hyper, lora=lora, seed=2,
+                                loss=loss)
+    ours = native_llm.fine_tune(_pairs(), str(tmp_path / "n"), hyperparameters=hyper, lora=lora, seed=2,
+                                loss=loss)
+    from safetensors.torch import load_file
+
+    a = load_file(str(Path(ours.adapter_path) / "adapter_model.safetensors"))
+    b = load_file(str(Path(theirs.adapter_path) / "adapter_model.safetensors"))
+    assert any(float(t.abs().max()) > 0 for key, t in a.items() if "lora_B" in key)  # it trained
+    for key in a:
+        assert torch.allclose(a[key], b[key], rtol=1e-3, atol=1e-5), key
+    assert theirs.losses[-1] < theirs.losses[0] and ours.losses[-1] < ours.losses[0]
 
 
 def test_missing_or_other_vllm_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
