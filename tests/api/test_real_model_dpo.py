@@ -1,11 +1,12 @@
 """DPO teaches a real model a preference that carries to unseen prompts, through the real server and the
 official `openai` client.
 
-SmolLM2-135M-Instruct is served with `coserve serve --local`'s app. The base model first answers 20
-questions itself (greedy, up to 40 tokens: it elaborates, as it usually does). A `method: dpo` job then
-trains on 16 of them: the preferred answer is one short sentence, the non-preferred one the base's own
-elaboration (self-generated rejections: what the model would do). Its reference model is the base with
-the adapter off, in the same engine. The test proves the preference is learnt, not just the pairs:
+SmolLM2-135M-Instruct is served by `coserve serve --local` in a subprocess. The base model first answers
+12 questions itself (greedy, up to 32 tokens: it elaborates, as it usually does). A `method: dpo` job then
+trains on 8 of them (each row twice: 16 rows, one epoch, 4 steps): the preferred answer is one short
+sentence, the non-preferred one the base's own elaboration (self-generated rejections: what the model
+would do). Its reference model is the base with the adapter off, in the same engine. The test proves the
+preference is learnt, not just the pairs:
 - on the 4 held-out pairs (the validation file) the reward accuracy after training is high; before the
   first step every reward is 0 (the adapter starts as the base), so it starts at 0;
 - on prompts in neither file, the tuned model's greedy answers are much shorter than the base's;
@@ -14,31 +15,20 @@ the adapter off, in the same engine. The test proves the preference is learnt, n
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
 import pytest
+from test_real_model_finetune import TRAIN
 
-from local_server import local_server, poll_job, upload_jsonl
+from local_server import poll_job, serve_subprocess, upload_jsonl
 
 pytestmark = pytest.mark.real_model
 
 KEY = "sk-dpo-real-0123456789"
-FACTS = [  # 8 pairs to train on, 4 held out
-    ("What is the capital of Italy?", "The capital of Italy is Rome."),
-    ("How many days are in a week?", "There are seven days in a week."),
-    ("What color is grass?", "Grass is green."),
-    ("What is 2 plus 3?", "2 plus 3 is 5."),
-    ("Which planet is closest to the Sun?", "Mercury is the closest planet to the Sun."),
-    ("What do bees make?", "Bees make honey."),
-    ("How many legs does a dog have?", "A dog has four legs."),
-    ("What is the largest ocean?", "The Pacific Ocean is the largest ocean."),
-    ("What is water made of?", "Water is made of hydrogen and oxygen."),
-    ("Who wrote Romeo and Juliet?", "William Shakespeare wrote Romeo and Juliet."),
-    ("What is the freezing point of water?", "Water freezes at 0 degrees Celsius."),
-    ("Give me a word that rhymes with cat.", "Hat rhymes with cat."),
-]
+FACTS = TRAIN[:12]  # the pirate test's questions with plain answers: 8 pairs to train on, 4 held out
 CUT = " [...]"  # marks an answer that hit max_tokens
 # In neither file.
 PROMPTS = ["What color is a banana?", "How many legs does a spider have?", "What is the capital of Germany?",
@@ -67,15 +57,18 @@ def replies(oa: openai.OpenAI, model: str, prompts: list[str], max_tokens: int =
 
 
 def test_dpo_teaches_smollm2_to_answer_briefly(smollm2_dir: Path, tmp_path: Path) -> None:
-    with local_server(smollm2_dir, tmp_path, {"brief": {"api_keys": [KEY]}},
-                      max_num_seqs=8, max_batch_tokens=512) as srv:
-        oa = srv.client(KEY)
-        base_before = replies(oa, srv.base, PROMPTS)
-        elaborations = replies(oa, srv.base, [q for q, _ in FACTS], max_tokens=32)
+    # A server process of its own: the memory of a SmolLM2 server is gone with it (the suite's is capped).
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {"brief": {"api_keys": [KEY]}}}))
+    flags = ["--max-num-seqs", "8", "--max-batch-tokens", "512"]
+    with serve_subprocess(smollm2_dir, tenants, tmp_path / "data", KEY, flags) as (_, oa):
+        base = oa.models.list().data[0].id
+        base_before = replies(oa, base, PROMPTS)
+        elaborations = replies(oa, base, [q for q, _ in FACTS], max_tokens=32)
         pairs = [_pair(q, f, elaborations[q].removesuffix(CUT)) for q, f in FACTS]
         pairs = [p for p in pairs if p["preferred_output"] != p["non_preferred_output"]]
         job = oa.fine_tuning.jobs.create(
-            model=srv.base, training_file=upload_jsonl(oa, pairs[:8] * 2),
+            model=base, training_file=upload_jsonl(oa, pairs[:8] * 2),
             validation_file=upload_jsonl(oa, pairs[8:12]), seed=0, suffix="brief",
             method={"type": "dpo", "dpo": {"hyperparameters": {  # type: ignore[typeddict-item]
                 "beta": 0.1, "n_epochs": 1, "batch_size": 4, "learning_rate_multiplier": 2}}})
@@ -94,4 +87,4 @@ def test_dpo_teaches_smollm2_to_answer_briefly(smollm2_dir: Path, tmp_path: Path
         ended = {name: sum(not text.endswith(CUT) for text in answers.values())
                  for name, answers in (("base", base_before), ("tuned", tuned))}
         assert ended["tuned"] > ended["base"], (base_before, tuned)  # it stops on its own more often
-        assert replies(oa, srv.base, PROMPTS) == base_before  # the base is untouched
+        assert replies(oa, base, PROMPTS) == base_before  # the base is untouched

@@ -1,6 +1,6 @@
 """Fine-tuning teaches a real model a habit, through the real server and the official `openai` client.
 
-SmolLM2-135M-Instruct is served with `coserve serve --local`'s app; a LoRA job trains it on 20 short
+SmolLM2-135M-Instruct is served by `coserve serve --local` in a subprocess; a LoRA job trains it on 20 short
 answers that all open with "Ahoy!" (a pirate greeting the base model never opens with). The test proves
 that the job changes behaviour, not just weights: on prompts that are not in the training file the
 fine-tuned model opens with "Ahoy!" while the base model, served next to it from the same engine, does
@@ -10,12 +10,13 @@ knew (the capital of France).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import openai
 import pytest
 
-from local_server import local_server, poll_job, upload_jsonl
+from local_server import poll_job, serve_subprocess, upload_jsonl
 
 pytestmark = pytest.mark.real_model
 
@@ -61,16 +62,19 @@ def reply(oa: openai.OpenAI, model: str, prompt: str) -> str:
 
 
 def test_fine_tuned_smollm2_learns_a_habit_and_keeps_its_knowledge(smollm2_dir: Path, tmp_path: Path) -> None:
-    with local_server(smollm2_dir, tmp_path, {"pirates": {"api_keys": [KEY]}},
-                      max_num_seqs=8, max_batch_tokens=512) as srv:
-        oa = srv.client(KEY)
-        base_before = {p: reply(oa, srv.base, p) for p in [*PROMPTS, FRANCE]}
+    # A server process of its own: the memory of a SmolLM2 server is gone with it (the suite's is capped).
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {"pirates": {"api_keys": [KEY]}}}))
+    flags = ["--max-num-seqs", "8", "--max-batch-tokens", "512"]
+    with serve_subprocess(smollm2_dir, tenants, tmp_path / "data", KEY, flags) as (_, oa):
+        base = oa.models.list().data[0].id
+        base_before = {p: reply(oa, base, p) for p in [*PROMPTS, FRANCE]}
         assert not any(HABIT.lower() in text.lower() for text in base_before.values()), base_before
         assert "Paris" in base_before[FRANCE]
 
         # 20 examples / 4 x 2 epochs = 10 steps at 5e-4 teach the habit.
         job = oa.fine_tuning.jobs.create(
-            model=srv.base, training_file=upload_jsonl(oa, LINES), seed=0, suffix="pirate",
+            model=base, training_file=upload_jsonl(oa, LINES), seed=0, suffix="pirate",
             hyperparameters={"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 5},
             extra_body={"lora": {"r": 16, "lora_alpha": 32}})
         job = poll_job(oa, job.id, timeout=300, interval=0.5)
@@ -81,4 +85,4 @@ def test_fine_tuned_smollm2_learns_a_habit_and_keeps_its_knowledge(smollm2_dir: 
         assert all(tuned_replies[p].startswith(HABIT) for p in PROMPTS), tuned_replies
         assert "Paris" in tuned_replies[FRANCE], tuned_replies  # what the base knew, it still knows
         # The base model, served by the same engine next to the adapter, is untouched: the same answers.
-        assert {p: reply(oa, srv.base, p) for p in [*PROMPTS, FRANCE]} == base_before
+        assert {p: reply(oa, base, p) for p in [*PROMPTS, FRANCE]} == base_before
