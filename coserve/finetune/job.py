@@ -17,7 +17,8 @@ token counter:
 
 When inference needs KV blocks, `release_kv` drops the sequence in flight (the engine restores the
 gradient it had before the sequence and frees the kept activations; the sequence is redone later).
-Pure Python: no torch, no Ray. The job's spec, states and events are in `finetune_types`.
+A DPO job's batches (reference passes, pairs): `preference_batches`; validation passes: `validation_pass`.
+Pure Python: no torch, no Ray. The job's spec, states and events are in `coserve.contract.job_spec`.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from coserve.contract.training_plan import (
     SequenceStart,
     TrainingExample,
 )
-from coserve.finetune.preference_batches import ReferenceSums, pair_start, preference_batch, validation_metrics
+from coserve.finetune.preference_batches import ReferenceSums, pair_start, preference_batch
 from coserve.finetune.progress import BatchProgress, SequenceProgress
+from coserve.finetune.validation_pass import ValidationPass
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.tenancy.vtc import backward_tasklet_tokens
@@ -69,12 +71,9 @@ class FinetuneJob:
         # job's count continues); and of the steps planned so far, which a checkpoint keeps.
         self.trained_tokens = spec.start_trained_tokens
         self._planned_tokens = spec.start_trained_tokens
-        self._eval_pending = False  # an epoch ended: evaluate the validation set next
-        self._eval_losses: dict[str, tuple[float, int]] = {}  # validation sequence -> (sum, tokens)
-        self._eval_report_step = -1  # plan whose result completes the validation pass
+        self._validation = ValidationPass(spec)
         self._pending: list[JobEvent] = []  # events found while planning, reported by `update`
         self._references = ReferenceSums(dict(spec.reference_logprobs))  # a DPO job's reference sums
-        self._eval_batch: BatchProgress | None = None  # the validation batch whose metrics are pending
 
     # ------------------------------------------------------------------------------ properties
 
@@ -179,7 +178,7 @@ class FinetuneJob:
             freed += len(self._kv.block_table(member.sequence_id))
             self._kv.free(member.sequence_id)
             plan.training.sequence_drops.append(member.sequence_id)
-            self._eval_losses.pop(member.sequence_id, None)  # its windows are redone
+            self._validation.redo(member.sequence_id)
             member.reset()
         return freed
 
@@ -237,9 +236,9 @@ class FinetuneJob:
     def _next_batch(self, plan: IterationPlan) -> bool:
         """Set up the next batch, or plan the final save when the last epoch is done."""
         spec = self.spec
-        if self._eval_pending:
-            self._eval_pending = False
-            self._batch = self._evaluation_batch()
+        if self._validation.pending:
+            self._validation.pending = False
+            self._batch = self._validation.batch(self.position)
             return True
         if self.position.epoch >= spec.n_epochs:
             self._finish(plan)
@@ -258,20 +257,6 @@ class FinetuneJob:
         normalizer = sum(trained_tokens(spec.examples[i]) for i in indices)
         self._batch = BatchProgress(after=after, normalizer=normalizer, sequences=sequences)
         return True
-
-    def _evaluation_batch(self) -> BatchProgress:
-        examples = self.spec.validation_examples
-        if self.spec.is_preference:
-            return preference_batch(self.spec, self.position, list(range(len(examples))), {},
-                                    f"{self.job_id}/v{self.position.step}", evaluation=True)
-        sequences = []
-        for k, example in enumerate(examples):
-            seq = SequenceProgress(f"{self.job_id}/v{self.position.step}.{k}", k, len(example.token_ids),
-                                   self.spec.num_layers, group=k)
-            seq.reset()
-            sequences.append(seq)
-        normalizer = max(1, sum(trained_tokens(e) for e in examples))
-        return BatchProgress(after=self.position, normalizer=normalizer, sequences=sequences, evaluation=True)
 
     def _finish(self, plan: IterationPlan) -> None:
         path = f"{self.spec.output_dir}/final"
@@ -347,8 +332,7 @@ class FinetuneJob:
         self._to_free.append(batch.sequences[batch.current].sequence_id)
         batch.current += 1
         if batch.current == len(batch.sequences):
-            self._eval_report_step = plan.step_id
-            self._eval_batch = batch
+            self._validation.planned(batch, plan)
             self._batch = None
 
     def _complete_sequence(self, plan: IterationPlan) -> None:
@@ -370,7 +354,7 @@ class FinetuneJob:
             plan.training.saves.append(SaveAdapter(self.job_id, path, batch.after.step,
                                                    batch.after.to_dict(), self._planned_tokens,
                                                    references))
-            self._eval_pending = bool(spec.validation_examples)
+            self._validation.pending = bool(spec.validation_examples)
         self.position = batch.after
         self._batch = None
 
@@ -400,29 +384,8 @@ class FinetuneJob:
         for saved in report.saved:
             if saved.job_id == self.job_id:
                 events.append(self._on_saved(plan, saved.path, saved.step))
-        events.extend(self._collect_validation(plan, result))
+        events.extend(self._validation.collect(plan, result, self.position, self.state.is_finished))
         return events
-
-    def _collect_validation(self, plan: IterationPlan, result: IterationResult) -> list[JobEvent]:
-        prefix = f"{self.job_id}/v"
-        for window in result.training.windows:
-            if window.sequence_id.startswith(prefix):
-                total, count = self._eval_losses.get(window.sequence_id, (0.0, 0))
-                self._eval_losses[window.sequence_id] = (total + window.loss_sum,
-                                                         count + window.num_tokens)
-        if plan.step_id != self._eval_report_step or self.state.is_finished:
-            return []
-        total = sum(loss for loss, _ in self._eval_losses.values())
-        count = sum(n for _, n in self._eval_losses.values())
-        metrics: dict[str, float] = {}
-        if self.spec.is_preference and self._eval_batch is not None:
-            metrics = validation_metrics(self._eval_batch, self._eval_losses, self.spec.loss.beta)
-            total, count = metrics["valid_loss"], 1
-        self._eval_losses.clear()
-        self._eval_batch = None
-        return [JobEvent(self.job_id, JobEventKind.VALIDATION, self.position.step,
-                         loss=total / max(1, count), num_tokens=count, metrics=metrics,
-                         message=f"validation loss after step {self.position.step}")]
 
     def _on_saved(self, plan: IterationPlan, path: str, step: int) -> JobEvent:
         if self.state == JobState.FINISHING:
