@@ -131,3 +131,14 @@ def serve_subprocess(model: Path, tenants: Path, data_dir: Path, key: str,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def one_tenant_subprocess(model: Path, root: Path, tenant: str, key: str,
+                          flags: Sequence[str] = ()) -> Iterator[tuple[openai.OpenAI, str]]:
+    """`serve_subprocess` for one tenant with API key `key` (its tenants file and data dir under `root`);
+    yields the tenant's client and the base model's id."""
+    tenants = root / "tenants.yaml"
+    tenants.write_text(json.dumps({"tenants": {tenant: {"api_keys": [key]}}}))
+    with serve_subprocess(model, tenants, root / "data", key, flags) as (_, oa):
+        yield oa, oa.models.list().data[0].id

@@ -15,7 +15,6 @@ preference is learnt, not just the pairs:
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import openai
 import pytest
 from test_real_model_finetune import TRAIN
 
-from local_server import poll_job, serve_subprocess, upload_jsonl
+from local_server import one_tenant_subprocess, poll_job, upload_jsonl
 
 pytestmark = pytest.mark.real_model
 
@@ -58,11 +57,8 @@ def replies(oa: openai.OpenAI, model: str, prompts: list[str], max_tokens: int =
 
 def test_dpo_teaches_smollm2_to_answer_briefly(smollm2_dir: Path, tmp_path: Path) -> None:
     # A server process of its own: the memory of a SmolLM2 server is gone with it (the suite's is capped).
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(json.dumps({"tenants": {"brief": {"api_keys": [KEY]}}}))
     flags = ["--max-num-seqs", "8", "--max-batch-tokens", "512"]
-    with serve_subprocess(smollm2_dir, tenants, tmp_path / "data", KEY, flags) as (_, oa):
-        base = oa.models.list().data[0].id
+    with one_tenant_subprocess(smollm2_dir, tmp_path, "brief", KEY, flags) as (oa, base):
         base_before = replies(oa, base, PROMPTS)
         elaborations = replies(oa, base, [q for q, _ in FACTS], max_tokens=32)
         pairs = [_pair(q, f, elaborations[q].removesuffix(CUT)) for q, f in FACTS]

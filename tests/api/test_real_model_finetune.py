@@ -10,13 +10,12 @@ knew (the capital of France).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import openai
 import pytest
 
-from local_server import poll_job, serve_subprocess, upload_jsonl
+from local_server import one_tenant_subprocess, poll_job, upload_jsonl
 
 pytestmark = pytest.mark.real_model
 
@@ -63,11 +62,8 @@ def reply(oa: openai.OpenAI, model: str, prompt: str) -> str:
 
 def test_fine_tuned_smollm2_learns_a_habit_and_keeps_its_knowledge(smollm2_dir: Path, tmp_path: Path) -> None:
     # A server process of its own: the memory of a SmolLM2 server is gone with it (the suite's is capped).
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(json.dumps({"tenants": {"pirates": {"api_keys": [KEY]}}}))
     flags = ["--max-num-seqs", "8", "--max-batch-tokens", "512"]
-    with serve_subprocess(smollm2_dir, tenants, tmp_path / "data", KEY, flags) as (_, oa):
-        base = oa.models.list().data[0].id
+    with one_tenant_subprocess(smollm2_dir, tmp_path, "pirates", KEY, flags) as (oa, base):
         base_before = {p: reply(oa, base, p) for p in [*PROMPTS, FRANCE]}
         assert not any(HABIT.lower() in text.lower() for text in base_before.values()), base_before
         assert "Paris" in base_before[FRANCE]
