@@ -265,3 +265,23 @@ def test_a_fine_tuned_models_requests_stay_on_one_engine(two_engines: TwoEngines
     after = _per_engine(two_engines, "coserve_tokens_total", kind="completion", tenant="alpha")
     grew = {e: after[e] - before.get(e, 0.0) for e in after if after[e] != before.get(e, 0.0)}
     assert len(grew) == 1 and sum(grew.values()) == 36, grew  # the engine that holds the adapter
+
+
+def test_a_dpo_job_trains_on_ray_with_two_engines(two_engines: TwoEngines) -> None:
+    """DPO where supervised jobs run: the scheduler actor on Ray places it on one of two engine actors;
+    its reference passes, pairs and rewards are the same as on `--local`."""
+    oa = two_engines.client()
+    rows = [{"input": {"messages": [{"role": "user", "content": f"Count {i}"}]},
+             "preferred_output": [{"role": "assistant", "content": f"{i} {i + 1}"}],
+             "non_preferred_output": [{"role": "assistant", "content": f"{i} and then, well, more"}]}
+            for i in range(10)]
+    job = oa.fine_tuning.jobs.create(model=two_engines.base, training_file=upload_jsonl(oa, rows),
+                                     method={"type": "dpo", "dpo": {"hyperparameters": {  # type: ignore[typeddict-item]
+                                         "n_epochs": 2, "batch_size": 5}}})
+    done = poll_job(oa, job.id, timeout=180, interval=0.2)
+    assert done.status == "succeeded", done.error
+    assert _job_engine(oa, job.id) in ("engine-0", "engine-1")
+    steps = [e.data for e in oa.fine_tuning.jobs.list_events(job.id, limit=100).data
+             if e.type == "metrics" and "valid_loss" not in e.data]
+    assert len(steps) == 4 and all("rewards/accuracies" in d for d in steps)
+    assert steps[0]["train_loss"] < steps[-1]["train_loss"]  # newest first: the loss went down
