@@ -97,12 +97,11 @@ class ReferenceSums:
 def validation_metrics(batch: BatchProgress, sums: dict[str, tuple[float, int]],
                        beta: float) -> dict[str, float]:
     """The validation pairs' DPO loss and rewards from their four sequences' summed log-probs."""
-    records = []
-    for k in range(len(batch.pairs)):
-        by_role = {(s.rejected, s.reference): sums.get(s.sequence_id, (0.0, 0))[0]
-                   for s in batch.sequences if s.group == k}
-        records.append(PairLogprobs(by_role[(False, False)], by_role[(True, False)],
-                                    by_role[(False, True)], by_role[(True, True)]))
+    by_role = {(s.group, s.rejected, s.reference): sums.get(s.sequence_id, (0.0, 0))[0]
+               for s in batch.sequences}  # one pass: a validation set may hold thousands of pairs
+    records = [PairLogprobs(by_role[(k, False, False)], by_role[(k, True, False)],
+                            by_role[(k, False, True)], by_role[(k, True, True)])
+               for k in range(len(batch.pairs))]
     pairs = [dpo_pair(r, beta, len(records)) for r in records]
     metrics = dpo_metrics(pairs, records).as_dict()
     return {"valid_loss": metrics.pop("train_loss"), **{f"valid_{k}": v for k, v in metrics.items()}}

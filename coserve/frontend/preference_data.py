@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coserve.contract.job_spec import trained_tokens
 from coserve.contract.training_plan import TrainingExample
 from coserve.frontend.chat_render import TemplateError
 from coserve.frontend.training_data import TrainingData, encode_conversation, indices_text
@@ -70,7 +71,7 @@ def prepare_preference_data(tokenizer: Any, rows: Sequence[Mapping[str, Any]], m
     if dropped:
         warnings.append(f"{len(dropped)} pair(s) lost every trained token of a side to truncation and "
                         f"were skipped: index {indices_text(dropped)}")
-    trained = sum(sum(e.trained[1:]) for e in chosen) + sum(sum(e.trained[1:]) for e in rejected)
+    trained = sum(trained_tokens(e) for e in [*chosen, *rejected])
     data = TrainingData(examples=chosen, num_examples=len(rows), num_skipped=len(dropped),
                         num_truncated=len(truncated), trained_tokens=trained, example_indices=kept,
                         warnings=warnings)
