@@ -15,7 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from coserve.bench.replay import AdapterSlotTracker, IterationRecord, RequestRecord, RunRecord, make_request
+from coserve.bench.replay import (
+    AdapterSlotTracker,
+    IterationRecord,
+    RequestRecord,
+    RunRecord,
+    make_request,
+    trained_work,
+)
 from coserve.bench.traces import RequestSpec
 from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.cluster.engine_core import Step
@@ -98,9 +105,9 @@ class ClusterRecorder:
             if request.is_finished:
                 record.finished = True
                 self.unfinished -= 1
-        trained = sum(s.num_tokens for s in step.result.training.steps)
-        iteration = IterationRecord(start, end, step.result.timings.total_s, features, trained, engine_id,
-                                    decide_s)
+        tokens, sequences = trained_work(step.result.training.steps)
+        iteration = IterationRecord(start, end, step.result.timings.total_s, features, tokens, engine_id,
+                                    decide_s, sequences)
         self.iterations.append(iteration)
         return iteration
 

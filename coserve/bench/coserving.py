@@ -28,6 +28,10 @@ The fine-tuning job: 64 synthetic chat examples of 256-1024 tokens (`traces.synt
 window), LoRA r=16 alpha=32 on all seven projections, batch size 1 (so the window sees many completed
 optimizer steps), AdamW, as many epochs as allowed (it never ends during a run). Each run starts the job
 afresh. A real model is `--model-dir DIR` with lower `--rates` (RESULTS.md has SmolLM2's command).
+`--method dpo` makes it a DPO job (beta 0.1) on 64 preference pairs, each answer 256-1024 templated
+tokens with its question (`traces.synthetic_preference_rows`): its reference passes (the base model
+with the adapter off, each pair's once) are fine-tuning forward work the policy co-serves like any other,
+and `finetune_sequences_per_s` / 2 is its trained pairs/s.
 """
 
 from __future__ import annotations
@@ -49,8 +53,16 @@ from coserve.bench.replay import RunLimits
 from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
-from coserve.bench.traces import bursty_arrivals, make_trace, poisson_arrivals, synthetic_chat_dataset
+from coserve.bench.traces import (
+    bursty_arrivals,
+    make_trace,
+    poisson_arrivals,
+    synthetic_chat_dataset,
+    synthetic_preference_rows,
+)
 from coserve.contract.engine import EngineKind
+from coserve.contract.job_request import FineTuningMethod
+from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.finetune.job import FinetuneJobSpec
 
@@ -105,6 +117,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help=f"coserve's max_stall_ms as a multiple of the TPOT SLO, >= 1 (default "
                          f"{STALL_MULTIPLE:g}; the policy coserve-strict has none)")
     ap.add_argument("--seed", type=int, default=0, help="seed of traces and the fine-tuning data")
+    ap.add_argument("--method", choices=[m.value for m in FineTuningMethod], default="supervised",
+                    help="the fine-tuning job: supervised (chat examples) or dpo (preference pairs of two "
+                         "answers to one question, beta 0.1; its reference passes are co-served too)")
     ap.add_argument("--finetune-tokens", default=f"{FINETUNE_TOKENS[0]},{FINETUNE_TOKENS[1]}",
                     help="MIN,MAX templated tokens of the fine-tuning examples (default "
                          f"{FINETUNE_TOKENS[0]},{FINETUNE_TOKENS[1]}; 64,256 for a real model on a CPU)")
@@ -134,7 +149,8 @@ def engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, s
                                        max_num_seqs=32, max_batch_tokens=2 * MAX_BATCH_TOKENS))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     spec = bench_job_spec(tokenizer, engine.model_config.num_layers, engine.layout.max_model_len,
-                          workdir / "job", args.seed, finetune_tokens(args.finetune_tokens))
+                          workdir / "job", args.seed, finetune_tokens(args.finetune_tokens),
+                          FineTuningMethod(args.method))
     cfg = engine.model_config
     model = (f"{model_dir.name} ({origin}): {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
              f"vocab {cfg.vocab_size}, {args.dtype} on {args.device}, engine {args.engine.value}")
@@ -150,17 +166,23 @@ def finetune_tokens(text: str) -> tuple[int, int]:
 
 
 def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Path,
-                   seed: int, lengths: tuple[int, int] = FINETUNE_TOKENS) -> FinetuneJobSpec:
+                   seed: int, lengths: tuple[int, int] = FINETUNE_TOKENS,
+                   method: FineTuningMethod = FineTuningMethod.SUPERVISED) -> FinetuneJobSpec:
     """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`; `lengths` is the
-    examples' range of templated tokens."""
+    examples' range of templated tokens (each answer of a DPO pair, with its question)."""
     from coserve.frontend.job_prep import prepare_job
 
-    examples = synthetic_chat_dataset(tokenizer, 64, seed=seed, min_tokens=lengths[0], max_tokens=lengths[1])
+    if method == FineTuningMethod.DPO:
+        examples = synthetic_preference_rows(tokenizer, 64, seed, lengths[0], lengths[1])
+        loss = LossSpec(LossKind.DPO, beta=0.1)
+    else:
+        examples = synthetic_chat_dataset(tokenizer, 64, seed, lengths[0], lengths[1])
+        loss = LossSpec()
     return prepare_job(tokenizer, examples, job_id="bench", tenant="finetune", adapter_id=TRAINING_ADAPTER_ID,
                        num_layers=num_layers, max_len=max_len, output_dir=output_dir,
                        hyperparameters=HyperparameterRequest(n_epochs=50, batch_size=1),
                        lora=LoRASettings(r=16, lora_alpha=32),
-                       seed=seed).spec
+                       seed=seed, loss=loss).spec
 
 
 def _given_slo(args: argparse.Namespace) -> SLO | None:
@@ -232,7 +254,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         solo_metrics = summarize(solo, slo)
         finetune_only = solo_metrics.finetune_tokens_per_s
         print(f"fine-tuning only: {finetune_only:.1f} trained tokens/s (steady "
-              f"{solo_metrics.finetune_steady_tokens_per_s or 0.0:.1f})", flush=True)
+              f"{solo_metrics.finetune_steady_tokens_per_s or 0.0:.1f}), "
+              f"{solo_metrics.finetune_sequences_per_s:.2f} sequences/s", flush=True)
         # The bound's reference: the steady estimate is free of the window's whole-step granularity.
         finetune_alone = max(finetune_only, solo_metrics.finetune_steady_tokens_per_s or 0.0)
         measured = _measure(engine, setup, job_spec, rates, policies, limits, args.seed, finetune_alone)
@@ -244,6 +267,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "slo": {"tpot_ms": slo.tpot_s * 1000.0, "ttft_ms": slo.ttft_s * 1000.0},
         "finetune_only_tokens_per_s": finetune_only,
         "finetune_only_steady_tokens_per_s": solo_metrics.finetune_steady_tokens_per_s,
+        "finetune_only_sequences_per_s": solo_metrics.finetune_sequences_per_s,
         "runs": measured["runs"], "headroom": measured["headroom"],
         "bursty": {"rate": mid, **summarize(bursty, slo).to_dict()},
         "simulator_check": measured["simulator_check"],
@@ -252,7 +276,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                      "safety_margin": setup.safety_margin,
                      "strict_safety_margin": setup.strict_safety_margin, "max_stall_ms": setup.max_stall_ms,
                      "threads": torch.get_num_threads(), "finetune_tokens": list(finetune_tokens(args.finetune_tokens)),
-                     "seed": args.seed, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                     "method": args.method, "seed": args.seed,
+                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "latency_model": {"heldout_mape_percent": fit.heldout_mape, "warmup_overrun": overrun,
                           "heldout_mean_ratio": fit.heldout_mean_ratio,
                           "coefficients": setup.latency.coefficients},
@@ -277,7 +302,8 @@ def _row(run: dict[str, Any]) -> str:
     att = run["slo_attainment"]
     return (f"{run['policy']:>18} rate {run['rate']:<5} SLO {'-' if att is None else f'{att:.2f}'}  "
             f"inference {run['inference_tokens_per_s']:7.1f} tok/s  fine-tuning "
-            f"{run['finetune_tokens_per_s']:7.1f} tok/s  TTFT p50/p99 {ms(run['ttft_p50_ms'])}/"
+            f"{run['finetune_tokens_per_s']:7.1f} tok/s ({run['finetune_sequences_per_s']:.2f} seq/s)  "
+            f"TTFT p50/p99 {ms(run['ttft_p50_ms'])}/"
             f"{ms(run['ttft_p99_ms'])} ms  TPOT p50/p99 {ms(run['tpot_p50_ms'])}/{ms(run['tpot_p99_ms'])} ms")
 
 

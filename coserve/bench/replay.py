@@ -30,6 +30,7 @@ from coserve.cluster.engine_core import EngineCore
 from coserve.contract.engine import StepExecutor
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.sampling import AdapterRef, SamplingParams
+from coserve.contract.training_plan import StepReport
 from coserve.finetune.host import JobHost
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
 from coserve.inference.adapter_slots import AdapterSlots
@@ -99,6 +100,7 @@ class IterationRecord:
     trained_tokens: int  # trained tokens of optimizer steps completed in this iteration
     engine_id: str = ""  # which engine ran it (several engines: `cluster_run`)
     decide_s: float = 0.0  # the scheduler's thread CPU to apply this result and plan the next (cluster runs)
+    trained_sequences: int = 0  # trained sequences of those steps (a DPO pair is two)
 
     @property
     def inference_tokens(self) -> int:
@@ -109,6 +111,11 @@ class IterationRecord:
         """Whether the plan computed anything (a plan of frees or job control alone does not)."""
         f = self.features
         return bool(f.num_sequences or f.ft_forward_tokens or f.ft_backward_token_layers)
+
+
+def trained_work(steps: Sequence[StepReport]) -> tuple[int, int]:
+    """The trained tokens and sequences of an iteration's completed optimizer steps."""
+    return sum(s.num_tokens for s in steps), sum(s.num_sequences for s in steps)
 
 
 @dataclass(slots=True)
@@ -225,8 +232,9 @@ class EngineLane:
                 record.finished = True
                 self.unfinished -= 1
         result = step.result
-        trained = sum(s.num_tokens for s in result.training.steps)
-        iteration = IterationRecord(start, end, result.timings.total_s, self._observed.features, trained)
+        tokens, sequences = trained_work(result.training.steps)
+        iteration = IterationRecord(start, end, result.timings.total_s, self._observed.features, tokens,
+                                    trained_sequences=sequences)
         self.iterations.append(iteration)
         if self._on_iteration is not None:
             self._on_iteration(iteration)

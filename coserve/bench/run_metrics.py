@@ -23,6 +23,8 @@ Definitions (all times from the run's `RequestRecord`s and `IterationRecord`s):
   A step is hundreds of tokens on a CPU, so the window rate above moves by a whole step's worth when a
   step lands just after the window ends; the steady rate does not depend on where the window cuts.
   None with fewer than two completed steps.
+* fine-tuning sequences/s (`finetune_sequences_per_s`): the trained sequences of those completed steps
+  over the window; a DPO pair is two sequences (its reference pass trains nothing and counts nothing).
 * Percentiles (numpy's linear interpolation) of TTFT over requests that got a first token, of TPOT over
   requests that have one; None when there are none. `gap_p99_ms` is the p99 over every gap between
   consecutive tokens of every request: a per-request mean TPOT amortizes a long stall (a temporal
@@ -61,6 +63,7 @@ class RunMetrics:
     inference_tokens_per_s: float
     finetune_tokens_per_s: float
     finetune_steady_tokens_per_s: float | None
+    finetune_sequences_per_s: float  # trained sequences of steps completed within the window (DPO: 2 a pair)
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
     ttft_mean_ms: float | None  # steadier than the p50 on a short run where bursts make TTFT bimodal
@@ -128,6 +131,8 @@ def summarize(run: RunRecord, slo: SLO) -> RunMetrics:
         inference_tokens_per_s=inference_tokens_per_s(run),
         finetune_tokens_per_s=finetune_tokens_per_s(run),
         finetune_steady_tokens_per_s=finetune_steady_tokens_per_s(run),
+        finetune_sequences_per_s=sum(it.trained_sequences for it in run.iterations
+                                     if it.end_s <= run.window_s) / run.window_s,
         ttft_p50_ms=percentile_ms(ttfts, 50), ttft_p99_ms=percentile_ms(ttfts, 99),
         ttft_mean_ms=float(np.mean(ttfts)) * 1000.0 if ttfts else None,
         tpot_p50_ms=percentile_ms(tpots, 50), tpot_p99_ms=percentile_ms(tpots, 99),

@@ -28,7 +28,8 @@ Fine-tuning data (`synthetic_chat_dataset`)
     Chat conversations (OpenAI fine-tuning lines: a user question, an assistant answer) made of
     sentences from coserve's packaged tokenizer corpus, whose templated token length is drawn uniformly
     in [min_tokens, max_tokens] (default 256-1024) with the benchmark model's tokenizer. Deterministic
-    from the seed and the tokenizer.
+    from the seed and the tokenizer. `synthetic_preference_rows` pairs two such answers to one question
+    for a DPO job (the benchmark's `--method dpo`).
 """
 
 from __future__ import annotations
@@ -223,6 +224,17 @@ def synthetic_chat_dataset(tokenizer: Any, num_examples: int = 64, seed: int = 0
         examples.append({"messages": [{"role": "user", "content": user},
                                       {"role": "assistant", "content": assistant}]})
     return examples
+
+
+def synthetic_preference_rows(tokenizer: Any, num_pairs: int = 64, seed: int = 0,
+                              min_tokens: int = 256, max_tokens: int = 1024) -> list[dict[str, Any]]:
+    """OpenAI DPO lines (`input.messages`, `preferred_output`, `non_preferred_output`) from
+    `synthetic_chat_dataset`'s conversations: pair i asks conversation i's question, prefers its answer
+    and rejects conversation ``num_pairs + i``'s answer (another draw of the same length range)."""
+    chats = synthetic_chat_dataset(tokenizer, 2 * num_pairs, seed, min_tokens, max_tokens)
+    return [{"input": {"messages": [chat["messages"][0]]}, "preferred_output": [chat["messages"][1]],
+             "non_preferred_output": [other["messages"][1]]}
+            for chat, other in zip(chats[:num_pairs], chats[num_pairs:])]
 
 
 def _template_overhead(tokenizer: Any) -> int:

@@ -52,6 +52,37 @@ def test_benchmark_writes_the_issue_json_and_plots(llama_dir: Path, tmp_path: Pa
     assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
 
 
+def test_a_dpo_job_is_co_served_and_counted_in_pairs(llama_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dpo.json"
+    code = main(["bench", "co-serving", "--json", str(out), "--model-dir", str(llama_dir), "--method", "dpo",
+                 "--rates", "4", "--policies", "coserve", "--window-s", "2", "--threads", "1",
+                 "--finetune-tokens", "48,96", "--tpot-slo-ms", "40", "--ttft-slo-ms", "1000"])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["settings"]["method"] == "dpo"
+    assert result["finetune_only_sequences_per_s"] > 0
+    for run in [*result["runs"], result["bursty"]]:  # batch 1: each completed step trained one pair
+        sequences = run["finetune_sequences_per_s"] * result["settings"]["window_s"]
+        assert sequences == pytest.approx(round(sequences)) and round(sequences) % 2 == 0
+        assert run["inference_tokens_per_s"] > 0
+
+
+def test_the_dpo_job_pairs_two_answers_to_one_question(llama_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from coserve.bench.coserving import bench_job_spec
+    from coserve.contract.job_request import FineTuningMethod
+    from coserve.contract.loss_spec import LossKind
+
+    tokenizer = AutoTokenizer.from_pretrained(str(llama_dir))
+    spec = bench_job_spec(tokenizer, 2, 4096, tmp_path / "job", 0, (64, 128), FineTuningMethod.DPO)
+    assert spec.loss.kind == LossKind.DPO and len(spec.examples) == len(spec.rejected_examples) == 64
+    for chosen, rejected in zip(spec.examples, spec.rejected_examples):
+        prompt = chosen.trained.index(True)  # the question's tokens are shared, the answers differ
+        assert chosen.token_ids[:prompt] == rejected.token_ids[:prompt]
+        assert chosen.token_ids[prompt:] != rejected.token_ids[prompt:]
+
+
 def test_unknown_policy_is_a_usage_error(tmp_path: Path, capsys) -> None:
     code = main(["bench", "co-serving", "--json", str(tmp_path / "x.json"), "--policies", "coserve,fifo"])
     assert code == 2 and "fifo" in capsys.readouterr().err
