@@ -23,7 +23,7 @@ from typing import Any
 from coserve.actors.job_failures import JobRefused
 from coserve.actors.leftover_groups import LeftoverGroups
 from coserve.contract.dedicated_run import Command, RunSpec
-from coserve.contract.job_request import TRAINING_KEY, FineTuningMethod, JobRequest, TrainingMode, TrainingRequest
+from coserve.contract.job_request import TRAINING_KEY, JobRequest, TrainingMode, TrainingRequest
 from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.finetune.dedicated import DedicatedSettings, Route, capacity, route
@@ -57,9 +57,7 @@ def route_job(store: MetadataStore, record: JobRecord, trained_tokens: int, sett
     """
     job = _request(record)
     request = job.training
-    # The operator's threshold routes supervised jobs only: a Ray Train run has no DPO loss.
-    routable = decide and job.method == FineTuningMethod.SUPERVISED
-    decision = route(request, trained_tokens, settings if routable else None)
+    decision = route(request, trained_tokens, settings if decide else None)
     if decision.dedicated and settings is None:
         raise JobRefused("the job asks for a dedicated Ray Train run, and this server runs without Ray "
                          "(--local)", "dedicated_training_unavailable", "training.mode")

@@ -102,8 +102,7 @@ class JobRequest:
     training mode of a job.
 
     Raises:
-        SettingsError: `beta` on a supervised job, a DPO job asking for a dedicated run (Ray Train runs
-            train supervised jobs only), or what the parts refuse; `param` names it.
+        SettingsError: `beta` on a supervised job, or what the parts refuse; `param` names it.
     """
 
     method: FineTuningMethod = FineTuningMethod.SUPERVISED
@@ -116,9 +115,6 @@ class JobRequest:
         if self.beta is not None and self.method != FineTuningMethod.DPO:
             raise SettingsError("method.supervised.hyperparameters.beta",
                                 "beta is a DPO hyperparameter; a supervised job has none")
-        if self.method == FineTuningMethod.DPO and self.training.mode == TrainingMode.DEDICATED:
-            raise SettingsError("training.mode", "a dedicated Ray Train run trains supervised jobs only; "
-                                "a DPO job trains co-served (leave training out)")
         if self.beta is not None:
             LossSpec(LossKind.DPO, beta=self.beta)  # raises SettingsError("beta") when out of range
             object.__setattr__(self, "beta", float(self.beta))

@@ -102,3 +102,11 @@ def dpo_metrics(pairs: list[DpoPair], logprobs: list[PairLogprobs]) -> DpoMetric
         reward_margin=sum(p.margin for p in pairs) / n,
         logps_chosen=sum(lp.policy_chosen for lp in logprobs) / n,
         logps_rejected=sum(lp.policy_rejected for lp in logprobs) / n)
+
+
+def validation_metrics(records: list[PairLogprobs], beta: float) -> dict[str, float]:
+    """Validation pairs' DPO loss and rewards from their four summed log-probs, named `valid_loss`,
+    `valid_rewards/chosen`, ... (the training metrics' names with `valid_` in front)."""
+    pairs = [dpo_pair(r, beta, len(records)) for r in records]
+    metrics = dpo_metrics(pairs, records).as_dict()
+    return {"valid_loss": metrics.pop("train_loss"), **{f"valid_{k}": v for k, v in metrics.items()}}

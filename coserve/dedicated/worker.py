@@ -6,6 +6,8 @@ scheduler's `FinetuneJob` does: epochs of `DataPosition.next_batch` batches (the
 clipped AdamW step per batch, a resumable checkpoint at each epoch's end, the validation loss after it,
 the PEFT adapter after the last epoch. A batch is trained data-parallel (`ProcessGroupSync`: the ranks
 share its sequences, the gradients are all-reduced), so every rank takes the step one process would.
+A DPO job's batches are pairs (`trainer.preference_step`): each pair's reference sums are computed once
+(the adapter off, the ranks sharing the work), kept for later epochs and written with each checkpoint.
 
 Checkpoints go through Ray Train (`ray.train.report(..., checkpoint_dir_name="ckpt-step-N")`), which
 persists them under the run's storage path (the job's adapter folder in the data dir) and hands the
@@ -42,11 +44,12 @@ class _Worker:
     sync: Any  # ProcessGroupSync
     trainer: Any  # WindowedTrainer
     optimizer: Any  # LoRAOptimizer
-    sequences: list[Any]  # TrainingSequence per training example
+    sequences: list[Any]  # TrainingSequence per training example (a DPO job: PreferencePair per pair)
     validation: list[Any]
     position: DataPosition
     trained_tokens: int
     pending: list[JobEvent]
+    references: dict[int, tuple[float, float]]  # a DPO job's reference sums (pair index -> chosen, rejected)
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -75,10 +78,9 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
     the job's own start); None when this run already wrote the final adapter."""
     import ray.train
     import ray.train.torch
-    import torch
 
     from coserve.contract.trainer_state import STATE_FILE, read_trainer_state
-    from coserve.trainer import TrainingSequence, WindowedTrainer
+    from coserve.trainer import WindowedTrainer
     from coserve.trainer.data_parallel import ProcessGroupSync
     from coserve.trainer.setup import build_trainable
 
@@ -87,7 +89,7 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
     device = ray.train.torch.get_device()
     job, resume_from = spec.job, spec.job.resume_from
     position = job.start_position or DataPosition(seed=job.seed)
-    trained_tokens = job.start_trained_tokens
+    trained_tokens, references = job.start_trained_tokens, dict(job.reference_logprobs)
     checkpoint = ray.train.get_checkpoint()  # set when Ray Train restarted the workers after a failure
     if checkpoint is not None:
         folder = Path(checkpoint.path)
@@ -97,6 +99,7 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
             return None
         state = read_trainer_state(folder)
         resume_from, position, trained_tokens = str(folder), state.position, state.trained_tokens or 0
+        references = state.reference_logprobs
     model = _load_model(spec.model, spec.dtype, device)
     try:
         lora, optimizer = build_trainable(model.cfg, device, job.lora, job.optimizer, job.seed,
@@ -108,15 +111,29 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
                                                   f"adapter: {err}")]))
         return None
 
-    def tensors(examples: list[Any]) -> list[Any]:
-        return [TrainingSequence(torch.tensor(e.token_ids, dtype=torch.int64, device=device),
-                                 torch.tensor(e.trained, dtype=torch.bool, device=device)) for e in examples]
-
     sync = ProcessGroupSync(rank, world, device)
-    worker = _Worker(spec, control, rank, sync, WindowedTrainer(model, lora), optimizer, tensors(job.examples),
-                     tensors(job.validation_examples), position, trained_tokens, [])
+    worker = _Worker(spec, control, rank, sync, WindowedTrainer(model, lora), optimizer,
+                     _units(job.examples, job.rejected_examples, job.is_preference, device),
+                     _units(job.validation_examples, job.validation_rejected, job.is_preference, device),
+                     position, trained_tokens, [], references)
     _announce(worker, world, checkpoint is not None)
     return worker
+
+
+def _units(examples: list[Any], rejected: list[Any], preference: bool, device: Any) -> list[Any]:
+    """The examples as `TrainingSequence`s, or a DPO job's as `PreferencePair`s with their rejected sides."""
+    import torch
+
+    from coserve.trainer import TrainingSequence
+    from coserve.trainer.preference_step import PreferencePair
+
+    def tensors(e: Any) -> TrainingSequence:
+        return TrainingSequence(torch.tensor(e.token_ids, dtype=torch.int64, device=device),
+                                torch.tensor(e.trained, dtype=torch.bool, device=device))
+
+    if preference:
+        return [PreferencePair(tensors(c), tensors(r)) for c, r in zip(examples, rejected, strict=True)]
+    return [tensors(e) for e in examples]
 
 
 def _load_model(model_dir: str, dtype: str, device: Any) -> Any:
@@ -176,9 +193,13 @@ def _train_step(worker: _Worker) -> bool:
 
     job, before = worker.spec.job, worker.position
     indices, after = before.next_batch(len(job.examples), job.batch_size)
+    metrics: dict[str, float] = {}
     try:
-        stats = train_batch(worker.trainer, worker.optimizer, [worker.sequences[i] for i in indices],
-                            worker.sync)
+        if job.is_preference:
+            stats, metrics = _preference_step(worker, indices)
+        else:
+            stats = train_batch(worker.trainer, worker.optimizer, [worker.sequences[i] for i in indices],
+                                worker.sync)
     except NonFiniteGradientError as err:
         worker.pending.append(JobEvent(job.job_id, JobEventKind.FAILED, before.step, code=err.code,
                                        message=f"{err}; the job stopped"))
@@ -188,12 +209,22 @@ def _train_step(worker: _Worker) -> bool:
     worker.position = after
     worker.pending.append(JobEvent(job.job_id, JobEventKind.STEP, stats.step, loss=stats.loss,
                                    grad_norm=stats.grad_norm, learning_rate=stats.learning_rate,
-                                   num_tokens=stats.num_tokens))
+                                   num_tokens=stats.num_tokens, metrics=metrics))
     if after.epoch > before.epoch:
         _checkpoint(worker)
         if worker.validation:
             _validate(worker)
     return True
+
+
+def _preference_step(worker: _Worker, indices: list[int]) -> tuple[Any, dict[str, float]]:
+    """A DPO batch: the pairs' reference sums (those not known yet), then the step."""
+    from coserve.trainer.preference_step import fill_references, train_preference_batch
+
+    fill_references(worker.trainer, worker.sequences, indices, worker.references, worker.sync)
+    return train_preference_batch(worker.trainer, worker.optimizer, [worker.sequences[i] for i in indices],
+                                  [worker.references[i] for i in indices], worker.spec.job.loss.beta,
+                                  worker.sync)
 
 
 def _report(worker: _Worker, name: str, write: Any, metrics: dict[str, Any]) -> Path:
@@ -226,7 +257,8 @@ def _checkpoint(worker: _Worker) -> None:
     job, position = worker.spec.job, worker.position
     path = _report(worker, f"ckpt-step-{position.step}",
                    lambda folder: save_checkpoint(folder, worker.trainer.lora, worker.optimizer, position,
-                                                  job.base_model_name_or_path, worker.trained_tokens),
+                                                  job.base_model_name_or_path, worker.trained_tokens,
+                                                  worker.references if job.is_preference else None),
                    {"step": position.step, "epoch": position.epoch})
     worker.pending.append(JobEvent(job.job_id, JobEventKind.CHECKPOINT, position.step, path=str(path),
                                    epoch=position.epoch, message=f"checkpoint at step {position.step}"))
@@ -234,11 +266,17 @@ def _checkpoint(worker: _Worker) -> None:
 
 def _validate(worker: _Worker) -> None:
     from coserve.trainer.data_parallel import evaluation_loss
+    from coserve.trainer.preference_step import preference_validation
 
-    loss_sum, tokens = evaluation_loss(worker.trainer, worker.validation, worker.sync)
+    job, metrics = worker.spec.job, {}
+    if job.is_preference:  # as the co-served job reports it: the pairs' mean DPO loss, and its rewards
+        metrics = preference_validation(worker.trainer, worker.validation, job.loss.beta, worker.sync)
+        loss_sum, tokens = metrics["valid_loss"], 1
+    else:
+        loss_sum, tokens = evaluation_loss(worker.trainer, worker.validation, worker.sync)
     step = worker.position.step
-    worker.pending.append(JobEvent(worker.spec.job.job_id, JobEventKind.VALIDATION, step,
-                                   loss=loss_sum / max(1, tokens), num_tokens=tokens,
+    worker.pending.append(JobEvent(job.job_id, JobEventKind.VALIDATION, step,
+                                   loss=loss_sum / max(1, tokens), num_tokens=tokens, metrics=metrics,
                                    message=f"validation loss after step {step}"))
 
 

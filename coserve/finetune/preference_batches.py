@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
 from coserve.contract.job_spec import FinetuneJobSpec, trained_tokens, unit_tokens
-from coserve.contract.preference import PairLogprobs, dpo_metrics, dpo_pair
+from coserve.contract.preference import PairLogprobs
+from coserve.contract.preference import validation_metrics as pair_validation_metrics
 from coserve.contract.training_plan import PairStart, TrainingExample
 from coserve.finetune.progress import BatchProgress, SequenceProgress
 
@@ -102,6 +103,4 @@ def validation_metrics(batch: BatchProgress, sums: dict[str, tuple[float, int]],
     records = [PairLogprobs(by_role[(k, False, False)], by_role[(k, True, False)],
                             by_role[(k, False, True)], by_role[(k, True, True)])
                for k in range(len(batch.pairs))]
-    pairs = [dpo_pair(r, beta, len(records)) for r in records]
-    metrics = dpo_metrics(pairs, records).as_dict()
-    return {"valid_loss": metrics.pop("train_loss"), **{f"valid_{k}": v for k, v in metrics.items()}}
+    return pair_validation_metrics(records, beta)

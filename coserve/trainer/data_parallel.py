@@ -15,11 +15,15 @@ directly, on the process group Ray Train's `TorchTrainer` sets up (gloo on CPU, 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.distributed as dist
 
 from coserve.trainer.optimizer import TrainingSequence
 from coserve.trainer.windowed import WindowedTrainer
+
+T = TypeVar("T")
 
 
 class ProcessGroupSync:
@@ -35,7 +39,7 @@ class ProcessGroupSync:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         self.rank, self.world_size, self.device = rank, world_size, device
 
-    def shard(self, batch: list[TrainingSequence]) -> list[TrainingSequence]:
+    def shard(self, batch: list[T]) -> list[T]:
         """This rank's sequences: every `world_size`-th one from its rank (a rank may get none)."""
         return batch[self.rank::self.world_size]
 
@@ -59,9 +63,15 @@ class ProcessGroupSync:
 
     def sum(self, value: float) -> float:
         """`value` summed over the ranks (float64)."""
-        total = torch.tensor([value], dtype=torch.float64, device=self.device)
+        return self.sums([value])[0]
+
+    def sums(self, values: list[float]) -> list[float]:
+        """Each of `values` summed over the ranks (float64, one all-reduce)."""
+        if not values:
+            return []
+        total = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(total)
-        return float(total.item())
+        return [float(v) for v in total.tolist()]
 
     def broadcast(self, value: int) -> int:
         """Rank 0's `value` on every rank (a command agreed by all ranks at a step boundary)."""

@@ -37,14 +37,15 @@ def test_rows_written_before_methods_existed_are_supervised_jobs() -> None:
     assert legacy.lora == LoRASettings(r=4) and legacy.training == TrainingRequest()
     assert legacy.loss().kind == LossKind.CROSS_ENTROPY
     assert JobRequest(FineTuningMethod.DPO).loss().beta == DEFAULT_BETA  # "auto"
+    dedicated = JobRequest(FineTuningMethod.DPO, beta=0.2, training=TrainingRequest(TrainingMode.DEDICATED, 2))
+    row = dedicated.row()  # a DPO job may run on Ray Train too
+    assert JobRequest.from_row(row.hyperparameters, row.method, row.extensions) == dedicated
 
 
 @pytest.mark.parametrize(("build", "param"), [
     (lambda: JobRequest(beta=0.1), "method.supervised.hyperparameters.beta"),
     (lambda: JobRequest(FineTuningMethod.DPO, beta=0.0), "beta"),
     (lambda: JobRequest(FineTuningMethod.DPO, beta=11.0), "beta"),
-    (lambda: JobRequest(FineTuningMethod.DPO, training=TrainingRequest(TrainingMode.DEDICATED, 2)),
-     "training.mode"),
     (lambda: JobRequest.from_row({}, {"type": "rlhf"}, {}), "method.type"),
     (lambda: JobRequest.from_row({"n_epoch": 1}, None, {}), "n_epoch"),
     (lambda: JobRequest.from_row({}, None, {"training": {"workers": 2}}), "training.workers"),

@@ -1,7 +1,7 @@
 """A dedicated fine-tuning run on real Ray Train: 2 CPU workers (gloo), on the package's one cluster
 (`conftest.ray_cluster`). The run trains what the co-served trainer trains (the single-process `LLM.fine_tune`
-is the reference, fp32, same seed), checkpoints through Ray Train into the job's folder, and comes back
-from a killed worker through Ray Train's FailureConfig."""
+is the reference, fp32, same seed), a supervised job and a DPO job, checkpoints through Ray Train into the
+job's folder, and comes back from a killed worker through Ray Train's FailureConfig (the DPO run)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from coserve import LLM
 from coserve.contract.dedicated_run import Command, RunSpec, RunUpdate
 from coserve.contract.job_spec import JobEvent, JobEventKind
+from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.trainer_state import read_trainer_state
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.dedicated.run import launch
@@ -43,23 +44,25 @@ SEED = 3
 
 @pytest.fixture(scope="module")
 def reference(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> FineTuneResult:
-    """The single-process co-served run (`LLM.fine_tune`) of the same job: 3 epochs of 4 steps."""
+    """The single-process co-served run (`LLM.fine_tune`) of the same job: 2 epochs of 4 steps."""
     llm = LLM(str(llama_dir), dtype="float32", max_batch_tokens=64, num_kv_blocks=160, block_size=8,
               max_model_len=256, max_lora_rank=8)
-    return llm.fine_tune(EXAMPLES, str(tmp_path_factory.mktemp("reference")), {"n_epochs": 3, "batch_size": 4},
+    return llm.fine_tune(EXAMPLES, str(tmp_path_factory.mktemp("reference")), {"n_epochs": 2, "batch_size": 4},
                          {"r": 4}, seed=SEED, validation=VALIDATION)
 
 
-def _spec(llama_dir: Path, root: Path, n_epochs: int) -> RunSpec:
+def _spec(llama_dir: Path, root: Path, n_epochs: int, examples: list[Any] = EXAMPLES,
+          validation: list[Any] = VALIDATION, loss: LossSpec | None = None) -> RunSpec:
     from transformers import AutoTokenizer
 
     from coserve.model.config import ModelConfig
 
-    prepared = prepare_job(AutoTokenizer.from_pretrained(llama_dir), EXAMPLES, job_id="ftjob-dedicated",
+    prepared = prepare_job(AutoTokenizer.from_pretrained(llama_dir), examples, job_id="ftjob-dedicated",
                            tenant="t", adapter_id=1, num_layers=ModelConfig.from_pretrained(llama_dir).num_layers,
                            max_len=256, output_dir=root, seed=SEED,
                            hyperparameters=HyperparameterRequest(n_epochs=n_epochs, batch_size=4),
-                           lora=LoRASettings(r=4), base_model_name_or_path=str(llama_dir), validation=VALIDATION)
+                           lora=LoRASettings(r=4), base_model_name_or_path=str(llama_dir), validation=validation,
+                           loss=loss)
     return RunSpec(prepared.spec, str(llama_dir), "float32", storage_path=str(root), run_name="run-1", workers=2)
 
 
@@ -78,19 +81,13 @@ def _events(seen: list[RunUpdate], kind: JobEventKind) -> list[JobEvent]:
     return [e for u in seen for e in u.events if e.kind == kind]
 
 
-def _last_per_step(events: list[JobEvent]) -> list[float]:
-    """One loss per step, the last reported (a step redone after a failure reports again)."""
-    by_step = {e.step: e.loss for e in events}
-    return [by_step[s] for s in sorted(by_step)]
-
-
 def _adapter(path: str) -> dict[str, torch.Tensor]:
     return load_file(str(Path(path) / "adapter_model.safetensors"))
 
 
 def test_dedicated_run_trains_what_the_coserved_trainer_trains(ray_cluster: None, llama_dir: Path,
                                                                 reference: FineTuneResult, tmp_path: Path) -> None:
-    """2 epochs: the first 8 steps of the 3-epoch reference, whose step-8 checkpoint is this run's adapter."""
+    """2 epochs of 4 steps: the reference's losses, and its step-8 checkpoint is this run's adapter."""
     import ray
 
     handle = launch(_spec(llama_dir, tmp_path / "job", n_epochs=2))
@@ -120,35 +117,72 @@ def test_dedicated_run_trains_what_the_coserved_trainer_trains(ray_cluster: None
     assert seen[-1].done and ray.get(handle.poll.remote())[1] == sum(e.num_tokens for e in steps)
 
 
-def test_a_killed_worker_is_replaced_from_the_checkpoint(ray_cluster: None, llama_dir: Path,
-                                                         reference: FineTuneResult, tmp_path: Path) -> None:
-    """Rank 1 is killed while the run is paused after its first checkpoint: Ray Train's FailureConfig
-    restarts both workers from that checkpoint, the job succeeds, and the steps it redid give the losses
-    an uninterrupted run gives."""
+def _pair(i: int) -> dict[str, Any]:
+    return {"input": {"messages": [{"role": "user", "content": f"What is {i} plus {i}?"}]},
+            "preferred_output": [{"role": "assistant", "content": f"{2 * i}."}],
+            "non_preferred_output": [{"role": "assistant", "content": f"Let me think: {i} and {i} is {2 * i}."}]}
 
-    handle = launch(_spec(llama_dir, tmp_path / "job", n_epochs=3))
-    seen: list[RunUpdate] = []
+
+def _kill_rank_1_after_the_first_checkpoint(handle: Any, seen: list[RunUpdate], root: Path) -> dict[int, int]:
+    """Pause the run after its first checkpoint, wait until Ray Train registered it, SIGKILL rank 1 and
+    let the run go on; returns the killed workers' pids by rank."""
     _until(handle, seen, lambda u: any(e.kind == JobEventKind.CHECKPOINT for e in u.events))
     handle.command.remote(int(Command.PAUSE))
     _until(handle, seen, lambda u: any(n.startswith("Paused at step") for n in u.notes))
     # Ray Train registers a reported checkpoint when its controller next polls the workers (every 2 s);
     # its run snapshot lists the registered ones. Kill only once one is: then the restart resumes from it.
-    snapshot = tmp_path / "job" / "run-1" / "checkpoint_manager_snapshot.json"
+    snapshot = root / "run-1" / "checkpoint_manager_snapshot.json"
     deadline = time.monotonic() + 60
     while not (snapshot.is_file() and json.loads(snapshot.read_text())["checkpoint_results"]):
         assert time.monotonic() < deadline, "Ray Train registered no checkpoint"
         time.sleep(0.2)
-    paused_at = len(_events(seen, JobEventKind.STEP))
-    assert 4 <= paused_at < 12, paused_at  # after the first checkpoint, before the end
     workers = {w.rank: w.pid for w in seen[-1].workers}
     os.kill(workers[1], signal.SIGKILL)
     handle.command.remote(int(Command.RUN))
-    _until(handle, seen, lambda u: u.done)
+    return workers
 
-    assert len(_events(seen, JobEventKind.SUCCEEDED)) == 1, [e for u in seen for e in u.events]
+
+def test_a_dpo_run_trains_what_the_coserved_dpo_job_trains_through_a_killed_worker(
+        ray_cluster: None, llama_dir: Path, tmp_path: Path) -> None:
+    """10 pairs, batches of 4, 2 epochs: the reference sums are computed once (the two ranks share them)
+    and kept in the checkpoints. Rank 1 is killed while the run is paused after its first checkpoint:
+    Ray Train's FailureConfig restarts both workers from it (with its reference sums), the job succeeds,
+    and its losses, rewards, validation metrics and adapter are the co-served job's (`LLM.fine_tune` with
+    the DPO loss, one process)."""
+    pairs, validation, loss = [_pair(i) for i in range(10)], [_pair(20), _pair(21)], LossSpec(LossKind.DPO, beta=0.5)
+    llm = LLM(str(llama_dir), dtype="float32", max_batch_tokens=64, num_kv_blocks=160, block_size=8,
+              max_model_len=256, max_lora_rank=8)
+    expected = llm.fine_tune(pairs, str(tmp_path / "reference"), {"n_epochs": 2, "batch_size": 4}, {"r": 4},
+                             seed=SEED, validation=validation, loss=loss)
+    handle = launch(_spec(llama_dir, tmp_path / "job", 2, pairs, validation, loss))
+    seen: list[RunUpdate] = []
+    killed = _kill_rank_1_after_the_first_checkpoint(handle, seen, tmp_path / "job")
+    _until(handle, seen, lambda u: u.done)
+    (succeeded,) = _events(seen, JobEventKind.SUCCEEDED)
     notes = [n for u in seen for n in u.notes]
     assert any(n.startswith("Ray Train worker") and "failed" in n for n in notes), notes
     restarted = [n for n in notes if n.startswith("Ray Train started 2 worker(s) (gloo) from its checkpoint")]
-    assert restarted and {w.pid for w in seen[-1].workers}.isdisjoint(workers.values()), notes
-    assert _last_per_step(_events(seen, JobEventKind.STEP)) == pytest.approx(reference.losses, rel=LOSS_RTOL)
-    assert [e.step for e in _events(seen, JobEventKind.CHECKPOINT)][-1] == 12
+    assert restarted and {w.pid for w in seen[-1].workers}.isdisjoint(killed.values()), notes
+    steps = {e.step: e for e in _events(seen, JobEventKind.STEP)}  # a step redone reports again: the last
+    theirs = [e for e in expected.events if e.kind == JobEventKind.STEP]
+    assert sorted(steps) == [e.step for e in theirs] == [1, 2, 3, 4, 5, 6]
+    for reference in theirs:
+        mine = steps[reference.step]
+        assert mine.num_tokens == reference.num_tokens and mine.metrics.keys() == reference.metrics.keys()
+        for key, value in reference.metrics.items():  # rewards: beta x a difference of sums of ~50
+            assert mine.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-4), (mine.step, key)
+    validations = {e.step: e for e in _events(seen, JobEventKind.VALIDATION)}
+    reference_validations = [e for e in expected.events if e.kind == JobEventKind.VALIDATION]
+    assert sorted(validations) == [e.step for e in reference_validations] == [3, 6]
+    for reference in reference_validations:
+        mine = validations[reference.step]
+        assert mine.metrics["valid_loss"] == pytest.approx(reference.metrics["valid_loss"], rel=1e-4)
+        assert mine.metrics["valid_rewards/accuracies"] == reference.metrics["valid_rewards/accuracies"]
+    checkpoint = read_trainer_state(_events(seen, JobEventKind.CHECKPOINT)[-1].path)
+    coserved = read_trainer_state(expected.checkpoints[-1])
+    assert checkpoint.reference_logprobs.keys() == coserved.reference_logprobs.keys() == set(range(10))
+    for index, sums in coserved.reference_logprobs.items():
+        assert checkpoint.reference_logprobs[index] == pytest.approx(sums, rel=1e-5)
+    mine_adapter, reference_adapter = _adapter(succeeded.path), _adapter(expected.adapter_path)
+    for name, tensor in reference_adapter.items():
+        torch.testing.assert_close(mine_adapter[name], tensor, rtol=0, atol=WEIGHT_ATOL)
