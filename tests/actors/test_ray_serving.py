@@ -249,6 +249,7 @@ def _stream_outcome(srv: RayServer) -> str:
     return "closed without [DONE]"
 
 
+@pytest.mark.slow  # a Ray Train run of its own: 40 s here
 def test_dedicated_job_trains_on_ray_train_and_its_model_answers(ray_server: RayServer) -> None:
     """A job asking for a dedicated run trains as a Ray Train TorchTrainer of 2 CPU workers (gloo), outside
     the engine: the same events (metrics per step, checkpoints, status), checkpoints that are servable models,

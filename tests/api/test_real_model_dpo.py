@@ -24,7 +24,7 @@ from test_real_model_finetune import TRAIN
 
 from local_server import one_tenant_subprocess, poll_job, upload_jsonl
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # about a minute: a real job on SmolLM2
 
 KEY = "sk-dpo-real-0123456789"
 FACTS = TRAIN[:12]  # the pirate test's questions with plain answers: 8 pairs to train on, 4 held out

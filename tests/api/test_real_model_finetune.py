@@ -17,7 +17,7 @@ import pytest
 
 from local_server import one_tenant_subprocess, poll_job, upload_jsonl
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # about a minute: a real job on SmolLM2
 
 KEY = "sk-pirate-real-0123456789"
 HABIT = "Ahoy!"
