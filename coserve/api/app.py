@@ -16,14 +16,14 @@ from fastapi import APIRouter, FastAPI
 
 from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_error_handlers
 from coserve.api.protocol.sampling import MAX_N
-from coserve.api.routers import chat, completions, files, fine_tuning, metrics, models
+from coserve.api.routers import chat, completions, files, fine_tuning, graders, metrics, models
 from coserve.api.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
 from coserve.store import MetadataStore
 from coserve.tenancy.tenants import TenantsConfig
 
 UPLOAD_PATH = "/v1/files"  # the one endpoint whose body is a file (multipart), not JSON
 ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, chat.router,
-                                  completions.router, fine_tuning.router)
+                                  completions.router, fine_tuning.router, graders.router)
 
 
 def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequence[str], *,

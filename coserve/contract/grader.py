@@ -1,0 +1,209 @@
+"""OpenAI's graders as typed values: what a reinforcement job and `/v1/fine_tuning/alpha/graders/*` take.
+
+`parse_grader` reads OpenAI's JSON (`openai/types/graders/`) once, at the gateway, and raises
+`SettingsError` naming the offending field by its path (`grader.graders.a.operation`). The types:
+
+- `StringCheckGrader`: `eq`, `ne`, `like` (the reference is contained), `ilike` (the same, ignoring case);
+- `TextSimilarityGrader`: one of OpenAI's metrics (`SimilarityMetric`);
+- `MultiGrader`: a formula (`calculate_output`) over named sub-graders;
+- `PythonGrader`, `ScoreModelGrader`, `LabelModelGrader`: parsed, so that a server which cannot run one
+  refuses it by name (`coserve.graders.support`).
+
+Templates (`{{ item.answer }}`, `{{ sample.output_text }}`) stay text here; `coserve.graders.templates`
+checks and renders them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from coserve.contract.training_settings import SettingsError
+
+MAX_GRADER_DEPTH = 4  # a multi grader inside a multi grader ...: OpenAI nests them one level; this is generous
+MAX_SUB_GRADERS = 32
+MAX_TEXT_CHARS = 65_536  # a template, a reference, a formula or a python grader's source
+
+
+class StringOperation(str, enum.Enum):
+    EQ = "eq"
+    NE = "ne"
+    LIKE = "like"
+    ILIKE = "ilike"
+
+
+class SimilarityMetric(str, enum.Enum):
+    COSINE = "cosine"
+    FUZZY_MATCH = "fuzzy_match"
+    BLEU = "bleu"
+    GLEU = "gleu"
+    METEOR = "meteor"
+    ROUGE_1 = "rouge_1"
+    ROUGE_2 = "rouge_2"
+    ROUGE_3 = "rouge_3"
+    ROUGE_4 = "rouge_4"
+    ROUGE_5 = "rouge_5"
+    ROUGE_L = "rouge_l"
+
+
+@dataclass(frozen=True, slots=True)
+class StringCheckGrader:
+    name: str
+    input: str
+    reference: str
+    operation: StringOperation
+
+
+@dataclass(frozen=True, slots=True)
+class TextSimilarityGrader:
+    name: str
+    input: str
+    reference: str
+    metric: SimilarityMetric
+
+
+@dataclass(frozen=True, slots=True)
+class PythonGrader:
+    name: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelGrader:
+    """A `score_model` (`labels` empty) or `label_model` grader: judged by a served model."""
+
+    name: str
+    model: str
+    messages: tuple[tuple[str, str], ...]  # (role, content template)
+    labels: tuple[str, ...] = ()
+    passing_labels: tuple[str, ...] = ()
+    score_range: tuple[float, float] = (0.0, 1.0)
+
+    @property
+    def kind(self) -> str:
+        return "label_model" if self.labels else "score_model"
+
+
+@dataclass(frozen=True, slots=True)
+class MultiGrader:
+    name: str
+    graders: tuple[tuple[str, Grader], ...]  # (the name the formula uses, the grader), in the given order
+    calculate_output: str
+
+
+Grader = StringCheckGrader | TextSimilarityGrader | PythonGrader | ModelGrader | MultiGrader
+
+
+def grader_type(grader: Grader) -> str:
+    """OpenAI's `type` of `grader`."""
+    if isinstance(grader, ModelGrader):
+        return grader.kind
+    return _TYPE_NAMES[type(grader)]
+
+
+def _text(raw: Mapping[str, Any], key: str, param: str, *, required: bool = True) -> str:
+    value = raw.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise SettingsError(f"{param}.{key}", f"{param}.{key} must be a string, got {type(value).__name__}")
+    if len(value) > MAX_TEXT_CHARS:
+        raise SettingsError(f"{param}.{key}", f"{param}.{key} is {len(value)} characters; at most "
+                            f"{MAX_TEXT_CHARS} are accepted")
+    return value
+
+
+def _choice(raw: Mapping[str, Any], key: str, param: str, kind: type[enum.Enum]) -> Any:
+    try:
+        return kind(raw.get(key))
+    except ValueError:
+        allowed = ", ".join(repr(member.value) for member in kind)
+        raise SettingsError(f"{param}.{key}", f"{param}.{key} must be one of {allowed}, got "
+                            f"{raw.get(key)!r}") from None
+
+
+def _strings(raw: Mapping[str, Any], key: str, param: str) -> tuple[str, ...]:
+    values = raw.get(key, [])
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise SettingsError(f"{param}.{key}", f"{param}.{key} must be a list of strings")
+    return tuple(values)
+
+
+def _messages(raw: Mapping[str, Any], param: str) -> tuple[tuple[str, str], ...]:
+    messages = raw.get("input")
+    if not isinstance(messages, list) or not messages:
+        raise SettingsError(f"{param}.input", f"{param}.input must be a non-empty list of messages")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"{param}.input.{i}"
+        if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant", "system",
+                                                                              "developer"):
+            raise SettingsError(f"{where}.role", f"{where} must be a message with a role of user, assistant, "
+                                "system or developer")
+        out.append((str(message["role"]), _text(message, "content", where)))
+    return tuple(out)
+
+
+def _range(raw: Mapping[str, Any], param: str) -> tuple[float, float]:
+    value = raw.get("range", [0.0, 1.0])
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int | float) and
+                                                                not isinstance(v, bool) for v in value)
+            and value[0] < value[1]):
+        raise SettingsError(f"{param}.range", f"{param}.range must be two numbers, low < high")
+    return float(value[0]), float(value[1])
+
+
+def _model_grader(raw: Mapping[str, Any], param: str, name: str, labelled: bool) -> ModelGrader:
+    if labelled:
+        labels, passing = _strings(raw, "labels", param), _strings(raw, "passing_labels", param)
+        if not labels or not set(passing) <= set(labels) or not passing:
+            raise SettingsError(f"{param}.passing_labels", f"{param} needs labels, and passing_labels "
+                                "that are some of them")
+        return ModelGrader(name, _text(raw, "model", param), _messages(raw, param), labels, passing)
+    return ModelGrader(name, _text(raw, "model", param), _messages(raw, param), score_range=_range(raw, param))
+
+
+def _multi(raw: Mapping[str, Any], param: str, name: str, depth: int) -> MultiGrader:
+    subs = raw.get("graders")
+    if isinstance(subs, Mapping) and "type" in subs and isinstance(subs.get("type"), str):
+        subs = {str(subs.get("name", "")): subs}  # one grader object (the SDK's type allows it)
+    if not isinstance(subs, Mapping) or not subs or len(subs) > MAX_SUB_GRADERS:
+        raise SettingsError(f"{param}.graders", f"{param}.graders must map 1 to {MAX_SUB_GRADERS} names to "
+                            "graders")
+    graders = tuple((str(key), parse_grader(value, f"{param}.graders.{key}", depth + 1))
+                    for key, value in subs.items())
+    return MultiGrader(name, graders, _text(raw, "calculate_output", param))
+
+
+def parse_grader(raw: Any, param: str = "grader", depth: int = 0) -> Grader:
+    """The grader that OpenAI's JSON `raw` describes.
+
+    Raises:
+        SettingsError: a missing or malformed field, an unknown type, or nesting deeper than
+            `MAX_GRADER_DEPTH`; `param` is the field's path.
+    """
+    if depth > MAX_GRADER_DEPTH:
+        raise SettingsError(param, f"graders nest at most {MAX_GRADER_DEPTH} deep")
+    if not isinstance(raw, Mapping):
+        raise SettingsError(param, f"{param} must be a grader object")
+    kind, name = raw.get("type"), _text(raw, "name", param)
+    if kind == "string_check":
+        return StringCheckGrader(name, _text(raw, "input", param), _text(raw, "reference", param),
+                                 _choice(raw, "operation", param, StringOperation))
+    if kind == "text_similarity":
+        return TextSimilarityGrader(name, _text(raw, "input", param), _text(raw, "reference", param),
+                                    _choice(raw, "evaluation_metric", param, SimilarityMetric))
+    if kind == "python":
+        return PythonGrader(name, _text(raw, "source", param))
+    if kind in ("score_model", "label_model"):
+        return _model_grader(raw, param, name, kind == "label_model")
+    if kind == "multi":
+        return _multi(raw, param, name, depth)
+    raise SettingsError(f"{param}.type", f"{param}.type must be one of 'string_check', 'text_similarity', "
+                        f"'score_model', 'label_model', 'python', 'multi', got {kind!r}")
+
+
+_TYPE_NAMES: dict[type, str] = {StringCheckGrader: "string_check", TextSimilarityGrader: "text_similarity",
+                                PythonGrader: "python", MultiGrader: "multi"}

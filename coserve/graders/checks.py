@@ -1,0 +1,41 @@
+"""Whether this server can run a grader, checked before anything runs (`check_grader`): its templates
+(`templates.check_template`), a multi grader's formula (`formula.check_formula`), its metric
+(`similarity.unsupported`), and its type: `python`, `score_model` and `label_model` graders are refused
+by name until coserve runs them. Each refusal is a `SettingsError` whose `param` is the field's path."""
+
+from __future__ import annotations
+
+from coserve.contract.grader import (
+    Grader,
+    ModelGrader,
+    MultiGrader,
+    PythonGrader,
+    StringCheckGrader,
+    TextSimilarityGrader,
+)
+from coserve.contract.training_settings import SettingsError
+from coserve.graders.formula import check_formula
+from coserve.graders.similarity import unsupported
+from coserve.graders.templates import check_template
+
+Variable = tuple[str, list[str | int]]
+
+
+def check_grader(grader: Grader, param: str = "grader") -> list[Variable]:
+    """The template variables the grader reads (for a job to check against its rows); SettingsError when
+    this server cannot run it."""
+    if isinstance(grader, StringCheckGrader | TextSimilarityGrader):
+        if isinstance(grader, TextSimilarityGrader) and (reason := unsupported(grader.metric)) is not None:
+            raise SettingsError(f"{param}.evaluation_metric", reason)
+        return check_template(grader.input, f"{param}.input") + \
+            check_template(grader.reference, f"{param}.reference")
+    if isinstance(grader, MultiGrader):
+        names = [name for name, _ in grader.graders]
+        check_formula(grader.calculate_output, names, f"{param}.calculate_output")
+        return [v for name, sub in grader.graders for v in check_grader(sub, f"{param}.graders.{name}")]
+    if isinstance(grader, PythonGrader):
+        raise SettingsError(f"{param}.type", "python graders do not run on coserve yet; use string_check, "
+                            "text_similarity or multi")
+    assert isinstance(grader, ModelGrader)
+    raise SettingsError(f"{param}.type", f"{grader.kind} graders do not run on coserve yet; use string_check, "
+                        "text_similarity or multi")

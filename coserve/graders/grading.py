@@ -1,0 +1,80 @@
+"""Running a grader on one sample (`grade`): the reward in [0, 1] (a multi grader's formula may leave it),
+the sub-graders' rewards, and OpenAI's error flags instead of exceptions, so that one bad sample is a
+score of 0 with a reason, never a failed request or a failed job step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from coserve.contract.grader import Grader, MultiGrader, StringCheckGrader, StringOperation, TextSimilarityGrader
+from coserve.graders.formula import FormulaError, evaluate
+from coserve.graders.similarity import similarity
+from coserve.graders.templates import Sample, SampleParseError, VariableError, render
+
+
+@dataclass(slots=True)
+class GradeErrors:
+    """OpenAI's `metadata.errors` flags that an in-process grader can raise."""
+
+    formula_parse_error: bool = False
+    invalid_variable_error: bool = False
+    sample_parse_error: bool = False
+    other_error: bool = False
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def any(self) -> bool:
+        return self.formula_parse_error or self.invalid_variable_error or self.sample_parse_error or \
+            self.other_error
+
+
+@dataclass(slots=True)
+class Grade:
+    reward: float
+    sub_rewards: dict[str, float]
+    errors: GradeErrors
+    execution_time: float
+
+
+def _string_check(grader: StringCheckGrader, item: Mapping[str, Any], sample: Sample) -> float:
+    text, reference = render(grader.input, item, sample), render(grader.reference, item, sample)
+    if grader.operation == StringOperation.EQ:
+        return float(text == reference)
+    if grader.operation == StringOperation.NE:
+        return float(text != reference)
+    if grader.operation == StringOperation.LIKE:
+        return float(reference in text)
+    return float(reference.lower() in text.lower())
+
+
+def _score(grader: Grader, item: Mapping[str, Any], sample: Sample, subs: dict[str, float]) -> float:
+    if isinstance(grader, StringCheckGrader):
+        return _string_check(grader, item, sample)
+    if isinstance(grader, TextSimilarityGrader):
+        return similarity(grader.metric, render(grader.input, item, sample),
+                          render(grader.reference, item, sample))
+    assert isinstance(grader, MultiGrader)  # checks.check_grader refused the others
+    scores = {name: _score(sub, item, sample, {}) for name, sub in grader.graders}
+    subs.update(scores)
+    return evaluate(grader.calculate_output, scores)
+
+
+def grade(grader: Grader, item: Mapping[str, Any], model_sample: str) -> Grade:
+    """Grade `model_sample` for the dataset row `item` (checked with `checks.check_grader` first)."""
+    start, errors, reward = time.perf_counter(), GradeErrors(), 0.0
+    subs: dict[str, float] = {}
+    try:
+        reward = _score(grader, item, Sample(model_sample), subs)
+    except VariableError as err:
+        errors.invalid_variable_error = True
+        errors.details.append(str(err))
+    except SampleParseError as err:
+        errors.sample_parse_error = True
+        errors.details.append(str(err))
+    except FormulaError as err:
+        errors.formula_parse_error = True
+        errors.details.append(str(err))
+    return Grade(reward, subs, errors, time.perf_counter() - start)

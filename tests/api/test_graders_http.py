@@ -1,0 +1,83 @@
+"""`/v1/fine_tuning/alpha/graders/run` and `/validate` through the real `--local` server, driven by the
+official `openai` client (`client.fine_tuning.alpha.graders`): every grader type coserve runs, OpenAI's
+answer shape, and a 400 naming the field for what it cannot run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from local_server import LocalServer, local_server
+
+KEY = "sk-graders-tenant-0123"
+EXACT = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
+         "reference": "{{ item.answer }}", "operation": "eq"}
+ROUGE = {"type": "text_similarity", "name": "rouge", "input": "{{ sample.output_text }}",
+         "reference": "{{ item.answer }}", "evaluation_metric": "rouge_1"}
+
+
+@pytest.fixture(scope="module")
+def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    with local_server(llama_dir, tmp_path_factory.mktemp("graders"), {"t": {"api_keys": [KEY]}}) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: LocalServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+
+
+def test_run_grades_string_similarity_and_multi(client: openai.OpenAI) -> None:
+    graders = client.fine_tuning.alpha.graders
+    exact = graders.run(grader=EXACT, model_sample="Paris", item={"answer": "Paris"})  # type: ignore[arg-type]
+    assert exact.reward == 1.0 and exact.metadata.name == "exact" and exact.metadata.type == "string_check"
+    assert not exact.metadata.errors.invalid_variable_error and exact.sub_rewards == {}
+    rouge = graders.run(grader=ROUGE, model_sample="the cat sat on the mat",  # type: ignore[arg-type]
+                        item={"answer": "the cat is on the mat"})
+    assert rouge.reward == pytest.approx(5 / 6)
+    multi = {"type": "multi", "name": "mix", "calculate_output": "0.25 * exact + 0.75 * rouge",
+             "graders": {"exact": EXACT, "rouge": ROUGE}}
+    mixed = graders.run(grader=multi, model_sample="the cat sat on the mat",  # type: ignore[arg-type]
+                        item={"answer": "the cat is on the mat"})
+    assert mixed.reward == pytest.approx(0.75 * 5 / 6) and mixed.metadata.type == "multi"
+    assert mixed.sub_rewards == {"exact": 0.0, "rouge": pytest.approx(5 / 6)}
+    missing = graders.run(grader=EXACT, model_sample="Paris", item={"question": "?"})  # type: ignore[arg-type]
+    assert missing.reward == 0.0 and missing.metadata.errors.invalid_variable_error
+
+
+def test_validate_echoes_a_grader_it_can_run(client: openai.OpenAI) -> None:
+    answer = client.fine_tuning.alpha.graders.validate(grader=EXACT)  # type: ignore[arg-type]
+    assert answer.grader is not None and answer.grader.model_dump(exclude_none=True) == EXACT
+
+
+@pytest.mark.parametrize(("grader", "param"), [
+    ({**EXACT, "operation": "regex"}, "grader.operation"),
+    ({**EXACT, "reference": "{{ row.answer }}"}, "grader.reference"),
+    ({**ROUGE, "evaluation_metric": "cosine"}, "grader.evaluation_metric"),
+    ({"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"}, "grader.type"),
+    ({"type": "multi", "name": "m", "calculate_output": "exact + nope", "graders": {"exact": EXACT}},
+     "grader.calculate_output"),
+])
+def test_what_cannot_run_is_a_400_naming_the_field(client: openai.OpenAI, grader: dict[str, Any],
+                                                   param: str) -> None:
+    for call in (lambda: client.fine_tuning.alpha.graders.validate(grader=grader),  # type: ignore[arg-type]
+                 lambda: client.fine_tuning.alpha.graders.run(grader=grader, model_sample="x")):  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError) as info:
+            call()
+        error = info.value.body
+        assert isinstance(error, dict) and error["param"] == param and error["code"] == "invalid_grader"
+
+
+def test_bad_bodies_are_400s(server: LocalServer) -> None:
+    url, headers = f"{server.url}/v1/fine_tuning/alpha/graders/run", {"Authorization": f"Bearer {KEY}"}
+    for body, param in (({"grader": EXACT}, "model_sample"), ({"grader": EXACT, "model_sample": 3}, "model_sample"),
+                        ({"grader": EXACT, "model_sample": "x" * 70_000}, "model_sample"),
+                        ({"grader": EXACT, "model_sample": "x", "item": [1]}, "item")):
+        answer = httpx.post(url, json=body, headers=headers, timeout=30)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+    assert httpx.post(url, json={"grader": EXACT, "model_sample": "x"}, timeout=30).status_code == 401
