@@ -179,7 +179,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
                         public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes,
                         max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine,
-                        engines=args.engines,
+                        engines=args.engines, enable_python_graders=args.enable_python_graders,
                         dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers)
     try:
         opts.validate()
@@ -255,6 +255,9 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--dedicated-workers", type=int, default=2,
                        help="workers of a dedicated run that does not say (one CPU each, one GPU each with "
                             "--device cuda; default: 2)")
+    serve.add_argument("--enable-python-graders", action="store_true",
+                       help="run `python` graders, each sample in a limited child process (docs/graders.md: "
+                            "what isolation that gives and what it does not; default: off, a 400)")
     serve.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
     serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     serve.set_defaults(handler=_cmd_serve)

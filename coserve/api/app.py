@@ -30,7 +30,7 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
               max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, scheduler: Any = None,
               max_lora_rank: int | None = None, public_metrics: bool = False,
-              max_n: int = DEFAULT_MAX_N, dedicated: Any = None) -> FastAPI:
+              max_n: int = DEFAULT_MAX_N, dedicated: Any = None, python_graders: Any = None) -> FastAPI:
     """The OpenAI-compatible gateway over `store`.
 
     Args:
@@ -50,6 +50,7 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
         max_n: the most completions (`n`) one chat request may ask for, 1..128 (400 above it).
         dedicated: the Ray cluster's room for dedicated fine-tuning runs
             (`coserve.dedicated.capacity.ClusterCapacity`); None: no Ray, a job asking for one is a 400.
+        python_graders: the `PythonGraderRunner` of `python` graders; None: they are off (a 400).
 
     Raises:
         ValueError: an empty or fine-tuned model id in `base_models`, a byte limit < 1, or `max_n`
@@ -78,7 +79,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
     app.state.gateway = GatewayState(store=store, tenants=tenants, base_models=tuple(base_models),
                                      max_upload_bytes=max_upload_bytes, max_request_bytes=max_request_bytes,
                                      scheduler=scheduler, max_lora_rank=max_lora_rank,
-                                     public_metrics=public_metrics, max_n=max_n, dedicated=dedicated)
+                                     public_metrics=public_metrics, max_n=max_n, dedicated=dedicated,
+                                     python_graders=python_graders)
     install_error_handlers(app)
     # Every body is capped before it is parsed: JSON bodies at max_request_bytes (a big one would stall the
     # event loop in parsing), the upload endpoint at its file limit plus the multipart framing.

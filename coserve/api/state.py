@@ -46,6 +46,8 @@ class GatewayState:
         max_n: the most completions (`n`) one chat request may ask for; more is a 400 naming `n`.
         dedicated: the Ray cluster's room for dedicated fine-tuning runs (`DedicatedCapacity`); None: the
             server has no Ray (`--local`), a job asking for a dedicated run is a 400.
+        python_graders: runs `python` graders (`coserve.graders.python_grader.PythonGraderRunner`); None:
+            they are off (`--enable-python-graders` not given), a 400.
     """
 
     store: MetadataStore
@@ -58,6 +60,7 @@ class GatewayState:
     public_metrics: bool = False
     max_n: int = DEFAULT_MAX_N
     dedicated: Any = None
+    python_graders: Any = None
 
 
 def get_state(request: Request) -> GatewayState:

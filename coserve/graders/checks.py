@@ -1,7 +1,8 @@
 """Whether this server can run a grader, checked before anything runs (`check_grader`): its templates
 (`templates.check_template`), a multi grader's formula (`formula.check_formula`), its metric
 (`similarity.unsupported`), and its type: `python`, `score_model` and `label_model` graders are refused
-by name until coserve runs them. Each refusal is a `SettingsError` whose `param` is the field's path."""
+by name until coserve runs them, and `python` graders unless the operator turned them on. Each refusal is
+a `SettingsError` whose `param` is the field's path."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from coserve.graders.templates import check_template
 Variable = tuple[str, list[str | int]]
 
 
-def check_grader(grader: Grader, param: str = "grader") -> list[Variable]:
+def check_grader(grader: Grader, param: str = "grader", *, python: bool = False) -> list[Variable]:
     """The template variables the grader reads (for a job to check against its rows); SettingsError when
-    this server cannot run it."""
+    this server cannot run it. `python`: the server runs python graders (`--enable-python-graders`)."""
     if isinstance(grader, StringCheckGrader | TextSimilarityGrader):
         if isinstance(grader, TextSimilarityGrader) and (reason := unsupported(grader.metric)) is not None:
             raise SettingsError(f"{param}.evaluation_metric", reason)
@@ -32,10 +33,14 @@ def check_grader(grader: Grader, param: str = "grader") -> list[Variable]:
     if isinstance(grader, MultiGrader):
         names = [name for name, _ in grader.graders]
         check_formula(grader.calculate_output, names, f"{param}.calculate_output")
-        return [v for name, sub in grader.graders for v in check_grader(sub, f"{param}.graders.{name}")]
+        return [v for name, sub in grader.graders
+                for v in check_grader(sub, f"{param}.graders.{name}", python=python)]
     if isinstance(grader, PythonGrader):
-        raise SettingsError(f"{param}.type", "python graders do not run on coserve yet; use string_check, "
-                            "text_similarity or multi")
+        if not python:
+            raise SettingsError(f"{param}.type", "python graders are off on this server: its operator turns "
+                                "them on with `coserve serve --enable-python-graders` (docs/graders.md says "
+                                "what isolation they run with)")
+        return []
     assert isinstance(grader, ModelGrader)
     raise SettingsError(f"{param}.type", f"{grader.kind} graders do not run on coserve yet; use string_check, "
                         "text_similarity or multi")

@@ -9,8 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coserve.contract.grader import Grader, MultiGrader, StringCheckGrader, StringOperation, TextSimilarityGrader
+from coserve.contract.grader import (
+    Grader,
+    MultiGrader,
+    PythonGrader,
+    StringCheckGrader,
+    StringOperation,
+    TextSimilarityGrader,
+)
 from coserve.graders.formula import FormulaError, evaluate
+from coserve.graders.python_grader import PythonGraderRunner, PythonOutcome
 from coserve.graders.similarity import similarity
 from coserve.graders.templates import Sample, SampleParseError, VariableError, render
 
@@ -23,12 +31,23 @@ class GradeErrors:
     invalid_variable_error: bool = False
     sample_parse_error: bool = False
     other_error: bool = False
+    python_grader_runtime_error: bool = False
+    python_grader_server_error: bool = False
+    python_grader_server_error_type: str | None = None
     details: list[str] = field(default_factory=list)
 
     @property
     def any(self) -> bool:
         return self.formula_parse_error or self.invalid_variable_error or self.sample_parse_error or \
-            self.other_error
+            self.other_error or self.python_grader_runtime_error or self.python_grader_server_error
+
+
+class PythonGraderFailed(RuntimeError):
+    """A python grader gave no reward (`outcome` says why)."""
+
+    def __init__(self, outcome: PythonOutcome) -> None:
+        super().__init__(outcome.details or "the python grader gave no reward")
+        self.outcome = outcome
 
 
 @dataclass(slots=True)
@@ -50,24 +69,44 @@ def _string_check(grader: StringCheckGrader, item: Mapping[str, Any], sample: Sa
     return float(reference.lower() in text.lower())
 
 
-def _score(grader: Grader, item: Mapping[str, Any], sample: Sample, subs: dict[str, float]) -> float:
+def _python(grader: PythonGrader, item: Mapping[str, Any], sample: Sample,
+            runner: PythonGraderRunner | None) -> float:
+    if runner is None:  # checks.check_grader refused it
+        raise RuntimeError("python graders are off on this server")
+    try:
+        output_json = sample.output_json
+    except SampleParseError:
+        output_json = None
+    outcome = runner.run(grader.source, {"output_text": sample.output_text, "output_json": output_json},
+                         dict(item))
+    if outcome.reward is None:
+        raise PythonGraderFailed(outcome)
+    return outcome.reward
+
+
+def _score(grader: Grader, item: Mapping[str, Any], sample: Sample, subs: dict[str, float],
+           runner: PythonGraderRunner | None) -> float:
+    if isinstance(grader, PythonGrader):
+        return _python(grader, item, sample, runner)
     if isinstance(grader, StringCheckGrader):
         return _string_check(grader, item, sample)
     if isinstance(grader, TextSimilarityGrader):
         return similarity(grader.metric, render(grader.input, item, sample),
                           render(grader.reference, item, sample))
-    assert isinstance(grader, MultiGrader)  # checks.check_grader refused the others
-    scores = {name: _score(sub, item, sample, {}) for name, sub in grader.graders}
+    assert isinstance(grader, MultiGrader)  # checks.check_grader refused the model graders
+    scores = {name: _score(sub, item, sample, {}, runner) for name, sub in grader.graders}
     subs.update(scores)
     return evaluate(grader.calculate_output, scores)
 
 
-def grade(grader: Grader, item: Mapping[str, Any], model_sample: str) -> Grade:
-    """Grade `model_sample` for the dataset row `item` (checked with `checks.check_grader` first)."""
+def grade(grader: Grader, item: Mapping[str, Any], model_sample: str,
+          python: PythonGraderRunner | None = None) -> Grade:
+    """Grade `model_sample` for the dataset row `item` (checked with `checks.check_grader` first);
+    `python` runs python graders."""
     start, errors, reward = time.perf_counter(), GradeErrors(), 0.0
     subs: dict[str, float] = {}
     try:
-        reward = _score(grader, item, Sample(model_sample), subs)
+        reward = _score(grader, item, Sample(model_sample), subs, python)
     except VariableError as err:
         errors.invalid_variable_error = True
         errors.details.append(str(err))
@@ -76,5 +115,11 @@ def grade(grader: Grader, item: Mapping[str, Any], model_sample: str) -> Grade:
         errors.details.append(str(err))
     except FormulaError as err:
         errors.formula_parse_error = True
+        errors.details.append(str(err))
+    except PythonGraderFailed as err:
+        outcome = err.outcome
+        errors.python_grader_runtime_error, errors.python_grader_server_error = \
+            outcome.runtime_error, outcome.server_error
+        errors.python_grader_server_error_type = outcome.error_type
         errors.details.append(str(err))
     return Grade(reward, subs, errors, time.perf_counter() - start)

@@ -62,11 +62,13 @@ def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, la
     `dedicated`: the Ray cluster's room for dedicated fine-tuning runs (None with `--local`)."""
     from coserve.api.app import build_app
     from coserve.frontend.scheduler_frontend import SchedulerFrontend
+    from coserve.graders.python_grader import PythonGraderRunner
 
     frontend = SchedulerFrontend.for_engine(opts.model, scheduler, layout)
     return build_app(store, tenants, [opts.base_model_id], scheduler=frontend, max_lora_rank=layout.max_lora_rank,
                      public_metrics=opts.public_metrics, max_request_bytes=opts.max_request_bytes, max_n=opts.max_n,
-                     max_upload_bytes=opts.max_upload_bytes, dedicated=dedicated)
+                     max_upload_bytes=opts.max_upload_bytes, dedicated=dedicated,
+                     python_graders=PythonGraderRunner() if opts.enable_python_graders else None)
 
 
 # ----------------------------------------------------------------------------------- local mode

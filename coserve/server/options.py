@@ -52,6 +52,7 @@ class ServeOptions:
     dedicated_workers: int = 2  # workers of a dedicated run that does not say (finetune.dedicated)
     engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.torch_engine.builders)
     engines: int | None = None  # engine actors (`--engines`; None: one per visible GPU, one on the CPU)
+    enable_python_graders: bool = False  # run `python` graders in limited child processes (graders.python_grader)
 
     @property
     def base_model_id(self) -> str:

@@ -81,3 +81,22 @@ def test_bad_bodies_are_400s(server: LocalServer) -> None:
         answer = httpx.post(url, json=body, headers=headers, timeout=30)
         assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
     assert httpx.post(url, json={"grader": EXACT, "model_sample": "x"}, timeout=30).status_code == 401
+
+
+def test_python_graders_run_when_the_operator_turns_them_on(llama_dir: Path, tmp_path: Path,
+                                                            client: openai.OpenAI) -> None:
+    python = {"type": "python", "name": "py",
+              "source": "def grade(sample, item):\n    return float(sample['output_text'] == item['answer'])\n"}
+    with pytest.raises(openai.BadRequestError) as info:  # off by default: the message says how to turn on
+        client.fine_tuning.alpha.graders.validate(grader=python)  # type: ignore[arg-type]
+    assert "--enable-python-graders" in str(info.value.body)
+    with local_server(llama_dir, tmp_path, {"t": {"api_keys": [KEY]}}, enable_python_graders=True) as on:
+        graders = openai.OpenAI(base_url=f"{on.url}/v1", api_key=KEY, max_retries=0).fine_tuning.alpha.graders
+        assert graders.validate(grader=python).grader is not None  # type: ignore[arg-type]
+        right = graders.run(grader=python, model_sample="Paris", item={"answer": "Paris"})  # type: ignore[arg-type]
+        assert right.reward == 1.0 and right.metadata.type == "python"
+        broken = graders.run(grader={**python, "source": "def grade(sample, item):\n    return item['x']\n"},  # type: ignore[arg-type]
+                             model_sample="Paris", item={"answer": "Paris"})
+        errors = broken.metadata.errors
+        assert broken.reward == 0.0 and errors.python_grader_runtime_error
+        assert "KeyError" in (errors.python_grader_runtime_error_details or "")
