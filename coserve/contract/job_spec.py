@@ -67,6 +67,8 @@ class FinetuneJobSpec:
     A DPO job (`loss.kind` dpo) trains on pairs: `examples[i]` is pair i's chosen answer and
     `rejected_examples[i]` its rejected one. `reference_logprobs` holds the pairs' reference sums known
     when the job starts (pair index -> (chosen, rejected), from the checkpoint a resume starts from).
+    A reinforcement job (a policy-gradient loss) has prompts for examples (nothing trained in them): its
+    batches are its graded rollouts of them, fed to the job as they are ready (`FinetuneJob.feed`).
     """
 
     job_id: str
@@ -97,6 +99,10 @@ class FinetuneJobSpec:
     def is_preference(self) -> bool:
         return self.loss.kind == LossKind.DPO
 
+    @property
+    def is_reinforcement(self) -> bool:
+        return self.loss.kind.needs_sampling_logprobs
+
     def __post_init__(self) -> None:
         checks = {"n_epochs": self.n_epochs, "batch_size": self.batch_size,
                   "num_layers": self.num_layers, "max_window_tokens": self.max_window_tokens,
@@ -110,7 +116,7 @@ class FinetuneJobSpec:
             if len(example.token_ids) < 2 or len(example.trained) != len(example.token_ids):
                 raise ValueError(f"job {self.job_id}: example {i} needs >= 2 tokens and one "
                                  f"trained flag per token")
-            if not any(example.trained[1:]):
+            if not any(example.trained[1:]) and not self.is_reinforcement:
                 raise ValueError(f"job {self.job_id}: example {i} has no trained token")
         if self.is_preference != bool(self.rejected_examples) or (
                 self.is_preference and len(self.rejected_examples) != len(self.examples)):
@@ -122,9 +128,9 @@ class FinetuneJobSpec:
         for i, example in enumerate(self.rejected_examples):
             if len(example.token_ids) < 2 or not any(example.trained[1:]):
                 raise ValueError(f"job {self.job_id}: rejected example {i} has no trained token")
-        if self.loss.kind not in (LossKind.CROSS_ENTROPY, LossKind.DPO):
-            raise ValueError(f"job {self.job_id}: a job trains with cross-entropy or DPO, not "
-                             f"{self.loss.kind.value}")
+        if self.is_reinforcement and (self.validation_examples or any(any(e.trained) for e in self.examples)):
+            raise ValueError(f"job {self.job_id}: a reinforcement job's examples are prompts (nothing "
+                             f"trained), and it has no validation examples")
         if (self.resume_from is None) != (self.start_position is None):
             raise ValueError("resume_from and start_position go together")
         if self.start_trained_tokens < 0 or (self.start_trained_tokens and self.start_position is None):

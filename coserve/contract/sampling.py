@@ -116,11 +116,14 @@ class SamplingParams:
 
 @dataclass(slots=True)
 class AdapterRef:
-    """A LoRA adapter a request runs through: unique int id, display name, PEFT folder."""
+    """A LoRA adapter a request runs through: unique int id, display name, PEFT folder, and the version of
+    its weights: an adapter trained in place (a reinforcement job's, sampled between its steps) has a new
+    version after each step, and the prefix cache never gives one version's K/V to another."""
 
     adapter_id: int
     name: str
     path: str
+    version: int = 0
 
 
 @dataclass(frozen=True, slots=True)

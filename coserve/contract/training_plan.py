@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coserve.contract.loss_spec import LossSpec
+from coserve.contract.loss_spec import LossSpec, TokenInputs
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 
 
@@ -83,6 +83,10 @@ class SequenceStart:
     rejected: bool = False  # the example is a DPO pair's rejected answer (`JobStart.rejected_examples`)
     reference: bool = False  # the base model alone (adapter off), forward only: DPO's reference pass
     pair: PairStart | None = None  # a DPO pair's trained sequence
+    # A sequence made while the job runs (a reinforcement job's graded rollout): its tokens, in place of
+    # `JobStart.examples[example_index]`, and its loss's per-token inputs (sampling log-probs, advantages).
+    example: TrainingExample | None = None
+    inputs: TokenInputs | None = None
 
 
 @dataclass(slots=True)

@@ -17,7 +17,8 @@ token counter:
 
 When inference needs KV blocks, `release_kv` drops the sequence in flight (the engine restores the
 gradient it had before the sequence and frees the kept activations; the sequence is redone later).
-A DPO job's batches (reference passes, pairs): `preference_batches`; validation passes: `validation_pass`.
+A DPO job's batches (reference passes, pairs): `preference_batches`; a reinforcement job's (its graded
+rollouts, fed by its driver): `rollout_batches`; validation passes: `validation_pass`.
 Pure Python: no torch, no Ray. The job's spec, states and events are in `coserve.contract.job_spec`.
 """
 
@@ -38,6 +39,7 @@ from coserve.contract.training_plan import (
 )
 from coserve.finetune.preference_batches import ReferenceSums, pair_start, preference_batch
 from coserve.finetune.progress import BatchProgress, SequenceProgress
+from coserve.finetune.rollout_batches import FedBatch, fed_batch_progress
 from coserve.finetune.validation_pass import ValidationPass
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
@@ -74,6 +76,8 @@ class FinetuneJob:
         self._validation = ValidationPass(spec)
         self._pending: list[JobEvent] = []  # events found while planning, reported by `update`
         self._references = ReferenceSums(dict(spec.reference_logprobs))  # a DPO job's reference sums
+        self._fed: list[FedBatch] = []  # a reinforcement job's graded batches, not started yet
+        self._step_metrics: dict[int, dict[str, float]] = {}  # their rewards, for their steps' events
 
     # ------------------------------------------------------------------------------ properties
 
@@ -94,6 +98,17 @@ class FinetuneJob:
     def last_planned_step(self) -> int:
         """Step id of the last plan this job put work into (-1: none yet)."""
         return self._last_planned
+
+    @property
+    def needs_rollouts(self) -> bool:
+        """A running reinforcement job with no batch in flight or fed: its next batch is to be sampled
+        (from `position`, after the last step's weights are in the engine)."""
+        return self.spec.is_reinforcement and self.runnable and self._started and self._batch is None \
+            and not self._fed and self.position.epoch < self.spec.n_epochs
+
+    def feed(self, batch: FedBatch) -> None:
+        """Queue a reinforcement job's graded batch (`rollout_batches`)."""
+        self._fed.append(batch)
 
     @property
     def runnable(self) -> bool:
@@ -243,6 +258,8 @@ class FinetuneJob:
         if self.position.epoch >= spec.n_epochs:
             self._finish(plan)
             return False
+        if spec.is_reinforcement:
+            return self._next_fed_batch()
         indices, after = self.position.next_batch(len(spec.examples), spec.batch_size)
         if spec.is_preference:
             self._batch = preference_batch(spec, after, indices, self._references.known,
@@ -256,6 +273,15 @@ class FinetuneJob:
             sequences.append(seq)
         normalizer = sum(trained_tokens(spec.examples[i]) for i in indices)
         self._batch = BatchProgress(after=after, normalizer=normalizer, sequences=sequences)
+        return True
+
+    def _next_fed_batch(self) -> bool:
+        """The next graded batch; False while there is none (the driver is sampling it)."""
+        if not self._fed:
+            return False
+        fed = self._fed.pop(0)
+        self._batch = fed_batch_progress(fed, self.spec.num_layers, f"{self.job_id}/s{fed.after.step}")
+        self._step_metrics[fed.after.step] = dict(fed.metrics)
         return True
 
     def _finish(self, plan: IterationPlan) -> None:
@@ -297,11 +323,14 @@ class FinetuneJob:
         normalizer = 1 if spec.is_preference else batch.normalizer  # DPO's coefficient has the mean
         plan.training.sequence_starts.append(SequenceStart(
             seq.sequence_id, self.job_id, seq.example_index, normalizer, evaluate=batch.evaluation,
-            rejected=seq.rejected, reference=seq.reference, pair=pair))
+            rejected=seq.rejected, reference=seq.reference, pair=pair, example=seq.example,
+            inputs=seq.inputs))
         seq.started = True
         return True
 
     def _example(self, seq: SequenceProgress) -> TrainingExample:
+        if seq.example is not None:
+            return seq.example
         return (self.spec.rejected_examples if seq.rejected else self.spec.examples)[seq.example_index]
 
     def _schedule_backward(self, plan: IterationPlan, seq: SequenceProgress, budget: int) -> float:
@@ -378,9 +407,10 @@ class FinetuneJob:
         for step in report.steps:
             if step.job_id == self.job_id:
                 self.trained_tokens += step.num_tokens
+                metrics = {**step.metrics, **self._step_metrics.pop(step.step, {})}
                 events.append(JobEvent(self.job_id, JobEventKind.STEP, step.step, loss=step.loss,
                                        grad_norm=step.grad_norm, learning_rate=step.learning_rate,
-                                       num_tokens=step.num_tokens, metrics=dict(step.metrics)))
+                                       num_tokens=step.num_tokens, metrics=metrics))
         for saved in report.saved:
             if saved.job_id == self.job_id:
                 events.append(self._on_saved(plan, saved.path, saved.step))

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
-from coserve.contract.training_plan import PairStart
+from coserve.contract.loss_spec import TokenInputs
+from coserve.contract.training_plan import PairStart, TrainingExample
 
 
 @dataclass(slots=True)
@@ -28,6 +29,10 @@ class SequenceProgress:
     reference: bool = False
     group: int = 0
     pair: PairStart | None = None
+    # A reinforcement job's graded rollout: its tokens and its loss's per-token inputs (None: the job's
+    # example `example_index`).
+    example: TrainingExample | None = None
+    inputs: TokenInputs | None = None
 
     def reset(self) -> None:
         """Back to the start (before its forward): a sequence redone after its KV was released."""

@@ -18,8 +18,12 @@ class Budget:
 
 
 def prefix_salt(request: Request) -> int:
-    """Salt for the request's prefix-cache hashes: a LoRA adapter changes K/V for the same tokens."""
-    return request.adapter.adapter_id if request.adapter is not None else BASE_MODEL_SALT
+    """Salt for the request's prefix-cache hashes: a LoRA adapter, and each version of an adapter trained
+    in place, changes K/V for the same tokens."""
+    adapter = request.adapter
+    if adapter is None:
+        return BASE_MODEL_SALT
+    return adapter.adapter_id if adapter.version == 0 else hash((adapter.adapter_id, adapter.version))
 
 
 def check_new_request(request: Request, max_model_len: int) -> None:

@@ -14,13 +14,14 @@ SLO: each iteration gives fine-tuning what the inference tokens leave of `max_ba
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.finetune.host import JobHost
-from coserve.finetune.job import FinetuneJob, JobEvent, JobEventKind, JobState
+from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobEvent, JobEventKind, JobState
 from coserve.finetune.roster import whole_iteration_allowance
-from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob
+from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.tenancy.vtc import VirtualTokenCounter, VTCWeights
@@ -77,12 +78,13 @@ class OfflineJobs:
     def next_adapter_id(self) -> int:
         return next(self._adapter_ids)
 
-    def submit(self, prepared: PreparedJob) -> FinetuneJob:
-        """Schedule a prepared job from the next iteration on. Raises ValueError on a duplicate id."""
-        if prepared.spec.job_id in self._jobs:
-            raise ValueError(f"job id {prepared.spec.job_id!r} is already used")
-        job = self.host.start(prepared.spec)
-        self._jobs[job.job_id] = _Tracked(job, list(prepared.dataset.warnings))
+    def submit(self, spec: FinetuneJobSpec, warnings: Sequence[str] = ()) -> FinetuneJob:
+        """Schedule a job from the next iteration on (`warnings`: what preparing its data found).
+        Raises ValueError on a duplicate id."""
+        if spec.job_id in self._jobs:
+            raise ValueError(f"job id {spec.job_id!r} is already used")
+        job = self.host.start(spec)
+        self._jobs[job.job_id] = _Tracked(job, list(warnings))
         return job
 
     def _collect_events(self) -> None:

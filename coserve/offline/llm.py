@@ -21,10 +21,12 @@ from coserve.cluster.engine_core import EngineCore
 from coserve.contract import defaults
 from coserve.contract.engine import EngineKind
 from coserve.contract.engine_config import EngineConfig
+from coserve.contract.grader import Grader
 from coserve.contract.loss_spec import LossSpec
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
+from coserve.finetune.rollouts import RolloutDriver
 from coserve.frontend.adapter_check import AdapterChecker
 from coserve.frontend.chat_template import encode_chat
 from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, prepare_job
@@ -117,6 +119,7 @@ class LLM:
                                 self.engine.model_config.num_layers)
         self.core = EngineCore(self.policy, self.jobs)
         self._grammars = GrammarCheck()
+        self._rollouts: list[RolloutDriver] = []  # reinforcement jobs' rollout loops
 
     def get_tokenizer(self) -> object:
         return self.tokenizer
@@ -237,7 +240,39 @@ class LLM:
             max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
             hyperparameters=_hyperparameters(hyperparameters), lora=_lora_settings(lora), seed=seed,
             base_model_name_or_path=self.engine.config.model, validation=validation, loss=loss)
-        return self.jobs.submit(prepared).job_id
+        return self.jobs.submit(prepared.spec, prepared.dataset.warnings).job_id
+
+    def start_reinforcement(self, rows: Sequence[Mapping[str, Any]], grader: Grader | Mapping[str, Any],
+                            output_dir: str,
+                            hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
+                            lora: LoRASettings | Mapping[str, Any] | None = None, seed: int = 0,
+                            samples: int = 4, max_tokens: int = 64, loss: LossSpec | None = None,
+                            job_id: str | None = None) -> str:
+        """Start a reinforcement fine-tuning job (GRPO); returns its id at once.
+
+        Each batch samples `samples` completions (at most `max_tokens` each) of each of its rows' prompts
+        from the adapter being trained, grades them with `grader` (OpenAI's grader JSON: docs/graders.md),
+        and trains the group-relative advantages with `loss` (default `importance_sampling`). `rows`:
+        `{"messages": [...], <fields the grader reads>}`. `wait` finishes it; each step's event carries
+        `train_reward_mean`.
+
+        Raises:
+            TooFewExamplesError: fewer than 10 rows.
+            SettingsError: a bad row, grader or setting (`param` names it).
+        """
+        from coserve.offline.reinforcement import prepare_reinforcement
+
+        adapter_id = self.jobs.next_adapter_id()
+        prepared = prepare_reinforcement(
+            self.tokenizer, rows, grader, job_id=job_id or f"ftjob-{adapter_id - FIRST_TRAINING_ADAPTER_ID}",
+            adapter_id=adapter_id, num_layers=self.engine.model_config.num_layers,
+            max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
+            hyperparameters=_hyperparameters(hyperparameters), lora=_lora_settings(lora), seed=seed,
+            samples=samples, max_tokens=max_tokens, loss=loss, base_model_name_or_path=self.engine.config.model)
+        job = self.jobs.submit(prepared.spec)
+        self._rollouts.append(RolloutDriver(job, prepared.prompts, prepared.settings, prepared.reward, self._eos,
+                                            self.policy.add_request, self.policy.abort))
+        return job.job_id
 
     def wait(self, job_id: str) -> FineTuneResult:
         """Run iterations (with any queued inference) until the job ends; returns its result."""
@@ -273,6 +308,8 @@ class LLM:
             item = by_id.get(request.request_id)
             if item is not None:
                 self._on_token(item, logprobs.get(request.request_id))
+        for driver in self._rollouts:
+            driver.advance(step)
 
     def _on_token(self, item: _Run, lp: TokenLogprobs | None) -> None:
         item.output.add(item.request.output_token_ids[-1:], None if lp is None else [lp])

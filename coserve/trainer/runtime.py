@@ -45,7 +45,7 @@ from coserve.trainer.checkpoint import save_checkpoint
 from coserve.trainer.lora_params import TrainableLoRA
 from coserve.trainer.optimizer import LoRAOptimizer, NonFiniteGradientError
 from coserve.trainer.setup import build_trainable
-from coserve.trainer.token_losses import SequenceLogprob
+from coserve.trainer.token_losses import SequenceLogprob, TokenLoss, token_loss
 from coserve.trainer.windowed import SequenceState, WindowedTrainer
 
 
@@ -76,9 +76,23 @@ class _Job:
     batch_pairs: list[tuple[DpoPair, PairLogprobs]] = field(default_factory=list)  # a DPO batch's
 
     def example(self, start: SequenceStart) -> tuple[torch.Tensor, torch.Tensor]:
+        if start.example is not None:  # made while the job runs (a graded rollout)
+            device = self.trainer.model.device
+            return (torch.tensor(start.example.token_ids, dtype=torch.int64, device=device),
+                    torch.tensor(start.example.trained, dtype=torch.bool, device=device))
         if start.evaluate:
             return (self.validation_rejected if start.rejected else self.validation)[start.example_index]
         return (self.rejected if start.rejected else self.examples)[start.example_index]
+
+
+def _sequence_loss(spec: LossSpec, start: SequenceStart, device: torch.device) -> TokenLoss | None:
+    """The token loss of a sequence: DPO's summed log-probs, a policy-gradient loss over the sequence's
+    per-token inputs, or None (cross-entropy on its trained tokens)."""
+    if spec.kind == LossKind.DPO:
+        return SequenceLogprob()
+    if start.inputs is None:
+        return None
+    return token_loss(spec, start.inputs, device)
 
 
 @dataclass(slots=True)
@@ -131,7 +145,7 @@ class TrainingRuntime:
                 continue  # the job failed in this plan; its work is skipped
             ids, trained = job.example(seq)
             forward_only = seq.evaluate or seq.reference
-            loss = SequenceLogprob() if job.loss.kind == LossKind.DPO else None
+            loss = _sequence_loss(job.loss, seq, ids.device)
             state = job.trainer.start_sequence(ids, trained, seq.loss_normalizer,
                                                paged=self.cache is not None, keep_inputs=not forward_only,
                                                loss=loss, adapter=not seq.reference)

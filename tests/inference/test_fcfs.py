@@ -271,6 +271,20 @@ def test_adapters_do_not_share_prefix_blocks() -> None:
     assert spans(plan)[1:] == [("b", 0, 10, True), ("c", 0, 10, True)]
 
 
+def test_versions_of_an_adapter_trained_in_place_do_not_share_prefix_blocks() -> None:
+    """A reinforcement job samples its adapter between steps: the same id and slot, new weights."""
+    policy = make_policy()
+    prompt = list(range(10))
+    ref = AdapterRef(7, "training:j", "training:j")
+    policy.add_request(Request("a", prompt, SamplingParams(max_tokens=16), adapter=ref))
+    step(policy)
+    for request_id, version, cached in (("b", 0, 8), ("c", 1, 0)):
+        versioned = AdapterRef(7, "training:j", "training:j", version=version)
+        policy.add_request(Request(request_id, prompt, SamplingParams(max_tokens=16), adapter=versioned))
+        plan, _ = step(policy)
+        assert (plan.chunks[-1].request_id, plan.chunks[-1].start) == (request_id, cached)
+
+
 # -------------------------------------------------------------------------------- adapters
 
 def test_adapter_slot_exhaustion_makes_requests_wait() -> None:
