@@ -4,6 +4,7 @@ the same reference as the co-served DPO job's test (`test_coserved_dpo._referenc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,13 +29,20 @@ def _sequence(example) -> TrainingSequence:  # type: ignore[no-untyped-def]
     return TrainingSequence(torch.tensor(example.token_ids), torch.tensor(example.trained))
 
 
-def test_dpo_steps_equal_peft_with_trls_loss(llama_dir: Path, tmp_path: Path) -> None:
+def _set_up(llama_dir: Path, tmp_path: Path) -> tuple[dict[str, torch.Tensor], Any, WindowedTrainer,
+                                                      list[PreferencePair], Any, Any]:
+    """The start weights, the optimizer, a trainer on them, the test's pairs (and their examples)."""
     engine = _engine(llama_dir)
     init = _start_checkpoint(engine, tmp_path / "start")
     lora, optimizer, _ = load_checkpoint(tmp_path / "start", engine.model_config, "cpu")
-    trainer = WindowedTrainer(engine.model, lora)
     chosen, rejected = _pairs(engine.model_config.vocab_size)
     pairs = [PreferencePair(_sequence(c), _sequence(r)) for c, r in zip(chosen, rejected)]
+    return init, optimizer, WindowedTrainer(engine.model, lora), pairs, chosen, rejected
+
+
+def test_dpo_steps_equal_peft_with_trls_loss(llama_dir: Path, tmp_path: Path) -> None:
+    init, optimizer, trainer, pairs, _, _ = _set_up(llama_dir, tmp_path)
+    lora = trainer.lora
     references: dict[int, tuple[float, float]] = {}
     position, events = DataPosition(seed=11), []
     for _ in range(2):
@@ -61,12 +69,7 @@ def test_reference_sums_and_validation_match_peft(llama_dir: Path, tmp_path: Pat
     from test_coserved_training import LORA
     from transformers import AutoModelForCausalLM
 
-    engine = _engine(llama_dir)
-    init = _start_checkpoint(engine, tmp_path / "start")
-    lora, _, _ = load_checkpoint(tmp_path / "start", engine.model_config, "cpu")
-    trainer = WindowedTrainer(engine.model, lora)
-    chosen, rejected = _pairs(engine.model_config.vocab_size)
-    pairs = [PreferencePair(_sequence(c), _sequence(r)) for c, r in zip(chosen, rejected)]
+    init, _, trainer, pairs, chosen, rejected = _set_up(llama_dir, tmp_path)
     hf = get_peft_model(AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32),
                         LoraConfig(r=LORA.r, lora_alpha=LORA.lora_alpha, lora_dropout=0.0,
                                    target_modules=list(LORA.target_modules)))
