@@ -76,8 +76,8 @@ def main() -> int:
     llm = LLM(str(args.model), dtype="float32", max_lora_rank=16, max_batch_tokens=512, max_num_seqs=32)
     before = evaluate(llm, held, None)
     start = time.perf_counter()
-    job_id = llm.start_reinforcement(train, GRADER, tempfile.mkdtemp(),
-                                     {"n_epochs": args.epochs, "batch_size": 8, "learning_rate_multiplier": args.lr_multiplier},
+    hyperparameters = {"n_epochs": args.epochs, "batch_size": 8, "learning_rate_multiplier": args.lr_multiplier}
+    job_id = llm.start_reinforcement(train, GRADER, tempfile.mkdtemp(), hyperparameters,
                                      {"r": 16, "lora_alpha": 32}, samples=4, max_tokens=16)
     result = llm.wait(job_id)
     seconds = time.perf_counter() - start
