@@ -46,8 +46,9 @@ def check_formula(formula: str, grader_names: Sequence[str], param: str) -> None
         raise SettingsError(param, f"{param} is {len(formula)} characters; at most {MAX_FORMULA_CHARS}")
     try:
         tree = ast.parse(_python(formula), mode="eval")
-    except (SyntaxError, RecursionError, MemoryError) as err:
-        reason = err.msg if isinstance(err, SyntaxError) else "it nests too deep"
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # ValueError: a NUL character
+        reason = err.msg if isinstance(err, SyntaxError) else str(err) if isinstance(err, ValueError) \
+            else "it nests too deep"
         raise SettingsError(param, f"{param} does not parse: {reason}") from None
     known = set(grader_names) | set(_FUNCTIONS)
     for node in ast.walk(tree):

@@ -22,6 +22,12 @@ from coserve.graders.python_grader import PythonGraderRunner, PythonOutcome
 from coserve.graders.similarity import similarity
 from coserve.graders.templates import Sample, SampleParseError, VariableError, render
 
+MAX_SIMILARITY_CHARS = 10_000  # each text a similarity metric compares (ROUGE-L is quadratic in words)
+
+
+class TextTooLong(ValueError):
+    """A rendered text is over `MAX_SIMILARITY_CHARS` (reward 0, `other_error`)."""
+
 
 @dataclass(slots=True)
 class GradeErrors:
@@ -91,8 +97,11 @@ def _score(grader: Grader, item: Mapping[str, Any], sample: Sample, subs: dict[s
     if isinstance(grader, StringCheckGrader):
         return _string_check(grader, item, sample)
     if isinstance(grader, TextSimilarityGrader):
-        return similarity(grader.metric, render(grader.input, item, sample),
-                          render(grader.reference, item, sample))
+        text, reference = render(grader.input, item, sample), render(grader.reference, item, sample)
+        if max(len(text), len(reference)) > MAX_SIMILARITY_CHARS:
+            raise TextTooLong(f"text_similarity compares texts of at most {MAX_SIMILARITY_CHARS} characters; "
+                              f"got {len(text)} and {len(reference)}")
+        return similarity(grader.metric, text, reference)
     assert isinstance(grader, MultiGrader)  # checks.check_grader refused the model graders
     scores = {name: _score(sub, item, sample, {}, runner) for name, sub in grader.graders}
     subs.update(scores)
@@ -115,6 +124,9 @@ def grade(grader: Grader, item: Mapping[str, Any], model_sample: str,
         errors.details.append(str(err))
     except FormulaError as err:
         errors.formula_parse_error = True
+        errors.details.append(str(err))
+    except TextTooLong as err:
+        errors.other_error = True
         errors.details.append(str(err))
     except PythonGraderFailed as err:
         outcome = err.outcome

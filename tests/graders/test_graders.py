@@ -127,6 +127,13 @@ def test_errors_are_flags_with_a_zero_reward_not_exceptions() -> None:
     check_grader(divide)  # 1 / a has a value for other scores
     result = grade(divide, {"answer": "x"}, "y")
     assert result.reward == 0.0 and result.errors.formula_parse_error
+    rouge = parse_grader({"type": "text_similarity", "name": "r", "input": "{{ sample.output_text }}",
+                          "reference": "{{ item.answer }}", "evaluation_metric": "rouge_l"})
+    long = grade(rouge, {"answer": "word " * 3000}, "word " * 3000)  # 15,000 characters: over the bound
+    assert long.reward == 0.0 and long.errors.other_error and "at most 10000" in long.errors.details[0]
+    with pytest.raises(SettingsError, match="does not parse"):  # a NUL character: ast's ValueError
+        check_grader(parse_grader({"type": "multi", "name": "m", "calculate_output": "a\x00",
+                                   "graders": {"a": _check("eq")}}))
     huge = parse_grader({"type": "multi", "name": "m", "calculate_output": "2 ^ (1 + a * 1e7)",
                          "graders": {"a": _check("eq")}})
     check_grader(huge)  # bounded by simpleeval when it runs: a flag, not a hang or a 500
