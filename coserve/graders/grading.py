@@ -76,7 +76,7 @@ def _string_check(grader: StringCheckGrader, item: Mapping[str, Any], sample: Sa
 
 
 def _python(grader: PythonGrader, item: Mapping[str, Any], sample: Sample,
-            runner: PythonGraderRunner | None) -> float:
+            runner: PythonGraderRunner | None, wait: bool) -> float:
     if runner is None:  # checks.check_grader refused it
         raise RuntimeError("python graders are off on this server")
     try:
@@ -84,16 +84,16 @@ def _python(grader: PythonGrader, item: Mapping[str, Any], sample: Sample,
     except SampleParseError:
         output_json = None
     outcome = runner.run(grader.source, {"output_text": sample.output_text, "output_json": output_json},
-                         dict(item))
+                         dict(item), wait=wait)
     if outcome.reward is None:
         raise PythonGraderFailed(outcome)
     return outcome.reward
 
 
 def _score(grader: Grader, item: Mapping[str, Any], sample: Sample, subs: dict[str, float],
-           runner: PythonGraderRunner | None) -> float:
+           runner: PythonGraderRunner | None, wait: bool) -> float:
     if isinstance(grader, PythonGrader):
-        return _python(grader, item, sample, runner)
+        return _python(grader, item, sample, runner, wait)
     if isinstance(grader, StringCheckGrader):
         return _string_check(grader, item, sample)
     if isinstance(grader, TextSimilarityGrader):
@@ -103,19 +103,19 @@ def _score(grader: Grader, item: Mapping[str, Any], sample: Sample, subs: dict[s
                               f"got {len(text)} and {len(reference)}")
         return similarity(grader.metric, text, reference)
     assert isinstance(grader, MultiGrader)  # checks.check_grader refused the model graders
-    scores = {name: _score(sub, item, sample, {}, runner) for name, sub in grader.graders}
+    scores = {name: _score(sub, item, sample, {}, runner, wait) for name, sub in grader.graders}
     subs.update(scores)
     return evaluate(grader.calculate_output, scores)
 
 
 def grade(grader: Grader, item: Mapping[str, Any], model_sample: str,
-          python: PythonGraderRunner | None = None) -> Grade:
+          python: PythonGraderRunner | None = None, *, wait: bool = True) -> Grade:
     """Grade `model_sample` for the dataset row `item` (checked with `checks.check_grader` first);
-    `python` runs python graders."""
+    `python` runs python graders (`wait=False`: `GradersBusy` rather than wait for a free slot)."""
     start, errors, reward = time.perf_counter(), GradeErrors(), 0.0
     subs: dict[str, float] = {}
     try:
-        reward = _score(grader, item, Sample(model_sample), subs, python)
+        reward = _score(grader, item, Sample(model_sample), subs, python, wait)
     except VariableError as err:
         errors.invalid_variable_error = True
         errors.details.append(str(err))

@@ -53,20 +53,36 @@ class PythonOutcome:
     network: str | None = None  # how the child was cut off from the network
 
 
+class GradersBusy(RuntimeError):
+    """Every python grader slot is taken and the caller would not wait (`run(wait=False)`)."""
+
+
 class PythonGraderRunner:
     """Runs `grade(sample, item)` of a python grader's source in a limited child process."""
 
     def __init__(self, limits: PythonLimits | None = None, concurrency: int = 2) -> None:
         self.limits = limits or PythonLimits()
+        self._concurrency = concurrency
         self._slots = threading.BoundedSemaphore(concurrency)
 
-    def run(self, source: str, sample: dict[str, Any], item: dict[str, Any]) -> PythonOutcome:
+    def run(self, source: str, sample: dict[str, Any], item: dict[str, Any], *, wait: bool = True) -> PythonOutcome:
+        """The outcome of one grading. `wait=False`: raise `GradersBusy` at once rather than wait for a
+        slot (an HTTP request must not hold a server thread for other clients' graders)."""
+        if not self._slots.acquire(blocking=wait):
+            raise GradersBusy(f"all {self.concurrency} python grader slots are busy")
         request = json.dumps({"source": source, "sample": sample, "item": item})
-        with self._slots, tempfile.TemporaryDirectory(prefix="coserve-grader-") as tmp:
-            folder = Path(tmp)
-            with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
-                status = self._child(request, folder, out, err)
-            return self._outcome(folder, status)
+        try:
+            with tempfile.TemporaryDirectory(prefix="coserve-grader-") as tmp:
+                folder = Path(tmp)
+                with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
+                    status = self._child(request, folder, out, err)
+                return self._outcome(folder, status)
+        finally:
+            self._slots.release()
+
+    @property
+    def concurrency(self) -> int:
+        return self._concurrency
 
     def _child(self, request: str, folder: Path, out: Any, err: Any) -> int | None:
         """The child's exit status; None when it ran past the wall-clock limit (its session killed)."""

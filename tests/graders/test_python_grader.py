@@ -73,3 +73,19 @@ def test_off_unless_the_operator_turns_them_on_and_graded_with_flags(runner: Pyt
                    {}, "Paris", runner)
     assert broken.reward == 0.0 and broken.errors.python_grader_runtime_error
     assert "ZeroDivisionError" in broken.errors.details[0]
+
+
+def test_a_caller_that_would_not_wait_is_told_the_slots_are_busy() -> None:
+    import threading
+
+    from coserve.graders.python_grader import GradersBusy
+
+    runner = PythonGraderRunner(PythonLimits(timeout_s=5.0, cpu_s=5.0), concurrency=1)
+    slow = "import time\ndef grade(sample, item):\n    time.sleep(1.5)\n    return 1.0\n"
+    busy = threading.Thread(target=runner.run, args=(slow, SAMPLE, {}))
+    busy.start()
+    time.sleep(0.5)  # the one slot is taken
+    with pytest.raises(GradersBusy):
+        runner.run(EXACT, SAMPLE, {"answer": "Paris"}, wait=False)
+    assert runner.run(EXACT, SAMPLE, {"answer": "Paris"}).reward == 1.0  # waiting, it gets the slot
+    busy.join()

@@ -16,7 +16,7 @@ from coserve.contract.grader import Grader, grader_type, parse_grader
 from coserve.contract.training_settings import SettingsError
 from coserve.graders.checks import check_grader
 from coserve.graders.grading import grade
-from coserve.graders.python_grader import PythonGraderRunner
+from coserve.graders.python_grader import GradersBusy, PythonGraderRunner
 
 
 def _checked(raw: dict[str, object], python: PythonGraderRunner | None) -> Grader:
@@ -35,7 +35,11 @@ def validate_grader(body: GraderValidateRequest, python: PythonGraderRunner | No
 
 def run_grader(body: GraderRunRequest, python: PythonGraderRunner | None) -> GraderRunResponse:
     grader = _checked(body.grader, python)
-    result = grade(grader, body.item, body.model_sample, python)
+    try:
+        result = grade(grader, body.item, body.model_sample, python, wait=False)
+    except GradersBusy as err:  # each request would otherwise hold a server thread while it waits
+        raise ProtocolError(f"{err}; retry shortly", status=429, type="rate_limit_error",
+                            code="rate_limit_exceeded", headers={"retry-after": "1"}) from None
     flags = result.errors
     details = "; ".join(flags.details) or None
     errors = GraderRunErrors(formula_parse_error=flags.formula_parse_error,
