@@ -25,6 +25,8 @@ from coserve.contract.training_settings import SettingsError
 MAX_GRADER_DEPTH = 4  # a multi grader inside a multi grader ...: OpenAI nests them one level; this is generous
 MAX_SUB_GRADERS = 32
 MAX_TEXT_CHARS = 65_536  # a template, a reference, a formula or a python grader's source
+DEFAULT_JUDGE_TOKENS = 64  # a model grader's reply: {"result": ...} (its `max_completions_tokens`)
+MAX_JUDGE_TOKENS = 4096
 
 
 class StringOperation(str, enum.Enum):
@@ -71,6 +73,16 @@ class PythonGrader:
 
 
 @dataclass(frozen=True, slots=True)
+class JudgeSampling:
+    """A model grader's `sampling_params` (None: the served model's defaults; greedy when temperature 0)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    max_completion_tokens: int = DEFAULT_JUDGE_TOKENS
+
+
+@dataclass(frozen=True, slots=True)
 class ModelGrader:
     """A `score_model` (`labels` empty) or `label_model` grader: judged by a served model."""
 
@@ -80,6 +92,7 @@ class ModelGrader:
     labels: tuple[str, ...] = ()
     passing_labels: tuple[str, ...] = ()
     score_range: tuple[float, float] = (0.0, 1.0)
+    sampling: JudgeSampling = JudgeSampling()
 
     @property
     def kind(self) -> str:
@@ -155,14 +168,45 @@ def _range(raw: Mapping[str, Any], param: str) -> tuple[float, float]:
     return float(value[0]), float(value[1])
 
 
+def _number(raw: Mapping[str, Any], key: str, param: str, low: float, high: float) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise SettingsError(f"{param}.{key}", f"{param}.{key} must be a number in [{low:g}, {high:g}], got "
+                            f"{value!r}")
+    return float(value)
+
+
+def _judge_sampling(raw: Mapping[str, Any], param: str) -> JudgeSampling:
+    sampling = raw.get("sampling_params") or {}
+    where = f"{param}.sampling_params"
+    if not isinstance(sampling, Mapping):
+        raise SettingsError(where, f"{where} must be an object")
+    unknown = set(sampling) - {"temperature", "top_p", "seed", "max_completions_tokens", "reasoning_effort"}
+    if unknown or sampling.get("reasoning_effort") is not None:
+        name = sorted(unknown)[0] if unknown else "reasoning_effort"
+        raise SettingsError(f"{where}.{name}", f"{where}.{name} is not supported: coserve's judges are "
+                            "not reasoning models; give temperature, top_p, seed or max_completions_tokens")
+    seed, tokens = sampling.get("seed"), sampling.get("max_completions_tokens", DEFAULT_JUDGE_TOKENS)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise SettingsError(f"{where}.seed", f"{where}.seed must be an integer")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_JUDGE_TOKENS:
+        raise SettingsError(f"{where}.max_completions_tokens", f"{where}.max_completions_tokens must be an "
+                            f"integer in [1, {MAX_JUDGE_TOKENS}]")
+    return JudgeSampling(_number(sampling, "temperature", where, 0.0, 2.0),
+                         _number(sampling, "top_p", where, 0.0, 1.0), seed, tokens)
+
+
 def _model_grader(raw: Mapping[str, Any], param: str, name: str, labelled: bool) -> ModelGrader:
+    model, messages, sampling = _text(raw, "model", param), _messages(raw, param), _judge_sampling(raw, param)
     if labelled:
         labels, passing = _strings(raw, "labels", param), _strings(raw, "passing_labels", param)
         if not labels or not set(passing) <= set(labels) or not passing:
             raise SettingsError(f"{param}.passing_labels", f"{param} needs labels, and passing_labels "
                                 "that are some of them")
-        return ModelGrader(name, _text(raw, "model", param), _messages(raw, param), labels, passing)
-    return ModelGrader(name, _text(raw, "model", param), _messages(raw, param), score_range=_range(raw, param))
+        return ModelGrader(name, model, messages, labels, passing, sampling=sampling)
+    return ModelGrader(name, model, messages, score_range=_range(raw, param), sampling=sampling)
 
 
 def _multi(raw: Mapping[str, Any], param: str, name: str, depth: int) -> MultiGrader:

@@ -1,8 +1,8 @@
 """Whether this server can run a grader, checked before anything runs (`check_grader`): its templates
 (`templates.check_template`), a multi grader's formula (`formula.check_formula`), its metric
-(`similarity.unsupported`), and its type: `python`, `score_model` and `label_model` graders are refused
-by name until coserve runs them, and `python` graders unless the operator turned them on. Each refusal is
-a `SettingsError` whose `param` is the field's path."""
+(`similarity.unsupported`), and its type: `python` graders unless the operator turned them on, model
+graders where there is no server to judge with. Each refusal is a `SettingsError` whose `param` is the
+field's path."""
 
 from __future__ import annotations
 
@@ -22,9 +22,11 @@ from coserve.graders.templates import check_template
 Variable = tuple[str, list[str | int]]
 
 
-def check_grader(grader: Grader, param: str = "grader", *, python: bool = False) -> list[Variable]:
+def check_grader(grader: Grader, param: str = "grader", *, python: bool = False,
+                 judges: bool = False) -> list[Variable]:
     """The template variables the grader reads (for a job to check against its rows); SettingsError when
-    this server cannot run it. `python`: the server runs python graders (`--enable-python-graders`)."""
+    this server cannot run it. `python`: the server runs python graders (`--enable-python-graders`);
+    `judges`: the caller can run model graders (the gateway, which checks their models itself)."""
     if isinstance(grader, StringCheckGrader | TextSimilarityGrader):
         if isinstance(grader, TextSimilarityGrader) and (reason := unsupported(grader.metric)) is not None:
             raise SettingsError(f"{param}.evaluation_metric", reason)
@@ -34,7 +36,7 @@ def check_grader(grader: Grader, param: str = "grader", *, python: bool = False)
         names = [name for name, _ in grader.graders]
         check_formula(grader.calculate_output, names, f"{param}.calculate_output")
         return [v for name, sub in grader.graders
-                for v in check_grader(sub, f"{param}.graders.{name}", python=python)]
+                for v in check_grader(sub, f"{param}.graders.{name}", python=python, judges=judges)]
     if isinstance(grader, PythonGrader):
         if not python:
             raise SettingsError(f"{param}.type", "python graders are off on this server: its operator turns "
@@ -42,5 +44,8 @@ def check_grader(grader: Grader, param: str = "grader", *, python: bool = False)
                                 "what isolation they run with)")
         return []
     assert isinstance(grader, ModelGrader)
-    raise SettingsError(f"{param}.type", f"{grader.kind} graders do not run on coserve yet; use string_check, "
-                        "text_similarity or multi")
+    if not judges:
+        raise SettingsError(f"{param}.type", f"{grader.kind} graders run on the server (their judge is a model "
+                            "it serves), not here; use string_check, text_similarity, multi or python")
+    return [v for i, (_, content) in enumerate(grader.messages)
+            for v in check_template(content, f"{param}.input.{i}.content")]

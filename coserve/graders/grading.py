@@ -11,6 +11,7 @@ from typing import Any
 
 from coserve.contract.grader import (
     Grader,
+    ModelGrader,
     MultiGrader,
     PythonGrader,
     StringCheckGrader,
@@ -18,6 +19,7 @@ from coserve.contract.grader import (
     TextSimilarityGrader,
 )
 from coserve.graders.formula import FormulaError, evaluate
+from coserve.graders.judging import Judgement
 from coserve.graders.python_grader import PythonGraderRunner, PythonOutcome
 from coserve.graders.similarity import similarity
 from coserve.graders.templates import Sample, SampleParseError, VariableError, render
@@ -40,12 +42,15 @@ class GradeErrors:
     python_grader_runtime_error: bool = False
     python_grader_server_error: bool = False
     python_grader_server_error_type: str | None = None
+    model_grader_parse_error: bool = False
+    model_grader_server_error: bool = False
     details: list[str] = field(default_factory=list)
 
     @property
     def any(self) -> bool:
         return self.formula_parse_error or self.invalid_variable_error or self.sample_parse_error or \
-            self.other_error or self.python_grader_runtime_error or self.python_grader_server_error
+            self.other_error or self.python_grader_runtime_error or self.python_grader_server_error or \
+            self.model_grader_parse_error or self.model_grader_server_error
 
 
 class PythonGraderFailed(RuntimeError):
@@ -56,12 +61,32 @@ class PythonGraderFailed(RuntimeError):
         self.outcome = outcome
 
 
+class ModelGraderFailed(RuntimeError):
+    """A model grader gave no reward (`judgement` says why)."""
+
+    def __init__(self, grader: ModelGrader, judgement: Judgement) -> None:
+        why = judgement.server_error or f"the judge's reply was not {{\"result\": ...}} as {grader.kind} asks"
+        super().__init__(f"{grader.name}: {why}")
+        self.judgement = judgement
+
+
 @dataclass(slots=True)
 class Grade:
     reward: float
     sub_rewards: dict[str, float]
     errors: GradeErrors
     execution_time: float
+
+
+@dataclass(slots=True)
+class _Context:
+    """What grading one sample reads: the row, the sample, and how to run python and model graders."""
+
+    item: Mapping[str, Any]
+    sample: Sample
+    python: PythonGraderRunner | None
+    wait: bool
+    judged: Mapping[int, Judgement]  # id(model grader) -> its verdict, from the gateway's judge
 
 
 def _string_check(grader: StringCheckGrader, item: Mapping[str, Any], sample: Sample) -> float:
@@ -75,25 +100,37 @@ def _string_check(grader: StringCheckGrader, item: Mapping[str, Any], sample: Sa
     return float(reference.lower() in text.lower())
 
 
-def _python(grader: PythonGrader, item: Mapping[str, Any], sample: Sample,
-            runner: PythonGraderRunner | None, wait: bool) -> float:
-    if runner is None:  # checks.check_grader refused it
+def _python(grader: PythonGrader, ctx: _Context) -> float:
+    if ctx.python is None:  # checks.check_grader refused it
         raise RuntimeError("python graders are off on this server")
     try:
-        output_json = sample.output_json
+        output_json = ctx.sample.output_json
     except SampleParseError:
         output_json = None
-    outcome = runner.run(grader.source, {"output_text": sample.output_text, "output_json": output_json},
-                         dict(item), wait=wait)
+    outcome = ctx.python.run(grader.source, {"output_text": ctx.sample.output_text, "output_json": output_json},
+                             dict(ctx.item), wait=ctx.wait)
     if outcome.reward is None:
         raise PythonGraderFailed(outcome)
     return outcome.reward
 
 
-def _score(grader: Grader, item: Mapping[str, Any], sample: Sample, subs: dict[str, float],
-           runner: PythonGraderRunner | None, wait: bool) -> float:
+def _judged(grader: ModelGrader, ctx: _Context) -> float:
+    for _, content in grader.messages:  # a variable the row lacks is flagged as in any grader
+        render(content, ctx.item, ctx.sample)
+    judgement = ctx.judged.get(id(grader))
+    if judgement is None:  # checks.check_grader refused it where nobody judges
+        raise RuntimeError(f"{grader.name}: no judgement")
+    if judgement.reward is None:
+        raise ModelGraderFailed(grader, judgement)
+    return judgement.reward
+
+
+def _score(grader: Grader, ctx: _Context, subs: dict[str, float]) -> float:
+    item, sample = ctx.item, ctx.sample
     if isinstance(grader, PythonGrader):
-        return _python(grader, item, sample, runner, wait)
+        return _python(grader, ctx)
+    if isinstance(grader, ModelGrader):
+        return _judged(grader, ctx)
     if isinstance(grader, StringCheckGrader):
         return _string_check(grader, item, sample)
     if isinstance(grader, TextSimilarityGrader):
@@ -102,20 +139,23 @@ def _score(grader: Grader, item: Mapping[str, Any], sample: Sample, subs: dict[s
             raise TextTooLong(f"text_similarity compares texts of at most {MAX_SIMILARITY_CHARS} characters; "
                               f"got {len(text)} and {len(reference)}")
         return similarity(grader.metric, text, reference)
-    assert isinstance(grader, MultiGrader)  # checks.check_grader refused the model graders
-    scores = {name: _score(sub, item, sample, {}, runner, wait) for name, sub in grader.graders}
+    assert isinstance(grader, MultiGrader)
+    scores = {name: _score(sub, ctx, {}) for name, sub in grader.graders}
     subs.update(scores)
     return evaluate(grader.calculate_output, scores)
 
 
 def grade(grader: Grader, item: Mapping[str, Any], model_sample: str,
-          python: PythonGraderRunner | None = None, *, wait: bool = True) -> Grade:
+          python: PythonGraderRunner | None = None, *, wait: bool = True,
+          judged: Mapping[int, Judgement] | None = None) -> Grade:
     """Grade `model_sample` for the dataset row `item` (checked with `checks.check_grader` first);
-    `python` runs python graders (`wait=False`: `GradersBusy` rather than wait for a free slot)."""
+    `python` runs python graders (`wait=False`: `GradersBusy` rather than wait for a free slot); `judged`
+    holds the verdicts of the grader's model graders (by `id`), asked beforehand."""
     start, errors, reward = time.perf_counter(), GradeErrors(), 0.0
     subs: dict[str, float] = {}
+    judged = judged or {}
     try:
-        reward = _score(grader, item, Sample(model_sample), subs, python, wait)
+        reward = _score(grader, _Context(item, Sample(model_sample), python, wait, judged), subs)
     except VariableError as err:
         errors.invalid_variable_error = True
         errors.details.append(str(err))
@@ -127,6 +167,10 @@ def grade(grader: Grader, item: Mapping[str, Any], model_sample: str,
         errors.details.append(str(err))
     except TextTooLong as err:
         errors.other_error = True
+        errors.details.append(str(err))
+    except ModelGraderFailed as err:
+        errors.model_grader_parse_error = err.judgement.parse_error
+        errors.model_grader_server_error = err.judgement.server_error is not None
         errors.details.append(str(err))
     except PythonGraderFailed as err:
         outcome = err.outcome

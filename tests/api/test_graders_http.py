@@ -100,3 +100,36 @@ def test_python_graders_run_when_the_operator_turns_them_on(llama_dir: Path, tmp
         errors = broken.metadata.errors
         assert broken.reward == 0.0 and errors.python_grader_runtime_error
         assert "KeyError" in (errors.python_grader_runtime_error_details or "")
+
+
+def test_model_graders_are_judged_by_a_served_model_as_the_tenant(server: LocalServer,
+                                                                   client: openai.OpenAI) -> None:
+    """The tiny random model judges: structured output holds its reply to the schema, so the verdict is
+    always a label (or a number in range) whatever it thinks."""
+    label = {"type": "label_model", "name": "judge", "model": server.base, "labels": ["yes", "no"],
+             "passing_labels": ["yes"], "sampling_params": {"temperature": 0, "max_completions_tokens": 32},
+             "input": [{"role": "user", "content": "Is '{{ sample.output_text }}' the answer to {{ item.q }}?"}]}
+    graders = client.fine_tuning.alpha.graders
+    judged = graders.run(grader=label, model_sample="Paris", item={"q": "the capital of France"})  # type: ignore[arg-type]
+    errors = judged.metadata.errors
+    assert judged.reward in (0.0, 1.0) and not errors.model_grader_parse_error, judged
+    assert judged.metadata.type == "label_model" and judged.metadata.token_usage
+    assert judged.model_grader_token_usage_per_model[server.base]["total_tokens"] == judged.metadata.token_usage
+    both = {"type": "multi", "name": "both", "calculate_output": "0.5 * judge + 0.5 * exact",
+            "graders": {"judge": label, "exact": {**EXACT, "reference": "Paris"}}}
+    mixed = graders.run(grader=both, model_sample="Paris", item={"q": "x"})  # type: ignore[arg-type]
+    assert mixed.sub_rewards["exact"] == 1.0 and mixed.reward == pytest.approx(0.5 * mixed.sub_rewards["judge"] + 0.5)
+    # A score as the schema writes it: a number of at most six digits, so the reply always ends; a range
+    # that holds any of them, as the random model's scores are random.
+    score = {"type": "score_model", "name": "score", "model": server.base, "range": [-1e6, 1e6],
+             "sampling_params": {"temperature": 0},
+             "input": [{"role": "user", "content": "Score {{ sample.output_text }}"}]}
+    scored = graders.run(grader=score, model_sample="Paris")  # type: ignore[arg-type]
+    assert not scored.metadata.errors.model_grader_parse_error and -1e6 <= scored.reward <= 1e6, scored
+    narrow = graders.run(grader={**score, "range": [0.0, 1e-9]}, model_sample="Paris")  # type: ignore[arg-type]
+    assert narrow.metadata.errors.model_grader_parse_error == (scored.reward != 0.0)  # out of range: no reward
+    missing = graders.run(grader=label, model_sample="Paris", item={})  # type: ignore[arg-type]
+    assert missing.reward == 0.0 and missing.metadata.errors.invalid_variable_error
+    with pytest.raises(openai.BadRequestError) as info:
+        graders.validate(grader={**label, "model": "no-such-model"})  # type: ignore[arg-type]
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "grader.model"

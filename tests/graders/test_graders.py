@@ -140,3 +140,25 @@ def test_errors_are_flags_with_a_zero_reward_not_exceptions() -> None:
     assert grade(huge, {"answer": "x"}, "x").errors.formula_parse_error
     assert isinstance(parse_grader(_check("eq")), StringCheckGrader) and not grade(
         parse_grader(_check("eq")), {"answer": "x"}, "x").errors.any
+
+
+def test_a_judges_reply_is_read_as_its_schema_says() -> None:
+    from coserve.contract.grader import ModelGrader
+    from coserve.graders.judging import judge_schema, read_judgement
+
+    score = parse_grader({"type": "score_model", "name": "s", "model": "m", "range": [0, 10],
+                          "input": [{"role": "user", "content": "{{ sample.output_text }}"}]})
+    label = parse_grader({"type": "label_model", "name": "l", "model": "m", "labels": ["good", "bad"],
+                          "passing_labels": ["good"], "input": [{"role": "user", "content": "x"}]})
+    assert isinstance(score, ModelGrader) and isinstance(label, ModelGrader)
+    assert judge_schema(label)["properties"]["result"] == {"type": "string", "enum": ["good", "bad"]}
+    assert read_judgement(score, '{"result": "7.5"}', 12).reward == 7.5
+    assert read_judgement(label, '{"result": "good"}', 3).reward == 1.0
+    assert read_judgement(label, '{"result": "bad"}', 3).reward == 0.0
+    for grader, reply in ((score, '{"result": "11"}'), (score, '{"result": "7'), (label, '{"result": "ok"}'),
+                          (score, '{"other": "1"}'), (score, '{"result": true}'), (score, '{"result": "1e3"}')):
+        assert read_judgement(grader, reply, 1).parse_error, reply
+    with pytest.raises(SettingsError) as info:
+        parse_grader({"type": "score_model", "name": "s", "model": "m", "input": [{"role": "user", "content": "x"}],
+                      "sampling_params": {"reasoning_effort": "high"}})
+    assert info.value.param == "grader.sampling_params.reasoning_effort"

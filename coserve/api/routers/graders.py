@@ -1,5 +1,6 @@
 """HTTP routes of `/v1/fine_tuning/alpha/graders` (`client.fine_tuning.alpha.graders.run/validate`): check
-a grader, or grade one sample with it, without a job. Any tenant's key may call them."""
+a grader, or grade one sample with it, without a job. Any tenant's key may call them; a model grader's
+judge runs as that tenant's inference."""
 
 from __future__ import annotations
 
@@ -14,25 +15,26 @@ from coserve.api.protocol.graders import (
     GraderValidateRequest,
     GraderValidateResponse,
 )
-from coserve.api.serving.graders import run_grader, validate_grader
+from coserve.api.serving.graders import GraderService
 from coserve.api.state import GatewayState, get_state
 
 router = APIRouter(prefix="/v1/fine_tuning/alpha/graders", tags=["fine-tuning"])
 
 
-State = Annotated[GatewayState, Depends(get_state)]
+def get_service(state: Annotated[GatewayState, Depends(get_state)]) -> GraderService:
+    return GraderService(state)
+
+
+Service = Annotated[GraderService, Depends(get_service)]
 
 
 @router.post("/validate", response_model=GraderValidateResponse)
-def validate(tenant: Tenant, state: State, body: GraderValidateRequest) -> GraderValidateResponse:
+def validate(tenant: Tenant, service: Service, body: GraderValidateRequest) -> GraderValidateResponse:
     """The grader as given, once it is known to run here; a 400 naming the field otherwise."""
-    del tenant  # any tenant may validate
-    return validate_grader(body, state.python_graders)
+    return service.validate(tenant, body)
 
 
 @router.post("/run", response_model=GraderRunResponse)
-def run(tenant: Tenant, state: State, body: GraderRunRequest) -> GraderRunResponse:
-    """Grade `model_sample` for `item` (plain `def`: the metrics and python graders' child processes run
-    in FastAPI's thread pool)."""
-    del tenant
-    return run_grader(body, state.python_graders)
+async def run(tenant: Tenant, service: Service, body: GraderRunRequest) -> GraderRunResponse:
+    """Grade `model_sample` for `item`: model graders' judges first, then the rest in a thread."""
+    return await service.run(tenant, body)

@@ -1,7 +1,9 @@
-"""The graders endpoints' work: parse and check the grader (a 400 `invalid_grader` naming the field), grade
-the sample, and shape OpenAI's answer."""
+"""The graders endpoints' work: parse and check the grader (a 400 `invalid_grader` naming the field), ask
+its model graders' judges (`model_judge`), grade the sample, and shape OpenAI's answer."""
 
 from __future__ import annotations
+
+import asyncio
 
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.graders import (
@@ -12,39 +14,65 @@ from coserve.api.protocol.graders import (
     GraderValidateRequest,
     GraderValidateResponse,
 )
+from coserve.api.serving.chat import ChatService
+from coserve.api.serving.model_judge import check_models, judge_all, model_graders
+from coserve.api.state import GatewayState
 from coserve.contract.grader import Grader, grader_type, parse_grader
 from coserve.contract.training_settings import SettingsError
 from coserve.graders.checks import check_grader
-from coserve.graders.grading import grade
-from coserve.graders.python_grader import GradersBusy, PythonGraderRunner
+from coserve.graders.grading import Grade, grade
+from coserve.graders.python_grader import GradersBusy
 
 
-def _checked(raw: dict[str, object], python: PythonGraderRunner | None) -> Grader:
-    try:
-        grader = parse_grader(raw)
-        check_grader(grader, python=python is not None)
-    except SettingsError as err:
-        raise ProtocolError(err.message, param=err.param, code="invalid_grader") from None
-    return grader
+class GraderService:
+    """`graders/run` and `graders/validate` for one gateway (its python graders and its chat judges)."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self.python = state.python_graders
+        self.chat = ChatService(state) if state.scheduler is not None else None
+
+    def checked(self, raw: dict[str, object], tenant: str) -> Grader:
+        try:
+            grader = parse_grader(raw)
+            check_grader(grader, python=self.python is not None, judges=self.chat is not None)
+            if self.chat is not None:
+                check_models(grader, tenant, self.chat)
+        except SettingsError as err:
+            raise ProtocolError(err.message, param=err.param, code="invalid_grader") from None
+        return grader
+
+    def validate(self, tenant: str, body: GraderValidateRequest) -> GraderValidateResponse:
+        self.checked(body.grader, tenant)
+        return GraderValidateResponse(grader=body.grader)
+
+    async def run(self, tenant: str, body: GraderRunRequest) -> GraderRunResponse:
+        grader = self.checked(body.grader, tenant)
+        judged = await judge_all(grader, body.item, body.model_sample, tenant, self.chat) \
+            if self.chat is not None and model_graders(grader) else {}
+        try:  # metrics and python graders' child processes: off the event loop
+            result = await asyncio.to_thread(grade, grader, body.item, body.model_sample, self.python,
+                                             wait=False, judged=judged)
+        except GradersBusy as err:  # a request would otherwise hold a server thread while it waits
+            raise ProtocolError(f"{err}; retry shortly", status=429, type="rate_limit_error",
+                                code="rate_limit_exceeded", headers={"retry-after": "1"}) from None
+        usage: dict[str, int] = {}
+        for judge, _ in model_graders(grader):
+            verdict = judged.get(id(judge))
+            usage[judge.model] = usage.get(judge.model, 0) + (verdict.tokens if verdict is not None else 0)
+        return _response(grader, result, usage)
 
 
-def validate_grader(body: GraderValidateRequest, python: PythonGraderRunner | None) -> GraderValidateResponse:
-    _checked(body.grader, python)
-    return GraderValidateResponse(grader=body.grader)
-
-
-def run_grader(body: GraderRunRequest, python: PythonGraderRunner | None) -> GraderRunResponse:
-    grader = _checked(body.grader, python)
-    try:
-        result = grade(grader, body.item, body.model_sample, python, wait=False)
-    except GradersBusy as err:  # each request would otherwise hold a server thread while it waits
-        raise ProtocolError(f"{err}; retry shortly", status=429, type="rate_limit_error",
-                            code="rate_limit_exceeded", headers={"retry-after": "1"}) from None
+def _response(grader: Grader, result: Grade, usage: dict[str, int]) -> GraderRunResponse:
+    """OpenAI's answer; `usage`: the judges' tokens per model (empty: no model grader)."""
     flags = result.errors
     details = "; ".join(flags.details) or None
     errors = GraderRunErrors(formula_parse_error=flags.formula_parse_error,
                              invalid_variable_error=flags.invalid_variable_error,
                              sample_parse_error=flags.sample_parse_error, other_error=flags.other_error,
+                             model_grader_parse_error=flags.model_grader_parse_error,
+                             model_grader_server_error=flags.model_grader_server_error,
+                             model_grader_server_error_details=details if flags.model_grader_server_error
+                             else None,
                              python_grader_runtime_error=flags.python_grader_runtime_error,
                              python_grader_runtime_error_details=details if flags.python_grader_runtime_error
                              else None,
@@ -52,5 +80,8 @@ def run_grader(body: GraderRunRequest, python: PythonGraderRunner | None) -> Gra
                              python_grader_server_error_type=flags.python_grader_server_error_type)
     scores = {**result.sub_rewards, grader.name: result.reward}
     metadata = GraderRunMetadata(errors=errors, execution_time=result.execution_time, name=grader.name,
-                                 scores=scores, type=grader_type(grader))
-    return GraderRunResponse(metadata=metadata, reward=result.reward, sub_rewards=result.sub_rewards)
+                                 scores=scores, type=grader_type(grader),
+                                 token_usage=sum(usage.values()) if usage else None,
+                                 sampled_model_name=", ".join(sorted(usage)) or None)
+    return GraderRunResponse(metadata=metadata, reward=result.reward, sub_rewards=result.sub_rewards,
+                             model_grader_token_usage_per_model={m: {"total_tokens": t} for m, t in usage.items()})
