@@ -145,6 +145,26 @@ def _score(grader: Grader, ctx: _Context, subs: dict[str, float]) -> float:
     return evaluate(grader.calculate_output, scores)
 
 
+def _flag(errors: GradeErrors, err: Exception) -> None:
+    """Set OpenAI's flag for why the sample scored 0, and keep the reason."""
+    errors.details.append(str(err))
+    if isinstance(err, VariableError):
+        errors.invalid_variable_error = True
+    elif isinstance(err, SampleParseError):
+        errors.sample_parse_error = True
+    elif isinstance(err, FormulaError):
+        errors.formula_parse_error = True
+    elif isinstance(err, TextTooLong):
+        errors.other_error = True
+    elif isinstance(err, ModelGraderFailed):
+        errors.model_grader_parse_error = err.judgement.parse_error
+        errors.model_grader_server_error = err.judgement.server_error is not None
+    elif isinstance(err, PythonGraderFailed):
+        errors.python_grader_runtime_error = err.outcome.runtime_error
+        errors.python_grader_server_error = err.outcome.server_error
+        errors.python_grader_server_error_type = err.outcome.error_type
+
+
 def grade(grader: Grader, item: Mapping[str, Any], model_sample: str,
           python: PythonGraderRunner | None = None, *, wait: bool = True,
           judged: Mapping[int, Judgement] | None = None) -> Grade:
@@ -156,26 +176,7 @@ def grade(grader: Grader, item: Mapping[str, Any], model_sample: str,
     judged = judged or {}
     try:
         reward = _score(grader, _Context(item, Sample(model_sample), python, wait, judged), subs)
-    except VariableError as err:
-        errors.invalid_variable_error = True
-        errors.details.append(str(err))
-    except SampleParseError as err:
-        errors.sample_parse_error = True
-        errors.details.append(str(err))
-    except FormulaError as err:
-        errors.formula_parse_error = True
-        errors.details.append(str(err))
-    except TextTooLong as err:
-        errors.other_error = True
-        errors.details.append(str(err))
-    except ModelGraderFailed as err:
-        errors.model_grader_parse_error = err.judgement.parse_error
-        errors.model_grader_server_error = err.judgement.server_error is not None
-        errors.details.append(str(err))
-    except PythonGraderFailed as err:
-        outcome = err.outcome
-        errors.python_grader_runtime_error, errors.python_grader_server_error = \
-            outcome.runtime_error, outcome.server_error
-        errors.python_grader_server_error_type = outcome.error_type
-        errors.details.append(str(err))
+    except (VariableError, SampleParseError, FormulaError, TextTooLong, ModelGraderFailed,
+            PythonGraderFailed) as err:
+        _flag(errors, err)
     return Grade(reward, subs, errors, time.perf_counter() - start)
