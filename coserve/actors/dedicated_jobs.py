@@ -274,8 +274,8 @@ class DedicatedJobs:
                   if job.run is not None and not job.paused]
         if not queued:
             return
-        free = ray.available_resources()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
-        total = ray.cluster_resources()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
+        free = ray.available_resources()
+        total = ray.cluster_resources()
         per_worker = self._settings.per_worker()
         for job_id, job, run in queued:
             if capacity(free, per_worker) < job.workers:

@@ -66,9 +66,9 @@ def group_idle(hex_id: str) -> bool:
     True for a group Ray no longer has."""
     import ray
 
-    resources = ray.cluster_resources()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
+    resources = ray.cluster_resources()
     total = {k: v for k, v in resources.items() if k.endswith(f"_group_{hex_id}")}
-    free = ray.available_resources()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
+    free = ray.available_resources()
     return all(free.get(k, 0.0) >= v for k, v in total.items())
 
 

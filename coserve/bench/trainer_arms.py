@@ -190,7 +190,7 @@ class HFArm:
 
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         # peft annotates lora_alpha as int; it takes any number (the scaling is lora_alpha / r).
-        cfg = LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0,  # type: ignore[arg-type]  # see above
+        cfg = LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0,
                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                          "up_proj", "down_proj"])
         self.model = get_peft_model(hf, cfg)

@@ -41,7 +41,7 @@ class ClusterCapacity:
     def _shortfall(self, workers: int) -> str | None:
         import ray
 
-        total: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]  # unannotated in ray
+        total: dict[str, float] = ray.cluster_resources()
         per_worker = self.settings.per_worker()
         room = capacity(total, per_worker, self._reserved)
         if workers <= room:

@@ -69,7 +69,7 @@ class DedicatedRun:
                                  failure_config=FailureConfig(max_failures=spec.max_failures),
                                  # Every epoch's checkpoint is a servable model: Ray Train deletes none.
                                  checkpoint_config=CheckpointConfig(num_to_keep=None),
-                                 callbacks=[_FailureNotes(me)]))  # type: ignore[list-item]  # typed as ray's v1 config
+                                 callbacks=[_FailureNotes(me)]))
         try:
             trainer.fit()
             outcome = None
@@ -129,7 +129,7 @@ class DedicatedRun:
                 self._command = Command(command)
 
 
-class _FailureNotes(UserCallback):
+class _FailureNotes(UserCallback):  # type: ignore[misc]  # Ray Train is read as Any (pyproject.toml)
     """A Ray Train callback (run on the controller): each worker failure becomes a note in the job's
     events; Ray Train then restarts the workers from the latest checkpoint."""
 
@@ -163,5 +163,5 @@ def launch(spec: RunSpec, name: str | None = None, namespace: str | None = None)
     if name is not None:
         options.update(name=name, namespace=namespace)
     handle = ray.remote(DedicatedRun).options(**options).remote(spec)
-    handle.start.remote()  # type: ignore[attr-defined]  # ray types only @ray.method methods of a handle
+    handle.start.remote()
     return handle

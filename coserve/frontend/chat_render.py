@@ -96,12 +96,12 @@ def render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], generation_pro
             return ""
         # apply_chat_template refuses an empty conversation; the generation prompt that opens a
         # conversation starting with an assistant message still exists, so render it directly.
-        # transformers annotates render_jinja_template "-> str" (it returns the renderings and the generation
-        # indices), and its `tools` as a list of dict | Callable (ours are JSON objects, typed as Mappings).
-        rendered, _ = render_jinja_template(  # type: ignore[str-unpack]  # see the comment above
-            [[]], tools=tools,  # type: ignore[arg-type]  # see the comment above
+        # render_jinja_template returns the renderings and the generation indices (mypy reads transformers as
+        # Any: pyproject.toml).
+        rendered, _ = render_jinja_template(
+            [[]], tools=tools,
             chat_template=tokenizer.get_chat_template(), add_generation_prompt=True, **tokenizer.special_tokens_map)
-        return rendered[0]
+        return str(rendered[0])
     except TemplateError:
         raise
     except _RENDER_ERRORS as exc:

@@ -182,14 +182,14 @@ class Tokenizer:
         if not conversation:
             raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
         template = self.get_chat_template(chat_template, tools)
-        # transformers annotates render_jinja_template "-> str" (it returns the renderings and the generation
-        # indices), and its `tools` as list[dict | Callable], which a list of dicts is not (lists are invariant).
-        rendered, _ = render_jinja_template(  # type: ignore[str-unpack]  # see the comment above
-            conversations=[_without_nulls(conversation)], tools=tools,  # type: ignore[arg-type]  # see above
+        # render_jinja_template returns the renderings and the generation indices (mypy reads transformers as
+        # Any: pyproject.toml).
+        rendered, _ = render_jinja_template(
+            conversations=[_without_nulls(conversation)], tools=tools,
             documents=None, chat_template=template, return_assistant_tokens_mask=False, continue_final_message=False,
             add_generation_prompt=add_generation_prompt, **{**self.special_tokens_map, **kwargs})
         if not tokenize:
-            return rendered[0]
+            return str(rendered[0])
         ids = self.encode(rendered[0], add_special_tokens=False)
         return {"input_ids": ids} if return_dict else ids
 

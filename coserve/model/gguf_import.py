@@ -295,11 +295,11 @@ def _write_model(summary: GGUFSummary, stage: Path, dtype: str, log: Log) -> Non
     # The loader marks the model as "GGUF-quantized" although its weights are plain dequantized
     # tensors; the marker only blocks save_pretrained and would put a bogus quantization_config in
     # config.json, so drop it.
-    model.hf_quantizer = None  # type: ignore[assignment]  # torch types Module.__setattr__ too narrowly
+    model.hf_quantizer = None
     for holder in (model.config, config):
         if hasattr(holder, "quantization_config"):
             delattr(holder, "quantization_config")
-    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]  # unannotated in transformers
+    model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
         pad_token_id=getattr(config, "pad_token_id", None))
     log("  writing model.safetensors")

@@ -101,7 +101,7 @@ def create_tiny_model(path: str | Path, arch: str = "llama", preset: str = "tiny
 
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]  # unannotated in transformers
+        model = AutoModelForCausalLM.from_config(
             config, dtype=torch.float32)
     _init_peaked_weights(model, torch.Generator().manual_seed(seed))
     model.generation_config = _generation_config(config)
@@ -166,7 +166,7 @@ def _check_shapes(config: PretrainedConfig) -> None:
 
 def _generation_config(config: PretrainedConfig) -> GenerationConfig:
     """Greedy by default; generation stops at `<|im_end|>`, the end of an assistant turn."""
-    return GenerationConfig(  # type: ignore[no-untyped-call]  # transformers leaves __init__ unannotated
+    return GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id, do_sample=False)
 

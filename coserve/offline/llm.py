@@ -165,8 +165,8 @@ class LLM:
     def apply_chat_template(self, messages: ChatMessages, chat_template: str | None = None,
                             add_generation_prompt: bool = True) -> str:
         """The conversation as prompt text, through the tokenizer's (or the given) chat template."""
-        return self.tokenizer.apply_chat_template(  # type: ignore[return-value]  # str with tokenize=False
-            messages, chat_template=chat_template, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return str(self.tokenizer.apply_chat_template(
+            messages, chat_template=chat_template, tokenize=False, add_generation_prompt=add_generation_prompt))
 
     # ------------------------------------------------------------------------------ internals
 

@@ -216,14 +216,12 @@ def start_ray_actors(opts: ServeOptions, tenants: Any, engines: int) -> tuple[An
     layouts = pool.layouts()
     link = RayLink(scheduler)
     for engine_id, engine in pool.handles.items():
-        # Ray types the handle as ActorHandle[T] | type[T]: `.remote` of a method without `@ray.method` is
-        # unknown to mypy (the two ignores below).
-        ray.get(scheduler.register_engine.remote(  # type: ignore[attr-defined]  # see the comment above
+        ray.get(scheduler.register_engine.remote(
             engine_id, layouts[engine_id]))
         # max_restarts: a crashed engine comes back (the scheduler's supervisor restarts its loop); calls
         # in flight when it died fail rather than being retried on the new one.
         ray.get(engine.start.remote(link))
-        ray.get(scheduler.supervise.remote(  # type: ignore[attr-defined]  # see the comment above
+        ray.get(scheduler.supervise.remote(
             engine_id, engine, link))
     return scheduler, pool, next(iter(layouts.values()))
 
@@ -265,7 +263,7 @@ def run_ray(opts: ServeOptions) -> None:
         pass
     finally:
         # The replica's shutdown ends the scheduler's streams, then its actors.
-        serve.shutdown()  # type: ignore[no-untyped-call]  # Ray Serve leaves it unannotated
+        serve.shutdown()
         ray.shutdown()
 
 

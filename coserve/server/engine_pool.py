@@ -75,7 +75,7 @@ class EnginePool:
         ready, _ = ray.wait([group.ready()], timeout=timeout_s)
         if not ready:
             remove_placement_group(group)
-            free = ray.available_resources()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
+            free = ray.available_resources()
             raise EnginesUnavailable(f"--engines {count}: the Ray cluster did not free {count} x {bundle} for the "
                                      f"engines within {timeout_s:g} s (free now: {free})")
         handles = {}
