@@ -33,10 +33,10 @@ vllm: venv
 		$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; }
 	$(PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
 
-# COSERVE_REQUIRE_VLLM: the vLLM tests fail, rather than skip, if vLLM is missing. `make test` (12-13 minutes on
-# a fresh clone on 2 cores: lint with mypy's cold cache about 2, the suite about 10.5) runs every test but the
-# `slow` tier: the end-to-end runs that take a minute or more each (the notebook, the real-model training
-# journeys, Ray Train runs), which `make test-slow` runs (about 9 minutes).
+# COSERVE_REQUIRE_VLLM: the vLLM tests fail, rather than skip, if vLLM is missing. `make test` (9 minutes on a
+# fresh clone on 2 cores, 11 on a busy machine: lint with mypy's cold cache under 1, the suite 8-10.5) runs every
+# test but the `slow` tier: the end-to-end runs that take a minute or more each (the notebook, the real-model
+# training journeys, Ray Train runs), which `make test-slow` runs (about 9 minutes).
 # CI runs both (.ci/run). The tiers: tests/tiers.py.
 test: venv lint
 	COSERVE_REQUIRE_VLLM=1 $(PY) -m pytest -q -m "not slow" tests
