@@ -47,8 +47,9 @@ class GraderService:
 
     async def run(self, tenant: str, body: GraderRunRequest) -> GraderRunResponse:
         grader = self.checked(body.grader, tenant)
-        judged = await judge_all(grader, body.item, body.model_sample, tenant, self.chat) \
-            if self.chat is not None and model_graders(grader) else {}
+        judges = [judge for judge, _ in model_graders(grader)]
+        judged = await judge_all(judges, body.item, body.model_sample, tenant, self.chat) \
+            if self.chat is not None and judges else {}
         try:  # metrics and python graders' child processes: off the event loop
             result = await asyncio.to_thread(grade, grader, body.item, body.model_sample, self.python,
                                              wait=False, judged=judged)
@@ -56,7 +57,7 @@ class GraderService:
             raise ProtocolError(f"{err}; retry shortly", status=429, type="rate_limit_error",
                                 code="rate_limit_exceeded", headers={"retry-after": "1"}) from None
         usage: dict[str, int] = {}
-        for judge, _ in model_graders(grader):
+        for judge in judges:
             verdict = judged.get(id(judge))
             usage[judge.model] = usage.get(judge.model, 0) + (verdict.tokens if verdict is not None else 0)
         return _response(grader, result, usage)

@@ -68,11 +68,12 @@ async def _judge(judge: ModelGrader, item: Mapping[str, Any], sample: Sample, te
                           usage.total_tokens if usage is not None else 0)
 
 
-async def judge_all(grader: Grader, item: Mapping[str, Any], model_sample: str, tenant: str,
+async def judge_all(judges: list[ModelGrader], item: Mapping[str, Any], model_sample: str, tenant: str,
                     chat: ChatService) -> dict[int, Judgement]:
-    """Every model grader's verdict on the sample, keyed by `id(grader)` (`grading.grade`'s `judged`)."""
+    """The verdicts of `judges` (a grader's `model_graders`) on the sample, keyed by `id(judge)`
+    (`grading.grade`'s `judged`)."""
     verdicts: dict[int, Judgement] = {}
-    for judge, _ in model_graders(grader):
+    for judge in judges:
         verdict = await _judge(judge, item, Sample(model_sample), tenant, chat)
         if verdict is not None:
             verdicts[id(judge)] = verdict
