@@ -103,6 +103,10 @@ class DedicatedJob:
     def last_planned_step(self) -> int:
         return self.progress
 
+    @property
+    def progress_marker(self) -> int:
+        return self.progress
+
     def held_back(self) -> str:
         if not self.started:
             return self.waiting or f"Ray Train is starting {self.workers} worker(s)"

@@ -6,7 +6,7 @@ starting model); `failure` classifies whatever its preparation raised, by type, 
 
 from __future__ import annotations
 
-from coserve.contract.training_settings import TooFewExamplesError
+from coserve.contract.training_settings import SettingsError, TooFewExamplesError
 from coserve.frontend.job_prep import ValidationFileError
 
 
@@ -28,4 +28,6 @@ def failure(err: ValueError) -> tuple[str, str | None]:
         return "invalid_validation_file", "validation_file"
     if isinstance(err, TooFewExamplesError):
         return "invalid_n_examples", "training_file"
+    if isinstance(err, SettingsError) and err.param.startswith("method.reinforcement.grader"):
+        return "invalid_grader", err.param
     return "invalid_training_file", "training_file"

@@ -246,7 +246,7 @@ class JobManager:
         """Write an event on each running job that stopped moving (saying why) or moved again."""
         for job_id, running in self._running.items():
             running.job = self._current(job_id, running)
-        progress = {job_id: r.job.last_planned_step for job_id, r in self._running.items()
+        progress = {job_id: r.job.progress_marker for job_id, r in self._running.items()
                     if r.job is not None and r.job.runnable}
         reasons = {job_id: why for job_id in progress
                    if (why := self._running[job_id].runner.held_back(job_id)) is not None}
@@ -289,10 +289,12 @@ class JobManager:
             self._on_trained(running.record.tenant, event.num_tokens, engine_id)
         job = running.reported_job()
         data = {**event.metrics, "step": event.step, "train_loss": event.loss, "total_steps": job.total_steps}
-        total = f"/{job.total_steps}"
+        reward = event.metrics.get("train_reward_mean")
+        rewarded = "" if reward is None else f", reward={reward:.4g}"
         stored = self._store.events.add_once(
-            event.job_id, f"step-{event.step}", f"Step {event.step}{total}: training loss={event.loss:.4g}",
-            type="metrics", data=data)
+            event.job_id, f"step-{event.step}",
+            f"Step {event.step}/{job.total_steps}: training loss={event.loss:.4g}{rewarded}", type="metrics",
+            data=data)
         if stored is None:
             # A step after the last checkpoint, redone by a resumed job: recorded before the restart,
             # with these counters (a rerun of a step trains the same tokens); the count never goes back.
@@ -329,12 +331,16 @@ class JobManager:
 
     def _on_validation(self, running: _Running, event: JobEvent) -> None:
         job = running.reported_job()
-        data = {**event.metrics, "step": event.step, "valid_loss": event.loss, "total_steps": job.total_steps}
+        data: dict[str, Any] = {**event.metrics, "step": event.step, "total_steps": job.total_steps}
+        if event.loss is not None:
+            data["valid_loss"] = event.loss
         if running.last_loss is not None:
             data["train_loss"] = running.last_loss
+        reward = event.metrics.get("valid_reward_mean")  # a reinforcement job's evaluation
+        what = f"loss={event.loss:.4g}" if event.loss is not None else f"reward={reward:.4g}"
         self._store.events.add_once(event.job_id, f"validation-step-{event.step}",
-                                    f"Step {event.step}/{job.total_steps}: validation "
-                                    f"loss={event.loss:.4g}", type="metrics", data=data)
+                                    f"Step {event.step}/{job.total_steps}: validation {what}", type="metrics",
+                                    data=data)
 
     def _on_succeeded(self, running: _Running, event: JobEvent) -> None:
         if not self._keep_adapter(running, event):

@@ -22,6 +22,7 @@ from coserve.contract.job_request import JobRequest
 from coserve.contract.training_settings import LoRASettings
 from coserve.finetune.dedicated import DedicatedSettings
 from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
+from coserve.frontend.reinforcement_prep import prepare_reinforcement_job
 from coserve.store import MetadataStore
 from coserve.store.records import JobRecord
 from coserve.tenancy.quotas import TenantLimits, TenantQuota
@@ -39,6 +40,7 @@ class FineTuningSettings:
     max_model_len: int
     stall_after_s: float = DEFAULT_STALL_AFTER_S  # a running job without progress this long gets an event
     dedicated: DedicatedSettings | None = None  # jobs on Ray Train of their own (None: no Ray, none)
+    python_graders: bool = False  # reinforcement jobs may grade with `python` graders
 
 
 class JobPreparation:
@@ -86,16 +88,19 @@ class JobPreparation:
                 raise JobRefused(f"model {record.model} is not this server's base model or one of "
                                  f"your fine-tuned models", "model_not_available", "model")
             init_adapter = model.adapter_path
-        prepared = prepare_job(
-            self._tokenizer, examples, job_id=record.id, tenant=record.tenant,
-            adapter_id=self._allocate_adapter_id(), num_layers=self._settings.num_layers,
-            max_len=self._settings.max_model_len,
+        common: dict[str, Any] = dict(
+            job_id=record.id, tenant=record.tenant, adapter_id=self._allocate_adapter_id(),
+            num_layers=self._settings.num_layers, max_len=self._settings.max_model_len,
             output_dir=self._settings.data_dir.resolve() / "adapters" / record.id,
             hyperparameters=request.hyperparameters, lora=request.lora or LoRASettings(), seed=record.seed,
-            base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter,
-            validation=validation, loss=request.loss())
-        route_job(self._store, record, prepared.hyperparameters.total_trained_tokens, self._settings.dedicated,
-                  decide=not resume)  # decided once, kept in the row; JobRefused when it needs Ray
+            base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter, validation=validation)
+        if request.reinforcement is not None:  # always co-served: its rollouts sample the adapter it trains
+            prepared = prepare_reinforcement_job(self._tokenizer, examples, request.reinforcement,
+                                                 python=self._settings.python_graders, **common)
+        else:
+            prepared = prepare_job(self._tokenizer, examples, loss=request.loss(), **common)
+            route_job(self._store, record, prepared.hyperparameters.total_trained_tokens, self._settings.dedicated,
+                      decide=not resume)  # decided once, kept in the row; JobRefused when it needs Ray
         quota = TenantQuota(self._limits.get(record.tenant, TenantLimits()))
         # The concurrency part of the quota was checked when the job was created.
         refusal = quota.admit_job(0, prepared.hyperparameters.total_trained_tokens)

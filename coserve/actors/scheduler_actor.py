@@ -33,6 +33,7 @@ from coserve.actors.data_dir_lock import DataDirLock
 from coserve.actors.job_manager import JobManager, open_job_manager
 from coserve.actors.job_preparation import FineTuningSettings
 from coserve.actors.metrics import QueueState, SchedulerMetrics
+from coserve.actors.rollout_grading import rollout_grading
 from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
@@ -75,7 +76,9 @@ class SchedulerActor:
         self._data_lock = data_lock
         self._settings = settings
         self._policy_factory = policy_factory
-        self._num_layers = ModelConfig.from_pretrained(settings.model).num_layers
+        config = ModelConfig.from_pretrained(settings.model)
+        self._num_layers, self._eos_ids = config.num_layers, config.eos_token_ids
+        self._loop: asyncio.AbstractEventLoop | None = None  # the actor's, once it runs (`_wake`)
         self._admission = AdmissionControl(settings.tenant_limits)
         self.metrics = SchedulerMetrics(settings.slo)
         self._cluster = ClusterScheduler(tenant_weights=policy_factory.tenant_weights)
@@ -105,16 +108,24 @@ class SchedulerActor:
         if self._settings.data_dir is not None and layout.tokenizer is None:
             raise ValueError(f"engine {engine_id!r} reported no tokenizer: training files cannot be read")
         config = self._settings.scheduler_config(layout)
+        if not layout.samples_training_adapters:
+            self._cluster.jobs.refuse_rollouts(engine_id, f"engine {engine_id} (vLLM) cannot sample from an adapter "
+                                               "being trained, which a reinforcement job's rollouts do; serve with "
+                                               "coserve's own engine (--engine native) for reinforcement jobs")
         member = self._cluster.add_engine(engine_id, lambda shared: self._policy_factory(config, layout, shared))
         self._generations.setdefault(engine_id, 0)
         if self._settings.data_dir is not None and member.policy.jobs is not None and self._jobs is None:
             settings = FineTuningSettings(
                 base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
                 data_dir=Path(self._settings.data_dir), num_layers=self._num_layers,
-                max_model_len=layout.max_model_len, dedicated=self._settings.dedicated)
+                max_model_len=layout.max_model_len, dedicated=self._settings.dedicated,
+                python_graders=self._settings.enable_python_graders)
             assert layout.tokenizer is not None  # refused above when fine-tuning jobs run (`data_dir`)
-            self._jobs = open_job_manager(settings, self._cluster.jobs, Tokenizer.from_spec(layout.tokenizer),
-                                          self._settings.tenant_limits, self._count_finetune)
+            tokenizer = Tokenizer.from_spec(layout.tokenizer)
+            self._jobs = open_job_manager(settings, self._cluster.jobs, tokenizer, self._settings.tenant_limits,
+                                          self._count_finetune)
+            self._cluster.jobs.serve_rollouts(*rollout_grading(tokenizer, self._eos_ids,
+                                                               self._settings.enable_python_graders, self._wake))
         self._work.set()  # held requests or waiting jobs may have been placed on it
 
     def engine_lost(self, engine_id: str, reason: str) -> None:
@@ -156,9 +167,14 @@ class SchedulerActor:
     def _count_finetune(self, tenant: str, tokens: int, engine_id: str) -> None:
         self.metrics.count_tokens("finetune", tenant, tokens, engine_id)
 
+    def _wake(self) -> None:
+        """Wake the engine loops from another thread (a graded batch of rollouts)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._work.set)
+
     def _start_job_loop(self) -> None:
         if self._jobs is not None and self._job_task is None:
-            loop = asyncio.get_running_loop()
+            loop = self._loop = asyncio.get_running_loop()
             self._job_task = loop.create_task(self._jobs.run(self._work.set, lambda: self._closed))
 
     def engines(self) -> list[str]:

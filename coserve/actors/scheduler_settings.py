@@ -34,6 +34,7 @@ class SchedulerSettings:
     data_dir: str | None = None  # the metadata store's folder: fine-tuning jobs run when it is set
     base_model_id: str = ""  # the base model's public id (fine-tuned ids start `ft:{base}:`)
     dedicated: DedicatedSettings | None = None  # fine-tuning on Ray Train runs of their own (None: no Ray)
+    enable_python_graders: bool = False  # reinforcement jobs may grade with `python` graders
 
     def scheduler_config(self, layout: EngineLayout) -> SchedulerConfig:
         """An engine policy's config over that engine's layout (an engine that keeps its own KV cache,

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from coserve.cluster.adapter_catalog import AdapterCatalog
 from coserve.cluster.engine_core import Step
 from coserve.cluster.failover import Failover, reset_for_reroute, split_requests
-from coserve.cluster.jobs import ClusterJobs
+from coserve.cluster.jobs import ClusterJobs, RolloutService
 from coserve.cluster.member import EngineMember
 from coserve.cluster.routing import RouteChoice, RoutingWeights, route
 from coserve.cluster.work_stealing import can_steal, plan_steals
@@ -70,8 +70,10 @@ class ClusterScheduler:
         self._routing = routing
         self._members: dict[str, EngineMember] = {}
         self.catalog = AdapterCatalog(shared_storage)
-        self.jobs = ClusterJobs(self._members, self._vtc, self.catalog, default_tenant_weight)
+        self.jobs = ClusterJobs(self._members, self._vtc, self.catalog,
+                                RolloutService(self._submit_pinned, self.abort), default_tenant_weight)
         self._owner: dict[str, str] = {}  # unfinished request id -> its engine
+        self._pinned: set[str] = set()  # unfinished requests that only their engine may run (rollouts)
         self._held: dict[str, Request] = {}  # re-routable requests of lost engines, no engine left
         self.last_route: RouteChoice | None = None  # the router's last answer (for metrics and tests)
         self.steals = 0  # requests taken over by another engine before admission (`work_stealing`)
@@ -113,7 +115,14 @@ class ClusterScheduler:
         failover = Failover(engine_id)
         tenants = {r.tenant for r in member.requests.values()} | {j.tenant for j in member.jobs.values()}
         failover.jobs = self.jobs.engine_lost(member)
-        reroutable, failover.stranded = split_requests(member.requests.values())
+        pinned = {rid for rid in member.requests if rid in self._pinned}
+        for request_id in pinned:  # rollouts of the engine's jobs, which start over from a checkpoint
+            member.requests[request_id].status = RequestStatus.FINISHED_ABORTED
+            self._pinned.discard(request_id)
+            del self._owner[request_id]
+            self.shared.input_charged.discard(request_id)
+        reroutable, failover.stranded = split_requests(
+            r for r in member.requests.values() if r.request_id not in pinned)
         for request in [*reroutable, *failover.stranded]:
             del self._owner[request.request_id]
         for request in failover.stranded:
@@ -169,6 +178,19 @@ class ClusterScheduler:
             raise NoEngine("no engine is running")
         return self._route_and_add(request)
 
+    def _submit_pinned(self, engine_id: str, request: Request) -> None:
+        """Queue a request on this engine only: never routed, stolen or moved elsewhere (a rollout of a
+        job's adapter being trained, which only this engine holds).
+
+        Raises:
+            ValueError: as `submit`.
+        """
+        if request.request_id in self._owner or request.request_id in self._held:
+            raise ValueError(f"request id {request.request_id!r} is already scheduled")
+        self._members[engine_id].add(request, pinned=True)
+        self._owner[request.request_id] = engine_id
+        self._pinned.add(request.request_id)
+
     def _route_and_add(self, request: Request) -> str:
         candidates = [m for m in self._members.values() if m.fits(request)] or list(self._members.values())
         if request.adapter is not None:
@@ -197,6 +219,7 @@ class ClusterScheduler:
             return False
         member.forget(request)
         del self._owner[request_id]
+        self._pinned.discard(request_id)
         return True
 
     def get_request(self, request_id: str) -> Request | None:
@@ -240,6 +263,7 @@ class ClusterScheduler:
         free batch slots, it takes waiting requests other engines would keep waiting (`work_stealing`)."""
         member = self._members[engine_id]
         self._steal_for(member)
+        self.jobs.before_plan(member)
         plan = member.core.next_plan()
         if plan is not None:
             member.sent(plan)
@@ -262,6 +286,7 @@ class ClusterScheduler:
         """Plan, execute on `executor` in this process, and apply (`EngineCore.step`)."""
         member = self._members[engine_id]
         self._steal_for(member)
+        self.jobs.before_plan(member)
         return self._after(member, member.core.step(executor))
 
     def _steal_for(self, member: EngineMember) -> None:
@@ -281,5 +306,6 @@ class ClusterScheduler:
         member.sent(step.plan)
         for request in member.after_step(step):
             self._owner.pop(request.request_id, None)
+            self._pinned.discard(request.request_id)
         self.jobs.observe(member, step)
         return step

@@ -11,14 +11,18 @@ resume, events) over its engines, one or many:
   (`shared_vtc`), so fine-tuning tokens count in a tenant's share of the whole machine;
 * every confirmed checkpoint is kept (`job_checkpoints`), and every checkpoint and final adapter is
   published to all engines (`adapter_catalog`): any engine serves the fine-tuned model at once;
-* a lost engine's jobs are placed again and resume from their last checkpoint (`engine_lost`).
+* a lost engine's jobs are placed again and resume from their last checkpoint (`engine_lost`);
+* a reinforcement job's rollout loop (`finetune.rollouts`) lives beside it, its rollouts pinned to the
+  job's engine (the adapter being trained is in that engine's bank), graded by `RolloutGrading` (set
+  with `serve_rollouts`; without it a reinforcement job fails, saying so).
 
 A job keeps its id across a move; its `FinetuneJob` object does not (ask `get` for the current one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from coserve.cluster.adapter_catalog import AdapterCatalog
 from coserve.cluster.engine_core import Step
@@ -27,12 +31,27 @@ from coserve.cluster.job_placement import Placement, place_job
 from coserve.cluster.member import EngineMember
 from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
+from coserve.contract.reinforcement import RolloutGrading
+from coserve.contract.sampling import EosIds
 from coserve.finetune.host import JobHost
 from coserve.finetune.job import FinetuneJob
 from coserve.finetune.job_checkpoints import JobCheckpoints
+from coserve.finetune.rollouts import RolloutDriver
+from coserve.inference.request import Request
 from coserve.tenancy.vtc import VirtualTokenCounter
 
 _ENDS = (JobEventKind.SUCCEEDED, JobEventKind.FAILED, JobEventKind.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutService:
+    """How the cluster runs rollout loops: queue a request on an engine (pinned there), abort one, grade,
+    and the ids sampling stops on."""
+
+    submit: Callable[[str, Request], None]  # (engine id, request)
+    abort: Callable[[str], object]
+    grading: RolloutGrading | None = None
+    eos: EosIds | None = None
 
 
 class ClusterJobs:
@@ -46,8 +65,11 @@ class ClusterJobs:
     """
 
     def __init__(self, members: Mapping[str, EngineMember], vtc: VirtualTokenCounter,
-                 catalog: AdapterCatalog, default_weight: float = 1.0) -> None:
+                 catalog: AdapterCatalog, rollouts: RolloutService, default_weight: float = 1.0) -> None:
         self._members, self._vtc, self._catalog = members, vtc, catalog
+        self._rollout_service = rollouts
+        self._drivers: dict[str, RolloutDriver] = {}  # placed reinforcement jobs' rollout loops
+        self._no_rollouts: dict[str, str] = {}  # engine -> why it cannot sample a job's adapter
         self._default_weight = default_weight
         self._specs: dict[str, FinetuneJobSpec] = {}  # every job not ended
         self._engine: dict[str, str] = {}  # placed job -> its engine
@@ -105,6 +127,15 @@ class ClusterJobs:
             host.resume(job_id)
         return True
 
+    def serve_rollouts(self, grading: RolloutGrading, eos: EosIds) -> None:
+        """Grade reinforcement jobs' rollouts with `grading`, sampling until `eos`."""
+        service = self._rollout_service
+        self._rollout_service = RolloutService(service.submit, service.abort, grading, eos)
+
+    def refuse_rollouts(self, engine_id: str, reason: str) -> None:
+        """The engine cannot sample from adapters being trained: a reinforcement job placed there fails."""
+        self._no_rollouts[engine_id] = reason
+
     def _host(self, job_id: str) -> JobHost | None:
         """The job host of the engine the job is placed on; None while it waits."""
         engine = self._engine.get(job_id)
@@ -129,6 +160,9 @@ class ClusterJobs:
         fine-tuning back (`JobHost.finetune_held_back`); None: neither."""
         if job_id in self._waiting:
             return self._waiting[job_id]
+        driver = self._drivers.get(job_id)
+        if driver is not None and driver.waiting_for is not None:
+            return f"it waits for its rollouts: {driver.waiting_for}"
         host = self._host(job_id)
         return None if host is None else host.finetune_held_back
 
@@ -160,6 +194,7 @@ class ClusterJobs:
         if host is None:
             return
         self.checkpoints.observe(step.plan, step.result, self._specs)
+        self._advance_rollouts(member, step)
         ended = False
         for event in host.pop_events():
             self._events.append(event)
@@ -172,6 +207,22 @@ class ClusterJobs:
                 ended = True
         if ended and self._waiting:
             self.place_waiting()
+
+    def before_plan(self, member: EngineMember) -> None:
+        """Before the member plans: its rollout loops feed what was graded since its last step (grading
+        ends off the loop, and an engine with nothing else to run has no step to learn it from)."""
+        self._advance_rollouts(member, None)
+
+    def _advance_rollouts(self, member: EngineMember, step: Step | None) -> None:
+        """Hand the step's outputs to the rollout loops of the member's jobs; collect their reports."""
+        for job_id, driver in list(self._drivers.items()):
+            if self._engine.get(job_id) != member.engine_id:
+                continue
+            driver.advance(step)
+            self._events.extend(driver.pop_events())
+            for message in driver.notices:
+                self._notices.append(JobNotice(job_id, member.engine_id, message))
+            driver.notices.clear()
 
     def place_waiting(self) -> list[str]:
         """Try to place the waiting jobs, oldest first; returns those placed."""
@@ -187,6 +238,7 @@ class ClusterJobs:
         moves = []
         for job_id, job in list(member.jobs.items()):
             del self._engine[job_id]
+            self._drivers.pop(job_id, None)  # its rollouts were on the lost engine
             if job_id in self._cancelled or job.state.is_finished:
                 if job_id in self._cancelled:
                     self._events.append(JobEvent(job_id, JobEventKind.CANCELLED, job.position.step,
@@ -213,15 +265,30 @@ class ClusterJobs:
         self._waiting.pop(job_id, None)
         member = self._members[answer.engine_id]
         self._vtc.ensure_tenant(spec.tenant, self._default_weight)
-        member.start_job(spec, self._vtc.weight(spec.tenant), paused=job_id in self._paused)
+        job = member.start_job(spec, self._vtc.weight(spec.tenant), paused=job_id in self._paused)
         self._engine[job_id] = answer.engine_id
+        if spec.rollouts is not None:
+            self._start_rollouts(job, answer.engine_id)
         where = "resumed from " + spec.resume_from if spec.resume_from else "started"
         moved = f" (its engine {moved_from} was lost)" if moved_from else ""
         self._notices.append(JobNotice(job_id, answer.engine_id,
                                        f"placed on engine {answer.engine_id}, {where}{moved}"))
         return answer.engine_id
 
+    def _start_rollouts(self, job: FinetuneJob, engine_id: str) -> None:
+        service = self._rollout_service
+        if service.grading is None or service.eos is None:
+            job.fail("rollouts_unavailable", "this server has no grader for reinforcement jobs' rollouts")
+            return
+        if engine_id in self._no_rollouts:
+            job.fail("rollouts_unavailable", self._no_rollouts[engine_id])
+            return
+        self._drivers[job.job_id] = RolloutDriver(
+            job, service.eos, service.grading, lambda request: service.submit(engine_id, request),
+            service.abort, job.fail)
+
     def _end(self, job_id: str) -> None:
+        self._drivers.pop(job_id, None)
         self._specs.pop(job_id, None)
         self._engine.pop(job_id, None)
         self._paused.discard(job_id)

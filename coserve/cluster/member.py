@@ -103,8 +103,8 @@ class EngineMember:
 
     # ---------------------------------------------------------------------- bookkeeping
 
-    def add(self, request: Request) -> None:
-        """Queue a request routed here.
+    def add(self, request: Request, pinned: bool = False) -> None:
+        """Queue a request routed here; `pinned`: no other engine may take it before admission.
 
         Raises:
             ValueError: as `CoServingPolicy.add_request` (nothing is recorded then).
@@ -119,7 +119,8 @@ class EngineMember:
             self._adapter_users[request.adapter.adapter_id] += 1
         if request.parent_id is not None:
             self._fanouts[request.parent_id] += 1
-        self.unsent.setdefault(request.tenant, {})[request_id] = request
+        if not pinned:
+            self.unsent.setdefault(request.tenant, {})[request_id] = request
 
     def forget(self, request: Request) -> None:
         """The request finished or left this engine: drop what was kept for it."""

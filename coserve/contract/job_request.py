@@ -7,8 +7,9 @@ and whoever reads the row back (the API's job object, the job manager that token
 dedicated runs) reads it with `JobRequest.from_row`, which runs the same checks, so a row written by an
 older server that no longer fits is refused the same way.
 
-Methods: `supervised` (cross-entropy on the assistant tokens) and `dpo` (a preference loss with `beta`,
-the base model as reference). The training mode (`training` extension): "coserved" in the shared
+Methods: `supervised` (cross-entropy on the assistant tokens), `dpo` (a preference loss with `beta`,
+the base model as reference) and `reinforcement` (GRPO on graded rollouts:
+`contract.reinforcement`). The training mode (`training` extension): "coserved" in the shared
 engines' iterations, "dedicated" on a Ray Train run of its own (`coserve.finetune.dedicated` routes).
 """
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coserve.contract.loss_spec import DEFAULT_BETA, LossKind, LossSpec
+from coserve.contract.reinforcement import ReinforcementRequest
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings, SettingsError
 
 TRAINING_KEY = "training"  # the job row's extension holding {"mode": ..., "workers": ...}
@@ -30,6 +32,7 @@ MAX_WORKERS = 1024
 class FineTuningMethod(str, enum.Enum):
     SUPERVISED = "supervised"
     DPO = "dpo"
+    REINFORCEMENT = "reinforcement"
 
 
 class TrainingMode(str, enum.Enum):
@@ -110,11 +113,18 @@ class JobRequest:
     beta: float | None = None  # dpo only
     lora: LoRASettings | None = None
     training: TrainingRequest = field(default_factory=TrainingRequest)
+    reinforcement: ReinforcementRequest | None = None  # the reinforcement method's grader and settings
 
     def __post_init__(self) -> None:
         if self.beta is not None and self.method != FineTuningMethod.DPO:
-            raise SettingsError("method.supervised.hyperparameters.beta",
-                                "beta is a DPO hyperparameter; a supervised job has none")
+            raise SettingsError(f"method.{self.method.value}.hyperparameters.beta",
+                                f"beta is a DPO hyperparameter; a {self.method.value} job has none")
+        if (self.reinforcement is not None) != (self.method == FineTuningMethod.REINFORCEMENT):
+            raise SettingsError("method.reinforcement", "a reinforcement job needs method.reinforcement "
+                                "with its grader, and only a reinforcement job has one")
+        if self.reinforcement is not None and self.training.mode == TrainingMode.DEDICATED:
+            raise SettingsError("training.mode", "a reinforcement job samples its rollouts from the adapter it "
+                                "trains, in the shared engines: it cannot run dedicated; leave training out")
         if self.beta is not None:
             LossSpec(LossKind.DPO, beta=self.beta)  # raises SettingsError("beta") when out of range
             object.__setattr__(self, "beta", float(self.beta))
@@ -123,14 +133,23 @@ class JobRequest:
         """The loss the job trains with."""
         if self.method == FineTuningMethod.DPO:
             return LossSpec(LossKind.DPO, beta=DEFAULT_BETA if self.beta is None else self.beta)
+        if self.method == FineTuningMethod.REINFORCEMENT:
+            return LossSpec(LossKind.IMPORTANCE_SAMPLING)
         return LossSpec(LossKind.CROSS_ENTROPY)
 
     def method_json(self, hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
-        """OpenAI's `method` object, with `hyperparameters` (as given, or resolved) and DPO's beta."""
+        """OpenAI's `method` object, with `hyperparameters` (as given, or resolved), DPO's beta, and a
+        reinforcement job's grader and its own hyperparameters."""
         hp = dict(hyperparameters)
         if self.method == FineTuningMethod.DPO:
             hp["beta"] = "auto" if self.beta is None else self.beta
-        return {"type": self.method.value, self.method.value: {"hyperparameters": hp}}
+        settings: dict[str, Any] = {"hyperparameters": hp}
+        if self.reinforcement is not None:
+            hp.update(self.reinforcement.hyperparameters_json())
+            settings["grader"] = dict(self.reinforcement.grader)
+            if self.reinforcement.max_completion_tokens is not None:
+                settings["max_completion_tokens"] = self.reinforcement.max_completion_tokens
+        return {"type": self.method.value, self.method.value: settings}
 
     def row(self) -> JobRow:
         extensions: dict[str, Any] = {}
@@ -141,6 +160,8 @@ class JobRequest:
         method: dict[str, Any] = {"type": self.method.value}
         if self.beta is not None:
             method["beta"] = self.beta
+        if self.reinforcement is not None:
+            method["reinforcement"] = self.reinforcement.to_dict()
         return JobRow(self.hyperparameters.to_dict(), method, extensions)
 
     @classmethod
@@ -157,6 +178,8 @@ class JobRequest:
         except ValueError:
             raise SettingsError("method.type", f"unknown method {method.get('type')!r}") from None
         lora = extensions.get(LORA_KEY)
+        reinforcement = method.get("reinforcement")
         return cls(method=kind, hyperparameters=HyperparameterRequest.from_dict(hyperparameters),
                    beta=method.get("beta"), lora=None if lora is None else LoRASettings.from_dict(lora),
-                   training=TrainingRequest.from_dict(extensions.get(TRAINING_KEY)))
+                   training=TrainingRequest.from_dict(extensions.get(TRAINING_KEY)),
+                   reinforcement=None if reinforcement is None else ReinforcementRequest.from_dict(reinforcement))

@@ -43,7 +43,11 @@ class RunningJob(Protocol):
 
     @property
     def last_planned_step(self) -> int:
-        """Moves with the job's work: the watchdog's progress marker."""
+        """Step id of the last plan that gave the job work."""
+
+    @property
+    def progress_marker(self) -> int:
+        """Changes whenever the job moves (its planned work, its rollouts): the watchdog's marker."""
 
 
 class JobRunner(Protocol):

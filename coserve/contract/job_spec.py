@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
 from coserve.contract.loss_spec import LossKind, LossSpec
+from coserve.contract.reinforcement import RolloutSpec
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 
@@ -68,7 +69,8 @@ class FinetuneJobSpec:
     `rejected_examples[i]` its rejected one. `reference_logprobs` holds the pairs' reference sums known
     when the job starts (pair index -> (chosen, rejected), from the checkpoint a resume starts from).
     A reinforcement job (a policy-gradient loss) has prompts for examples (nothing trained in them): its
-    batches are its graded rollouts of them, fed to the job as they are ready (`FinetuneJob.feed`).
+    batches are its graded rollouts of them, fed to the job as they are ready (`FinetuneJob.feed`), by
+    the rollout loop that `rollouts` describes (`coserve.finetune.rollouts`; None: fed by the caller).
     """
 
     job_id: str
@@ -94,6 +96,7 @@ class FinetuneJobSpec:
     rejected_examples: list[TrainingExample] = field(default_factory=list)
     validation_rejected: list[TrainingExample] = field(default_factory=list)
     reference_logprobs: dict[int, tuple[float, float]] = field(default_factory=dict)
+    rollouts: RolloutSpec | None = None
 
     @property
     def is_preference(self) -> bool:
@@ -131,6 +134,10 @@ class FinetuneJobSpec:
         if self.is_reinforcement and (self.validation_examples or any(any(e.trained) for e in self.examples)):
             raise ValueError(f"job {self.job_id}: a reinforcement job's examples are prompts (nothing "
                              f"trained), and it has no validation examples")
+        if self.rollouts is not None and (not self.is_reinforcement
+                                          or len(self.rollouts.items) != len(self.examples)):
+            raise ValueError(f"job {self.job_id}: a rollout loop belongs to a reinforcement job, with one "
+                             f"row per prompt")
         if (self.resume_from is None) != (self.start_position is None):
             raise ValueError("resume_from and start_position go together")
         if self.start_trained_tokens < 0 or (self.start_trained_tokens and self.start_position is None):

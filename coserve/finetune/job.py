@@ -78,6 +78,9 @@ class FinetuneJob:
         self._references = ReferenceSums(dict(spec.reference_logprobs))  # a DPO job's reference sums
         self._fed: list[FedBatch] = []  # a reinforcement job's graded batches, not started yet
         self._step_metrics: dict[int, dict[str, float]] = {}  # their rewards, for their steps' events
+        self.hold_finish = False  # a reinforcement job's final evaluation is still sampling its weights
+        self._rollout_progress = 0  # rollout tokens sampled and batches graded (the watchdog's marker)
+        self._failure: tuple[str, str] | None = None  # (code, message) to fail with in the next plan
 
     # ------------------------------------------------------------------------------ properties
 
@@ -100,11 +103,24 @@ class FinetuneJob:
         return self._last_planned
 
     @property
+    def progress_marker(self) -> int:
+        """Moves with the job's planned work and, for a reinforcement job, its rollouts."""
+        return hash((self._last_planned, self._rollout_progress))
+
+    def note_rollout_progress(self, amount: int) -> None:
+        self._rollout_progress += amount
+
+    @property
+    def between_steps(self) -> bool:
+        """Started, with no batch in flight or fed: the engine holds the weights of `position.step`."""
+        return self._started and self._batch is None and not self._fed
+
+    @property
     def needs_rollouts(self) -> bool:
-        """A running reinforcement job with no batch in flight or fed: its next batch is to be sampled
-        (from `position`, after the last step's weights are in the engine)."""
-        return self.spec.is_reinforcement and self.runnable and self._started and self._batch is None \
-            and not self._fed and self.position.epoch < self.spec.n_epochs
+        """A running reinforcement job between steps: its next batch is to be sampled (from `position`,
+        after the last step's weights are in the engine)."""
+        return self.spec.is_reinforcement and self.runnable and self.between_steps \
+            and self.position.epoch < self.spec.n_epochs
 
     def feed(self, batch: FedBatch) -> None:
         """Queue a reinforcement job's graded batch (`rollout_batches`)."""
@@ -154,6 +170,19 @@ class FinetuneJob:
         self._end(plan, JobState.CANCELLED)
         return JobEvent(self.job_id, JobEventKind.CANCELLED, self.position.step,
                         message="the job was cancelled")
+
+    def fail(self, code: str, message: str) -> None:
+        """Fail the job in its next plan (`apply_failure`: the engine drops it there); its checkpoints stay."""
+        if not self.state.is_finished and self._failure is None:
+            self._failure = (code, message)
+
+    def apply_failure(self, plan: IterationPlan) -> JobEvent | None:
+        """End a job `fail` was called on; returns its event (None: no failure asked)."""
+        if self._failure is None or self.state.is_finished:
+            return None
+        code, message = self._failure
+        self._end(plan, JobState.FAILED)
+        return JobEvent(self.job_id, JobEventKind.FAILED, self.position.step, code=code, message=message)
 
     def _end(self, plan: IterationPlan | None, state: JobState) -> None:
         """Release every resource; with a plan, tell the engine to drop the job's state."""
@@ -256,7 +285,8 @@ class FinetuneJob:
             self._batch = self._validation.batch(self.position)
             return True
         if self.position.epoch >= spec.n_epochs:
-            self._finish(plan)
+            if not self.hold_finish:
+                self._finish(plan)
             return False
         if spec.is_reinforcement:
             return self._next_fed_batch()

@@ -10,137 +10,162 @@ For each batch, once the job's last step is in the engine (`FinetuneJob.needs_ro
    computed with an earlier step's weights;
 2. as each step's outputs come (`advance`), keep each completion's tokens and the log-prob the sampler
    gave each (temperature 1: the distribution the trainer differentiates);
-3. when every completion of the batch is done, grade them (`grade`: prompt index and completion -> a
-   reward), compute the group-relative advantages and feed the batch to the job, which trains it with
-   its policy-gradient loss; its step's event carries the rewards (`train_reward_mean`, ...).
+3. when every completion of the batch is done, have them graded (`RolloutGrading`: off the caller's
+   thread; the loop goes on meanwhile), compute the group-relative advantages and feed the batch to the
+   job, which trains it with its policy-gradient loss; its step's event carries the rewards
+   (`train_reward_mean`, ..., and each sub-grader's mean as `train_reward/<name>`).
 
-The caller submits and aborts requests (`submit`, `abort`) and hands over each iteration's outputs.
+Evaluations (`Evaluations`) sample the validation prompts with the same weights at step 0, every
+`eval_interval` steps and after the last step, and report `valid_reward_mean` as a validation event.
+
+A sample the grader cannot grade scores 0 and is reported (`notices`); a batch none of whose samples could
+be graded fails the job with the grader's message (its checkpoints stay). The caller submits and aborts
+requests (`submit`, `abort`), hands over each iteration's outputs, and pops `events` and `notices`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 from coserve.contract.data_position import DataPosition
-from coserve.contract.plan import TokenLogprobs
+from coserve.contract.job_spec import JobEvent
+from coserve.contract.reinforcement import GradedSample, RolloutGrading
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
 from coserve.finetune.job import FinetuneJob
 from coserve.finetune.rollout_batches import FedBatch, Rollout, group_advantages
+from coserve.finetune.rollout_evaluations import Evaluations, reward_metrics
+from coserve.finetune.rollout_sampling import Sampling, StepOutputs, record
 from coserve.inference.request import Request, expand_request
 
-Grade = Callable[[int, list[int]], float]  # (prompt index, completion token ids) -> reward
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutSettings:
-    samples: int  # completions per prompt: GRPO's group
-    max_tokens: int  # per completion
-
-    def __post_init__(self) -> None:
-        if self.samples < 2 or self.max_tokens < 1:
-            raise ValueError(f"a group needs >= 2 samples and a completion >= 1 token, got {self.samples} "
-                             f"and {self.max_tokens}")
-
-
-class StepOutputs(Protocol):
-    """What one iteration sampled (`cluster.engine_core.EngineStep`)."""
-
-    @property
-    def advanced(self) -> Sequence[Request]: ...
-
-    def logprobs(self) -> Mapping[str, TokenLogprobs | None]: ...
-
-
-@dataclass(slots=True)
-class _Sampling:
-    prompt_index: int
-    request: Request
-    logprobs: list[float] = field(default_factory=list)
+GRADER_FAILED = "grader_failed"  # the code of a job whose grader could grade no sample of a batch
 
 
 @dataclass(slots=True)
 class _Batch:
     after: DataPosition
-    samplings: list[_Sampling]
+    samplings: list[Sampling]
+    grading: Future[list[GradedSample]] | None = None
 
 
 class RolloutDriver:
-    """The rollout loop of one reinforcement job (module docstring)."""
+    """The rollout loop of one reinforcement job (module docstring).
 
-    def __init__(self, job: FinetuneJob, prompts: Sequence[Sequence[int]], settings: RolloutSettings,
-                 grade: Grade, eos: EosIds, submit: Callable[[Request], None],
-                 abort: Callable[[str], object]) -> None:
-        if len(prompts) != len(job.spec.examples):
-            raise ValueError("one prompt per example of the job")
-        self.job, self.settings = job, settings
-        self._prompts = [list(p) for p in prompts]
-        self._grade, self._eos, self._submit, self._abort = grade, eos, submit, abort
+    Args:
+        job: the job; its spec's `rollouts` says what to sample and how to grade.
+        eos: the tokenizer's end-of-sequence ids.
+        grading: grades completions off this thread.
+        submit: queues a request (on the job's engine).
+        abort: finishes a request early by id.
+        fail: fails the job, (code, message).
+    """
+
+    def __init__(self, job: FinetuneJob, eos: EosIds, grading: RolloutGrading, submit: Callable[[Request], None],
+                 abort: Callable[[str], object], fail: Callable[[str, str], None]) -> None:
+        if job.spec.rollouts is None:
+            raise ValueError(f"job {job.job_id} has no rollout spec")
+        self.job, self.spec = job, job.spec.rollouts
+        self._prompts = [list(e.token_ids) for e in job.spec.examples]
+        self._eos, self._grading, self._submit, self._abort, self._fail = eos, grading, submit, abort, fail
         self._batch: _Batch | None = None
-        self.rewards: list[float] = []  # every graded rollout's reward, in order
+        self.evaluations = Evaluations(job, self.spec, self._sample, grading)
+        self.rewards: list[float] = []  # every graded training rollout's reward, in order
+        self.notices: list[str] = []  # grader errors, for the job's events
 
     @property
-    def sampling(self) -> bool:
-        """Whether a batch's rollouts are in flight."""
-        return self._batch is not None
+    def waiting_for(self) -> str | None:
+        """What the job waits for when it has no training work: its rollouts' sampling or grading."""
+        batch = self._batch
+        if batch is None:
+            return None
+        if batch.grading is not None:
+            return f"grading the {len(batch.samplings)} rollouts of step {batch.after.step}"
+        done = sum(1 for s in batch.samplings if s.request.is_finished)
+        return (f"sampling the rollouts of step {batch.after.step}: {done} of {len(batch.samplings)} "
+                f"completions done, {sum(len(s.logprobs) for s in batch.samplings)} tokens sampled")
+
+    def pop_events(self) -> list[JobEvent]:
+        return self.evaluations.pop_events()
 
     def advance(self, outputs: StepOutputs | None = None) -> None:
-        """Take an iteration's outputs; feed a batch whose rollouts are all done; start the next one."""
+        """Take an iteration's outputs; grade a sampled batch; feed a graded one; start the next."""
+        job = self.job
+        if job.state.is_finished:
+            self._drop()
+            return
+        if outputs is not None:
+            sampled = record(self._batch.samplings if self._batch else [], outputs)
+            sampled += self.evaluations.record(outputs)
+            job.note_rollout_progress(sampled)
+        self.evaluations.advance()
         batch = self._batch
-        if batch is not None and self.job.state.is_finished:
-            for sampling in batch.samplings:
-                if not sampling.request.is_finished:
-                    self._abort(sampling.request.request_id)
-            self._batch = batch = None
-        if batch is not None and outputs is not None:
-            self._record(batch, outputs)
-        if batch is not None and all(s.request.is_finished for s in batch.samplings):
-            self.job.feed(self._graded(batch))
+        if batch is not None and batch.grading is None and all(s.request.is_finished for s in batch.samplings):
+            rows = [self.spec.items[s.prompt_index] for s in batch.samplings]
+            batch.grading = self._grading.grade(self.spec.grader, rows, [s.completion() for s in batch.samplings])
+        if batch is not None and batch.grading is not None and batch.grading.done() \
+                and not self.evaluations.sampling:  # an evaluation samples the weights this batch changes
             self._batch = None
-        if self._batch is None and self.job.needs_rollouts:
+            job.note_rollout_progress(1)
+            self._feed(batch, batch.grading.result())
+        if self._batch is None and job.needs_rollouts:
+            self.evaluations.start_due()
             self._start()
+        elif self._batch is None:
+            self.evaluations.start_due()  # after the last step: the final weights
 
-    def _record(self, batch: _Batch, outputs: StepOutputs) -> None:
-        ours = {s.request.request_id: s for s in batch.samplings}
-        logprobs = outputs.logprobs()
-        for request in outputs.advanced:
-            sampling = ours.get(request.request_id)
-            if sampling is not None:
-                lp = logprobs.get(request.request_id)
-                if lp is None:
-                    raise RuntimeError(f"rollout {request.request_id}: the engine returned no log-prob")
-                sampling.logprobs.append(lp.logprob)
+    def _drop(self) -> None:
+        """The job ended: abort what is in flight."""
+        in_flight = (self._batch.samplings if self._batch else []) + self.evaluations.drop()
+        for sampling in in_flight:
+            if not sampling.request.is_finished:
+                self._abort(sampling.request.request_id)
+        self._batch = None
 
-    def _start(self) -> None:
-        job, settings = self.job, self.settings
-        indices, after = job.position.next_batch(len(self._prompts), job.spec.batch_size)
+    def _sample(self, name: str, prompt_index: int, prompt: list[int], samples: int, seed: int) -> list[Sampling]:
+        """Submit `samples` completions of `prompt` from the job's current weights."""
+        job = self.job
         # The weights after `position.step` steps: a version of their own for the prefix cache.
         adapter = AdapterRef(job.spec.adapter_id, f"training:{job.job_id}", f"training:{job.job_id}",
                              version=job.position.step)
-        samplings = []
-        for index in indices:
-            params = SamplingParams(n=settings.samples, temperature=1.0, top_p=1.0, max_tokens=settings.max_tokens,
-                                    logprobs=0, seed=job.spec.seed * 1_000_003 + after.step * 10_007 + index)
-            for request in expand_request(f"{job.job_id}/r{after.step}.{index}", self._prompts[index], params,
-                                          self._eos, adapter, tenant=job.tenant):
-                samplings.append(_Sampling(index, request))
-        self._batch = _Batch(after, samplings)
+        params = SamplingParams(n=samples, temperature=1.0, top_p=1.0, max_tokens=self.spec.max_tokens,
+                                logprobs=0, seed=seed)
+        samplings = [Sampling(prompt_index, request) for request in
+                     expand_request(f"{job.job_id}/{name}", prompt, params, self._eos, adapter, tenant=job.tenant)]
         for sampling in samplings:
             self._submit(sampling.request)
+        return samplings
 
-    def _graded(self, batch: _Batch) -> FedBatch:
+    def _start(self) -> None:
+        job = self.job
+        indices, after = job.position.next_batch(len(self._prompts), job.spec.batch_size)
+        samplings = []
+        for index in indices:
+            seed = job.spec.seed * 1_000_003 + after.step * 10_007 + index
+            samplings += self._sample(f"r{after.step}.{index}", index, self._prompts[index], self.spec.samples, seed)
+        self._batch = _Batch(after, samplings)
+
+    def _feed(self, batch: _Batch, grades: list[GradedSample]) -> None:
+        errors = [g.error for g in grades if g.error is not None]
+        step = batch.after.step
+        if len(errors) == len(grades):
+            self._fail(GRADER_FAILED, f"the grader could grade none of the {len(grades)} samples of step {step}: "
+                                      f"{errors[0]}")
+            return
+        if errors:
+            self.notices.append(f"step {step}: {len(errors)} of {len(grades)} samples could not be graded and "
+                                f"scored 0: {errors[0]}")
         rollouts = []
-        for s in batch.samplings:
-            completion = list(s.request.output_token_ids)[:len(s.logprobs)]
-            reward = self._grade(s.prompt_index, completion)
+        for s, g in zip(batch.samplings, grades, strict=True):
+            completion = s.completion()
             rollouts.append(Rollout(s.prompt_index, self._prompts[s.prompt_index], completion,
-                                    s.logprobs[:len(completion)], reward))
-        group = self.settings.samples
+                                    s.logprobs[:len(completion)], g.reward))
+        group = self.spec.samples
         advantages = [a for g in range(0, len(rollouts), group)
                       for a in group_advantages([r.reward for r in rollouts[g:g + group]])]
-        rewards = [r.reward for r in rollouts]
-        self.rewards.extend(rewards)
-        metrics = {"train_reward_mean": sum(rewards) / len(rewards),
-                   "train_reward_max": max(rewards), "train_reward_min": min(rewards)}
-        return FedBatch(batch.after, rollouts, advantages, metrics)
+        self.rewards.extend(r.reward for r in rollouts)
+        metrics = reward_metrics("train", grades)
+        if not any(r.completion_token_ids for r in rollouts):
+            self._fail("empty_rollouts", f"every completion of step {step} was empty: nothing to train")
+            return
+        self.job.feed(FedBatch(batch.after, rollouts, advantages, metrics))

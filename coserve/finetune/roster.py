@@ -51,6 +51,9 @@ class TrainingJob(Protocol):
 
     def cancel(self, plan: IterationPlan) -> JobEvent | None: ...
 
+    def apply_failure(self, plan: IterationPlan) -> JobEvent | None:
+        """End the job if a failure was asked for it (its event), else None."""
+
     def pause(self, plan: IterationPlan) -> None: ...
 
     def resume(self) -> None: ...
@@ -136,8 +139,15 @@ class JobRoster:
         return True
 
     def apply_control(self, plan: IterationPlan) -> None:
-        """Carry out the pauses and cancellations asked since the last plan; cancelled jobs leave."""
+        """Carry out the pauses, cancellations and failures asked since the last plan; cancelled and failed
+        jobs leave."""
         self.last_plan_step = plan.step_id
+        for job_id, failing in list(self._jobs.items()):
+            failed = failing.apply_failure(plan)
+            if failed is not None:
+                del self._jobs[job_id]
+                self._events.append(failed)
+                self._on_change(failing.tenant)
         for job_id in self._pauses:
             if job_id in self._jobs:
                 self._jobs[job_id].pause(plan)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +96,15 @@ def _lookup(value: Any, steps: list[str | int], shown: str) -> Any:
         else:
             raise VariableError(f"{shown} has no value here")
     return value
+
+
+def has_value(value: Any, steps: Sequence[str | int]) -> bool:
+    """Whether `value` has the path `steps` (what `render` would find for `{{ item.<steps> }}`)."""
+    try:
+        _lookup(value, list(steps), "")
+    except VariableError:
+        return False
+    return True
 
 
 def _text(value: Any) -> str:

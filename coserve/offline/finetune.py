@@ -87,12 +87,16 @@ class OfflineJobs:
         self._jobs[job.job_id] = _Tracked(job, list(warnings))
         return job
 
-    def _collect_events(self) -> None:
-        """Keep the events of the jobs submitted here (a `JobManager` pops its own from `host`)."""
-        for event in self.host.pop_events():
+    def add_events(self, events: Sequence[JobEvent]) -> None:
+        """Keep events reported beside the jobs (a reinforcement job's evaluations)."""
+        for event in events:
             tracked = self._jobs.get(event.job_id)
             if tracked is not None:
                 tracked.events.append(event)
+
+    def _collect_events(self) -> None:
+        """Keep the events of the jobs submitted here (a `JobManager` pops its own from `host`)."""
+        self.add_events(self.host.pop_events())
 
     def schedule(self, plan: IterationPlan) -> None:
         """Apply deferred control, then give the running jobs what the inference tokens leave of

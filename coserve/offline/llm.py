@@ -13,6 +13,7 @@ advanced into text (stop strings, logprobs).
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,6 @@ from coserve.cluster.engine_core import EngineCore
 from coserve.contract import defaults
 from coserve.contract.engine import EngineKind
 from coserve.contract.engine_config import EngineConfig
-from coserve.contract.grader import Grader
 from coserve.contract.loss_spec import LossSpec
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
@@ -41,6 +41,8 @@ from coserve.offline.lora_request import LoRARequest
 from coserve.offline.outputs import CompletionOutput, RequestOutput
 from coserve.structured.guarded_check import GrammarCheck
 from coserve.torch_engine.builders import build_engine
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -242,25 +244,26 @@ class LLM:
             base_model_name_or_path=self.engine.config.model, validation=validation, loss=loss)
         return self.jobs.submit(prepared.spec, prepared.dataset.warnings).job_id
 
-    def start_reinforcement(self, rows: Sequence[Mapping[str, Any]], grader: Grader | Mapping[str, Any],
-                            output_dir: str,
+    def start_reinforcement(self, rows: Sequence[Mapping[str, Any]], grader: Mapping[str, Any], output_dir: str,
                             hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
                             lora: LoRASettings | Mapping[str, Any] | None = None, seed: int = 0,
                             samples: int = 4, max_tokens: int = 64, loss: LossSpec | None = None,
-                            job_id: str | None = None) -> str:
+                            job_id: str | None = None, validation: Sequence[Mapping[str, Any]] = (),
+                            eval_interval: int | None = None) -> str:
         """Start a reinforcement fine-tuning job (GRPO); returns its id at once.
 
         Each batch samples `samples` completions (at most `max_tokens` each) of each of its rows' prompts
         from the adapter being trained, grades them with `grader` (OpenAI's grader JSON: docs/graders.md),
         and trains the group-relative advantages with `loss` (default `importance_sampling`). `rows`:
-        `{"messages": [...], <fields the grader reads>}`. `wait` finishes it; each step's event carries
-        `train_reward_mean`.
+        `{"messages": [...], <fields the grader reads>}`. `validation` rows are sampled and graded at step
+        0, every `eval_interval` steps and at the end (validation events with `valid_reward_mean`). `wait`
+        finishes it; each step's event carries `train_reward_mean`.
 
         Raises:
             TooFewExamplesError: fewer than 10 rows.
             SettingsError: a bad row, grader or setting (`param` names it).
         """
-        from coserve.offline.reinforcement import prepare_reinforcement
+        from coserve.offline.reinforcement import offline_grading, prepare_reinforcement
 
         adapter_id = self.jobs.next_adapter_id()
         prepared = prepare_reinforcement(
@@ -268,10 +271,11 @@ class LLM:
             adapter_id=adapter_id, num_layers=self.engine.model_config.num_layers,
             max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
             hyperparameters=_hyperparameters(hyperparameters), lora=_lora_settings(lora), seed=seed,
-            samples=samples, max_tokens=max_tokens, loss=loss, base_model_name_or_path=self.engine.config.model)
+            samples=samples, max_tokens=max_tokens, loss=loss, base_model_name_or_path=self.engine.config.model,
+            validation=validation, eval_interval=eval_interval)
         job = self.jobs.submit(prepared.spec)
-        self._rollouts.append(RolloutDriver(job, prepared.prompts, prepared.settings, prepared.reward, self._eos,
-                                            self.policy.add_request, self.policy.abort))
+        self._rollouts.append(RolloutDriver(job, self._eos, offline_grading(self.tokenizer), self.policy.add_request,
+                                            self.policy.abort, job.fail))
         return job.job_id
 
     def wait(self, job_id: str) -> FineTuneResult:
@@ -310,6 +314,10 @@ class LLM:
                 self._on_token(item, logprobs.get(request.request_id))
         for driver in self._rollouts:
             driver.advance(step)
+            self.jobs.add_events(driver.pop_events())
+            for notice in driver.notices:
+                logger.warning("fine-tuning job %s: %s", driver.job.job_id, notice)
+            driver.notices.clear()
 
     def _on_token(self, item: _Run, lp: TokenLogprobs | None) -> None:
         item.output.add(item.request.output_token_ids[-1:], None if lp is None else [lp])

@@ -191,7 +191,8 @@ class ServeOptions:
                                  max_batch_tokens=self.max_batch_tokens,
                                  tenant_limits={name: t.limits for name, t in tenants.tenants.items()}, slo=slo,
                                  data_dir=str(Path(self.data_dir).resolve()), base_model_id=self.base_model_id,
-                                 dedicated=self.dedicated_settings())
+                                 dedicated=self.dedicated_settings(),
+                                 enable_python_graders=self.enable_python_graders)
 
 
 def _check_device(device: str) -> None:

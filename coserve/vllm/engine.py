@@ -77,7 +77,7 @@ class VllmEngine:
             num_kv_blocks=self.runtime.num_blocks, block_size=self.runtime.block_size,
             max_model_len=self.runtime.max_model_len, vocab_size=self.model_config.vocab_size,
             num_adapter_slots=config.max_loras, max_lora_rank=config.max_lora_rank,
-            engine_owns_kv_cache=True)
+            engine_owns_kv_cache=True, samples_training_adapters=False)
         self._slots: dict[int, object] = {}  # bank slot -> vLLM LoRARequest
 
     @property

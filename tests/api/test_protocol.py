@@ -25,7 +25,14 @@ from coserve.api.protocol.chat import (
     ChoiceLogprobs,
     TopLogprob,
 )
-from coserve.api.protocol.files import FileDeleted, FileList, FileObject, TrainingFileKind, validate_finetune_jsonl
+from coserve.api.protocol.files import (
+    FileDeleted,
+    FileList,
+    FileObject,
+    TrainingFileKind,
+    parsed_rows,
+    validate_finetune_jsonl,
+)
 from coserve.api.protocol.fine_tuning import (
     CheckpointMetrics,
     FineTuningJob,
@@ -198,6 +205,25 @@ def test_finetune_create_accepts_client_body_and_resolves() -> None:
     assert legacy.requested_hyperparameters().n_epochs == 50
 
 
+def test_a_reinforcement_body_keeps_its_grader_and_hyperparameters() -> None:
+    grader = {"type": "string_check", "name": "g", "input": "{{ sample.output_text }}",
+              "reference": "{{ item.answer }}", "operation": "eq"}
+    body = {"model": "m", "training_file": "f", "method": {"type": "reinforcement", "reinforcement": {
+        "grader": grader, "max_completion_tokens": 64,
+        "hyperparameters": {"n_epochs": 1, "compute_multiplier": 2, "eval_samples": 0}}}}
+    job = validate_request(FineTuningJobCreate, body)
+    assert job.method is not None and job.method.reinforcement is not None
+    assert job.method.reinforcement.grader == grader and job.method.reinforcement.max_completion_tokens == 64
+    # The shape only: 0 reaches `ReinforcementRequest`, which refuses it (not "auto").
+    assert job.requested_hyperparameters().model_dump() == {
+        "batch_size": "auto", "learning_rate_multiplier": "auto", "n_epochs": 1, "compute_multiplier": 2.0,
+        "eval_interval": "auto", "eval_samples": 0, "reasoning_effort": "default"}
+    legacy = validate_request(FineTuningJobCreate, {**body, "hyperparameters": {"n_epochs": 3}, "method": {
+        "type": "reinforcement", "reinforcement": {"grader": grader}}})
+    assert legacy.requested_hyperparameters().model_dump() == {
+        "batch_size": "auto", "learning_rate_multiplier": "auto", "n_epochs": 3}
+
+
 @pytest.mark.parametrize(("patch", "param"), [
     ({"hyperparameters": {"n_epochs": 51}}, "hyperparameters.n_epochs"),
     ({"hyperparameters": {"batch_size": 0}}, "hyperparameters.batch_size"),
@@ -205,7 +231,11 @@ def test_finetune_create_accepts_client_body_and_resolves() -> None:
     ({"hyperparameters": {"learning_rate_multiplier": "fast"}}, "hyperparameters.learning_rate_multiplier"),
     ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 257}}}},
      "method.supervised.hyperparameters.batch_size"),
-    ({"method": {"type": "reinforcement"}}, "method.type"),
+    ({"method": {"type": "reinforcement"}}, "method.reinforcement"),
+    ({"method": {"type": "reinforcement", "reinforcement": {"grader": {}, "beta": 1}}}, "method.reinforcement.beta"),
+    ({"method": {"type": "reinforcement", "reinforcement": {"grader": {}, "hyperparameters": {
+        "reasoning_effort": "max"}}}}, "method.reinforcement.hyperparameters.reasoning_effort"),
+    ({"method": {"type": "supervised", "reinforcement": {"grader": {}}}}, "method.reinforcement"),
     ({"method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}}}, "method.dpo.hyperparameters.beta"),
     ({"method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 10.5}}}},
      "method.dpo.hyperparameters.beta"),
@@ -245,7 +275,8 @@ def test_jsonl_counts_examples() -> None:
     (b"{not json", "not valid JSON"),
     (b"[1, 2]", "JSON object"),
     (b'{"prompt": "p", "completion": "c"}', "'messages'"),
-    (_line(USER), "no assistant message"),
+    (_line(USER), "a reinforcement row in a file of chat rows"),
+    (_line({"role": "system", "content": "s"}), "no assistant message"),
     (_line({"role": "bot", "content": "x"}, {"role": "assistant", "content": "a"}), "message 1"),
     (_line(USER, {"role": "assistant", "content": None}), "message 2 needs a string"),
     (_line(USER, {"role": "assistant", "content": "a", "weight": 2}), "'weight'"),
@@ -304,3 +335,35 @@ def test_a_bad_preference_row_names_its_line(patch: dict[str, Any], reason: str)
 def test_a_file_holds_one_kind_of_row() -> None:
     with pytest.raises(ProtocolError, match="Line 2: a chat row in a file of preference rows"):
         validate_finetune_jsonl(b"\n".join([json.dumps(_pair()).encode(), GOOD]))
+    with pytest.raises(ProtocolError, match="Line 2: a chat row in a file of reinforcement rows") as info:
+        validate_finetune_jsonl(b"\n".join([_prompt(), GOOD]))
+    assert "reinforcement rows, whose messages end with the user's prompt" in info.value.message
+
+
+def _prompt(*messages: dict[str, Any], **fields: Any) -> bytes:
+    return json.dumps({"messages": list(messages or [USER]), **fields}).encode()
+
+
+def test_rows_ending_with_a_user_message_are_a_reinforcement_file() -> None:
+    data = b"\n".join([_prompt(answer="4", meta={"tags": ["a"], "n": None}),
+                       _prompt({"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                               {"role": "assistant", "content": "a"}, USER, tools=3), b""])
+    summary = validate_finetune_jsonl(data)
+    assert (summary.num_examples, summary.kind) == (2, TrainingFileKind.REINFORCEMENT)
+    assert parsed_rows(b"\xef\xbb\xbf" + data)[0] == {"messages": [USER], "answer": "4",
+                                                      "meta": {"tags": ["a"], "n": None}}
+
+
+@pytest.mark.parametrize(("bad", "reason"), [
+    (_prompt({"role": "bot", "content": "x"}, USER), "message 1 has an invalid 'role'"),
+    (_prompt({"role": "user", "content": 3}), "message 1 needs a string 'content'"),
+    (_prompt({"role": "user", "content": "q", "weight": 1}), "only assistant messages"),
+    (_prompt({"role": "user", "content": "q", "extra": 1}), "unrecognized keys"),
+    # Ending with the answer, it is a chat row, whose extra keys are refused as before.
+    (json.dumps({"messages": [USER, {"role": "assistant", "content": "a"}], "answer": "4"}).encode(),
+     "the row has unrecognized keys ['answer']"),
+])
+def test_a_bad_reinforcement_row_names_its_line(bad: bytes, reason: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        validate_finetune_jsonl(b"\n".join([_prompt(), bad]))
+    assert "Line 2:" in info.value.message and reason in info.value.message

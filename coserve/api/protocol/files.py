@@ -7,7 +7,9 @@ optional `weight` of 0 or 1 on assistant messages only. Numbers in error message
 Rows may also carry OpenAI's function-calling shapes (`tools`, `parallel_tool_calls`, assistant
 `tool_calls` with a null or absent content, `tool` messages with `tool_call_id`), checked strictly by
 `training_tools.py`. The deprecated `functions` / `function_call` shapes are refused, not dropped.
-A file may instead hold DPO's preference rows (`preference_rows.py`); one file holds one kind.
+A file may instead hold DPO's preference rows (`preference_rows.py`), or reinforcement rows: a
+`messages` list ending with a user message (the prompt), each message checked as above, and any other
+keys, the item fields a grader reads (`{{ item.answer }}`; any JSON). One file holds one kind.
 """
 
 from __future__ import annotations
@@ -157,9 +159,26 @@ def _check_example(example: Any) -> str | None:
     return _check_row_tools(example)
 
 
+def _is_reinforcement_row(example: Any) -> bool:
+    """A row whose `messages` end with a user message: a prompt for reinforcement fine-tuning."""
+    messages = example.get("messages") if isinstance(example, dict) else None
+    return isinstance(messages, list) and bool(messages) and isinstance(messages[-1], dict) \
+        and messages[-1].get("role") == "user"
+
+
+def _check_reinforcement_row(example: dict[str, Any]) -> str | None:
+    """Why a reinforcement row's prompt is invalid (its other keys are item fields, any JSON), or None."""
+    for number, msg in enumerate(example["messages"], start=1):
+        reason = _check_message(msg, number)
+        if reason:
+            return reason
+    return None
+
+
 class TrainingFileKind(str, enum.Enum):
     CHAT = "chat"  # `messages` rows: supervised fine-tuning
     PREFERENCE = "preference"  # `input` / `preferred_output` / `non_preferred_output` rows: DPO
+    REINFORCEMENT = "reinforcement"  # `messages` ending with a user message, and item fields: reinforcement
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +196,8 @@ def _check_row(example: Any) -> tuple[TrainingFileKind, str | None]:
         if reason is None and tools is not None:
             reason = check_tools(tools)
         return TrainingFileKind.PREFERENCE, reason
+    if _is_reinforcement_row(example):
+        return TrainingFileKind.REINFORCEMENT, _check_reinforcement_row(example)
     return TrainingFileKind.CHAT, _check_example(example)
 
 
@@ -187,7 +208,7 @@ def validate_finetune_jsonl(data: bytes) -> TrainingFile:
 
     Raises:
         ProtocolError: 400 `invalid_file_format`, param `file`, naming the FIRST bad line (1-based);
-            also when the file holds no example at all, or mixes chat and preference rows. The minimum
+            also when the file holds no example at all, or mixes kinds of rows. The minimum
             of 10 examples is checked when a job is created, as OpenAI does, not here.
     """
     count, kind = 0, None
@@ -209,10 +230,16 @@ def validate_finetune_jsonl(data: bytes) -> TrainingFile:
         if kind is not None and row_kind != kind:
             raise _bad_line(line_no, f"a {row_kind.value} row in a file of {kind.value} rows; a file "
                                      f"holds one kind (chat rows for supervised jobs, preference rows "
-                                     f"for DPO)")
+                                     f"for DPO, reinforcement rows, whose messages end with the user's "
+                                     f"prompt, for reinforcement)")
         kind = row_kind
         count += 1
     if kind is None:
         raise ProtocolError("Invalid file format. The file contains no examples.", param="file",
                             code="invalid_file_format")
     return TrainingFile(count, kind)
+
+
+def parsed_rows(data: bytes) -> list[Any]:
+    """The rows of a file `validate_finetune_jsonl` accepted, in order (blank lines skipped)."""
+    return [json.loads(line) for line in data.decode("utf-8-sig").split("\n") if line.strip()]

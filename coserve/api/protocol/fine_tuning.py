@@ -2,9 +2,11 @@
 
 Fields follow https://platform.openai.com/docs/api-reference/fine-tuning and the bounds of OpenAI's
 spec (n_epochs 1..50, batch_size 1..256, learning_rate_multiplier > 0; coserve caps it at 10; DPO's beta
-in (0, 10]). The `supervised` and `dpo` methods are implemented. The coserve extension `lora` takes
-PEFT's names. The shape only: the gateway turns a body into the one typed `JobRequest`
-(`coserve.contract.job_request`), which checks the values.
+in (0, 10]). The methods `supervised`, `dpo` and `reinforcement` (OpenAI's shape: a `grader` and
+hyperparameters; coserve's extension `max_completion_tokens`, the longest rollout) are implemented. The
+coserve extension `lora` takes PEFT's names. The shape only: the gateway turns a body into the one typed
+`JobRequest` (`coserve.contract.job_request`), which checks the values (a reinforcement job's grader and
+its hyperparameters beyond the supervised ones: `coserve.contract.reinforcement.ReinforcementRequest`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,17 @@ class DpoHyperparameters(Hyperparameters):
     beta: Auto | Annotated[float, Field(gt=0.0, le=MAX_BETA, allow_inf_nan=False)] | None = "auto"
 
 
+class ReinforcementHyperparameters(Hyperparameters):
+    """Reinforcement's hyperparameters (OpenAI's names): the supervised ones, `compute_multiplier`,
+    `eval_interval`, `eval_samples` ("auto" for each) and `reasoning_effort` ("default" when unset). The
+    values are checked by `ReinforcementRequest`, which says what they mean on coserve."""
+
+    compute_multiplier: Auto | float | None = "auto"
+    eval_interval: Auto | int | None = "auto"
+    eval_samples: Auto | int | None = "auto"
+    reasoning_effort: Literal["default", "low", "medium", "high"] | None = "default"
+
+
 class SupervisedMethod(RequestModel):
     """Configuration of supervised fine-tuning."""
 
@@ -65,22 +78,38 @@ class DpoMethod(RequestModel):
     hyperparameters: DpoHyperparameters | None = None
 
 
+class ReinforcementMethod(RequestModel):
+    """Configuration of reinforcement fine-tuning: the `grader` (OpenAI's grader JSON, parsed and checked
+    by the gateway: `coserve.contract.grader`), its hyperparameters, and the coserve extension
+    `max_completion_tokens` (the longest rollout; default 256)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    grader: dict[str, Any]
+    hyperparameters: ReinforcementHyperparameters | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None  # coserve extension
+
+
+METHODS = ("supervised", "dpo", "reinforcement")
+
+
 class Method(RequestModel):
-    """The fine-tuning method: `supervised` or `dpo`, with its settings under the key of that name
-    (OpenAI's shape). `reinforcement` is refused: coserve does not implement it yet."""
+    """The fine-tuning method: `supervised`, `dpo` or `reinforcement`, with its settings under the key of
+    that name (OpenAI's shape); a reinforcement job needs them (its grader)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
     type: Literal["supervised", "dpo", "reinforcement"]
     supervised: SupervisedMethod | None = None
     dpo: DpoMethod | None = None
+    reinforcement: ReinforcementMethod | None = None
 
     @model_validator(mode="after")
     def _settings_of_its_type(self) -> Method:
-        if self.type == "reinforcement":
-            raise param_error("type", "method 'reinforcement' is not supported yet; use 'supervised' "
-                              "or 'dpo'")
-        for other in ("supervised", "dpo"):
+        if self.type == "reinforcement" and self.reinforcement is None:
+            raise param_error("reinforcement", "a reinforcement job needs 'method.reinforcement' with its "
+                              "'grader'")
+        for other in METHODS:
             if other != self.type and getattr(self, other) is not None:
                 raise param_error(other, f"'method.{other}' configures the {other} method, and this "
                                   f"job's method type is '{self.type}'")
@@ -88,7 +117,7 @@ class Method(RequestModel):
 
     def given_hyperparameters(self) -> Hyperparameters | None:
         """The hyperparameters under the method's own key (None: not given)."""
-        settings = self.dpo if self.type == "dpo" else self.supervised
+        settings: SupervisedMethod | DpoMethod | ReinforcementMethod | None = getattr(self, self.type)
         return settings.hyperparameters if settings is not None else None
 
 
@@ -125,7 +154,8 @@ class FineTuningJobCreate(RequestBody):
 
     `suffix` is restricted to `[A-Za-z0-9_-]{1,64}` because it becomes part of a model id
     (`ft:{base}:{tenant}:{suffix}:{id}`), where `:` or `/` would break parsing and paths.
-    `hyperparameters` (deprecated by OpenAI) and `method.supervised.hyperparameters` may not both be set.
+    `hyperparameters` (deprecated by OpenAI) and the method's own (`method.<type>.hyperparameters`) may not
+    both be set.
     """
 
     model: Annotated[str, Field(min_length=1)]
@@ -157,12 +187,17 @@ class FineTuningJobCreate(RequestBody):
         return self
 
     def requested_hyperparameters(self) -> Hyperparameters:
-        """The hyperparameters from whichever place the client used, "auto" where unset (DPO's
-        `beta` included)."""
+        """The hyperparameters from whichever place the client used, their default ("auto"; reasoning's
+        "default") where unset (DPO's `beta` and reinforcement's own included)."""
         hp = (self.method.given_hyperparameters() if self.method else None) or self.hyperparameters \
             or Hyperparameters()
-        values = {name: getattr(hp, name) or "auto" for name in type(hp).model_fields}
+        values = {name: default if (value := getattr(hp, name)) is None else value
+                  for name, default in _defaults(type(hp)).items()}
         return type(hp).model_validate(values)
+
+
+def _defaults(model: type[Hyperparameters]) -> dict[str, Any]:
+    return {name: info.default for name, info in model.model_fields.items()}
 
 
 class FineTuningJobError(OpenAIBaseModel):

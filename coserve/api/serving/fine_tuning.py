@@ -4,6 +4,10 @@ Reference: https://platform.openai.com/docs/api-reference/fine-tuning. The gatew
 the metadata store (a new job in `validating_files`, `cancelled`, `paused`, `queued` on resume); the
 scheduler's `JobManager` applies them to the engine and writes progress back, so a job survives a
 gateway or scheduler restart. Another tenant's job is 404 like an unknown one.
+
+A reinforcement job is checked at creation, before it exists: its grader must be one this server runs in
+a job (`job_request.grader_variables`), and every row of its files must hold each `{{ item.* }}` value
+the grader reads (else a 400 naming the variable, the file and the row).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import math
 
 from coserve.api.auth import Caller
 from coserve.api.protocol.base import ProtocolError
-from coserve.api.protocol.files import TrainingFileKind, validate_finetune_jsonl
+from coserve.api.protocol.files import TrainingFileKind, parsed_rows, validate_finetune_jsonl
 from coserve.api.protocol.fine_tuning import (
     CheckpointMetrics,
     FineTuningJob,
@@ -28,10 +32,12 @@ from coserve.api.protocol.fine_tuning import (
     Method,
     TrainingParams,
 )
-from coserve.api.serving.job_request import DedicatedCapacity, job_request
+from coserve.api.serving.job_request import GRADER_PARAM, DedicatedCapacity, grader_variables, job_request
 from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
 from coserve.contract.job_request import FineTuningMethod, JobRequest
 from coserve.contract.training_settings import HYPERPARAMETERS, MIN_EXAMPLES, TooFewExamplesError, auto_n_epochs
+from coserve.graders.checks import Variable
+from coserve.graders.item_fields import missing_item_field
 from coserve.store import MetadataStore
 from coserve.store.records import CheckpointRecord, EventRecord, JobRecord, JobStatus
 from coserve.store.usage import RESERVED_MODELS_KEY
@@ -39,9 +45,11 @@ from coserve.tenancy.quotas import TenantQuota
 from coserve.tenancy.storage_quota import admit_job, has_storage_limits, models_per_job
 from coserve.tenancy.tenants import TenantsConfig
 
+REWARD_METRICS = ("train_reward_", "valid_reward_", "train_grade_", "valid_grade_")
 # The rows each method trains on.
 METHOD_FILES = {FineTuningMethod.SUPERVISED: TrainingFileKind.CHAT,
-                FineTuningMethod.DPO: TrainingFileKind.PREFERENCE}
+                FineTuningMethod.DPO: TrainingFileKind.PREFERENCE,
+                FineTuningMethod.REINFORCEMENT: TrainingFileKind.REINFORCEMENT}
 
 
 def to_job(record: JobRecord) -> FineTuningJob:
@@ -70,12 +78,28 @@ def to_event(record: EventRecord) -> FineTuningJobEvent:
 
 
 def to_checkpoint(record: CheckpointRecord) -> FineTuningJobCheckpoint:
-    # OpenAI's fields, and a DPO job's rewards (TRL's names: `rewards/accuracies`, ...) beside them.
-    metrics = {k: v for k, v in record.metrics.items() if k in CheckpointMetrics.model_fields or "/" in k}
+    # OpenAI's fields, a DPO job's rewards (TRL's names: `rewards/accuracies`, ...) and a reinforcement
+    # job's (`train_reward_mean`, `train_reward/<sub-grader>`, ...) beside them.
+    metrics = {k: v for k, v in record.metrics.items()
+               if k in CheckpointMetrics.model_fields or "/" in k or k.startswith(REWARD_METRICS)}
     return FineTuningJobCheckpoint(id=record.id, created_at=record.created_at,
                                    fine_tuned_model_checkpoint=record.fine_tuned_model_checkpoint,
                                    fine_tuning_job_id=record.job_id, step_number=record.step_number,
                                    metrics=CheckpointMetrics(**metrics))
+
+
+def _check_item_fields(variables: list[Variable], content: bytes, param: str) -> None:
+    """Every row of the file (`param`) holds each `{{ item.* }}` value the grader reads.
+
+    Raises:
+        ProtocolError: 400 `invalid_grader` naming the first missing variable, the file and the row.
+    """
+    for number, row in enumerate(parsed_rows(content), start=1):
+        missing = missing_item_field(variables, row)
+        if missing is not None:
+            raise ProtocolError(f"the grader reads {missing}, and row {number} of the {param} has no such "
+                                f"value; give every row the fields the grader reads", param=GRADER_PARAM,
+                                code="invalid_grader")
 
 
 def _job_not_found(job_id: str) -> ProtocolError:
@@ -92,12 +116,15 @@ class FineTuningService:
         base_models: the base model ids a job may train from (besides the tenant's fine-tuned models).
         max_lora_rank: the engine's largest adapter rank; a larger `lora.r` is a 400 (None: unchecked).
         dedicated: the Ray cluster's room for dedicated runs (None: no Ray; asking for one is a 400).
+        python_graders: the server runs `python` graders (`--enable-python-graders`); else a
+            reinforcement job graded by one is a 400.
     """
 
     def __init__(self, store: MetadataStore, tenants: TenantsConfig, base_models: tuple[str, ...],
-                 max_lora_rank: int | None = None, dedicated: DedicatedCapacity | None = None) -> None:
+                 max_lora_rank: int | None = None, dedicated: DedicatedCapacity | None = None,
+                 python_graders: bool = False) -> None:
         self.store, self.tenants, self.base_models = store, tenants, base_models
-        self.max_lora_rank, self.dedicated = max_lora_rank, dedicated
+        self.max_lora_rank, self.dedicated, self.python_graders = max_lora_rank, dedicated, python_graders
 
     def create(self, tenant: str, body: FineTuningJobCreate) -> FineTuningJob:
         """Check the model, the files and the tenant's job limit, then record the job.
@@ -107,7 +134,9 @@ class FineTuningService:
                 tenant's concurrent-jobs limit; 403 `model_quota_exceeded` when the models the job will
                 write (reserved now) do not fit under `max_fine_tuned_models`, or `storage_quota_exceeded`
                 when the tenant has no byte left under `max_stored_bytes`; 400 naming `training.mode`
-                or `training.workers` for a dedicated run this server cannot hold (`training_mode`).
+                or `training.workers` for a dedicated run this server cannot hold (`training_mode`);
+                400 `invalid_grader` for a reinforcement grader this server cannot run, or that reads
+                an item field a row lacks.
         """
         self._check_model(tenant, body.model)
         request = job_request(body, self.max_lora_rank, self.dedicated)
@@ -117,12 +146,14 @@ class FineTuningService:
             raise ProtocolError("lora: a job that continues a fine-tuned model trains that model's adapter "
                                 "as it is (its r, lora_alpha and target_modules); leave lora out",
                                 param="lora", code="invalid_lora")
-        count = self._count_examples(tenant, body.training_file, "training_file", request.method)
+        variables = grader_variables(request.reinforcement, self.python_graders) \
+            if request.reinforcement is not None else None
+        count = self._count_examples(tenant, body.training_file, "training_file", request.method, variables)
         if count < MIN_EXAMPLES:
             err = TooFewExamplesError(count)
             raise ProtocolError(err.message, param=err.param, code="invalid_n_examples")
         if body.validation_file is not None:
-            self._count_examples(tenant, body.validation_file, "validation_file", request.method)
+            self._count_examples(tenant, body.validation_file, "validation_file", request.method, variables)
         self._check_job_limit(tenant)
         hp = request.hyperparameters
         # "auto" resolves from the examples the trainer keeps, which the job manager counts again (and
@@ -151,7 +182,10 @@ class FineTuningService:
             raise ProtocolError(f"Model {model} is not available for fine-tuning or does not exist.",
                                 param="model", code="model_not_available")
 
-    def _count_examples(self, tenant: str, file_id: str, param: str, method: FineTuningMethod) -> int:
+    def _count_examples(self, tenant: str, file_id: str, param: str, method: FineTuningMethod,
+                        variables: list[Variable] | None = None) -> int:
+        """The examples of a file the job trains (or validates) on, checked for the method (and, given the
+        grader's `variables`, for the item fields it reads)."""
         record = self.store.files.get(tenant, file_id)
         content = self.store.files.content(tenant, file_id) if record is not None else None
         if record is None or content is None:
@@ -170,6 +204,8 @@ class FineTuningService:
             raise ProtocolError(f"invalid {param}: file {file_id} holds {summary.kind.value} rows, and a "
                                 f"{method.value} job trains on {wanted.value} rows", param=param,
                                 code="invalid_file_format")
+        if variables:
+            _check_item_fields(variables, content, param)
         return summary.num_examples
 
     def _check_job_limit(self, tenant: str) -> None:

@@ -3,7 +3,11 @@ or a 400 naming the param. The only place a job request is parsed: the row keeps
 
 What is refused here, before the job exists:
 - a value the request's types refuse (`SettingsError`): 400 naming the param (`code` `invalid_lora`
-  for a LoRA setting, `invalid_training` for the training extension);
+  for a LoRA setting, `invalid_training` for the training extension, `invalid_grader` for a
+  reinforcement job's grader);
+- a reinforcement grader this server cannot run in a job (`grader_variables`): a model grader anywhere in
+  it (`score_model` is not run in jobs yet; `label_model` is no reinforcement grader in OpenAI's API
+  either), a `python` grader while python graders are off, a template or formula it cannot evaluate;
 - `lora.r` above this server's `max_lora_rank`;
 - a dedicated run (`training.mode` "dedicated") on a `--local` server: `dedicated_training_unavailable`;
   on Ray, more workers than the cluster can ever place at once: `insufficient_cluster_capacity`
@@ -12,12 +16,18 @@ What is refused here, before the job exists:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate, LoRAParams, TrainingParams
+from coserve.contract.grader import Grader, ModelGrader, MultiGrader
 from coserve.contract.job_request import FineTuningMethod, JobRequest, TrainingMode, TrainingRequest
+from coserve.contract.reinforcement import PARAM as REINFORCEMENT_PARAM
+from coserve.contract.reinforcement import ReinforcementRequest
 from coserve.contract.training_settings import HYPERPARAMETERS, HyperparameterRequest, LoRASettings, SettingsError
+from coserve.graders.checks import Variable, check_grader
+
+GRADER_PARAM = f"{REINFORCEMENT_PARAM}.grader"
 
 
 class DedicatedCapacity(Protocol):
@@ -42,12 +52,79 @@ def job_request(body: FineTuningJobCreate, max_lora_rank: int | None,
     beta = requested.pop("beta", "auto")
     try:
         hyperparameters = HyperparameterRequest.from_dict({k: requested[k] for k in HYPERPARAMETERS})
+        reinforcement = _reinforcement(body, requested) if method == FineTuningMethod.REINFORCEMENT else None
         return JobRequest(method=method, hyperparameters=hyperparameters,
                           beta=None if beta == "auto" else beta,
                           lora=_lora(body.lora, max_lora_rank),
-                          training=_training(body.training, dedicated))
+                          training=_training(body.training, dedicated), reinforcement=reinforcement)
     except SettingsError as err:
-        raise ProtocolError(err.message, param=err.param) from None
+        raise _settings_error(err) from None
+
+
+def _settings_error(err: SettingsError) -> ProtocolError:
+    """The 400 of a refused value; a grader's is `invalid_grader`."""
+    code = "invalid_grader" if err.param.startswith(GRADER_PARAM) else None
+    return ProtocolError(err.message, param=err.param, code=code)
+
+
+def _reinforcement(body: FineTuningJobCreate, requested: dict[str, Any]) -> ReinforcementRequest:
+    """`method.reinforcement` typed: its grader and the hyperparameters beyond the supervised ones (from
+    `requested`, which holds "auto" (reasoning: "default") for what the client left unset).
+
+    Raises:
+        SettingsError: a bad grader or value, naming its param.
+    """
+    settings = body.method.reinforcement if body.method else None
+    assert settings is not None  # `Method` requires it for the reinforcement type
+
+    def given(name: str) -> Any:
+        value = requested.get(name)
+        return None if value in ("auto", "default", None) else value
+
+    return ReinforcementRequest(grader=settings.grader, compute_multiplier=given("compute_multiplier"),
+                                eval_interval=given("eval_interval"), eval_samples=given("eval_samples"),
+                                reasoning_effort=given("reasoning_effort"),
+                                max_completion_tokens=settings.max_completion_tokens)
+
+
+def grader_variables(request: ReinforcementRequest, python: bool) -> list[Variable]:
+    """The template variables a reinforcement job's grader reads, once this server can run it in a job.
+    `python`: python graders are on (`--enable-python-graders`).
+
+    Raises:
+        ProtocolError: 400 `invalid_grader` naming the grader field it cannot run.
+    """
+    grader = request.parsed_grader()
+    refused = _model_grader(grader, GRADER_PARAM)
+    if refused is not None:
+        param, kind = refused
+        raise ProtocolError(_MODEL_GRADER_REFUSALS[kind], param=f"{param}.type", code="invalid_grader")
+    try:
+        return check_grader(grader, GRADER_PARAM, python=python, judges=False)
+    except SettingsError as err:
+        raise ProtocolError(err.message, param=err.param, code="invalid_grader") from None
+
+
+_MODEL_GRADER_REFUSALS = {
+    "score_model": "score_model graders are not supported in reinforcement jobs yet (POST "
+                   "/v1/fine_tuning/alpha/graders/run does run them); grade with string_check, "
+                   "text_similarity, python or multi",
+    "label_model": "label_model is not a reinforcement grader, in OpenAI's API either (its reinforcement "
+                   "graders are string_check, text_similarity, python, score_model and multi); grade with "
+                   "string_check, text_similarity, python or multi",
+}
+
+
+def _model_grader(grader: Grader, param: str) -> tuple[str, str] | None:
+    """(the field path, the type) of the first model grader in `grader`'s tree; None if there is none."""
+    if isinstance(grader, ModelGrader):
+        return param, grader.kind
+    if isinstance(grader, MultiGrader):
+        for name, sub in grader.graders:
+            found = _model_grader(sub, f"{param}.graders.{name}")
+            if found is not None:
+                return found
+    return None
 
 
 def _lora(lora: LoRAParams | None, max_lora_rank: int | None) -> LoRASettings | None:

@@ -1,0 +1,71 @@
+"""`RolloutGrader`: a reinforcement job's completions decoded and graded (`grading.grade`), the
+`RolloutGrading` the rollout loop asks (`coserve.contract.reinforcement`).
+
+On a server each sample is graded on a worker thread of the grader's pool, so the scheduler's loop never
+waits for a metric or a python grader's child process (at most `PythonGraderRunner`'s limit run at once;
+the others wait for a slot on their thread). `on_done` is called, on a worker thread, when a batch's last
+sample is graded (the scheduler wakes its loop with it). Without an executor (offline), grading runs on
+the caller's thread and the future is done when `grade` returns. A grader that raises is a sample scored
+0 with its error, never a failed future.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from coserve.contract.grader import Grader
+from coserve.contract.reinforcement import GradedSample
+from coserve.graders.grading import grade
+from coserve.graders.python_grader import PythonGraderRunner
+
+
+class RolloutGrader:
+    """Grades completions for a job's rows (module docstring).
+
+    Args:
+        decode: token ids -> the text graders see (special tokens skipped).
+        python: runs python graders; None: a python grader's samples fail (checked at job creation).
+        executor: where samples are graded (None: on the caller's thread).
+        on_done: called when a batch is graded.
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], python: PythonGraderRunner | None = None,
+                 executor: Executor | None = None, on_done: Callable[[], None] | None = None) -> None:
+        self._decode, self._python, self._executor, self._on_done = decode, python, executor, on_done
+
+    def grade(self, grader: Grader, items: Sequence[Mapping[str, Any]],
+              completions: Sequence[Sequence[int]]) -> Future[list[GradedSample]]:
+        if len(items) != len(completions):
+            raise ValueError("one row per completion")
+        combined: Future[list[GradedSample]] = Future()
+        if self._executor is None or not completions:
+            combined.set_result([self._one(grader, i, c) for i, c in zip(items, completions, strict=True)])
+            return combined
+        futures = [self._executor.submit(self._one, grader, i, c) for i, c in zip(items, completions, strict=True)]
+        remaining, lock = [len(futures)], threading.Lock()
+
+        def finished(_: Future[GradedSample]) -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                combined.set_result([f.result() for f in futures])
+                if self._on_done is not None:
+                    self._on_done()
+
+        for future in futures:
+            future.add_done_callback(finished)
+        return combined
+
+    def _one(self, grader: Grader, item: Mapping[str, Any], completion: Sequence[int]) -> GradedSample:
+        try:
+            result = grade(grader, item, self._decode(completion), self._python)
+        except Exception as err:  # noqa: BLE001 - one sample's grader bug is that sample's 0, not a lost batch
+            return GradedSample(0.0, {}, f"the grader raised {type(err).__name__}: {err}")
+        error = None
+        if result.errors.any:
+            error = "; ".join(result.errors.details) or "the grader flagged an error"
+        return GradedSample(result.reward, dict(result.sub_rewards), error)
