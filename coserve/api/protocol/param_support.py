@@ -200,7 +200,10 @@ FINE_TUNING_JOBS = EndpointParams("`POST /v1/fine_tuning/jobs` (`client.fine_tun
     "metadata": supported(),
     "method": differs("`supervised` (hyperparameters `n_epochs`, `batch_size`, `learning_rate_multiplier`) "
                       "and `dpo` (the same and `beta` in (0, 10], `auto` 0.1; the reference is the base "
-                      "model); `reinforcement` is a 400 naming `method.type`"),
+                      "model); `reinforcement` (`grader`: string_check, text_similarity, python, multi; "
+                      "score_model is a 400 in a job; hyperparameters `compute_multiplier`, `eval_interval`, "
+                      "`eval_samples`, `reasoning_effort` \"default\" only; extension `max_completion_tokens`: "
+                      "[fine-tuning](fine-tuning.md#reinforcement-fine-tuning))"),
     "seed": supported(),
     "suffix": differs("`[A-Za-z0-9_-]`, 1..64 characters (it is part of the model id)"),
     "validation_file": supported(),
