@@ -29,6 +29,7 @@ from coserve.actors.job_watchdog import JobWatchdog
 from coserve.contract.data_position import DataPosition
 from coserve.contract.job_runner import JobRunner, RunningJob
 from coserve.contract.job_spec import JobEvent, JobEventKind
+from coserve.contract.messages import AdapterSpec
 from coserve.frontend.job_prep import PreparedJob
 from coserve.store import MetadataStore
 from coserve.store.records import JobRecord, JobStatus
@@ -110,6 +111,16 @@ class JobManager:
         self._storage = JobStorage(store, self._limits)
         self._preparation = JobPreparation(store, tokenizer, settings, self._limits, self._storage)
         self._dedicated = dedicated  # the jobs that train on Ray Train (None: no Ray)
+
+    def adapter_of(self, tenant: str, model: str) -> AdapterSpec | None:
+        """The adapter of a model the tenant may use (None: this server's base model); LookupError naming
+        it otherwise. Any thread (the store locks)."""
+        if model == self._settings.base_model_id:
+            return None
+        record = self._store.models.get(tenant, model)
+        if record is None or record.adapter_path is None:
+            raise LookupError(f"{model!r} is not a model this server serves to tenant {tenant!r}")
+        return AdapterSpec(model, record.adapter_path)
 
     @property
     def num_running(self) -> int:

@@ -96,7 +96,7 @@ class JobPreparation:
             base_model_name_or_path=self._settings.base_model_path, init_adapter=init_adapter, validation=validation)
         if request.reinforcement is not None:  # always co-served: its rollouts sample the adapter it trains
             prepared = prepare_reinforcement_job(self._tokenizer, examples, request.reinforcement,
-                                                 python=self._settings.python_graders, **common)
+                                                 python=self._settings.python_graders, judges=True, **common)
         else:
             prepared = prepare_job(self._tokenizer, examples, loss=request.loss(), **common)
             route_job(self._store, record, prepared.hyperparameters.total_trained_tokens, self._settings.dedicated,

@@ -34,6 +34,7 @@ from coserve.actors.job_manager import JobManager, open_job_manager
 from coserve.actors.job_preparation import FineTuningSettings
 from coserve.actors.metrics import QueueState, SchedulerMetrics
 from coserve.actors.rollout_grading import rollout_grading
+from coserve.actors.rollout_judges import RolloutJudges
 from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
@@ -44,6 +45,7 @@ from coserve.cluster.policy_factory import EngineLayout, PolicyFactory
 from coserve.contract.engine import EngineFailure
 from coserve.contract.messages import Admission, Rejection, TokenBatch, TokenSubmission
 from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import EosIds
 from coserve.frontend.tokenizer import Tokenizer
 from coserve.inference.request import RequestStatus, expand_request
 from coserve.model.config import ModelConfig
@@ -124,8 +126,10 @@ class SchedulerActor:
             tokenizer = Tokenizer.from_spec(layout.tokenizer)
             self._jobs = open_job_manager(settings, self._cluster.jobs, tokenizer, self._settings.tenant_limits,
                                           self._count_finetune)
-            self._cluster.jobs.serve_rollouts(*rollout_grading(tokenizer, self._eos_ids,
-                                                               self._settings.enable_python_graders, self._wake))
+            eos = EosIds.resolve(tokenizer, self._eos_ids)
+            judges = RolloutJudges(self.submit, self.stream, tokenizer, eos, self._jobs.adapter_of, lambda: self._loop)
+            grading = rollout_grading(tokenizer, eos, self._settings.enable_python_graders, self._wake, judges.judge)
+            self._cluster.jobs.serve_rollouts(grading, eos)
         self._work.set()  # held requests or waiting jobs may have been placed on it
 
     def engine_lost(self, engine_id: str, reason: str) -> None:

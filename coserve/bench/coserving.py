@@ -31,7 +31,9 @@ afresh. A real model is `--model-dir DIR` with lower `--rates` (RESULTS.md has S
 `--method dpo` makes it a DPO job (beta 0.1) on 64 preference pairs, each answer 256-1024 templated
 tokens with its question (`traces.synthetic_preference_rows`): its reference passes (the base model
 with the adapter off, each pair's once) are fine-tuning forward work the policy co-serves like any other,
-and `finetune_sequences_per_s` / 2 is its trained pairs/s.
+and `finetune_sequences_per_s` / 2 is its trained pairs/s. `--method reinforcement` makes it a GRPO job
+whose rollouts are co-served inference (`coserving_rl`: RL steps/s and each step's rollout and training
+time per run).
 """
 
 from __future__ import annotations
@@ -42,14 +44,21 @@ import math
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coserve.bench.calibration import TTFT_MULTIPLE, SweepSettings
+from coserve.bench.coserving_rl import (
+    DEFAULT_ROLLOUT_TOKENS,
+    reinforcement_metrics,
+    reinforcement_spec,
+    rollout_setup,
+)
 from coserve.bench.coserving_setup import MAX_BATCH_TOKENS, calibrate, run_policy
 from coserve.bench.headroom import Headroom, best_baseline, headroom
 from coserve.bench.policy_set import PolicySetup, make_factory
-from coserve.bench.replay import RunLimits
+from coserve.bench.replay import RolloutSetup, RunLimits
 from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
@@ -118,8 +127,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          f"{STALL_MULTIPLE:g}; the policy coserve-strict has none)")
     ap.add_argument("--seed", type=int, default=0, help="seed of traces and the fine-tuning data")
     ap.add_argument("--method", choices=[m.value for m in FineTuningMethod], default="supervised",
-                    help="the fine-tuning job: supervised (chat examples) or dpo (preference pairs of two "
-                         "answers to one question, beta 0.1; its reference passes are co-served too)")
+                    help="the fine-tuning job: supervised (chat examples), dpo (preference pairs of two "
+                         "answers to one question, beta 0.1; its reference passes are co-served too) or "
+                         "reinforcement (GRPO; its rollouts are co-served inference)")
+    ap.add_argument("--rollout-tokens", type=int, default=DEFAULT_ROLLOUT_TOKENS,
+                    help=f"with --method reinforcement: the longest rollout (default {DEFAULT_ROLLOUT_TOKENS})")
     ap.add_argument("--finetune-tokens", default=f"{FINETUNE_TOKENS[0]},{FINETUNE_TOKENS[1]}",
                     help="MIN,MAX templated tokens of the fine-tuning examples (default "
                          f"{FINETUNE_TOKENS[0]},{FINETUNE_TOKENS[1]}; 64,256 for a real model on a CPU)")
@@ -134,8 +146,26 @@ def _settings(args: argparse.Namespace) -> tuple[list[float], list[str], float]:
     return rates, policies, window
 
 
+@dataclass(frozen=True, slots=True)
+class BenchJob:
+    """The engine, the job every run trains, the job the latency model is calibrated with (the same but
+    supervised for a reinforcement job), its rollouts' setup (reinforcement only) and the model's line."""
+
+    engine: Any
+    spec: FinetuneJobSpec
+    calibration_spec: FinetuneJobSpec
+    rollouts: RolloutSetup | None
+    model: str
+
+
 def engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, str]:
     """The engine, the prepared fine-tuning job and a description of the model."""
+    job = bench_job(args, workdir)
+    return job.engine, job.spec, job.model
+
+
+def bench_job(args: argparse.Namespace, workdir: Path) -> BenchJob:
+    """The engine and the jobs of a run (`BenchJob`)."""
     from transformers import AutoTokenizer
 
     from coserve.bench.trainer import ensure_model
@@ -148,13 +178,19 @@ def engine_and_job(args: argparse.Namespace, workdir: Path) -> tuple[Any, Any, s
                                        max_lora_rank=16, seed=args.seed, engine=args.engine,
                                        max_num_seqs=32, max_batch_tokens=2 * MAX_BATCH_TOKENS))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    spec = bench_job_spec(tokenizer, engine.model_config.num_layers, engine.layout.max_model_len,
-                          workdir / "job", args.seed, finetune_tokens(args.finetune_tokens),
-                          FineTuningMethod(args.method))
+    method, lengths = FineTuningMethod(args.method), finetune_tokens(args.finetune_tokens)
     cfg = engine.model_config
+
+    def spec(kind: FineTuningMethod) -> FinetuneJobSpec:
+        return bench_job_spec(tokenizer, cfg.num_layers, engine.layout.max_model_len, workdir / "job", args.seed,
+                              lengths, kind, rollout_tokens=args.rollout_tokens)
+
+    trained = spec(method)
+    reinforcement = method == FineTuningMethod.REINFORCEMENT
     model = (f"{model_dir.name} ({origin}): {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
              f"vocab {cfg.vocab_size}, {args.dtype} on {args.device}, engine {args.engine.value}")
-    return engine, spec, model
+    return BenchJob(engine, trained, spec(FineTuningMethod.SUPERVISED) if reinforcement else trained,
+                    rollout_setup(tokenizer, list(cfg.eos_token_ids)) if reinforcement else None, model)
 
 
 def finetune_tokens(text: str) -> tuple[int, int]:
@@ -167,11 +203,15 @@ def finetune_tokens(text: str) -> tuple[int, int]:
 
 def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Path,
                    seed: int, lengths: tuple[int, int] = FINETUNE_TOKENS,
-                   method: FineTuningMethod = FineTuningMethod.SUPERVISED) -> FinetuneJobSpec:
+                   method: FineTuningMethod = FineTuningMethod.SUPERVISED,
+                   rollout_tokens: int = DEFAULT_ROLLOUT_TOKENS) -> FinetuneJobSpec:
     """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`; `lengths` is the
     examples' range of templated tokens (each answer of a DPO pair, with its question)."""
     from coserve.frontend.job_prep import prepare_job
 
+    if method == FineTuningMethod.REINFORCEMENT:
+        return reinforcement_spec(tokenizer, num_layers, max_len, output_dir, seed, lengths, TRAINING_ADAPTER_ID,
+                                  rollout_tokens)
     if method == FineTuningMethod.DPO:
         examples = synthetic_preference_rows(tokenizer, 64, seed, lengths[0], lengths[1])
         loss = LossSpec(LossKind.DPO, beta=0.1)
@@ -193,9 +233,11 @@ def _given_slo(args: argparse.Namespace) -> SLO | None:
 
 
 def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float], policies: list[str],
-             limits: RunLimits, seed: int, finetune_only: float) -> dict[str, list[dict[str, Any]]]:
+             limits: RunLimits, seed: int, finetune_only: float,
+             rollouts: RolloutSetup | None = None) -> dict[str, list[dict[str, Any]]]:
     """Every (rate, policy) run: the metrics rows ("runs"), and for the coserve runs the simulator
-    checks ("simulator_check") and the fine-tuning bounds of `headroom` ("headroom")."""
+    checks ("simulator_check", not for a reinforcement job) and the fine-tuning bounds of `headroom`
+    ("headroom")."""
     layout = engine.layout
     shape = EngineShape(layout.num_kv_blocks, layout.block_size, layout.num_adapter_slots,
                         layout.vocab_size, engine.model_config.num_layers)
@@ -205,17 +247,27 @@ def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float],
         trace = make_trace(poisson_arrivals(rate, limits.window_s, seed), seed)
         ours = None
         for policy in policies:
-            record = run_policy(engine, setup, job_spec, policy, rate, trace, limits, f"{policy}-{rate}")
-            runs.append(summarize(record, setup.slo).to_dict())
+            record = run_policy(engine, setup, job_spec, policy, rate, trace, limits, f"{policy}-{rate}", rollouts)
+            runs.append(_run_row(record, setup.slo))
             print(_row(runs[-1]), flush=True)
             if policy == "coserve":
                 ours = record
+            if policy == "coserve" and rollouts is None:
                 out["simulator_check"].append(simulator_check(record, setup, trace, limits, job_spec, shape))
         if ours is not None:
             bound = headroom(ours, setup.latency, finetune_only, best_baseline(runs, rate))
             out["headroom"].append(bound.to_dict())
             print(_headroom_row(bound), flush=True)
     return out
+
+
+def _run_row(record: Any, slo: SLO) -> dict[str, Any]:
+    """A run's metrics, with a reinforcement job's RL steps/s and phases."""
+    metrics = summarize(record, slo)
+    row = metrics.to_dict()
+    if record.rollout_phases is not None:
+        row.update(reinforcement_metrics(record, metrics.finetune_sequences_per_s))
+    return row
 
 
 def _headroom_row(bound: Headroom) -> str:
@@ -236,10 +288,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     rates, policies, window = _settings(args)
     with tempfile.TemporaryDirectory(prefix="coserve-bench-") as tmp:
-        engine, job_spec, model = engine_and_job(args, Path(tmp))
+        job = bench_job(args, Path(tmp))
+        engine, job_spec, model, rollouts = job.engine, job.spec, job.model, job.rollouts
         t0 = time.monotonic()
         sweep = QUICK_SWEEP if args.quick else SweepSettings()
-        setup, fit, overrun = calibrate(engine, job_spec, rates[len(rates) // 2], args.seed, sweep,
+        setup, fit, overrun = calibrate(engine, job.calibration_spec, rates[len(rates) // 2], args.seed, sweep,
                                          min(WARMUP_S, window), args.stall_multiple, _given_slo(args))
         slo = setup.slo
         print(f"latency model: held-out MAPE {fit.heldout_mape:.1f}%, mean measured/predicted "
@@ -250,7 +303,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
               f"coserve's longest stall {setup.max_stall_ms:.0f} ms",
               flush=True)
         limits = RunLimits(window, drain_s=max(slo.ttft_s, 2.0))
-        solo = run_policy(engine, setup, job_spec, "coserve", 0.0, [], RunLimits(window, 0.0), "solo")
+        solo = run_policy(engine, setup, job_spec, "coserve", 0.0, [], RunLimits(window, 0.0), "solo", rollouts)
         solo_metrics = summarize(solo, slo)
         finetune_only = solo_metrics.finetune_tokens_per_s
         print(f"fine-tuning only: {finetune_only:.1f} trained tokens/s (steady "
@@ -258,16 +311,17 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
               f"{solo_metrics.finetune_sequences_per_s:.2f} sequences/s", flush=True)
         # The bound's reference: the steady estimate is free of the window's whole-step granularity.
         finetune_alone = max(finetune_only, solo_metrics.finetune_steady_tokens_per_s or 0.0)
-        measured = _measure(engine, setup, job_spec, rates, policies, limits, args.seed, finetune_alone)
+        measured = _measure(engine, setup, job_spec, rates, policies, limits, args.seed, finetune_alone, rollouts)
         mid = rates[len(rates) // 2]
         bursty_trace = make_trace(bursty_arrivals(mid, window, args.seed), args.seed, prefix="b")
-        bursty = run_policy(engine, setup, job_spec, "coserve", mid, bursty_trace, limits, "bursty")
+        bursty = run_policy(engine, setup, job_spec, "coserve", mid, bursty_trace, limits, "bursty", rollouts)
     return {
         "machine": machine_id(str(engine.device)), "model": model,
         "slo": {"tpot_ms": slo.tpot_s * 1000.0, "ttft_ms": slo.ttft_s * 1000.0},
         "finetune_only_tokens_per_s": finetune_only,
         "finetune_only_steady_tokens_per_s": solo_metrics.finetune_steady_tokens_per_s,
         "finetune_only_sequences_per_s": solo_metrics.finetune_sequences_per_s,
+        "finetune_only": _run_row(solo, slo),
         "runs": measured["runs"], "headroom": measured["headroom"],
         "bursty": {"rate": mid, **summarize(bursty, slo).to_dict()},
         "simulator_check": measured["simulator_check"],

@@ -18,7 +18,7 @@ from coserve.bench.calibration import (
     profile_engine,
 )
 from coserve.bench.policy_set import PolicySetup, make_factory
-from coserve.bench.replay import RunLimits, RunRecord, replay
+from coserve.bench.replay import RolloutSetup, RunLimits, RunRecord, replay
 from coserve.bench.run_metrics import SLO
 from coserve.bench.traces import RequestSpec, make_trace, poisson_arrivals
 from coserve.share.latency import LatencyModel
@@ -29,12 +29,13 @@ DECODE_SHARE = 0.6  # of the TPOT SLO a full decode batch may take (sets max_num
 
 
 def run_policy(engine: Any, setup: PolicySetup, job_spec: Any, policy: str, rate: float, trace: list[RequestSpec],
-               limits: RunLimits, tag: str) -> RunRecord:
-    """One replay of `trace` with `policy` and a fresh copy of the job (its id and folder tagged `tag`)."""
+               limits: RunLimits, tag: str, rollouts: RolloutSetup | None = None) -> RunRecord:
+    """One replay of `trace` with `policy` and a fresh copy of the job (its id and folder tagged `tag`); a
+    reinforcement job needs `rollouts`."""
     spec = dataclasses.replace(job_spec, job_id=f"bench-{tag}",
                                output_dir=f"{job_spec.output_dir}/{tag}")
     return replay(engine, make_factory(policy, setup), trace, limits, job_spec=spec,
-                  policy_name=policy, rate=rate)
+                  policy_name=policy, rate=rate, rollouts=rollouts)
 
 
 def _max_num_seqs(latency: Any, slo: SLO, margin: float) -> int:

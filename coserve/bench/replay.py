@@ -23,16 +23,19 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from coserve.bench.rollout_phases import RolloutPhases
 from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.cluster.engine_core import EngineCore
 from coserve.contract.engine import StepExecutor
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.contract.sampling import AdapterRef, SamplingParams
+from coserve.contract.reinforcement import RolloutGrading
+from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
 from coserve.contract.training_plan import StepReport
 from coserve.finetune.host import JobHost
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.finetune.rollouts import RolloutDriver
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.request import Request
 from coserve.share.latency_features import PlanFeatures, plan_features
@@ -129,6 +132,7 @@ class RunRecord:
     iterations: list[IterationRecord]
     num_layers: int
     ended_s: float = 0.0  # when the loop stopped (after the drain)
+    rollout_phases: dict[str, Any] | None = None  # a reinforcement job's (`RolloutPhases.summary`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +196,19 @@ class _Observed:
         return result
 
 
+@dataclass(frozen=True, slots=True)
+class RolloutSetup:
+    """What a reinforcement job's rollout loop needs in a run: the ids sampling stops on, and its grader."""
+
+    eos: EosIds
+    grading: RolloutGrading
+
+
 class EngineLane:
     """One engine's side of a run: its policy, executor and clock, and what it recorded.
 
-    `drive` runs one lane to the end; the simulator's cluster mode interleaves several.
+    `drive` runs one lane to the end; the simulator's cluster mode interleaves several. A reinforcement
+    job's rollout loop (`rollouts`) advances after every iteration, its phases recorded in `phases`.
     """
 
     def __init__(self, policy: CoServingPolicy, executor: StepExecutor, clock: Clock, *, vocab_size: int,
@@ -208,6 +221,13 @@ class EngineLane:
         self.core = EngineCore(policy)
         self._observed = _Observed(executor, self.now)
         self._on_iteration = on_iteration
+        self.rollouts: RolloutDriver | None = None
+        self.phases = RolloutPhases()
+
+    def start_rollouts(self, job: FinetuneJob, setup: RolloutSetup) -> None:
+        """Run the job's rollout loop beside it: its requests go to this lane's policy."""
+        self.rollouts = RolloutDriver(job, setup.eos, setup.grading, self.policy.add_request, self.policy.abort,
+                                      job.fail)
 
     def now(self) -> float:
         """Run seconds on this lane's clock."""
@@ -226,13 +246,18 @@ class EngineLane:
         step = self.core.step(self._observed)
         end = self._observed.end
         for request in step.advanced:
-            record = self.records[request.request_id]
+            record = self.records.get(request.request_id)
+            if record is None:  # a rollout of the reinforcement job
+                continue
             record.token_times.append(end)
             if request.is_finished:
                 record.finished = True
                 self.unfinished -= 1
         result = step.result
         tokens, sequences = trained_work(result.training.steps)
+        if self.rollouts is not None:
+            self.rollouts.advance(step)
+            self.phases.observe(end, self.rollouts, len(result.training.steps))
         iteration = IterationRecord(start, end, result.timings.total_s, self._observed.features, tokens,
                                     trained_sequences=sequences)
         self.iterations.append(iteration)
@@ -244,8 +269,10 @@ class EngineLane:
 def drive(policy: CoServingPolicy, executor: StepExecutor, clock: Clock, trace: Sequence[RequestSpec],
           limits: RunLimits, *, vocab_size: int, num_layers: int, job: FinetuneJob | None = None,
           policy_name: str = "", rate: float = 0.0,
-          on_iteration: Callable[[IterationRecord], None] | None = None) -> RunRecord:
-    """Run the trace (and the job, if any) through `policy` and `executor` until `limits` say stop.
+          on_iteration: Callable[[IterationRecord], None] | None = None,
+          rollouts: RolloutSetup | None = None) -> RunRecord:
+    """Run the trace (and the job, if any) through `policy` and `executor` until `limits` say stop; a
+    reinforcement job needs `rollouts`.
 
     The caller owns cleanup: `finish_run` hands the engine a plan that frees what is left.
     """
@@ -254,6 +281,10 @@ def drive(policy: CoServingPolicy, executor: StepExecutor, clock: Clock, trace: 
                       on_iteration=on_iteration)
     if job is not None:
         job_host(policy).add(job)
+        if job.spec.rollouts is not None:
+            if rollouts is None:
+                raise ValueError(f"job {job.job_id} is a reinforcement job: its run needs a RolloutSetup")
+            lane.start_rollouts(job, rollouts)
     next_arrival = 0
     while True:
         now = lane.now()
@@ -270,10 +301,12 @@ def drive(policy: CoServingPolicy, executor: StepExecutor, clock: Clock, trace: 
             continue
         wake = pending[next_arrival].arrival_s if next_arrival < len(pending) else limits.window_s
         clock.wait_until(lane.t0 + min(wake, limits.window_s + limits.drain_s))
+    if lane.rollouts is not None:
+        lane.rollouts.stop()  # `finish_run` then cancels the job
     records = [lane.records.get(s.request_id) or RequestRecord(s.request_id, s.arrival_s, s.prompt_len,
                                                                s.output_len, s.tenant) for s in pending]
     return RunRecord(policy_name, rate, limits.window_s, records, lane.iterations, num_layers,
-                     ended_s=lane.now())
+                     ended_s=lane.now(), rollout_phases=lane.phases.summary() if lane.rollouts else None)
 
 
 def should_stop(now: float, limits: RunLimits, has_trace: bool, unfinished: int, all_arrived: bool) -> bool:
@@ -324,7 +357,7 @@ def job_host(policy: CoServingPolicy) -> JobHost:
 
 def replay(engine: TorchEngine, make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,
            *, job_spec: FinetuneJobSpec | None = None, policy_name: str = "", rate: float = 0.0,
-           clock: Clock | None = None) -> RunRecord:
+           clock: Clock | None = None, rollouts: RolloutSetup | None = None) -> RunRecord:
     """One benchmark run on a real engine, in this process, against the wall clock.
 
     A fresh policy, KV block managers and adapter slots per run (the engine's memory is reused: the
@@ -338,6 +371,6 @@ def replay(engine: TorchEngine, make_policy: PolicyFactory, trace: Sequence[Requ
     try:
         return drive(policy, engine, clock, trace, limits, vocab_size=layout.vocab_size,
                      num_layers=engine.model_config.num_layers, job=job, policy_name=policy_name,
-                     rate=rate)
+                     rate=rate, rollouts=rollouts)
     finally:
         finish_run(policy, engine, [s.request_id for s in trace], job_spec.job_id if job_spec else None)

@@ -237,6 +237,15 @@ def synthetic_preference_rows(tokenizer: Any, num_pairs: int = 64, seed: int = 0
             for chat, other in zip(chats[:num_pairs], chats[num_pairs:])]
 
 
+def synthetic_reinforcement_rows(tokenizer: Any, num_rows: int = 64, seed: int = 0,
+                                 min_tokens: int = 256, max_tokens: int = 1024) -> list[dict[str, Any]]:
+    """OpenAI reinforcement lines from `synthetic_chat_dataset`'s conversations: the question as the prompt
+    (about a third of the drawn length), the answer as the row's `answer` field (what a grader compares
+    the rollouts with)."""
+    return [{"messages": [chat["messages"][0]], "answer": chat["messages"][1]["content"]}
+            for chat in synthetic_chat_dataset(tokenizer, num_rows, seed, min_tokens, max_tokens)]
+
+
 def _template_overhead(tokenizer: Any) -> int:
     """Tokens the chat template adds around one user/assistant exchange."""
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]

@@ -171,8 +171,8 @@ class GradedSample:
 class RolloutGrading(Protocol):
     """Grades a job's completions off the caller's thread (a model call, a python child process)."""
 
-    def grade(self, grader: Grader, items: Sequence[Mapping[str, Any]],
+    def grade(self, tenant: str, grader: Grader, items: Sequence[Mapping[str, Any]],
               completions: Sequence[Sequence[int]]) -> Future[list[GradedSample]]:
-        """Completion i (token ids) graded for row `items[i]`; the future never raises (a failed sample
-        is a `GradedSample` with its `error`)."""
+        """Completion i (token ids) graded for row `items[i]`, model graders' judgements asked as `tenant`;
+        the future never raises (a failed sample is a `GradedSample` with its `error`)."""
         ...

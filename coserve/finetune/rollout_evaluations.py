@@ -79,7 +79,8 @@ class Evaluations:
         current = self._sampling
         if current is not None and current.sampled:
             rows = [self.spec.eval_items[s.prompt_index] for s in current.samplings]
-            current.grading = self.grading.grade(self.spec.grader, rows, [s.completion() for s in current.samplings])
+            current.grading = self.grading.grade(self.job.tenant, self.spec.grader, rows,
+                                                 [s.completion() for s in current.samplings])
             self._graded.append(current)
             self._sampling = None
         for evaluation in [e for e in self._graded if e.grading is not None and e.grading.done()]:

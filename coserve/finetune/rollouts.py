@@ -74,6 +74,12 @@ class RolloutDriver:
         self.notices: list[str] = []  # grader errors, for the job's events
 
     @property
+    def in_flight(self) -> tuple[int, bool] | None:
+        """(the step whose rollouts are in flight, whether they are being graded); None between batches."""
+        batch = self._batch
+        return None if batch is None else (batch.after.step, batch.grading is not None)
+
+    @property
     def waiting_for(self) -> str | None:
         """What the job waits for when it has no training work: its rollouts' sampling or grading."""
         batch = self._batch
@@ -92,7 +98,7 @@ class RolloutDriver:
         """Take an iteration's outputs; grade a sampled batch; feed a graded one; start the next."""
         job = self.job
         if job.state.is_finished:
-            self._drop()
+            self.stop()
             return
         if outputs is not None:
             sampled = record(self._batch.samplings if self._batch else [], outputs)
@@ -102,7 +108,8 @@ class RolloutDriver:
         batch = self._batch
         if batch is not None and batch.grading is None and all(s.request.is_finished for s in batch.samplings):
             rows = [self.spec.items[s.prompt_index] for s in batch.samplings]
-            batch.grading = self._grading.grade(self.spec.grader, rows, [s.completion() for s in batch.samplings])
+            batch.grading = self._grading.grade(job.tenant, self.spec.grader, rows,
+                                                [s.completion() for s in batch.samplings])
         if batch is not None and batch.grading is not None and batch.grading.done() \
                 and not self.evaluations.sampling:  # an evaluation samples the weights this batch changes
             self._batch = None
@@ -114,8 +121,8 @@ class RolloutDriver:
         elif self._batch is None:
             self.evaluations.start_due()  # after the last step: the final weights
 
-    def _drop(self) -> None:
-        """The job ended: abort what is in flight."""
+    def stop(self) -> None:
+        """Abort what is in flight (the job ended, or its run is over); nothing more is reported."""
         in_flight = (self._batch.samplings if self._batch else []) + self.evaluations.drop()
         for sampling in in_flight:
             if not sampling.request.is_finished:

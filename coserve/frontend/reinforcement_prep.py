@@ -59,9 +59,11 @@ def prepare_reinforcement_job(tokenizer: Any, rows: Sequence[Mapping[str, Any]],
                               lora: LoRASettings | None = None, seed: int = 0,
                               base_model_name_or_path: str | None = None, init_adapter: str | None = None,
                               validation: Sequence[Mapping[str, Any]] = (), python: bool = True,
+                              judges: bool = False,
                               loss: LossSpec = LossSpec(LossKind.IMPORTANCE_SAMPLING)) -> PreparedJob:
-    """The job (module docstring); `python`: whether python graders may run here; `loss`: a
-    policy-gradient loss (importance sampling, PPO or CISPO).
+    """The job (module docstring); `python`: whether python graders may run here; `judges`: whether model
+    graders can (a server judges with the models it serves); `loss`: a policy-gradient loss (importance
+    sampling, PPO or CISPO).
 
     Raises:
         TooFewExamplesError: fewer than 10 rows.
@@ -71,7 +73,7 @@ def prepare_reinforcement_job(tokenizer: Any, rows: Sequence[Mapping[str, Any]],
     if not loss.kind.needs_sampling_logprobs:
         raise SettingsError("loss", f"a reinforcement job trains a policy-gradient loss, not {loss.kind.value}")
     grader = request.parsed_grader()
-    variables = check_grader(grader, "method.reinforcement.grader", python=python)
+    variables = check_grader(grader, "method.reinforcement.grader", python=python, judges=judges)
     _check_items(variables, rows, "training")
     max_tokens = request.completion_tokens
     prompts = _prompts(tokenizer, rows, max_len, max_tokens, "training_file")

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from coserve.contract.grader import ModelGrader
+from coserve.contract.grader import Grader, ModelGrader, MultiGrader
 
 SCORE_PATTERN = r"^-?[0-9]{1,6}(\.[0-9]{1,4})?$"
 
@@ -59,3 +59,12 @@ def read_judgement(grader: ModelGrader, reply: str, tokens: int) -> Judgement:
     if not low <= score <= high:  # nan too
         return Judgement(None, tokens, parse_error=True)
     return Judgement(score, tokens)
+
+
+def model_graders(grader: Grader, param: str = "grader") -> list[tuple[ModelGrader, str]]:
+    """Every model grader in the tree, with its field path."""
+    if isinstance(grader, ModelGrader):
+        return [(grader, param)]
+    if isinstance(grader, MultiGrader):
+        return [found for name, sub in grader.graders for found in model_graders(sub, f"{param}.graders.{name}")]
+    return []

@@ -6,7 +6,8 @@ waits for a metric or a python grader's child process (at most `PythonGraderRunn
 the others wait for a slot on their thread). `on_done` is called, on a worker thread, when a batch's last
 sample is graded (the scheduler wakes its loop with it). Without an executor (offline), grading runs on
 the caller's thread and the future is done when `grade` returns. A grader that raises is a sample scored
-0 with its error, never a failed future.
+0 with its error, never a failed future. Model graders (`score_model`) are judged by `judges` (the
+server's: `actors.rollout_judges`), asked as the job's tenant on the sample's worker thread.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any
 
-from coserve.contract.grader import Grader
+from coserve.contract.grader import Grader, ModelGrader
 from coserve.contract.reinforcement import GradedSample
 from coserve.graders.grading import grade
+from coserve.graders.judging import Judgement, model_graders
 from coserve.graders.python_grader import PythonGraderRunner
+
+# (tenant, model grader, row, sample text) -> the judge's verdict (None: a template could not be rendered)
+Judge = Callable[[str, ModelGrader, Mapping[str, Any], str], Judgement | None]
 
 
 class RolloutGrader:
@@ -30,21 +35,25 @@ class RolloutGrader:
         python: runs python graders; None: a python grader's samples fail (checked at job creation).
         executor: where samples are graded (None: on the caller's thread).
         on_done: called when a batch is graded.
+        judges: asks model graders' judges (None: a model grader's samples fail, checked at job creation).
     """
 
     def __init__(self, decode: Callable[[Sequence[int]], str], python: PythonGraderRunner | None = None,
-                 executor: Executor | None = None, on_done: Callable[[], None] | None = None) -> None:
+                 executor: Executor | None = None, on_done: Callable[[], None] | None = None,
+                 judges: Judge | None = None) -> None:
         self._decode, self._python, self._executor, self._on_done = decode, python, executor, on_done
+        self._judges = judges
 
-    def grade(self, grader: Grader, items: Sequence[Mapping[str, Any]],
+    def grade(self, tenant: str, grader: Grader, items: Sequence[Mapping[str, Any]],
               completions: Sequence[Sequence[int]]) -> Future[list[GradedSample]]:
         if len(items) != len(completions):
             raise ValueError("one row per completion")
         combined: Future[list[GradedSample]] = Future()
         if self._executor is None or not completions:
-            combined.set_result([self._one(grader, i, c) for i, c in zip(items, completions, strict=True)])
+            combined.set_result([self._one(tenant, grader, i, c) for i, c in zip(items, completions, strict=True)])
             return combined
-        futures = [self._executor.submit(self._one, grader, i, c) for i, c in zip(items, completions, strict=True)]
+        futures = [self._executor.submit(self._one, tenant, grader, i, c)
+                   for i, c in zip(items, completions, strict=True)]
         remaining, lock = [len(futures)], threading.Lock()
 
         def finished(_: Future[GradedSample]) -> None:
@@ -60,9 +69,16 @@ class RolloutGrader:
             future.add_done_callback(finished)
         return combined
 
-    def _one(self, grader: Grader, item: Mapping[str, Any], completion: Sequence[int]) -> GradedSample:
+    def _one(self, tenant: str, grader: Grader, item: Mapping[str, Any], completion: Sequence[int]) -> GradedSample:
         try:
-            result = grade(grader, item, self._decode(completion), self._python)
+            text = self._decode(completion)
+            judged = {}
+            if self._judges is not None:
+                for judge, _ in model_graders(grader):
+                    verdict = self._judges(tenant, judge, item, text)
+                    if verdict is not None:
+                        judged[id(judge)] = verdict
+            result = grade(grader, item, text, self._python, judged=judged)
         except Exception as err:  # noqa: BLE001 - one sample's grader bug is that sample's 0, not a lost batch
             return GradedSample(0.0, {}, f"the grader raised {type(err).__name__}: {err}")
         error = None

@@ -53,10 +53,10 @@ def test_reinforcement_raises_smollm2s_held_out_reward(smollm2_dir: Path, tmp_pa
                                     "compute_multiplier": 1, "eval_interval": 10, "eval_samples": 4}}})
         job = poll_job(oa, job.id, timeout=900, interval=1.0)
         assert job.status == "succeeded", job.error
-        metrics = [e.data for e in oa.fine_tuning.jobs.list_events(job.id, limit=200) if e.type == "metrics"]
+        metrics = [e.data for e in oa.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics"]
         valid = {d["step"]: d["valid_reward_mean"] for d in metrics if "valid_reward_mean" in d}
         assert sorted(valid) == [0, 10], valid
-        assert valid[10] >= valid[0] + 0.15, valid  # measured: 0.10 -> 0.48 (RESULTS.md)
+        assert valid[10] >= valid[0] + 0.15, valid  # measured 2026-11-28: 0.109 -> 0.445
         steps = sorted((d for d in metrics if "train_reward_mean" in d), key=lambda d: d["step"])
         assert len(steps) == 10 and all(d["train_grade_errors"] == 0 for d in steps)
         reply = oa.chat.completions.create(model=job.fine_tuned_model or "", max_tokens=8, temperature=0,

@@ -97,12 +97,12 @@ def test_a_reinforcement_job_is_created_and_echoes_its_method(server: LocalServe
     ({"method": _method({**EXACT, "operation": "regex"})}, f"{GRADER_PARAM}.operation", ""),
     ({"method": _method(PYTHON)}, f"{GRADER_PARAM}.type", "--enable-python-graders"),
     ({"method": _method({"type": "score_model", "name": "s", "model": "m", "input": JUDGE})},
-     f"{GRADER_PARAM}.type", "POST /v1/fine_tuning/alpha/graders/run"),
+     f"{GRADER_PARAM}.model", "'m' is not a model this server serves to you"),
     ({"method": _method({"type": "label_model", "name": "l", "model": "m", "input": JUDGE, "labels": ["y", "n"],
                          "passing_labels": ["y"]})}, f"{GRADER_PARAM}.type", "in OpenAI's API either"),
     ({"method": _method({"type": "multi", "name": "m", "calculate_output": "exact * judge", "graders": {
         "exact": EXACT, "judge": {"type": "score_model", "name": "j", "model": "m", "input": JUDGE}}})},
-     f"{GRADER_PARAM}.graders.judge.type", "score_model graders are not supported in reinforcement jobs"),
+     f"{GRADER_PARAM}.graders.judge.model", "not a model this server serves to you"),
 ])
 def test_a_grader_it_cannot_run_is_a_400_naming_the_field(server: LocalServer, files: dict[str, str],
                                                          patch: dict[str, Any], param: str, words: str) -> None:
@@ -193,7 +193,7 @@ def test_python_graders_follow_the_servers_switch(tmp_path: Path, python: bool) 
     label = {"type": "label_model", "name": "j", "model": "base", "input": JUDGE, "labels": ["y"],
              "passing_labels": ["y"]}
     judged = {"type": "multi", "name": "m", "calculate_output": "py + j", "graders": {"py": PYTHON, "j": label}}
-    with pytest.raises(ProtocolError, match="label_model") as info:  # python on: model graders stay refused
+    with pytest.raises(ProtocolError, match="label_model") as info:  # python on: label_model stays refused
         service.create("acme", FineTuningJobCreate.model_validate({"model": "base", "training_file": file.id,
                                                                    "method": _method(judged)}))
     assert info.value.param == f"{GRADER_PARAM}.graders.j.type"

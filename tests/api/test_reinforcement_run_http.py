@@ -69,6 +69,26 @@ def test_a_reinforcement_job_samples_grades_trains_evaluates_and_serves(server: 
     assert reply.choices[0].message.content is not None
 
 
+def test_a_score_model_judge_is_the_served_base_model_asked_as_the_tenant(server: LocalServer) -> None:
+    oa = server.client(KEY)
+    judge = {"type": "score_model", "name": "judge", "model": server.base, "range": [-1e6, 1e6],
+             "input": [{"role": "user", "content": "Score {{ sample.output_text }} against {{ item.answer }}."}],
+             "sampling_params": {"temperature": 0, "max_completions_tokens": 24}}
+    grader = {"type": "multi", "name": "mix", "calculate_output": "close + 0 * judge",
+              "graders": {"close": FUZZY, "judge": judge}}
+    job = oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, ROWS),
+                                     method=_method(grader, batch_size=10))  # type: ignore[arg-type]
+    job = poll_job(oa, job.id, timeout=240)
+    assert job.status == "succeeded", job.error
+    (step,) = [e.data for e in oa.fine_tuning.jobs.list_events(job.id, limit=100)
+               if e.type == "metrics" and "train_reward_mean" in e.data]
+    # Every sample was judged (the tiny model's reply is held to {"result": "<number>"}), or scored 0 with
+    # its reason: the judge sub-score is there, and the reward is the fuzzy score alone.
+    assert "train_reward/judge" in step and step["train_grade_errors"] < 1.0
+    assert step["train_reward_mean"] == pytest.approx(step["train_reward/close"], abs=1e-9) or \
+        step["train_grade_errors"] > 0
+
+
 def test_a_grader_that_fails_on_every_sample_fails_the_job_with_its_message(server: LocalServer) -> None:
     oa = server.client(KEY)
     broken = {"type": "python", "name": "broken",
@@ -78,3 +98,25 @@ def test_a_grader_that_fails_on_every_sample_fails_the_job_with_its_message(serv
     job = poll_job(oa, job.id, timeout=120)
     assert job.status == "failed" and job.error is not None
     assert job.error.code == "grader_failed" and "no reward for" in job.error.message, job.error
+
+
+def test_a_restarted_server_resumes_a_reinforcement_job_with_its_reward_history(llama_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    tenants = {"t": {"api_keys": [KEY]}}
+    with local_server(llama_dir, tmp_path, tenants) as first:
+        oa = first.client(KEY)
+        job = oa.fine_tuning.jobs.create(model=first.base, training_file=upload_jsonl(oa, ROWS), seed=4,
+                                         method=_method(FUZZY, n_epochs=3))  # type: ignore[arg-type]
+        # Past the first epoch's checkpoint (step 2) and into the next epoch, then the server goes away.
+        poll_job(oa, job.id, lambda j: any("train_reward_mean" in e.data and e.data["step"] >= 3
+                                           for e in oa.fine_tuning.jobs.list_events(j.id, limit=100)
+                                           if e.type == "metrics"), timeout=120, interval=0.1)
+        assert oa.fine_tuning.jobs.retrieve(job.id).status == "running"
+    with local_server(llama_dir, tmp_path, tenants) as second:
+        oa = second.client(KEY)
+        done = poll_job(oa, job.id, timeout=240)
+        assert done.status == "succeeded", done.error
+        events = list(oa.fine_tuning.jobs.list_events(job.id, limit=100))
+    assert any("Resumed from the last checkpoint" in e.message for e in events)
+    steps = sorted(e.data["step"] for e in events if e.type == "metrics" and "train_reward_mean" in e.data)
+    assert steps == [1, 2, 3, 4, 5, 6]  # each step's rewards once: those before the restart kept

@@ -67,6 +67,26 @@ def test_a_dpo_job_is_co_served_and_counted_in_pairs(llama_dir: Path, tmp_path: 
         assert run["inference_tokens_per_s"] > 0
 
 
+def test_a_reinforcement_job_samples_its_rollouts_beside_the_chat_and_reports_its_steps(
+        llama_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rl.json"
+    code = main(["bench", "co-serving", "--json", str(out), "--model-dir", str(llama_dir), "--method",
+                 "reinforcement", "--rates", "4", "--policies", "coserve,temporal-n8", "--window-s", "3",
+                 "--threads", "1", "--finetune-tokens", "48,96", "--rollout-tokens", "8", "--tpot-slo-ms", "40",
+                 "--ttft-slo-ms", "1000"])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["settings"]["method"] == "reinforcement" and result["simulator_check"] == []
+    alone = result["finetune_only"]
+    assert alone["rl_steps_per_s"] > 0 and alone["rl_steps_per_s"] == pytest.approx(
+        alone["finetune_sequences_per_s"] / 8)  # 2 prompts x 4 samples a step
+    phases = alone["rollout_phases"]
+    assert phases["steps"] and all(s["sampling_s"] > 0 and s["training_s"] > 0 for s in phases["steps"])
+    assert phases["share_sampling"] + phases["share_grading"] + phases["share_training"] == pytest.approx(1.0)
+    for run in result["runs"]:
+        assert "rl_steps_per_s" in run and run["inference_tokens_per_s"] > 0
+
+
 def test_the_dpo_job_pairs_two_answers_to_one_question(llama_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 

@@ -41,7 +41,7 @@ class HeldGrading:
         self.pending: list[tuple[Future[list[GradedSample]], int]] = []
         self.fail_all = False
 
-    def grade(self, grader: Grader, items: Sequence[Mapping[str, Any]],
+    def grade(self, tenant: str, grader: Grader, items: Sequence[Mapping[str, Any]],
               completions: Sequence[Sequence[int]]) -> Future[list[GradedSample]]:
         future: Future[list[GradedSample]] = Future()
         self.pending.append((future, len(completions)))

@@ -146,7 +146,8 @@ class FineTuningService:
             raise ProtocolError("lora: a job that continues a fine-tuned model trains that model's adapter "
                                 "as it is (its r, lora_alpha and target_modules); leave lora out",
                                 param="lora", code="invalid_lora")
-        variables = grader_variables(request.reinforcement, self.python_graders) \
+        variables = grader_variables(request.reinforcement, self.python_graders,
+                                     lambda model: self._usable_model(tenant, model)) \
             if request.reinforcement is not None else None
         count = self._count_examples(tenant, body.training_file, "training_file", request.method, variables)
         if count < MIN_EXAMPLES:
@@ -173,6 +174,13 @@ class FineTuningService:
             extensions={**row.extensions, RESERVED_MODELS_KEY: reserved})
         self.store.events.add(record.id, f"Created fine-tuning job: {record.id}")
         return to_job(record)
+
+    def _usable_model(self, tenant: str, model: str) -> bool:
+        """Whether `model` is this server's base model or one of the tenant's fine-tuned models."""
+        if model in self.base_models:
+            return True
+        record = self.store.models.get(tenant, model)
+        return record is not None and record.adapter_path is not None
 
     def _check_model(self, tenant: str, model: str) -> None:
         if model in self.base_models:

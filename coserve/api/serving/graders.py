@@ -15,12 +15,13 @@ from coserve.api.protocol.graders import (
     GraderValidateResponse,
 )
 from coserve.api.serving.chat import ChatService
-from coserve.api.serving.model_judge import check_models, judge_all, model_graders
+from coserve.api.serving.model_judge import check_models, judge_all
 from coserve.api.state import GatewayState
 from coserve.contract.grader import Grader, grader_type, parse_grader
 from coserve.contract.training_settings import SettingsError
 from coserve.graders.checks import check_grader
 from coserve.graders.grading import Grade, grade
+from coserve.graders.judging import model_graders
 from coserve.graders.python_grader import GradersBusy
 
 

@@ -5,9 +5,10 @@ What is refused here, before the job exists:
 - a value the request's types refuse (`SettingsError`): 400 naming the param (`code` `invalid_lora`
   for a LoRA setting, `invalid_training` for the training extension, `invalid_grader` for a
   reinforcement job's grader);
-- a reinforcement grader this server cannot run in a job (`grader_variables`): a model grader anywhere in
-  it (`score_model` is not run in jobs yet; `label_model` is no reinforcement grader in OpenAI's API
-  either), a `python` grader while python graders are off, a template or formula it cannot evaluate;
+- a reinforcement grader this server cannot run in a job (`grader_variables`): a `label_model` anywhere
+  in it (no reinforcement grader in OpenAI's API either), a `score_model` whose judge is not a model the
+  tenant may use, a `python` grader while python graders are off, a template or formula it cannot
+  evaluate;
 - `lora.r` above this server's `max_lora_rank`;
 - a dedicated run (`training.mode` "dedicated") on a `--local` server: `dedicated_training_unavailable`;
   on Ray, more workers than the cluster can ever place at once: `insufficient_cluster_capacity`
@@ -16,16 +17,17 @@ What is refused here, before the job exists:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate, LoRAParams, TrainingParams
-from coserve.contract.grader import Grader, ModelGrader, MultiGrader
 from coserve.contract.job_request import FineTuningMethod, JobRequest, TrainingMode, TrainingRequest
 from coserve.contract.reinforcement import PARAM as REINFORCEMENT_PARAM
 from coserve.contract.reinforcement import ReinforcementRequest
 from coserve.contract.training_settings import HYPERPARAMETERS, HyperparameterRequest, LoRASettings, SettingsError
 from coserve.graders.checks import Variable, check_grader
+from coserve.graders.judging import model_graders
 
 GRADER_PARAM = f"{REINFORCEMENT_PARAM}.grader"
 
@@ -87,44 +89,31 @@ def _reinforcement(body: FineTuningJobCreate, requested: dict[str, Any]) -> Rein
                                 max_completion_tokens=settings.max_completion_tokens)
 
 
-def grader_variables(request: ReinforcementRequest, python: bool) -> list[Variable]:
+def grader_variables(request: ReinforcementRequest, python: bool, judge_model: Callable[[str], bool]) -> list[Variable]:
     """The template variables a reinforcement job's grader reads, once this server can run it in a job.
-    `python`: python graders are on (`--enable-python-graders`).
+    `python`: python graders are on (`--enable-python-graders`); `judge_model`: whether a model id is one
+    the tenant may use (this server's base model or one of its fine-tuned models).
 
     Raises:
-        ProtocolError: 400 `invalid_grader` naming the grader field it cannot run.
+        ProtocolError: 400 `invalid_grader` naming the grader field it cannot run: a `label_model` (no
+            reinforcement grader in OpenAI's API either), a `score_model` whose judge is not such a model,
+            a python grader while they are off, a template or formula it cannot evaluate.
     """
     grader = request.parsed_grader()
-    refused = _model_grader(grader, GRADER_PARAM)
-    if refused is not None:
-        param, kind = refused
-        raise ProtocolError(_MODEL_GRADER_REFUSALS[kind], param=f"{param}.type", code="invalid_grader")
+    for judge, param in model_graders(grader, GRADER_PARAM):
+        if judge.kind == "label_model":
+            raise ProtocolError(LABEL_MODEL_REFUSAL, param=f"{param}.type", code="invalid_grader")
+        if not judge_model(judge.model):
+            raise ProtocolError(f"{param}.model: {judge.model!r} is not a model this server serves to you (GET "
+                                "/v1/models lists them)", param=f"{param}.model", code="invalid_grader")
     try:
-        return check_grader(grader, GRADER_PARAM, python=python, judges=False)
+        return check_grader(grader, GRADER_PARAM, python=python, judges=True)
     except SettingsError as err:
         raise ProtocolError(err.message, param=err.param, code="invalid_grader") from None
 
 
-_MODEL_GRADER_REFUSALS = {
-    "score_model": "score_model graders are not supported in reinforcement jobs yet (POST "
-                   "/v1/fine_tuning/alpha/graders/run does run them); grade with string_check, "
-                   "text_similarity, python or multi",
-    "label_model": "label_model is not a reinforcement grader, in OpenAI's API either (its reinforcement "
-                   "graders are string_check, text_similarity, python, score_model and multi); grade with "
-                   "string_check, text_similarity, python or multi",
-}
-
-
-def _model_grader(grader: Grader, param: str) -> tuple[str, str] | None:
-    """(the field path, the type) of the first model grader in `grader`'s tree; None if there is none."""
-    if isinstance(grader, ModelGrader):
-        return param, grader.kind
-    if isinstance(grader, MultiGrader):
-        for name, sub in grader.graders:
-            found = _model_grader(sub, f"{param}.graders.{name}")
-            if found is not None:
-                return found
-    return None
+LABEL_MODEL_REFUSAL = ("label_model is not a reinforcement grader, in OpenAI's API either (its reinforcement graders "
+                       "are string_check, text_similarity, python, score_model and multi); use score_model")
 
 
 def _lora(lora: LoRAParams | None, max_lora_rank: int | None) -> LoRASettings | None:

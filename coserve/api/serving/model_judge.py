@@ -13,19 +13,10 @@ from typing import Any
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.chat import ChatCompletionRequest
 from coserve.api.serving.chat import ChatService
-from coserve.contract.grader import Grader, ModelGrader, MultiGrader
+from coserve.contract.grader import Grader, ModelGrader
 from coserve.contract.training_settings import SettingsError
-from coserve.graders.judging import Judgement, judge_schema, read_judgement
+from coserve.graders.judging import Judgement, judge_schema, model_graders, read_judgement
 from coserve.graders.templates import Sample, SampleParseError, VariableError, render
-
-
-def model_graders(grader: Grader, param: str = "grader") -> list[tuple[ModelGrader, str]]:
-    """Every model grader in the tree, with its field path."""
-    if isinstance(grader, ModelGrader):
-        return [(grader, param)]
-    if isinstance(grader, MultiGrader):
-        return [found for name, sub in grader.graders for found in model_graders(sub, f"{param}.graders.{name}")]
-    return []
 
 
 def check_models(grader: Grader, tenant: str, chat: ChatService) -> None:
