@@ -110,10 +110,6 @@ class SchedulerActor:
         if self._settings.data_dir is not None and layout.tokenizer is None:
             raise ValueError(f"engine {engine_id!r} reported no tokenizer: training files cannot be read")
         config = self._settings.scheduler_config(layout)
-        if not layout.samples_training_adapters:
-            self._cluster.jobs.refuse_rollouts(engine_id, f"engine {engine_id} (vLLM) cannot sample from an adapter "
-                                               "being trained, which a reinforcement job's rollouts do; serve with "
-                                               "coserve's own engine (--engine native) for reinforcement jobs")
         member = self._cluster.add_engine(engine_id, lambda shared: self._policy_factory(config, layout, shared))
         self._generations.setdefault(engine_id, 0)
         if self._settings.data_dir is not None and member.policy.jobs is not None and self._jobs is None:

@@ -323,7 +323,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "finetune_only_sequences_per_s": solo_metrics.finetune_sequences_per_s,
         "finetune_only": _run_row(solo, slo),
         "runs": measured["runs"], "headroom": measured["headroom"],
-        "bursty": {"rate": mid, **summarize(bursty, slo).to_dict()},
+        "bursty": {**_run_row(bursty, slo), "rate": mid},
         "simulator_check": measured["simulator_check"],
         "settings": {"window_s": window, "drain_s": limits.drain_s, "rates": rates, "policies": policies,
                      "max_num_seqs": setup.scheduler.max_num_seqs, "max_batch_tokens": MAX_BATCH_TOKENS,

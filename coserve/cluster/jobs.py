@@ -69,7 +69,6 @@ class ClusterJobs:
         self._members, self._vtc, self._catalog = members, vtc, catalog
         self._rollout_service = rollouts
         self._drivers: dict[str, RolloutDriver] = {}  # placed reinforcement jobs' rollout loops
-        self._no_rollouts: dict[str, str] = {}  # engine -> why it cannot sample a job's adapter
         self._default_weight = default_weight
         self._specs: dict[str, FinetuneJobSpec] = {}  # every job not ended
         self._engine: dict[str, str] = {}  # placed job -> its engine
@@ -131,10 +130,6 @@ class ClusterJobs:
         """Grade reinforcement jobs' rollouts with `grading`, sampling until `eos`."""
         service = self._rollout_service
         self._rollout_service = RolloutService(service.submit, service.abort, grading, eos)
-
-    def refuse_rollouts(self, engine_id: str, reason: str) -> None:
-        """The engine cannot sample from adapters being trained: a reinforcement job placed there fails."""
-        self._no_rollouts[engine_id] = reason
 
     def _host(self, job_id: str) -> JobHost | None:
         """The job host of the engine the job is placed on; None while it waits."""
@@ -279,9 +274,6 @@ class ClusterJobs:
         service = self._rollout_service
         if service.grading is None or service.eos is None:
             job.fail("rollouts_unavailable", "this server has no grader for reinforcement jobs' rollouts")
-            return
-        if engine_id in self._no_rollouts:
-            job.fail("rollouts_unavailable", self._no_rollouts[engine_id])
             return
         self._drivers[job.job_id] = RolloutDriver(
             job, service.eos, service.grading, lambda request: service.submit(engine_id, request),

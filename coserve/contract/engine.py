@@ -62,9 +62,6 @@ class RuntimeLayout:
     must have been computed by earlier chunks (no plan can start a sequence past position 0).
     `structured_output`: the engine enforces grammars (`SamplingParams.structured_output`); when it
     does not, the gateway refuses requests that need one before they are queued.
-    `samples_training_adapters`: requests may sample from an adapter a job is training (its bank slot):
-    a reinforcement job's rollouts; where not (vLLM holds its own copies of adapters), such a job fails
-    with the reason.
     """
 
     num_kv_blocks: int
@@ -76,7 +73,6 @@ class RuntimeLayout:
     tokenizer: TokenizerSpec | None = None
     engine_owns_kv_cache: bool = False
     structured_output: bool = True
-    samples_training_adapters: bool = True
 
 
 class EngineStartError(RuntimeError):

@@ -120,7 +120,7 @@ class FinetuneJob:
         """A running reinforcement job between steps: its next batch is to be sampled (from `position`,
         after the last step's weights are in the engine)."""
         return self.spec.is_reinforcement and self.runnable and self.between_steps \
-            and self.position.epoch < self.spec.n_epochs
+            and self.position.epoch < self.spec.n_epochs and self._failure is None
 
     def feed(self, batch: FedBatch) -> None:
         """Queue a reinforcement job's graded batch (`rollout_batches`)."""

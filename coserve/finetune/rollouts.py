@@ -85,6 +85,8 @@ class RolloutDriver:
         batch = self._batch
         if batch is None:
             return None
+        if batch.grading is not None and batch.grading.done():
+            return f"the evaluation of step {batch.after.step - 1} sampling the weights step {batch.after.step} changes"
         if batch.grading is not None:
             return f"grading the {len(batch.samplings)} rollouts of step {batch.after.step}"
         done = sum(1 for s in batch.samplings if s.request.is_finished)

@@ -191,6 +191,16 @@ class TrainingRuntime:
         for param, before in zip(job.lora.parameters(), seq.grad_before):
             param.grad = before
 
+    def export_adapter(self, slot: int, path: Path) -> str | None:
+        """Write the current weights of the job training in bank slot `slot` as a PEFT folder at `path`
+        (for an engine that keeps its own copies of adapters: vLLM); returns the job's id, None when no
+        job trains in that slot."""
+        for job_id, job in self.jobs.items():
+            if job.slot == slot:
+                job.lora.save_pretrained(path, job.base_model_name_or_path)
+                return job_id
+        return None
+
     def _drop_job(self, job_id: str) -> None:
         job = self.jobs.pop(job_id, None)
         if job is None:

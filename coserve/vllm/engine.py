@@ -12,7 +12,9 @@ the job manager, the metrics and the API are the ones of coserve's engine. One `
 4. the forward windows, with coserve's trainer on zero-copy views of vLLM's weights (their K/V in the
    sequences' own buffers), then backward tasklets, optimizer steps and saves, as on coserve's engine;
 5. every adapter saved in this step (checkpoint or final) is loaded into vLLM at once, so a fine-tuned
-   model is served by vLLM the moment its job reports it.
+   model is served by vLLM the moment its job reports it; a request sampling from an adapter being
+   trained (a reinforcement job's rollout) gets the trainer's current weights exported to vLLM once per
+   optimizer step (`training_adapters`: the weight sync coserve's own engine does not need).
 
 Grammars (`response_format`, forced `tool_choice`) are enforced by vLLM's own structured output (its
 `guidance` backend: llguidance, as on coserve's engine), with coserve's grammar text; a sequence whose
@@ -36,6 +38,7 @@ from coserve.forward.transformer import Transformer
 from coserve.model.config import ModelConfig
 from coserve.trainer.runtime import TrainingRuntime
 from coserve.vllm.backend import VllmRuntime, VllmSettings
+from coserve.vllm.training_adapters import TrainingAdapters
 
 DEFAULT_CPU_KV_CACHE_GB = 1.0  # vLLM's KV cache on CPU when the config names no size
 
@@ -77,8 +80,9 @@ class VllmEngine:
             num_kv_blocks=self.runtime.num_blocks, block_size=self.runtime.block_size,
             max_model_len=self.runtime.max_model_len, vocab_size=self.model_config.vocab_size,
             num_adapter_slots=config.max_loras, max_lora_rank=config.max_lora_rank,
-            engine_owns_kv_cache=True, samples_training_adapters=False)
+            engine_owns_kv_cache=True)
         self._slots: dict[int, object] = {}  # bank slot -> vLLM LoRARequest
+        self.training_adapters = TrainingAdapters(self.training, self.runtime)
 
     @property
     def num_sequences(self) -> int:
@@ -94,7 +98,9 @@ class VllmEngine:
             self._slots[load.slot] = self.runtime.lora(load.path)
         self.runtime.abort(plan.freed)
         for new in plan.new_sequences:
-            lora = None if new.adapter_slot < 0 else self._slots[new.adapter_slot]
+            lora = None if new.adapter_slot < 0 else self._slots.get(new.adapter_slot)
+            if lora is None and new.adapter_slot >= 0:  # a rollout of a job's adapter being trained
+                lora = self.training_adapters.lora(new.adapter_slot)
             self.runtime.add(new.request_id, new.token_ids, new.sampling, new.num_output_tokens, lora)
         result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
         self.training.apply_control(plan.training, result.training)
@@ -104,6 +110,7 @@ class VllmEngine:
         self.training.run_windows(plan.training, result.training)
         t3 = time.perf_counter()
         self.training.run_after_forward(plan.training, result.training)
+        self.training_adapters.stepped([*plan.training.job_stops, *(s.job_id for s in result.training.steps)])
         for saved in result.training.saved:
             self.runtime.lora(saved.path)  # published: vLLM serves it from the next request on
         t4 = time.perf_counter()

@@ -192,3 +192,38 @@ def test_profiler_measures_vllm_iterations(vllm_llm: LLM, tmp_path: Path) -> Non
     (features, _), _ = harness.measure(Scenario((), None, 0, 0, 1, 16))
     assert features.ft_backward_token_layers == 16
     assert engine.num_sequences == 0  # every measured sequence was freed in vLLM
+
+
+def test_reinforcement_rollouts_on_vllm_sample_each_steps_weights(vllm_llm: LLM, tmp_path: Path) -> None:
+    """vLLM keeps its own adapters, so each step's weights are exported to it once (`training_adapters`);
+    every rollout's sampling log-probs are then peft's for the weights of the step that sampled it."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    rows = [{"messages": [{"role": "user", "content": f"Write something about {i}."}], "letter": "e"}
+            for i in range(10)]
+    grader = {"type": "text_similarity", "name": "e", "input": "{{ sample.output_text }}",
+              "reference": "{{ item.letter }}", "evaluation_metric": "fuzzy_match"}
+    adapters = vllm_llm.engine.training_adapters
+    exports = adapters.exports
+    job_id = vllm_llm.start_reinforcement(rows, grader, str(tmp_path / "out"), {"n_epochs": 2, "batch_size": 10},
+                                          {"r": 4}, seed=5, samples=2, max_tokens=5)
+    job = vllm_llm.jobs.job(job_id)
+    fed = []
+    feed = job.feed
+    job.feed = lambda batch: (fed.append(batch), feed(batch))[1]  # type: ignore[method-assign]
+    result = vllm_llm.wait(job_id)
+    assert result.state.value == "succeeded", result.error
+    assert adapters.exports - exports == 2  # the initial weights, then step 1's: once each
+    model_dir = vllm_llm.engine.config.model
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                      result.checkpoints[0])
+    for model, batch in ((base, fed[0]), (tuned, fed[1])):
+        for rollout in batch.rollouts:
+            ids = torch.tensor(rollout.prompt_token_ids + rollout.completion_token_ids)
+            with torch.no_grad():
+                logits = model(input_ids=ids[None]).logits[0, :-1].float()
+            expected = torch.log_softmax(logits, -1).gather(1, ids[1:, None]).squeeze(1)
+            torch.testing.assert_close(torch.tensor(rollout.sampling_logprobs),
+                                       expected[len(rollout.prompt_token_ids) - 1:], rtol=1e-3, atol=1e-3)

@@ -200,8 +200,8 @@ FINE_TUNING_JOBS = EndpointParams("`POST /v1/fine_tuning/jobs` (`client.fine_tun
     "metadata": supported(),
     "method": differs("`supervised` (hyperparameters `n_epochs`, `batch_size`, `learning_rate_multiplier`) "
                       "and `dpo` (the same and `beta` in (0, 10], `auto` 0.1; the reference is the base "
-                      "model); `reinforcement` (`grader`: string_check, text_similarity, python, multi; "
-                      "score_model is a 400 in a job; hyperparameters `compute_multiplier`, `eval_interval`, "
+                      "model); `reinforcement` (`grader`: string_check, text_similarity, python, score_model "
+                      "judged by a served model, multi; hyperparameters `compute_multiplier`, `eval_interval`, "
                       "`eval_samples`, `reasoning_effort` \"default\" only; extension `max_completion_tokens`: "
                       "[fine-tuning](fine-tuning.md#reinforcement-fine-tuning))"),
     "seed": supported(),
