@@ -194,12 +194,17 @@ class TrainingRuntime:
     def export_adapter(self, slot: int, path: Path) -> str | None:
         """Write the current weights of the job training in bank slot `slot` as a PEFT folder at `path`
         (for an engine that keeps its own copies of adapters: vLLM); returns the job's id, None when no
-        job trains in that slot."""
-        for job_id, job in self.jobs.items():
+        job trains in that slot (the newest, should a job that was never stopped still name it)."""
+        for job_id, job in reversed(self.jobs.items()):
             if job.slot == slot:
                 job.lora.save_pretrained(path, job.base_model_name_or_path)
                 return job_id
         return None
+
+    def slot_of(self, job_id: str) -> int | None:
+        """The bank slot the job trains in (None: no such job)."""
+        job = self.jobs.get(job_id)
+        return None if job is None else job.slot
 
     def _drop_job(self, job_id: str) -> None:
         job = self.jobs.pop(job_id, None)

@@ -96,6 +96,8 @@ class VllmEngine:
             self._slots.pop(slot, None)
         for load in plan.adapter_loads:
             self._slots[load.slot] = self.runtime.lora(load.path)
+        for start in plan.training.job_starts:  # the slot now holds the trainer's weights, not a folder's
+            self._slots.pop(start.adapter_slot, None)
         self.runtime.abort(plan.freed)
         for new in plan.new_sequences:
             lora = None if new.adapter_slot < 0 else self._slots.get(new.adapter_slot)

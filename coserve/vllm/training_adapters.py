@@ -51,8 +51,10 @@ class TrainingAdapters:
         return request
 
     def stepped(self, job_ids: Iterable[str]) -> None:
-        """These jobs' weights changed (an optimizer step, or the job ended): export again when sampled."""
+        """These jobs' weights changed (an optimizer step, or the job ended): their slots export again
+        when sampled."""
         changed = set(job_ids)
+        slots = {self._training.slot_of(job_id) for job_id in changed}
         for slot, (job_id, _) in list(self._current.items()):
-            if job_id in changed:
+            if job_id in changed or slot in slots:
                 del self._current[slot]
