@@ -308,6 +308,37 @@ def test_dedicated_job_trains_on_ray_train_and_its_model_answers(ray_server: Ray
         time.sleep(0.5)
 
 
+def test_a_reinforcement_job_runs_its_rollout_loop_in_the_scheduler_actor(ray_server: RayServer) -> None:
+    """On Ray the rollout loop lives in the scheduler actor's process: rollouts are requests on the engine
+    actor, graders run on the actor's thread pool, and a `score_model` judge is a request the actor submits
+    to itself as the tenant; the job succeeds with its rewards in its events and its model answers."""
+    from local_server import poll_job, upload_jsonl
+
+    oa = client(ray_server)
+    rows = [{"messages": [{"role": "user", "content": f"Count to {i % 4 + 1}."}],
+             "answer": " ".join(str(k) for k in range(1, i % 4 + 2))} for i in range(10)]
+    judge = {"type": "score_model", "name": "judge", "model": ray_server.base, "range": [-1e6, 1e6],
+             "input": [{"role": "user", "content": "Score {{ sample.output_text }} against {{ item.answer }}."}],
+             "sampling_params": {"temperature": 0, "max_completions_tokens": 24}}
+    grader = {"type": "multi", "name": "mix", "calculate_output": "close + 0 * judge", "graders": {
+        "close": {"type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}",
+                  "reference": "{{ item.answer }}", "evaluation_metric": "fuzzy_match"}, "judge": judge}}
+    job = oa.fine_tuning.jobs.create(model=ray_server.base, training_file=upload_jsonl(oa, rows),
+                                     validation_file=upload_jsonl(oa, rows[:2]),
+                                     method={"type": "reinforcement", "reinforcement": {  # type: ignore[typeddict-item]
+                                         "grader": grader, "max_completion_tokens": 6,
+                                         "hyperparameters": {"n_epochs": 1, "batch_size": 5}}})
+    done = poll_job(oa, job.id, timeout=240, interval=0.5)
+    assert done.status == "succeeded", (done.error, [e.message for e in oa.fine_tuning.jobs.list_events(job.id).data])
+    metrics = [e.data for e in oa.fine_tuning.jobs.list_events(job.id, limit=100).data if e.type == "metrics"]
+    assert sorted(m["step"] for m in metrics if "train_reward_mean" in m) == [1, 2]
+    assert all("train_reward/judge" in m for m in metrics if "train_reward_mean" in m)
+    assert sorted(m["step"] for m in metrics if "valid_reward_mean" in m) == [0, 1, 2]
+    reply = oa.chat.completions.create(model=done.fine_tuned_model or "", max_tokens=4,
+                                       messages=[{"role": "user", "content": "Count to 2."}])
+    assert reply.choices[0].message.content is not None
+
+
 def ray_list_named_actors() -> list[dict[str, str]]:
     import ray
 
