@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rl_smollm2 import GRADER, rows  # noqa: E402
-
 from coserve import LLM  # noqa: E402
+from rl_smollm2 import GRADER, rows  # noqa: E402
 
 
 def run(model: Path, engine: str, steps: int) -> dict[str, Any]:
