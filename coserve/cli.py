@@ -180,7 +180,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes,
                         max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine,
                         engines=args.engines, enable_python_graders=args.enable_python_graders,
-                        dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers)
+                        dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers,
+                        lenient_params=args.lenient_params)
     try:
         opts.validate()
     except ValueError as error:
@@ -258,6 +259,9 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--enable-python-graders", action="store_true",
                        help="run `python` graders, each sample in a limited child process (docs/graders.md: "
                             "what isolation that gives and what it does not; default: off, a 400)")
+    serve.add_argument("--lenient-params", action="store_true",
+                       help="drop unknown request fields (a typo such as max_token, another server's "
+                            "extension) with a log line (default: a 400 naming the field, as OpenAI answers)")
     serve.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
     serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     serve.set_defaults(handler=_cmd_serve)

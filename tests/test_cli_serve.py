@@ -82,6 +82,17 @@ def test_serve_settings_reach_the_hybrid_policy(llama_dir: Path, tenants_file: P
     assert policy.config.tpot_slo_ms == 80.0 and policy.config.max_stall_ms == 240.0
 
 
+def test_lenient_params_flag_reaches_the_gateway_options(llama_dir: Path, tenants_file: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import coserve.server.assembly as assembly
+
+    served: list = []
+    monkeypatch.setattr(assembly, "run_local", served.append)  # the options the server would start with
+    base = ["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local"]
+    assert main([*base, "--lenient-params"]) == 0 and main(base) == 0
+    assert [opts.lenient_params for opts in served] == [True, False]
+
+
 def test_bad_model_or_tenants(llama_dir: Path, tenants_file: Path, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--model", str(tmp_path), "--tenants", str(tenants_file)]) == 2

@@ -13,8 +13,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_error_handlers
+from coserve.api.protocol import strict
 from coserve.api.protocol.sampling import MAX_N
 from coserve.api.routers import chat, completions, files, fine_tuning, graders, metrics, models
 from coserve.api.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
@@ -26,11 +28,24 @@ ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, c
                                   completions.router, fine_tuning.router, graders.router)
 
 
+class LenientParams:
+    """ASGI middleware: each request is parsed inside `strict.lenient_params()` (unknown fields are
+    dropped with a log line instead of refused)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with strict.lenient_params():
+            await self.app(scope, receive, send)
+
+
 def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequence[str], *,
               max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, scheduler: Any = None,
               max_lora_rank: int | None = None, public_metrics: bool = False,
-              max_n: int = DEFAULT_MAX_N, dedicated: Any = None, python_graders: Any = None) -> FastAPI:
+              max_n: int = DEFAULT_MAX_N, dedicated: Any = None, python_graders: Any = None,
+              lenient_params: bool = False) -> FastAPI:
     """The OpenAI-compatible gateway over `store`.
 
     Args:
@@ -51,6 +66,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
         dedicated: the Ray cluster's room for dedicated fine-tuning runs
             (`coserve.dedicated.capacity.ClusterCapacity`); None: no Ray, a job asking for one is a 400.
         python_graders: the `PythonGraderRunner` of `python` graders; None: they are off (a 400).
+        lenient_params: drop unknown request fields with a log line (`--lenient-params`); False: they
+            are a 400 `Unrecognized request argument supplied`, as OpenAI answers.
 
     Raises:
         ValueError: an empty or fine-tuned model id in `base_models`, a byte limit < 1, or `max_n`
@@ -80,8 +97,10 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
                                      max_upload_bytes=max_upload_bytes, max_request_bytes=max_request_bytes,
                                      scheduler=scheduler, max_lora_rank=max_lora_rank,
                                      public_metrics=public_metrics, max_n=max_n, dedicated=dedicated,
-                                     python_graders=python_graders)
+                                     python_graders=python_graders, lenient_params=lenient_params)
     install_error_handlers(app)
+    if lenient_params:
+        app.add_middleware(LenientParams)
     # Every body is capped before it is parsed: JSON bodies at max_request_bytes (a big one would stall the
     # event loop in parsing), the upload endpoint at its file limit plus the multipart framing.
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes,

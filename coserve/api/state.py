@@ -48,6 +48,8 @@ class GatewayState:
             server has no Ray (`--local`), a job asking for a dedicated run is a 400.
         python_graders: runs `python` graders (`coserve.graders.python_grader.PythonGraderRunner`); None:
             they are off (`--enable-python-graders` not given), a 400.
+        lenient_params: unknown request fields are dropped with a log line (`--lenient-params`); False:
+            they are a 400 `Unrecognized request argument supplied`, as OpenAI answers.
     """
 
     store: MetadataStore
@@ -61,6 +63,7 @@ class GatewayState:
     max_n: int = DEFAULT_MAX_N
     dedicated: Any = None
     python_graders: Any = None
+    lenient_params: bool = False
 
 
 def get_state(request: Request) -> GatewayState:

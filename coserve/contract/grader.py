@@ -251,3 +251,47 @@ def parse_grader(raw: Any, param: str = "grader", depth: int = 0) -> Grader:
 
 _TYPE_NAMES: dict[type, str] = {StringCheckGrader: "string_check", TextSimilarityGrader: "text_similarity",
                                 PythonGrader: "python", MultiGrader: "multi"}
+
+
+# The keys of each grader type in OpenAI's JSON (`openai/types/graders/*_param.py`); coserve reads some and
+# accepts the rest unused (a python grader's `image_tag`). Model graders take `sampling_params` (its own
+# keys: `_judge_sampling`).
+GRADER_KEYS: dict[str, frozenset[str]] = {
+    "string_check": frozenset({"type", "name", "input", "reference", "operation"}),
+    "text_similarity": frozenset({"type", "name", "input", "reference", "evaluation_metric"}),
+    "python": frozenset({"type", "name", "source", "image_tag"}),
+    "score_model": frozenset({"type", "name", "model", "input", "range", "sampling_params"}),
+    "label_model": frozenset({"type", "name", "model", "input", "labels", "passing_labels", "sampling_params"}),
+    "multi": frozenset({"type", "name", "graders", "calculate_output"}),
+}
+_JUDGE_MESSAGE_KEYS = frozenset({"type", "role", "content"})
+
+
+def unknown_grader_key(raw: Any, depth: int = 0) -> list[int | str] | None:
+    """The path inside `raw` (`['graders', 'a', 'refrence']`) of the first key its grader type does not
+    have; None when there is none, or when `raw` is not a grader of a known type (`parse_grader` says
+    what is wrong with it)."""
+    if depth > MAX_GRADER_DEPTH or not isinstance(raw, Mapping) or not isinstance(raw.get("type"), str):
+        return None
+    keys = GRADER_KEYS.get(raw["type"])
+    if keys is None:
+        return None
+    for key in raw:
+        if key not in keys:
+            return [key]
+    messages = raw.get("input") if raw["type"] in ("score_model", "label_model") else None
+    for index, message in enumerate(messages if isinstance(messages, list) else []):
+        unknown = [key for key in message if key not in _JUDGE_MESSAGE_KEYS] if isinstance(message, Mapping) else []
+        if unknown:
+            return ["input", index, unknown[0]]
+    subs = raw.get("graders") if raw["type"] == "multi" else None
+    if not isinstance(subs, Mapping):
+        return None
+    if isinstance(subs.get("type"), str):  # one grader object, as `_multi` reads it
+        inner = unknown_grader_key(subs, depth + 1)
+        return None if inner is None else ["graders", *inner]
+    for name, sub in subs.items():
+        inner = unknown_grader_key(sub, depth + 1)
+        if inner is not None:
+            return ["graders", name, *inner]
+    return None

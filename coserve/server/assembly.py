@@ -68,7 +68,8 @@ def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, la
     return build_app(store, tenants, [opts.base_model_id], scheduler=frontend, max_lora_rank=layout.max_lora_rank,
                      public_metrics=opts.public_metrics, max_request_bytes=opts.max_request_bytes, max_n=opts.max_n,
                      max_upload_bytes=opts.max_upload_bytes, dedicated=dedicated,
-                     python_graders=PythonGraderRunner() if opts.enable_python_graders else None)
+                     python_graders=PythonGraderRunner() if opts.enable_python_graders else None,
+                     lenient_params=opts.lenient_params)
 
 
 # ----------------------------------------------------------------------------------- local mode

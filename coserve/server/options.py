@@ -53,6 +53,7 @@ class ServeOptions:
     engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.torch_engine.builders)
     engines: int | None = None  # engine actors (`--engines`; None: one per visible GPU, one on the CPU)
     enable_python_graders: bool = False  # run `python` graders in limited child processes (graders.python_grader)
+    lenient_params: bool = False  # drop unknown request fields with a log line instead of a 400
 
     @property
     def base_model_id(self) -> str:
@@ -234,10 +235,12 @@ def options_from_args(args: Mapping[str, Any]) -> ServeOptions:
 
 
 def _check_type(name: str, value: Any, annotation: str) -> None:
-    """Check a YAML value against a `ServeOptions` annotation ("int", "float | None", "str", ...)."""
+    """Check a YAML value against a `ServeOptions` annotation ("int", "float | None", "bool", "str", ...)."""
     if value is None and "None" in annotation:
         return
-    if annotation.startswith("int"):
+    if annotation == "bool":
+        ok = isinstance(value, bool)
+    elif annotation.startswith("int"):
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif annotation.startswith("float"):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)

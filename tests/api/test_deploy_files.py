@@ -83,6 +83,8 @@ def test_the_multi_gpu_config_fills_one_node_of_8_gpus() -> None:
     ({"dedicated_min_tokens": "1000"}, "dedicated_min_tokens must be int"),
     ({"engines": 0}, "--engines must be >= 1"),
     ({"engines": "2"}, "engines must be int"),
+    ({"lenient_params": "yes"}, "lenient_params must be bool"),
+    ({"public_metrics": 1}, "public_metrics must be bool"),
     ({"engines": 100_000}, "--engines 100000: this machine has"),
 ])
 def test_bad_arguments_are_named(llama_dir: Path, tenants_file: Path, tmp_path: Path, change: dict[str, Any],
@@ -91,6 +93,13 @@ def test_bad_arguments_are_named(llama_dir: Path, tenants_file: Path, tmp_path: 
     args = {**local_args(app["args"], llama_dir, tenants_file, tmp_path / "data"), **change}
     with pytest.raises(ValueError, match=match):
         app_builder(args)
+
+
+def test_boolean_arguments_are_yaml_booleans(llama_dir: Path, tenants_file: Path, tmp_path: Path) -> None:
+    (app,) = serve_config()["applications"]
+    args = local_args(app["args"], llama_dir, tenants_file, tmp_path / "data")
+    opts = options_from_args({**args, "lenient_params": True, "public_metrics": True})
+    assert opts.lenient_params and opts.public_metrics
 
 
 def test_model_and_tenants_are_required(tenants_file: Path) -> None:

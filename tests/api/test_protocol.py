@@ -168,6 +168,20 @@ def test_sampling_controls_reach_the_sampling_params() -> None:
     ({"logit_bias": {"5": 1.5}}, "logit_bias", "invalid_type"),
     ({"stream": "yes"}, "stream", "invalid_type"),
     ({"max_tokens": True}, "max_tokens", "invalid_type"),
+    # Unknown fields: OpenAI's `Unrecognized request argument supplied`, named whatever their spelling.
+    ({"max_token": 4}, "max_token", "unknown_parameter"),
+    ({"maxTokens": 4}, "maxTokens", "unknown_parameter"),
+    ({"messages": [USER, {**USER, "str": 1}]}, "messages[1].str", "unknown_parameter"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "cache": 1}]}]},
+     "messages[0].content[0].cache", "unknown_parameter"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f", "strict": True}},
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice.function.strict",
+     "unknown_parameter"),
+    # An image part is a wrong `type`, not an unknown `image_url` key.
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0].type", "invalid_value"),
+    ({"messages": [{"role": "assistant", "content": "a", "audio": {"id": "x"}}]}, "messages[0].audio",
+     "unsupported_parameter"),
 ])
 def test_bad_chat_request_names_param(patch: dict[str, Any], param: str, code: str) -> None:
     body = {"messages": [USER], "model": "m", **patch}

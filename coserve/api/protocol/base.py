@@ -2,7 +2,8 @@
 
 Every request and response model of the gateway derives from `OpenAIBaseModel`; request models derive
 from `RequestModel` (strict JSON types: `"stream": "yes"` or `"max_tokens": "4"` are refused, as OpenAI
-refuses them) and whole request bodies from `RequestBody` (also refused: text that is not valid Unicode).
+refuses them, and so are unknown fields) and whole request bodies from `RequestBody` (also refused: text
+that is not valid Unicode).
 Validation failures never reach users in FastAPI's 422 shape: `error_from_validation` turns a pydantic
 `ValidationError` into a `ProtocolError` (400 `invalid_request_error` naming the offending param), and
 `ProtocolError` renders as OpenAI's `{"error": {"message", "type", "param", "code"}}`.
@@ -11,47 +12,26 @@ Reference: https://platform.openai.com/docs/guides/error-codes
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError
 
-logger = logging.getLogger(__name__)
-
-# (model, unknown field names) pairs already logged: clients resend the same extras on every request,
-# and one line per combination is enough to notice them.
-_LOGGED_EXTRAS: set[tuple[str, frozenset[str]]] = set()
-_MAX_LOGGED_EXTRAS = 1024
+# The error type of an unknown field found outside pydantic's own check (`extra_forbidden`): in a value
+# kept as free-form JSON (tools, tool calls, graders). Raise it with `unknown_param_error`.
+UNKNOWN_PARAMETER = "unknown_parameter"
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class OpenAIBaseModel(BaseModel):
-    """Base of every protocol model: unknown fields are kept and logged, never rejected.
-
-    OpenAI clients send fields we do not implement (`store`, `metadata`, `service_tier`, ...); rejecting
-    them would break unmodified clients, and silently dropping them would hide why an option had no effect.
-    """
+    """Base of every protocol model. Responses keep extra fields they are given; request models
+    (`coserve.api.protocol.strict.RequestModel`) refuse unknown ones."""
 
     model_config = ConfigDict(extra="allow")
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _log_extra_fields(cls, data: Any, handler: Any) -> Any:
-        result = handler(data)
-        if isinstance(data, dict):
-            known = set(cls.model_fields)
-            known.update(f.alias for f in cls.model_fields.values() if f.alias)
-            extra = frozenset(k for k in data if k not in known)
-            key = (cls.__name__, extra)
-            if extra and key not in _LOGGED_EXTRAS and len(_LOGGED_EXTRAS) < _MAX_LOGGED_EXTRAS:
-                _LOGGED_EXTRAS.add(key)
-                logger.warning("%s: ignoring unsupported fields %s", cls.__name__, sorted(extra))
-        return result
 
 
 def now() -> int:
@@ -133,6 +113,17 @@ def nested_param(param: str, path: Sequence[int | str]) -> str:
     return param + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
 
 
+def unknown_param_error(param: str) -> PydanticCustomError:
+    """The validation error of an unknown field found in a free-form JSON value; `param` is its path
+    relative to the validated field or model (`error_from_validation` appends it to that location)."""
+    return PydanticCustomError(UNKNOWN_PARAMETER, "Unrecognized request argument supplied", {"param": param})
+
+
+def unknown_param_message(param: str) -> str:
+    """OpenAI's words for a field it does not know."""
+    return f"Unrecognized request argument supplied: {param}"
+
+
 def value_error(message: str) -> PydanticCustomError:
     """A validation error for a field validator's own field (its location already names the param)."""
     return PydanticCustomError("invalid_value", message.replace("{", "(").replace("}", ")"))
@@ -146,8 +137,20 @@ _TYPE_MISMATCH = frozenset({"literal_error", "model_type", "model_attributes_typ
                             "is_instance_of"})
 
 
+_UNKNOWN = frozenset({"extra_forbidden", UNKNOWN_PARAMETER})
+
+
 def _clean_loc(loc: tuple[int | str, ...]) -> list[int | str]:
     return [p for p in loc if isinstance(p, int) or (_FIELD_NAME.fullmatch(p) and p not in _TYPE_TAGS)]
+
+
+def _loc(err: Any) -> list[int | str]:
+    """An error's location as field names and indexes; an unknown field keeps its own name, whatever it
+    is (`maxTokens`, `str`)."""
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden" and loc:
+        return [*_clean_loc(loc[:-1]), loc[-1]]
+    return _clean_loc(loc)
 
 
 def format_param(loc: list[int | str]) -> str | None:
@@ -166,6 +169,10 @@ def _is_type_mismatch(err_type: str) -> bool:
 def _rank(err_type: str) -> int:
     # A value error means the input had the right shape; a wrong tag (`type: "image_url"`) explains
     # the fields missing after it better than the missing fields do.
+    # An unknown field comes last: in a union, the branch whose tag the input does not match (an image
+    # part's `image_url` key) is better explained by its tag.
+    if err_type in _UNKNOWN:
+        return 3
     if err_type == "missing":
         return 2
     return 1 if _is_type_mismatch(err_type) else 0
@@ -174,9 +181,9 @@ def _rank(err_type: str) -> int:
 def _pick_error(errors: list[Any]) -> Any:
     """The most telling error of a union failure: the same top-level field as the first error, the
     deepest location (the branch that matched the input's shape), then by `_rank`."""
-    top = _clean_loc(errors[0]["loc"])[:1]
-    same = [e for e in errors if _clean_loc(e["loc"])[:1] == top]
-    return min(same, key=lambda e: (-len(_clean_loc(e["loc"])), _rank(e["type"])))
+    top = _loc(errors[0])[:1]
+    same = [e for e in errors if _loc(e)[:1] == top]
+    return min(same, key=lambda e: (-len(_loc(e)), _rank(e["type"])))
 
 
 # What each pydantic type error expected, in JSON's terms (OpenAI's wording: "expected an integer").
@@ -217,8 +224,8 @@ def _type_error(param: str, err: Any, errors: list[Any]) -> ProtocolError | None
     """OpenAI's `Invalid type for 'max_tokens': expected an integer, but got a string instead.`, listing
     what every branch of a union expected; None when no branch names a JSON type (a pure literal
     mismatch such as an unknown `role` stays an `invalid_value`)."""
-    loc = _clean_loc(err["loc"])
-    here = [other for other in errors if _clean_loc(other["loc"]) == loc]
+    loc = _loc(err)
+    here = [other for other in errors if _loc(other) == loc]
     if not any(other["type"] in _EXPECTED for other in here):
         return None
     wanted = " or ".join(dict.fromkeys(e for e in map(_expected, here) if e))
@@ -241,15 +248,16 @@ def _body_error(err: Any) -> ProtocolError:
 def error_from_validation(exc: ValidationError) -> ProtocolError:
     """Turn a pydantic `ValidationError` into a 400 `invalid_request_error` naming the offending param.
 
-    Codes follow OpenAI's: `missing_required_parameter`, `invalid_type`, `invalid_value` (and
-    `invalid_json` for a body that is empty or not JSON).
+    Codes follow OpenAI's: `missing_required_parameter`, `invalid_type`, `invalid_value`,
+    `unknown_parameter` (OpenAI's message: `Unrecognized request argument supplied: max_token`; `param` the
+    field's path), and `invalid_json` for a body that is empty or not JSON.
     """
     errors = exc.errors(include_url=False)
     if not errors:
         return ProtocolError("Invalid request.", code="invalid_value")
     err = _pick_error(errors)
     ctx = err.get("ctx") or {}
-    loc = _clean_loc(err["loc"])
+    loc = _loc(err)
     if isinstance(ctx.get("param"), str):
         # A model validator's error sits at the model's own location; its param is relative to it.
         loc.append(ctx["param"])
@@ -257,6 +265,8 @@ def error_from_validation(exc: ValidationError) -> ProtocolError:
     msg = str(err["msg"]).rstrip(".")
     if err["type"] == "json_invalid":
         return ProtocolError(f"The request body is not valid JSON: {msg}.", code="invalid_json")
+    if err["type"] in _UNKNOWN and param is not None:
+        return ProtocolError(unknown_param_message(param), param=param, code="unknown_parameter")
     if param is None and (err["type"] == "missing" or _is_type_mismatch(err["type"])):
         return _body_error(err)
     if err["type"] == "missing":
@@ -265,7 +275,9 @@ def error_from_validation(exc: ValidationError) -> ProtocolError:
     if err["type"] == "string_unicode":
         return invalid_unicode_error(param)
     if err["type"] == "unsupported":  # `param_support`: the message is whole, the code its own
-        return ProtocolError(str(err["msg"]), param=param, code=str(ctx.get("code") or "invalid_value"))
+        # A nested table's message names the field as its model knows it ('audio'): name its path.
+        message = str(err["msg"]).replace(f"'{ctx.get('param')}'", f"'{param}'", 1)
+        return ProtocolError(message, param=param, code=str(ctx.get("code") or "invalid_value"))
     if param is not None and _is_type_mismatch(err["type"]):
         typed = _type_error(param, err, errors)
         if typed is not None:

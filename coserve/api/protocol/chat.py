@@ -12,8 +12,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error
-from coserve.api.protocol.param_support import CHAT_COMPLETIONS, EndpointParams
+from coserve.api.protocol.base import OpenAIBaseModel, UsageInfo, now, param_error, unknown_param_error
+from coserve.api.protocol.param_support import CHAT_COMPLETIONS, CHAT_MESSAGE, EndpointParams
 from coserve.api.protocol.response_format import ResponseFormat
 from coserve.api.protocol.sampling import MAX_N, MAX_STOP_SEQUENCES, SamplingRequest, StreamOptions  # noqa: F401
 from coserve.api.protocol.strict import RequestModel
@@ -23,7 +23,7 @@ from coserve.api.protocol.tools import (
     ToolChoice,
     check_tool_request,
 )
-from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow
+from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow, unknown_call_key
 from coserve.contract.sampling import SamplingParams
 from coserve.tools.spec import ToolSpec
 
@@ -45,8 +45,11 @@ class ChatCompletionMessageParam(RequestModel):
     """One input message. One model for every role (not a tagged union) so errors name plain params.
 
     `tool_calls` (assistant messages only) are checked as fine-tuning rows' are and rendered by the
-    chat template; `tool` messages answer them by `tool_call_id`.
+    chat template; `tool` messages answer them by `tool_call_id`. The other fields OpenAI (or the official
+    client's reply object, sent back as is) puts on a message are in `param_support.CHAT_MESSAGE`.
     """
+
+    PARAMS: ClassVar[EndpointParams | None] = CHAT_MESSAGE
 
     role: MessageRole
     content: str | list[ChatCompletionContentPartText] | None = None
@@ -128,6 +131,9 @@ class ChatCompletionRequest(SamplingRequest):
         """Earlier calls and their results fit together (the fine-tuning rows' rules)."""
         for index, message in enumerate(self.messages):
             if message.tool_calls is not None:
+                unknown = unknown_call_key(message.tool_calls, f"messages[{index}].tool_calls")
+                if unknown is not None:
+                    raise unknown_param_error(unknown)
                 problem = check_tool_calls(message.tool_calls, index + 1)
                 if problem is not None:
                     raise param_error(f"messages[{index}].tool_calls", f"Invalid 'tool_calls': {problem}")

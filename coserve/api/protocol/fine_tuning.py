@@ -11,12 +11,13 @@ its hyperparameters beyond the supervised ones: `coserve.contract.reinforcement.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from coserve.api.protocol.base import OpenAIBaseModel, now, param_error
-from coserve.api.protocol.param_support import FINE_TUNING_JOBS
+from coserve.api.protocol.graders import check_grader_keys
+from coserve.api.protocol.param_support import FINE_TUNING_JOBS, EndpointParams
 from coserve.api.protocol.strict import RequestBody, RequestModel
 from coserve.contract.job_request import MAX_WORKERS
 from coserve.contract.loss_spec import MAX_BETA
@@ -34,10 +35,8 @@ LearningRateMultiplier = Auto | Annotated[float, Field(gt=0.0, le=MAX_LEARNING_R
 
 class Hyperparameters(RequestModel):
     """Training hyperparameters; "auto" lets coserve choose (resolved values are echoed in the job).
-    An unknown name is a 400 (a typo such as `n_epoch`, or DPO's `beta` on a supervised job), as are
-    unknown keys in the method objects below."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
+    An unknown name is a 400 (a typo such as `n_epoch`, or DPO's `beta` on a supervised job), as is an
+    unknown key anywhere in a request (`strict.RequestModel`)."""
 
     batch_size: BatchSize | None = "auto"
     learning_rate_multiplier: LearningRateMultiplier | None = "auto"
@@ -65,15 +64,11 @@ class ReinforcementHyperparameters(Hyperparameters):
 class SupervisedMethod(RequestModel):
     """Configuration of supervised fine-tuning."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
-
     hyperparameters: Hyperparameters | None = None
 
 
 class DpoMethod(RequestModel):
     """Configuration of DPO fine-tuning."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
     hyperparameters: DpoHyperparameters | None = None
 
@@ -82,8 +77,6 @@ class ReinforcementMethod(RequestModel):
     """Configuration of reinforcement fine-tuning: the `grader` (OpenAI's grader JSON, parsed and checked
     by the gateway: `coserve.contract.grader`), its hyperparameters, and the coserve extension
     `max_completion_tokens` (the longest rollout; default 256)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
     grader: dict[str, Any]
     hyperparameters: ReinforcementHyperparameters | None = None
@@ -96,8 +89,6 @@ METHODS = ("supervised", "dpo", "reinforcement")
 class Method(RequestModel):
     """The fine-tuning method: `supervised`, `dpo` or `reinforcement`, with its settings under the key of
     that name (OpenAI's shape); a reinforcement job needs them (its grader)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
     type: Literal["supervised", "dpo", "reinforcement"]
     supervised: SupervisedMethod | None = None
@@ -167,15 +158,12 @@ class FineTuningJobCreate(RequestBody):
     seed: Annotated[int, Field(ge=0, le=2147483647)] | None = None
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] | None = None
 
+    PARAMS: ClassVar[EndpointParams | None] = FINE_TUNING_JOBS  # refused: `integrations`
+
     # --- coserve extensions (not in the OpenAI spec; send them with `extra_body=`) ---
     lora: LoRAParams | None = None
     training: TrainingParams | None = None
     # --- end of coserve extensions ---
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, data: Any) -> Any:
-        return FINE_TUNING_JOBS.validate(data)  # `integrations`
 
     @model_validator(mode="after")
     def _one_hyperparameter_source(self) -> FineTuningJobCreate:
@@ -184,6 +172,13 @@ class FineTuningJobCreate(RequestBody):
             key = self.method.type if self.method else "supervised"
             raise param_error("hyperparameters", f"set 'method.{key}.hyperparameters' or the "
                               f"deprecated 'hyperparameters', not both")
+        return self
+
+    @model_validator(mode="after")
+    def _known_grader_keys(self) -> FineTuningJobCreate:
+        settings = self.method.reinforcement if self.method is not None else None
+        if settings is not None:
+            check_grader_keys(settings.grader, "method.reinforcement.grader")
         return self
 
     def requested_hyperparameters(self) -> Hyperparameters:

@@ -3,7 +3,9 @@
 One table per endpoint, keyed by the parameter's name in the official client's request types
 (`openai.types.chat.completion_create_params.CompletionCreateParamsBase`, ...). The same tables
 1. refuse, in the gateway, a parameter coserve cannot honour when it is sent with a value other than
-   the ones that mean "not used" (`Param.accepts`): a 400 naming it, never a silent drop;
+   the ones that mean "not used" (`Param.accepts`): a 400 naming it, never a silent drop; a listed
+   parameter the request model has no field for is accepted and not used, and one listed nowhere is a
+   400 `Unrecognized request argument supplied` (`strict.RequestModel`);
 2. are the docs' parameter table (`markdown()`; a test checks docs/openai-parameters.md holds exactly that text);
 3. are checked by a test against the official client's request types: every field is listed.
 So the behaviour, the docs and the list cannot drift apart.
@@ -119,7 +121,9 @@ _IGNORED = "accepted and not used"
 
 CHAT_COMPLETIONS = EndpointParams("`POST /v1/chat/completions` (`client.chat.completions.create`)", {
     "messages": differs("text only: `content` as a string or `text` parts (joined by newlines); image, audio "
-                        "and file parts are a 400"),
+                        "and file parts are a 400; an assistant message's `refusal` (and the `annotations` and "
+                        "`parsed` of a reply sent back as is) are accepted and not used, its `audio` and "
+                        "`function_call` refused"),
     "model": supported("the base model or one of the tenant's fine-tuned models / checkpoints"),
     "audio": refused("audio output is not supported"),
     "frequency_penalty": supported(),
@@ -162,6 +166,17 @@ CHAT_COMPLETIONS = EndpointParams("`POST /v1/chat/completions` (`client.chat.com
     "user": differs(_IGNORED),
     "verbosity": refused("no model served takes a verbosity"),
     "web_search_options": refused("web search is not supported"),
+})
+
+# The fields of a `messages` item that coserve knows without reading them (it reads `role`, `content`,
+# `name`, `tool_calls`, `tool_call_id`): OpenAI's, and those of the official client's reply object, which a
+# client appends to its conversation as is. Not a docs table: the `messages` row above says this.
+CHAT_MESSAGE = EndpointParams("`messages[i]` of `POST /v1/chat/completions`", {
+    "refusal": differs(_IGNORED),
+    "annotations": differs(f"{_IGNORED} (the official client's reply object has it)"),
+    "parsed": differs(f"{_IGNORED} (the official client's `parse` reply object has it)"),
+    "audio": refused("audio is not supported"),
+    "function_call": refused("deprecated by OpenAI: use `tool_calls`"),
 })
 
 COMPLETIONS = EndpointParams("`POST /v1/completions` (`client.completions.create`)", {

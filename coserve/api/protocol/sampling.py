@@ -3,19 +3,19 @@ conversion to engine `SamplingParams`.
 
 Each endpoint's body derives from `SamplingRequest` and adds its own prompt, output limit and logprobs
 fields; `SamplingRequest.sampling_params` is the one place where the shared wire parameters become
-engine parameters. A body names its `param_support` table in `PARAMS`: what it refuses is a 400 naming
-the parameter before any other check.
+engine parameters. A body names its `param_support` table in `PARAMS` (`strict.RequestModel`): what it
+refuses is a 400 naming the parameter before any other check; any field neither declared here nor listed
+there is a 400 `Unrecognized request argument supplied`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar
+from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
 from coserve.api.protocol.base import param_error, value_error
-from coserve.api.protocol.param_support import EndpointParams
 from coserve.api.protocol.strict import RequestBody, RequestModel
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.structured_output import StructuredOutput
@@ -29,6 +29,7 @@ class StreamOptions(RequestModel):
     """Options of a streamed response."""
 
     include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # OpenAI's: accepted and not used (no obfuscation padding)
 
 
 class SamplingRequest(RequestBody):
@@ -40,8 +41,6 @@ class SamplingRequest(RequestBody):
     the vLLM extensions `repetition_penalty` (> 0, 1 is off) and `min_p` (0..1). Exact definitions:
     `coserve.torch_engine.logits_processors`. Types are strict (`coserve.api.protocol.strict`).
     """
-
-    PARAMS: ClassVar[EndpointParams | None] = None  # the endpoint's table: what it refuses
 
     model: str
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
@@ -57,7 +56,7 @@ class SamplingRequest(RequestBody):
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = 1.0
     user: str | None = None
 
-    # --- coserve extensions (not in the OpenAI spec; send them with `extra_body=`) ---
+    # --- coserve extensions, vLLM's names (not in the OpenAI spec; send them with `extra_body=`) ---
     top_k: Annotated[int, Field(ge=-1)] | None = None
     min_tokens: Annotated[int, Field(ge=0)] = 0
     stop_token_ids: list[int] | None = None
@@ -67,11 +66,6 @@ class SamplingRequest(RequestBody):
     repetition_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None  # vLLM's
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # vLLM's
     # --- end of coserve extensions ---
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, data: Any) -> Any:
-        return data if cls.PARAMS is None else cls.PARAMS.validate(data)
 
     @field_validator("logit_bias")
     @classmethod

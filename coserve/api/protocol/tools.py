@@ -3,7 +3,8 @@ of a reply (`message.tool_calls`, streamed as `delta.tool_calls`).
 
 Reference: https://platform.openai.com/docs/guides/function-calling. A tool's shape is checked by the
 same code that checks fine-tuning rows (`training_tools.check_tools`: type `function`, a name of 1 to
-64 letters, digits, `_` or `-`, unique names, no unknown keys, at most `MAX_TOOLS` (OpenAI's 128)); its
+64 letters, digits, `_` or `-`, unique names, at most `MAX_TOOLS` (OpenAI's 128)); an unknown key is
+OpenAI's `Unrecognized request argument supplied` naming its path (`tools[0].function.x`); its
 `parameters` must be an object schema within the sizes of `contract.schema_limits`, which the grammar
 library can enforce (checked at admission, `frontend.intake`: the arguments of a `required` or named
 call are generated under it). `tool_choice` and `parallel_tool_calls` need `tools`; a named function
@@ -18,9 +19,9 @@ from typing import Any, Literal
 
 from pydantic import model_serializer
 
-from coserve.api.protocol.base import OpenAIBaseModel, nested_param, param_error
+from coserve.api.protocol.base import OpenAIBaseModel, nested_param, param_error, unknown_param_error
 from coserve.api.protocol.strict import RequestModel
-from coserve.api.protocol.training_tools import check_tools
+from coserve.api.protocol.training_tools import check_tools, unknown_tool_key
 from coserve.contract.structured_output import StructuredOutput, StructuredOutputError
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
 
@@ -47,13 +48,16 @@ def check_tool_request(tools: list[dict[str, Any]] | None, tool_choice: ToolChoi
 
     Raises:
         PydanticCustomError: a 400 naming `tools`, `tools[i].function.parameters`, `tool_choice` or
-            `parallel_tool_calls`.
+            `parallel_tool_calls`; an unknown key is OpenAI's 400 naming its path (`tools[0].function.x`).
     """
     if tools is None:
         for name, value in (("tool_choice", tool_choice), ("parallel_tool_calls", parallel)):
             if value is not None:
                 raise param_error(name, f"'{name}' is only allowed when 'tools' are specified")
         return None
+    unknown = unknown_tool_key(tools)
+    if unknown is not None:
+        raise unknown_param_error(unknown)
     problem = check_tools(tools)
     if problem is not None:
         raise param_error("tools", problem)

@@ -85,6 +85,38 @@ def check_tools(tools: Any) -> str | None:
     return None
 
 
+def _unknown_key(item: Any, keys: frozenset[str], function_keys: frozenset[str], where: str) -> str | None:
+    if not isinstance(item, dict):
+        return None
+    for key in item:
+        if key not in keys:
+            return f"{where}.{key}"
+    function = item.get("function")
+    for key in function if isinstance(function, dict) else ():
+        if key not in function_keys:
+            return f"{where}.function.{key}"
+    return None
+
+
+def unknown_tool_key(tools: Any) -> str | None:
+    """The path (`tools[0].function.examples`) of the first key that no tool of a chat request has, or
+    None (the request's unknown-field check; `check_tools` says what else is wrong)."""
+    for index, tool in enumerate(tools if isinstance(tools, list) else []):
+        found = _unknown_key(tool, _TOOL_KEYS, _FUNCTION_KEYS, f"tools[{index}]")
+        if found is not None:
+            return found
+    return None
+
+
+def unknown_call_key(calls: Any, where: str) -> str | None:
+    """The path (`{where}[0].function.x`) of the first key that no tool call has, or None."""
+    for index, call in enumerate(calls if isinstance(calls, list) else []):
+        found = _unknown_key(call, _CALL_KEYS, _CALL_FUNCTION_KEYS, f"{where}[{index}]")
+        if found is not None:
+            return found
+    return None
+
+
 def _check_call(call: Any, where: str) -> str | None:
     if not isinstance(call, dict):
         return f"{where} is not a JSON object"
