@@ -181,7 +181,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine,
                         engines=args.engines, enable_python_graders=args.enable_python_graders,
                         dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers,
-                        lenient_params=args.lenient_params)
+                        lenient_params=args.lenient_params, kv_cache_memory_gb=args.kv_cache_memory_gb)
     try:
         opts.validate()
     except ValueError as error:
@@ -244,6 +244,9 @@ def _register_serve(subparsers: Subparsers) -> None:
                             "128 MiB: an upload is checked in memory)")
     serve.add_argument("--max-n", type=int, default=16,
                        help="the most completions one chat request may ask for with `n` (1..128; default: 16)")
+    serve.add_argument("--kv-cache-memory-gb", type=float, default=None,
+                       help="each engine's KV cache in GiB (default: 0.5 on the CPU, a share of free memory on "
+                            "CUDA; vLLM's `kv_cache_memory_bytes`)")
     serve.add_argument("--adapter-slots", type=int, default=defaults.ADAPTER_SLOTS,
                        help=f"LoRA adapters resident at once (default: {defaults.ADAPTER_SLOTS})")
     serve.add_argument("--latency-profile", default=None,

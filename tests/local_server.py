@@ -42,10 +42,12 @@ def scrape(url: str) -> str:
 
 def local_app(model: Path, root: Path, tenants: dict[str, Any], **options: Any) -> tuple[Any, ServeOptions]:
     """The app and its options: tenants file and data dir under `root`, float32, small batch limits
-    (8 sequences, 256 tokens) unless `options` say otherwise."""
+    (8 sequences, 256 tokens) and a 128 MiB KV cache (the tiny model's blocks are small; the suite's process
+    holds many servers' in turn) unless `options` say otherwise."""
     path = root / "tenants.yaml"
     path.write_text(json.dumps({"tenants": tenants, "admin_api_keys": [ADMIN_KEY]}))
-    settings = {"dtype": "float32", "max_num_seqs": 8, "max_batch_tokens": 256, **options}
+    settings = {"dtype": "float32", "max_num_seqs": 8, "max_batch_tokens": 256, "kv_cache_memory_gb": 0.125,
+                **options}
     opts = ServeOptions(model=str(model), tenants=str(path), data_dir=str(root / "data"), local=True, **settings)
     opts.validate()
     return build_local_app(opts), opts

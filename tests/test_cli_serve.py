@@ -145,9 +145,12 @@ def test_serve_loads_a_latency_profile_fitted_here_and_refuses_another(
 
 
 def test_the_banner_names_the_port_actually_bound(llama_dir: Path, tenants_file: Path, tmp_path: Path) -> None:
-    """`--port 0` listens on a free port, and the banner says which; uploads over `--max-upload-bytes` get
-    413 (a flag, like the JSON body cap)."""
-    cmd = [*serve_command(llama_dir, tenants_file, tmp_path / "data", 0), "--max-upload-bytes", "2048"]
+    """`--port 0` listens on a free port, and the banner says which, with the engine and the dtype serving
+    (the default `--dtype auto`: the tiny model's config says float32); uploads over `--max-upload-bytes`
+    get 413 (a flag, like the JSON body cap)."""
+    cmd = serve_command(llama_dir, tenants_file, tmp_path / "data", 0)
+    del cmd[cmd.index("--dtype"):cmd.index("--dtype") + 2]  # the default dtype
+    cmd += ["--max-upload-bytes", "2048"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=SERVE_ENV, text=True)
     try:
         banner = ""
@@ -155,7 +158,8 @@ def test_the_banner_names_the_port_actually_bound(llama_dir: Path, tenants_file:
             line = proc.stdout.readline()
             assert line, f"the server exited: {banner}"
             banner += line
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", banner).group(1))
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1 \(local mode, engine native, dtype float32\)",
+                             banner).group(1))
         assert port != 0
         headers = {"Authorization": f"Bearer {KEY}"}
         deadline = time.monotonic() + 60

@@ -33,7 +33,7 @@ from coserve.actors.data_dir_lock import DataDirLock
 from coserve.actors.job_manager import JobManager, open_job_manager
 from coserve.actors.job_preparation import FineTuningSettings
 from coserve.actors.metrics import QueueState, SchedulerMetrics
-from coserve.actors.rollout_grading import rollout_grading
+from coserve.actors.rollout_grading import grading_pool, rollout_grading
 from coserve.actors.rollout_judges import RolloutJudges
 from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.stream_hub import StreamHub
@@ -81,6 +81,7 @@ class SchedulerActor:
         config = ModelConfig.from_pretrained(settings.model)
         self._num_layers, self._eos_ids = config.num_layers, config.eos_token_ids
         self._loop: asyncio.AbstractEventLoop | None = None  # the actor's, once it runs (`_wake`)
+        self._grading_pool = grading_pool()  # reinforcement jobs' graders (threads start when first used)
         self._admission = AdmissionControl(settings.tenant_limits)
         self.metrics = SchedulerMetrics(settings.slo)
         self._cluster = ClusterScheduler(tenant_weights=policy_factory.tenant_weights)
@@ -124,7 +125,8 @@ class SchedulerActor:
                                           self._count_finetune)
             eos = EosIds.resolve(tokenizer, self._eos_ids)
             judges = RolloutJudges(self.submit, self.stream, tokenizer, eos, self._jobs.adapter_of, lambda: self._loop)
-            grading = rollout_grading(tokenizer, eos, self._settings.enable_python_graders, self._wake, judges.judge)
+            grading = rollout_grading(tokenizer, eos, self._settings.enable_python_graders, self._wake, judges.judge,
+                                      self._grading_pool)
             self._cluster.jobs.serve_rollouts(grading, eos)
         self._work.set()  # held requests or waiting jobs may have been placed on it
 
@@ -269,6 +271,7 @@ class SchedulerActor:
         for task in (self._job_task, *self._supervisors.values()):
             if task is not None:
                 task.cancel()
+        self._grading_pool.shutdown(wait=False, cancel_futures=True)
         self._fail_live("The server is shutting down.")
 
     def release_data_dir(self) -> None:

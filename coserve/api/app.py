@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_error_handlers
 from coserve.api.protocol import strict
+from coserve.api.protocol.models import ModelServing
 from coserve.api.protocol.sampling import MAX_N
 from coserve.api.routers import chat, completions, files, fine_tuning, graders, metrics, models
 from coserve.api.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
@@ -45,7 +46,7 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, scheduler: Any = None,
               max_lora_rank: int | None = None, public_metrics: bool = False,
               max_n: int = DEFAULT_MAX_N, dedicated: Any = None, python_graders: Any = None,
-              lenient_params: bool = False) -> FastAPI:
+              lenient_params: bool = False, serving: ModelServing | None = None) -> FastAPI:
     """The OpenAI-compatible gateway over `store`.
 
     Args:
@@ -68,6 +69,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
         python_graders: the `PythonGraderRunner` of `python` graders; None: they are off (a 400).
         lenient_params: drop unknown request fields with a log line (`--lenient-params`); False: they
             are a 400 `Unrecognized request argument supplied`, as OpenAI answers.
+        serving: the engine and dtype serving `base_models` (their `coserve` extension field in
+            `/v1/models`); None: not said.
 
     Raises:
         ValueError: an empty or fine-tuned model id in `base_models`, a byte limit < 1, or `max_n`
@@ -97,7 +100,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
                                      max_upload_bytes=max_upload_bytes, max_request_bytes=max_request_bytes,
                                      scheduler=scheduler, max_lora_rank=max_lora_rank,
                                      public_metrics=public_metrics, max_n=max_n, dedicated=dedicated,
-                                     python_graders=python_graders, lenient_params=lenient_params)
+                                     python_graders=python_graders, lenient_params=lenient_params,
+                                     serving=serving)
     install_error_handlers(app)
     if lenient_params:
         app.add_middleware(LenientParams)

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import Request
 
+from coserve.api.protocol.models import ModelServing
 from coserve.store import MetadataStore
 from coserve.tenancy.tenants import TenantsConfig
 
@@ -50,6 +51,8 @@ class GatewayState:
             they are off (`--enable-python-graders` not given), a 400.
         lenient_params: unknown request fields are dropped with a log line (`--lenient-params`); False:
             they are a 400 `Unrecognized request argument supplied`, as OpenAI answers.
+        serving: the engine and dtype serving the base models (`coserve.api.protocol.models.ModelServing`,
+            shown as their `coserve` extension field); None: not said (no engine behind the gateway).
     """
 
     store: MetadataStore
@@ -64,6 +67,7 @@ class GatewayState:
     dedicated: Any = None
     python_graders: Any = None
     lenient_params: bool = False
+    serving: ModelServing | None = None
 
 
 def get_state(request: Request) -> GatewayState:

@@ -62,6 +62,9 @@ class RuntimeLayout:
     must have been computed by earlier chunks (no plan can start a sequence past position 0).
     `structured_output`: the engine enforces grammars (`SamplingParams.structured_output`); when it
     does not, the gateway refuses requests that need one before they are queued.
+    `engine` and `dtype`: the backend serving (`EngineKind` value) and the dtype its weights are in
+    ("float32", "bfloat16", "float16": `--dtype auto` resolved by `coserve.model.config.dtype_name`), for
+    the banner, the log and `GET /v1/models/{base}` (its `coserve` extension field).
     """
 
     num_kv_blocks: int
@@ -73,6 +76,8 @@ class RuntimeLayout:
     tokenizer: TokenizerSpec | None = None
     engine_owns_kv_cache: bool = False
     structured_output: bool = True
+    engine: str = "native"
+    dtype: str = "float32"
 
 
 class EngineStartError(RuntimeError):

@@ -206,7 +206,11 @@ def _max_positions(raw: dict[str, Any]) -> int:
 
 
 def dtype_name(dtype: str, config: ModelConfig) -> str:
-    """The canonical name ("float32", "bfloat16", "float16") of a user dtype ("auto": the model's).
+    """The canonical name ("float32", "bfloat16", "float16") of a user dtype: the one meaning of `--dtype`.
+
+    "auto" is the model config's `torch_dtype` (or `dtype`; float32 when it names none), on every device
+    and for every engine: a float32 model stays float32 on the CPU (vLLM's own "auto" would make it
+    bfloat16 there, so coserve resolves it and hands vLLM the explicit name). An explicit dtype is kept.
 
     Raises:
         ValueError: an unsupported dtype.

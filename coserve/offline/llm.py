@@ -65,7 +65,9 @@ class LLM:
     Args:
         model: HF-format model folder.
         tokenizer: tokenizer folder (default: the model folder).
-        dtype: "auto", "float32", "bfloat16" or "float16".
+        dtype: "auto", "float32", "bfloat16" or "float16"; "auto" is the model config's dtype on both
+            engines (`coserve.model.config.dtype_name`: a float32 model stays float32 on vLLM's CPU too).
+            `engine.layout.dtype` says what serves.
         device: "cpu", "cuda", "cuda:1", ...
         max_num_seqs: sequences in flight at once.
         max_batch_tokens: tokens per iteration (`max_num_batched_tokens` is accepted too).

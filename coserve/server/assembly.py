@@ -61,15 +61,23 @@ def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, la
     `SchedulerFrontend` holds the tokenizer (prompts in, text out); the scheduler sees token ids.
     `dedicated`: the Ray cluster's room for dedicated fine-tuning runs (None with `--local`)."""
     from coserve.api.app import build_app
+    from coserve.api.protocol.models import ModelServing
     from coserve.frontend.scheduler_frontend import SchedulerFrontend
     from coserve.graders.python_grader import PythonGraderRunner
 
     frontend = SchedulerFrontend.for_engine(opts.model, scheduler, layout)
+    serving = ModelServing(engine=layout.engine, dtype=layout.dtype)
+    logger.info("coserve: %s is served by %s", opts.base_model_id, serving_words(serving.engine, serving.dtype))
     return build_app(store, tenants, [opts.base_model_id], scheduler=frontend, max_lora_rank=layout.max_lora_rank,
                      public_metrics=opts.public_metrics, max_request_bytes=opts.max_request_bytes, max_n=opts.max_n,
                      max_upload_bytes=opts.max_upload_bytes, dedicated=dedicated,
                      python_graders=PythonGraderRunner() if opts.enable_python_graders else None,
-                     lenient_params=opts.lenient_params)
+                     lenient_params=opts.lenient_params, serving=serving)
+
+
+def serving_words(engine: str, dtype: str) -> str:
+    """What the banner and the log say of the engine serving: "engine native, dtype float32"."""
+    return f"engine {engine}, dtype {dtype}"
 
 
 # ----------------------------------------------------------------------------------- local mode
@@ -115,7 +123,9 @@ def run_local(opts: ServeOptions) -> None:
     sock.listen(2048)
     port = sock.getsockname()[1]
     app = build_local_app(opts)
-    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{port}/v1 (local mode)", flush=True)
+    serving = app.state.gateway.serving  # the engine's own word: its layout
+    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{port}/v1 (local mode, "
+          f"{serving_words(serving.engine, serving.dtype)})", flush=True)
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly (uvicorn.run too)
@@ -255,7 +265,9 @@ def run_ray(opts: ServeOptions) -> None:
         ray.shutdown()
         raise
     deploy_gateway(opts)
-    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (Ray Serve)", flush=True)
+    # The engines' layouts are in the replica; the dtype they resolved is the one resolved here.
+    print(f"coserve: serving {opts.base_model_id} on http://{opts.host}:{opts.port}/v1 (Ray Serve, "
+          f"{serving_words(opts.engine.value, opts.resolved_dtype())})", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` shuts down as cleanly as Ctrl-C
     try:
         while True:

@@ -54,6 +54,7 @@ class ServeOptions:
     engines: int | None = None  # engine actors (`--engines`; None: one per visible GPU, one on the CPU)
     enable_python_graders: bool = False  # run `python` graders in limited child processes (graders.python_grader)
     lenient_params: bool = False  # drop unknown request fields with a log line instead of a 400
+    kv_cache_memory_gb: float | None = None  # each engine's KV cache (None: 0.5 GB on CPU, a share on CUDA)
 
     @property
     def base_model_id(self) -> str:
@@ -88,6 +89,8 @@ class ServeOptions:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_memory_gb is not None and not 0 < self.kv_cache_memory_gb < float("inf"):
+            raise ValueError(f"--kv-cache-memory-gb must be a number > 0, got {self.kv_cache_memory_gb}")
         _check_device(self.device)
         self.dedicated_settings()
         if self.local and self.dedicated_min_tokens is not None:
@@ -162,20 +165,25 @@ class ServeOptions:
 
         return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots,
                             engine=self.engine, max_num_seqs=self.max_num_seqs,
-                            max_batch_tokens=self.max_batch_tokens)
+                            max_batch_tokens=self.max_batch_tokens, kv_cache_memory_gb=self.kv_cache_memory_gb)
+
+    def resolved_dtype(self) -> str:
+        """The dtype the engines serve in: `--dtype`, "auto" being the model config's (the same for both
+        engines: `coserve.model.config.dtype_name`)."""
+        from coserve.model.config import ModelConfig, dtype_name
+
+        return dtype_name(self.dtype, ModelConfig.from_pretrained(self.model))
 
     def policy_factory(self, tenants: Any) -> Any:
         """The hybrid token policy's factory: SLOs, tenant weights, the latency profile."""
         import json
 
         from coserve.cluster.policy_factory import CoServingPolicyFactory
-        from coserve.model.config import ModelConfig, dtype_name
         from coserve.share.latency import ModelFingerprint, engine_machine_id, model_id_from_config
 
         config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
-        dtype = dtype_name(self.dtype, ModelConfig.from_pretrained(self.model))
         fingerprint = ModelFingerprint(model_id_from_config(config), engine_machine_id(self.device, self.engine),
-                                       dtype)
+                                       self.resolved_dtype())
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
                                       self.max_stall_ms, tenants.weights(), self.finetune_floor_every)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import llguidance
 import torch
 
-from coserve.contract.engine import RuntimeLayout
+from coserve.contract.engine import EngineKind, RuntimeLayout
 from coserve.contract.engine_config import EngineConfig
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, SampledToken, ScheduledChunk, StepTimings
 from coserve.contract.sampling import SamplingParams
@@ -80,7 +80,8 @@ class TorchEngine:
         self.layout = RuntimeLayout(num_kv_blocks=num_blocks, block_size=config.block_size,
                                     max_model_len=max_len, vocab_size=cfg.vocab_size,
                                     num_adapter_slots=config.max_loras,
-                                    max_lora_rank=config.max_lora_rank)
+                                    max_lora_rank=config.max_lora_rank, engine=EngineKind.NATIVE.value,
+                                    dtype=str(self.dtype).removeprefix("torch."))
         self._seqs: dict[str, _Sequence] = {}
         self.training = TrainingRuntime(self.model, self.cache, self.bank)
         self.grammars = GrammarCompiler(config.model, cfg.vocab_size, cfg.eos_token_ids)

@@ -28,7 +28,10 @@ relies on, and why each is an internal of vLLM 0.32.0 (hence the exact version c
   environment vLLM reads and the CPU generators' rewind);
 * the model is `llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
   .model`, with vLLM's stacked `qkv_proj` and `gate_up_proj` (coserve's own fused layout), each
-  linear layer wrapped by a LoRA layer whose `base_layer` holds the weight (`vllm_weights.py`).
+  linear layer wrapped by a LoRA layer whose `base_layer` holds the weight (`vllm_weights.py`);
+* the dtype is always an explicit name (`--dtype auto` resolved by coserve: vLLM's "auto" makes a
+  float32 model bfloat16 on CPU), and the per-tensor "Attempted to load weight ..." lines vLLM logs when
+  it casts anyway are one summary line (`cast_warnings.py`, on the loggers that log them).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from coserve.contract.structured_output import StructuredOutput
 from coserve.model.config import ModelConfig
 from coserve.model.weights import ModelWeights
 from coserve.structured.llguidance_grammar import lark_text
+from coserve.vllm.cast_warnings import summarized_cast_warnings
 from coserve.vllm.patches import keep_cpu_weights, rewind_cpu_generators, set_environment
 from coserve.vllm.weights import model_weights
 
@@ -99,7 +103,7 @@ class VllmSettings:
     """How to build the in-process vLLM engine (coserve's sizes, in vLLM's terms)."""
 
     model: str
-    dtype: str
+    dtype: str  # an explicit name ("float32", ...): vLLM's own "auto" differs from coserve's on the CPU
     device: str
     max_num_seqs: int
     max_batch_tokens: int
@@ -155,7 +159,8 @@ class VllmRuntime:
         if settings.device != "cpu":
             kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
         try:
-            self.llm = vllm.LLM(**kwargs)
+            with summarized_cast_warnings():  # one line, not one per tensor, when vLLM casts the weights
+                self.llm = vllm.LLM(**kwargs)
         except Exception as error:  # noqa: BLE001 - vLLM's own reason, without coserve's traceback
             raise VllmLoadError(f"vLLM could not load the model {settings.model}: "
                                 f"{type(error).__name__}: {error}") from None

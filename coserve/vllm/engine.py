@@ -31,11 +31,11 @@ import time
 
 import torch
 
-from coserve.contract.engine import RuntimeLayout
+from coserve.contract.engine import EngineKind, RuntimeLayout
 from coserve.contract.engine_config import EngineConfig
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.forward.transformer import Transformer
-from coserve.model.config import ModelConfig
+from coserve.model.config import ModelConfig, dtype_name
 from coserve.trainer.runtime import TrainingRuntime
 from coserve.vllm.backend import VllmRuntime, VllmSettings
 from coserve.vllm.training_adapters import TrainingAdapters
@@ -66,8 +66,11 @@ class VllmEngine:
         kv_gb = config.kv_cache_memory_gb
         if kv_gb is None and _is_cpu(config.device):
             kv_gb = DEFAULT_CPU_KV_CACHE_GB
+        # "auto" resolved as coserve's engine resolves it, then handed to vLLM by name: vLLM's own "auto"
+        # turns a float32 model into bfloat16 on the CPU, and the two engines would answer differently.
         self.runtime = VllmRuntime(VllmSettings(
-            model=config.model, dtype=config.dtype, device=config.device, max_num_seqs=config.max_num_seqs,
+            model=config.model, dtype=dtype_name(config.dtype, self.model_config), device=config.device,
+            max_num_seqs=config.max_num_seqs,
             max_batch_tokens=config.max_batch_tokens, max_loras=config.max_loras,
             max_lora_rank=config.max_lora_rank, max_model_len=config.max_model_len, kv_cache_memory_gb=kv_gb,
             gpu_memory_utilization=config.gpu_memory_utilization, seed=config.seed))
@@ -80,7 +83,8 @@ class VllmEngine:
             num_kv_blocks=self.runtime.num_blocks, block_size=self.runtime.block_size,
             max_model_len=self.runtime.max_model_len, vocab_size=self.model_config.vocab_size,
             num_adapter_slots=config.max_loras, max_lora_rank=config.max_lora_rank,
-            engine_owns_kv_cache=True)
+            engine_owns_kv_cache=True, engine=EngineKind.VLLM.value,
+            dtype=str(self.dtype).removeprefix("torch."))
         self._slots: dict[int, object] = {}  # bank slot -> vLLM LoRARequest
         self.training_adapters = TrainingAdapters(self.training, self.runtime)
 

@@ -173,6 +173,30 @@ def test_models_list_retrieve_delete(gateway: Gateway) -> None:
     assert oa.models.delete(ACME_FT).deleted is True
     assert [m.id for m in oa.models.list()] == [BASE, HF_BASE]
     assert [m.id for m in client(gateway, GLOBEX_KEY).models.list()] == [BASE, HF_BASE, GLOBEX_FT]
+    assert all(m.model_extra.get("coserve") is None for m in oa.models.list())  # no engine behind this app
+
+
+def test_the_served_base_model_says_its_engine_and_dtype(tmp_path: Path) -> None:
+    """The base model's `coserve` extension field names the engine and the dtype serving (what the engine's
+    layout says: `coserve serve` passes it; the vLLM server's test checks it end to end); the OpenAI fields
+    are OpenAI's, and a fine-tuned model has no such field. In-process app: a whole engine per test would
+    add to the suite's memory for nothing this checks."""
+    from coserve.api.protocol.models import ModelServing
+
+    store = MetadataStore(tmp_path / "data")
+    tenants = parse_tenants({"tenants": {"acme": {"api_keys": [ACME_KEY]}}})
+    app = build_app(store, tenants, [BASE], serving=ModelServing(engine="native", dtype="float32"))
+    with serve_in_thread(app, lifespan="off", timeout_s=10) as url:
+        base = httpx.get(f"{url}/v1/models/{BASE}", headers={"Authorization": f"Bearer {ACME_KEY}"})
+        assert base.status_code == 200
+        assert base.json() == {"id": BASE, "object": "model", "created": base.json()["created"],
+                               "owned_by": "system", "shutdown_date": None, "parent": None, "root": BASE,
+                               "coserve": {"engine": "native", "dtype": "float32"}}
+        oa = openai.OpenAI(base_url=f"{url}/v1", api_key=ACME_KEY, max_retries=0)
+        assert oa.models.retrieve(BASE).model_extra["coserve"] == {"engine": "native", "dtype": "float32"}
+        store.models.register(f"ft:{BASE}:acme:sfx:ab12cd34", tenant="acme", base_model=BASE)
+        listed = {m.id: m.model_extra.get("coserve") for m in oa.models.list()}
+        assert listed == {BASE: {"engine": "native", "dtype": "float32"}, f"ft:{BASE}:acme:sfx:ab12cd34": None}
 
 
 

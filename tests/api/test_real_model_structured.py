@@ -35,7 +35,8 @@ def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     from coserve.model.tiny_model import create_random_adapter
 
     root = tmp_path_factory.mktemp("structured")
-    app, opts = local_app(smollm2_dir, root, {"json": {"api_keys": [KEY]}})
+    # The server's default cache: SmolLM2's 8192-token context needs more than the tiny model's test cache.
+    app, opts = local_app(smollm2_dir, root, {"json": {"api_keys": [KEY]}}, kv_cache_memory_gb=None)
     adapter = create_random_adapter(smollm2_dir, root / "data" / "adapters" / "tuned", seed=2, b_std=0.02,
                                     r=8, lora_alpha=16)
     ft = f"ft:{opts.base_model_id}:json:tuned:0a1b2c3d"

@@ -63,6 +63,7 @@ def _chat(oa: openai.OpenAI, model: str, **extra: Any) -> str:
 def test_chat_and_stream_match_the_native_engine(server: Server, native: LLM) -> None:
     oa = server.client()
     assert [m.id for m in oa.models.list()] == [server.base]
+    assert oa.models.retrieve(server.base).model_extra["coserve"] == {"engine": "vllm", "dtype": "float32"}
     expected = native.chat(HELLO, SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].text
     assert _chat(oa, server.base) == expected
     chunks = list(oa.chat.completions.create(model=server.base, messages=HELLO, max_tokens=16, temperature=0,

@@ -1,6 +1,7 @@
 """Models on vLLM's engine: one vLLM cannot load (its error, not coserve's traceback), and SmolLM2-135M-
 Instruct in float32, where vLLM's engine and coserve's give the same greedy replies, with and without a
-JSON schema, and sampled replies under the schema parse into the pydantic model.
+JSON schema, and sampled replies under the schema parse into the pydantic model; with the default
+`dtype="auto"` both engines serve SmolLM2 in float32 (its config's dtype) and agree token for token.
 
 A module of its own: vLLM keeps process-wide state (its parallel groups), so two vLLM engines in one
 process must not overlap in time; test_vllm_engine's engine is gone when these start.
@@ -8,6 +9,8 @@ process must not overlap in time; test_vllm_engine's engine is gone when these s
 
 from __future__ import annotations
 
+import gc
+import logging
 import shutil
 from pathlib import Path
 
@@ -66,3 +69,31 @@ def test_smollm2_greedy_parity_and_structured_output(smollm2_dir: Path) -> None:
         assert reply.finish_reason == "stop", reply.text
         City.model_validate_json(reply.text)
     assert City.model_validate_json(greedy[1].outputs[0].text).name == "Paris"  # the model answers, in the schema
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_smollm2_default_dtype_is_the_same_on_both_engines(smollm2_dir: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """No dtype argument: "auto" is SmolLM2's float32 on both engines (vLLM's own "auto" would serve it
+    in bfloat16 on CPU, and 2 of these 4 greedy replies diverged), so the replies are the same tokens, and
+    vLLM casts no weight (no per-tensor warning, no summary line)."""
+    chats = [[{"role": "user", "content": q}] for q in
+             ("What is the capital of France?", "Give me three tips for staying healthy.",
+              "Write a haiku about the sea.", "Explain what a prime number is in one sentence.")]
+    params = SamplingParams(temperature=0, max_tokens=32)
+    sizes = {"max_num_seqs": 4, "max_batch_tokens": 256, "max_model_len": 2048}
+    native = LLM(model=str(smollm2_dir), **sizes)
+    assert (native.engine.layout.engine, native.engine.layout.dtype) == ("native", "float32")
+    ours = [o.outputs[0].token_ids for o in native.chat(chats, params)]
+    del native
+    with caplog.at_level(logging.DEBUG, logger="coserve.vllm.cast_warnings"):
+        vllm_llm = LLM(model=str(smollm2_dir), engine="vllm", kv_cache_memory_gb=TEST_KV_GB, **sizes)
+    try:
+        assert (vllm_llm.engine.layout.engine, vllm_llm.engine.layout.dtype) == ("vllm", "float32")
+        assert not [r for r in caplog.records if r.name == "coserve.vllm.cast_warnings"]
+        theirs = [o.outputs[0].token_ids for o in vllm_llm.chat(chats, params)]
+    finally:
+        del vllm_llm  # one vLLM engine at a time in this process (module docstring)
+        gc.collect()
+    assert theirs == ours

@@ -3,6 +3,8 @@
 Base models are owned by "system"; fine-tuned ones (`ft:...`, `...:ckpt-step-N`) by their tenant.
 `parent` and `root` are vLLM's: for a fine-tuned model or checkpoint both name its base model (vLLM's
 `root` is the adapter's folder, which a client has no use for); for a base model `root` is itself.
+A base model this server serves also carries the coserve extension `coserve`: the engine serving it and
+the dtype its weights are in (`ModelServing`); null on the other models.
 """
 
 from __future__ import annotations
@@ -12,6 +14,14 @@ from typing import Literal
 from pydantic import Field
 
 from coserve.api.protocol.base import OpenAIBaseModel, now
+
+
+class ModelServing(OpenAIBaseModel):
+    """How a base model is served: `engine` ("native" or "vllm", `coserve serve --engine`) and `dtype`
+    ("float32", "bfloat16", "float16": `--dtype`, with "auto" resolved to the model config's dtype)."""
+
+    engine: str
+    dtype: str
 
 
 class Model(OpenAIBaseModel):
@@ -27,6 +37,10 @@ class Model(OpenAIBaseModel):
     parent: str | None = None  # the base model of a fine-tuned model or checkpoint; None for a base
     root: str | None = None  # the base model the weights come from: the model itself for a base
     # --- end of extensions ---
+
+    # --- coserve extensions ---
+    coserve: ModelServing | None = None  # the engine and dtype serving a base model of this server
+    # --- end of coserve extensions ---
 
 
 class ModelList(OpenAIBaseModel):

@@ -21,7 +21,8 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 
 def get_models_service(state: Annotated[GatewayState, Depends(get_state)]) -> ModelsService:
     """FastAPI dependency: the models service over the app's store."""
-    return ModelsService(state.store)
+    serving = {} if state.serving is None else {model_id: state.serving for model_id in state.base_models}
+    return ModelsService(state.store, serving)
 
 
 Service = Annotated[ModelsService, Depends(get_models_service)]

@@ -11,20 +11,22 @@ from __future__ import annotations
 import io
 import re
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from coserve.api.protocol.base import ProtocolError
-from coserve.api.protocol.models import Model, ModelDeleted, ModelList
+from coserve.api.protocol.models import Model, ModelDeleted, ModelList, ModelServing
 from coserve.store import MetadataStore, ModelRecord
 
 BASE_MODEL_OWNER = "system"
 
 
-def to_model(record: ModelRecord) -> Model:
+def to_model(record: ModelRecord, serving: ModelServing | None = None) -> Model:
     """The OpenAI `Model` of a stored model: base models are owned by "system", fine-tuned by their tenant;
-    `parent` / `root` as vLLM's (see `coserve.api.protocol.models`)."""
+    `parent` / `root` as vLLM's (see `coserve.api.protocol.models`); `serving`: the coserve extension
+    of a base model this server serves (its engine and dtype)."""
     return Model(id=record.id, created=record.created_at, owned_by=record.tenant or BASE_MODEL_OWNER,
-                 parent=record.base_model, root=record.base_model or record.id)
+                 parent=record.base_model, root=record.base_model or record.id, coserve=serving)
 
 
 def model_not_found(model_id: str) -> ProtocolError:
@@ -38,21 +40,27 @@ class ModelsService:
 
     Args:
         store: where models are registered (base models at start-up, fine-tuned ones by jobs).
+        serving: base model id -> the engine and dtype serving it (the `coserve` extension field); the
+            models not in it have none.
     """
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: MetadataStore, serving: Mapping[str, ModelServing] | None = None) -> None:
         self.store = store
+        self.serving = dict(serving or {})
+
+    def _model(self, record: ModelRecord) -> Model:
+        return to_model(record, self.serving.get(record.id) if record.tenant is None else None)
 
     def list_models(self, tenant: str) -> ModelList:
         """Base models first, then the tenant's fine-tuned models in creation order."""
-        return ModelList(data=[to_model(r) for r in self.store.models.usable(tenant)])
+        return ModelList(data=[self._model(r) for r in self.store.models.usable(tenant)])
 
     def retrieve(self, tenant: str, model_id: str) -> Model:
         """One model the tenant may use. Raises ProtocolError 404 `model_not_found` otherwise."""
         record = self.store.models.get(tenant, model_id)
         if record is None:
             raise model_not_found(model_id)
-        return to_model(record)
+        return self._model(record)
 
     def export_adapter(self, tenant: str, model_id: str) -> tuple[str, bytes]:
         """(file name, `.tar.gz` bytes) of a fine-tuned model's PEFT folder, files at the top level.
