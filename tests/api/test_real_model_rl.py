@@ -12,36 +12,23 @@ at once under its `ft:` id.
 
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from local_server import one_tenant_subprocess, poll_job, upload_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from rl_smollm2 import GRADER  # noqa: E402 - the benchmark's grader, so both measure one thing
+from rl_smollm2 import GRADER, rows  # noqa: E402 - the benchmark's task, so both measure one thing
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # about five minutes: 10 RL steps on SmolLM2
 
 KEY = "sk-rl-real-0123456789"
 
 
-def _rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
-    random.Random(0).shuffle(pairs)
-
-    def row(a: int, b: int) -> dict[str, Any]:
-        return {"messages": [{"role": "user", "content": f"What is {a} + {b}? Reply with only the number."}],
-                "answer": str(a + b)}
-
-    return [row(*p) for p in pairs[:40]], [row(*p) for p in pairs[60:76]]
-
-
 def test_reinforcement_raises_smollm2s_held_out_reward(smollm2_dir: Path, tmp_path: Path) -> None:
-    train, held = _rows()
+    train, held = rows()
     flags = ["--max-num-seqs", "32", "--max-batch-tokens", "512", "--enable-python-graders"]
     with one_tenant_subprocess(smollm2_dir, tmp_path, "rl", KEY, flags) as (oa, base):
         job = oa.fine_tuning.jobs.create(
