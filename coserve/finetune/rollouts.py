@@ -70,7 +70,6 @@ class RolloutDriver:
         self._eos, self._grading, self._submit, self._abort, self._fail = eos, grading, submit, abort, fail
         self._batch: _Batch | None = None
         self.evaluations = Evaluations(job, self.spec, self._sample, grading)
-        self.rewards: list[float] = []  # every graded training rollout's reward, in order
         self.notices: list[str] = []  # grader errors, for the job's events
 
     @property
@@ -172,7 +171,6 @@ class RolloutDriver:
         group = self.spec.samples
         advantages = [a for g in range(0, len(rollouts), group)
                       for a in group_advantages([r.reward for r in rollouts[g:g + group]])]
-        self.rewards.extend(r.reward for r in rollouts)
         metrics = reward_metrics("train", grades)
         if not any(r.completion_token_ids for r in rollouts):
             self._fail("empty_rollouts", f"every completion of step {step} was empty: nothing to train")
