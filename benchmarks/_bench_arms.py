@@ -10,8 +10,10 @@ every engine import happens inside its arm.
 The spec (JSON written by the driver) holds: ``model_dir``, ``adapter_dir``, ``prompts`` (token-id
 lists), ``lora_mask`` (one bool per prompt), ``max_tokens``, ``threads``, ``warmup`` (prompts),
 ``warmup_tokens``, ``max_num_seqs``, ``max_batch_tokens`` and, for the memory check,
-``memory_iterations``.  The result (JSON) holds ``tokens_per_s``, ``wall_s``, ``peak_rss_mib``,
-``outputs`` (generated token ids per prompt) and arm-specific notes.
+``memory_iterations``; optionally ``dtype`` and ``device`` (default ``float32`` on the CPU) and
+``num_kv_blocks`` (coserve's KV cache; default: the engine's own sizing).  The result (JSON) holds
+``tokens_per_s``, ``wall_s``, ``peak_rss_mib``, ``outputs`` (generated token ids per prompt) and
+arm-specific notes.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ def coserve_runner(spec: dict[str, Any]) -> tuple[Runner, Any]:
 
     # Prefix caching off (here and in vLLM): the workload has no shared prefixes, and a repeated
     # timed call with the same prompts would otherwise skip its prefill.
-    llm = LLM(model=spec["model_dir"], dtype="float32", device="cpu", enable_prefix_caching=False,
+    llm = LLM(model=spec["model_dir"], dtype=spec.get("dtype", "float32"), device=spec.get("device", "cpu"),
+              enable_prefix_caching=False, num_kv_blocks=spec.get("num_kv_blocks"),
               max_num_seqs=spec["max_num_seqs"], max_batch_tokens=spec["max_batch_tokens"])
     lora = LoRARequest(ADAPTER_NAME, 1, spec["adapter_dir"])
 
@@ -159,7 +162,9 @@ def hf_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    base = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32).eval()
+    device = torch.device(spec.get("device", "cpu"))
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    base = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=dtype).to(device).eval()
     lora = any(spec["lora_mask"])  # a base-only workload runs the plain model, without peft
     model = PeftModel.from_pretrained(base, spec["adapter_dir"], adapter_name=ADAPTER_NAME).eval() if lora else base
     pad_id = base.config.pad_token_id if base.config.pad_token_id is not None else 0
@@ -179,7 +184,8 @@ def hf_runner(spec: dict[str, Any]) -> tuple[Runner, dict[str, Any]]:
             attn[row, width - len(p):] = 1
         names = {"adapter_names": [ADAPTER_NAME if m else "__base__" for m in lmask]} if lora else {}
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg, **names)
+            out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
+                                 generation_config=gcfg, **names)
         return [row[width:].tolist() for row in out]
 
     extra = {"lora_mode": "mixed-batch (peft adapter_names)" if lora else "none (base model)",
@@ -228,7 +234,7 @@ def lora_logit_delta(model: Any, prompt: list[int]) -> float:
     """Max |logit(adapter) - logit(base)| on one prompt: proves the adapter is not a no-op."""
     import torch
 
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     with torch.inference_mode():
         with_lora = model(input_ids=ids).logits
         with model.disable_adapter():

@@ -25,6 +25,7 @@ Subparsers = Any  # argparse's _SubParsersAction is private; this alias document
 # Copies of tiny_model.ARCHS / PRESETS (a test keeps them equal): importing tiny_model pulls in torch.
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 TINY_PRESETS = ("tiny", "small")
+TINY_CHAT_FORMATS = ("chatml", "qwen-tools", "llama-3.2", "mistral-nemo")  # coserve.model.chat_formats
 
 
 def _parse_override(text: str) -> tuple[str, Any]:
@@ -40,6 +41,7 @@ def _parse_override(text: str) -> tuple[str, Any]:
 
 def _cmd_model_create_tiny(args: argparse.Namespace) -> int:
     """Handler of `coserve model create-tiny`."""
+    from coserve.model.chat_formats import CHAT_FORMATS
     from coserve.model.tiny_model import count_parameters, create_tiny_model
 
     target = Path(args.dir)
@@ -49,7 +51,9 @@ def _cmd_model_create_tiny(args: argparse.Namespace) -> int:
         return 1
     overrides = dict(args.overrides or [])
     try:
-        path = create_tiny_model(target, arch=args.arch, preset=args.preset, seed=args.seed, **overrides)
+        chat_format = None if args.chat_format is None else CHAT_FORMATS[args.chat_format]
+        path = create_tiny_model(target, arch=args.arch, preset=args.preset, seed=args.seed,
+                                 chat_format=chat_format, **overrides)
     except ValueError as error:  # bad arch/preset/override: a usage error, not a crash
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -136,6 +140,9 @@ def _register_model(subparsers: Subparsers) -> None:
     tiny.add_argument("--preset", choices=TINY_PRESETS, default="tiny",
                       help="size: tiny (~0.8M parameters) or small (~26-30M) (default: tiny)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    tiny.add_argument("--chat-format", choices=TINY_CHAT_FORMATS, default=None,
+                      help="chat template and its special tokens: llama-3.2 and mistral-nemo are the real "
+                           "templates of those models (default: chatml; qwen-tools for qwen2/qwen3)")
     tiny.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append",
                       type=_parse_override, help="override a config field, e.g. --set num_key_value_heads=1 "
                                                  "(repeatable; VALUE is read as JSON when possible)")
@@ -181,7 +188,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine,
                         engines=args.engines, enable_python_graders=args.enable_python_graders,
                         dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers,
-                        lenient_params=args.lenient_params, kv_cache_memory_gb=args.kv_cache_memory_gb)
+                        lenient_params=args.lenient_params, kv_cache_memory_gb=args.kv_cache_memory_gb,
+                        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+                        dedicated_pause_timeout_s=args.dedicated_pause_timeout_s)
     try:
         opts.validate()
     except ValueError as error:
@@ -245,8 +254,15 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--max-n", type=int, default=16,
                        help="the most completions one chat request may ask for with `n` (1..128; default: 16)")
     serve.add_argument("--kv-cache-memory-gb", type=float, default=None,
-                       help="each engine's KV cache in GiB (default: 0.5 on the CPU, a share of free memory on "
-                            "CUDA; vLLM's `kv_cache_memory_bytes`)")
+                       help="each engine's KV cache in GiB (default: 0.5 on the CPU, 1.0 with --engine vllm; on "
+                            "CUDA what --gpu-memory-utilization leaves; vLLM's `kv_cache_memory_bytes`)")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=None,
+                       help="CUDA only: the fraction of each GPU's total memory an engine may use, its weights, "
+                            "adapter bank, activations and fine-tuning reserve included; the KV cache gets the "
+                            "rest (vLLM's meaning; default: 0.9)")
+    serve.add_argument("--max-model-len", type=int, default=None,
+                       help="context length, prompt and completion (default: the model's); the KV cache must "
+                            "hold one such sequence plus one fine-tuning window, or the server does not start")
     serve.add_argument("--adapter-slots", type=int, default=defaults.ADAPTER_SLOTS,
                        help=f"LoRA adapters resident at once (default: {defaults.ADAPTER_SLOTS})")
     serve.add_argument("--latency-profile", default=None,
@@ -259,6 +275,10 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--dedicated-workers", type=int, default=2,
                        help="workers of a dedicated run that does not say (one CPU each, one GPU each with "
                             "--device cuda; default: 2)")
+    serve.add_argument("--dedicated-pause-timeout-s", type=float, default=defaults.DEDICATED_PAUSE_TIMEOUT_S,
+                       help="a paused dedicated run keeps its workers this long, then stops with a checkpoint "
+                            "and gives them back; resuming the job restarts it from that checkpoint (default: "
+                            f"{defaults.DEDICATED_PAUSE_TIMEOUT_S:g})")
     serve.add_argument("--enable-python-graders", action="store_true",
                        help="run `python` graders, each sample in a limited child process (docs/graders.md: "
                             "what isolation that gives and what it does not; default: off, a 400)")

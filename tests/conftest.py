@@ -33,6 +33,20 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tool_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny models whose chat templates are real ones with tool-call formats other than hermes (the
+    qwen2/qwen3 tiny models have that one): Llama 3.2's JSON calls, Mistral Nemo's `[TOOL_CALLS]`."""
+    from coserve.model.chat_formats import LLAMA_3_2, MISTRAL_NEMO
+    from coserve.model.tiny_model import create_tiny_model
+
+    root = tmp_path_factory.mktemp("tool_models")
+    return {"llama3.2": create_tiny_model(root / "llama3.2", arch="llama", seed=7, chat_format=LLAMA_3_2,
+                                          **FAMILY_OVERRIDES["llama"]),
+            "mistral": create_tiny_model(root / "mistral", arch="mistral", seed=7, chat_format=MISTRAL_NEMO,
+                                         **FAMILY_OVERRIDES["mistral"])}
+
+
+@pytest.fixture(scope="session")
 def llama_dir(model_dirs: dict[str, Path]) -> Path:
     return model_dirs["llama"]
 

@@ -43,6 +43,16 @@ def tenants_file(tmp_path: Path) -> Path:
     (["--dedicated-min-tokens", "100000"], "--dedicated-min-tokens routes jobs to Ray Train runs: it needs Ray"),
     (["--engines", "0"], "--engines must be >= 1, got 0"),
     (["--engines", "2"], "--engines 2: one engine actor per GPU runs on Ray (not --local)"),
+    (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization applies to CUDA only (--device cpu): on the "
+                                          "CPU the KV cache's size is --kv-cache-memory-gb"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be a fraction in (0, 1], got 1.5"),
+    (["--kv-cache-memory-gb", "0"], "--kv-cache-memory-gb must be a number > 0"),
+    (["--max-model-len", "0"], "--max-model-len must be >= 1, got 0"),
+    (["--max-model-len", "100000"], "--max-model-len 100000 is more than the model's context length (2048 tokens"),
+    (["--kv-cache-memory-gb", "0.0001", "--max-model-len", "2048"],
+     "tokens, and serving needs at least 2304: one sequence of --max-model-len 2048 plus one fine-tuning window "
+     "of 256 tokens. Raise --kv-cache-memory-gb"),
+    (["--dedicated-pause-timeout-s", "0"], "--dedicated-pause-timeout-s must be a number > 0, got 0"),
 ])
 def test_bad_settings_exit_nonzero_with_message(llama_dir: Path, tenants_file: Path, extra: list[str],
                                                  message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,6 +101,48 @@ def test_lenient_params_flag_reaches_the_gateway_options(llama_dir: Path, tenant
     base = ["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local"]
     assert main([*base, "--lenient-params"]) == 0 and main(base) == 0
     assert [opts.lenient_params for opts in served] == [True, False]
+
+
+def test_memory_flags_reach_the_engine_config(llama_dir: Path, tenants_file: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--kv-cache-memory-gb`, `--max-model-len` and, on CUDA, `--gpu-memory-utilization` (this machine has
+    no GPU: the device check is skipped here) land in every engine's `EngineConfig`."""
+    import coserve.server.assembly as assembly
+    import coserve.server.options as options
+
+    served: list = []
+    monkeypatch.setattr(assembly, "run_local", served.append)
+    base = ["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local"]
+    assert main([*base, "--kv-cache-memory-gb", "0.25", "--max-model-len", "1024",
+                 "--dedicated-pause-timeout-s", "60"]) == 0
+    monkeypatch.setattr(options, "_check_device", lambda device: None)
+    assert main([*base, "--device", "cuda", "--gpu-memory-utilization", "0.8"]) == 0
+    cpu, cuda = (opts.engine_config() for opts in served)
+    assert (cpu.kv_cache_memory_gb, cpu.max_model_len, cpu.gpu_memory_utilization) == (0.25, 1024, 0.9)
+    assert (cuda.kv_cache_memory_gb, cuda.max_model_len, cuda.gpu_memory_utilization) == (None, None, 0.8)
+    assert served[0].dedicated_pause_timeout_s == 60
+    assert main([*base, "--device", "cuda", "--gpu-memory-utilization", "0.8", "--kv-cache-memory-gb", "1"]) == 2
+
+
+def test_a_kv_cache_too_small_for_the_context_stops_the_server_at_start(
+        llama_dir: Path, tenants_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The engine's cache, in whole blocks, is checked once built: 510 tokens' worth of bytes passes the
+    check before loading (510 >= 248 + 256) but makes 31 blocks of 16, 496 positions; the server stops
+    with what the cache holds, what it needs and which flags to change, and leaves the data dir free."""
+    from coserve.actors.data_dir_lock import DataDirLock
+    from coserve.model.config import ModelConfig
+    from coserve.model.memory import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(ModelConfig.from_pretrained(llama_dir), 4)
+    args = ["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local", "--port", "0",
+            "--data-dir", str(tmp_path / "data"), "--dtype", "float32", "--max-model-len", "248",
+            "--kv-cache-memory-gb", repr(510 * per_token / 2**30)]
+    assert main(args) == 1
+    assert capsys.readouterr().err == (
+        "error: the KV cache holds 496 tokens, and serving needs at least 504: one sequence of --max-model-len 248 "
+        "plus one fine-tuning window of 256 tokens. Raise --kv-cache-memory-gb (or --gpu-memory-utilization on "
+        "CUDA), or lower --max-model-len to at most 240\n")
+    DataDirLock.check_free(tmp_path / "data")  # not held by the server that did not start
 
 
 def test_bad_model_or_tenants(llama_dir: Path, tenants_file: Path, tmp_path: Path,

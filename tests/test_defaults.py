@@ -11,6 +11,8 @@ from coserve.cli import build_parser
 from coserve.cluster.policy_factory import CoServingPolicyFactory
 from coserve.contract import defaults
 from coserve.contract.engine_config import EngineConfig
+from coserve.contract.job_spec import FinetuneJobSpec
+from coserve.finetune.dedicated import DedicatedSettings
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.offline.llm import LLM
 from coserve.server.options import ServeOptions
@@ -37,13 +39,16 @@ def test_configs_take_the_shared_defaults() -> None:
     assert (opts.max_num_seqs, opts.max_batch_tokens, opts.adapter_slots, opts.finetune_floor_every) == \
         (defaults.MAX_NUM_SEQS, defaults.MAX_BATCH_TOKENS, defaults.ADAPTER_SLOTS,
          defaults.FINETUNE_FLOOR_EVERY)
+    assert opts.dedicated_pause_timeout_s == DedicatedSettings().pause_timeout_s == defaults.DEDICATED_PAUSE_TIMEOUT_S
+    assert FinetuneJobSpec.__dataclass_fields__["max_window_tokens"].default == defaults.FINETUNE_WINDOW_TOKENS
 
 
 def test_the_cli_and_the_offline_llm_take_the_shared_defaults() -> None:
     args = build_parser().parse_args(["serve", "--model", "m", "--tenants", "t.yaml"])
-    assert (args.max_num_seqs, args.max_batch_tokens, args.adapter_slots, args.finetune_floor_every) == \
+    assert (args.max_num_seqs, args.max_batch_tokens, args.adapter_slots, args.finetune_floor_every,
+            args.dedicated_pause_timeout_s) == \
         (defaults.MAX_NUM_SEQS, defaults.MAX_BATCH_TOKENS, defaults.ADAPTER_SLOTS,
-         defaults.FINETUNE_FLOOR_EVERY)
+         defaults.FINETUNE_FLOOR_EVERY, defaults.DEDICATED_PAUSE_TIMEOUT_S)
     llm = inspect.signature(LLM).parameters
     assert (llm["max_num_seqs"].default, llm["block_size"].default, llm["max_loras"].default,
             llm["max_lora_rank"].default) == (defaults.MAX_NUM_SEQS, defaults.BLOCK_SIZE,

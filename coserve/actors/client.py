@@ -19,6 +19,7 @@ from typing import Any
 from coserve.actors.engine_actor import EngineActor, LocalLink
 from coserve.actors.scheduler_actor import SchedulerActor
 from coserve.contract.messages import Admission, TokenBatch, TokenSubmission
+from coserve.contract.training_calls import RunAnswer, RunQuery
 
 # A finished request whose stream was never read (its client left before the response started) is
 # forgotten after this long.
@@ -62,6 +63,9 @@ class LocalSchedulerClient:
 
     async def metrics_text(self) -> str:
         return await self.scheduler.metrics_text()
+
+    async def training(self, query: RunQuery) -> RunAnswer:
+        return await self.scheduler.training(query)
 
     async def health(self) -> str | None:
         if self.engine.running():
@@ -169,6 +173,10 @@ class RaySchedulerClient:
     async def metrics_text(self) -> str:
         text: str = await self.handle.metrics_text.remote()
         return text
+
+    async def training(self, query: RunQuery) -> RunAnswer:
+        answer: RunAnswer = await self.handle.training.remote(query)
+        return answer
 
     async def health(self) -> str | None:
         try:

@@ -4,18 +4,23 @@ Ray Train instead of the shared engines.
 `route_job` decides once, when a job's file is tokenized, whether it runs dedicated (it asked, or it is
 over the operator's threshold: `coserve.finetune.dedicated.route`) and keeps the decision in the job row.
 `DedicatedJobs` launches each such job's `DedicatedRun` actor once the cluster has its workers free
-(until then the job waits, with an event saying for what), names it after the job (a job manager rebuilt
-after an engine restart finds the run still going and adopts it), relays cancel, pause and resume as
-commands, and `poll`s the runs (on the job loop's worker thread): the runs' `JobEvent`s are
-the co-served jobs' (steps, checkpoints, validation, success, failure, cancellation), so the job manager
-records both kinds with the same handlers; the runs' notes (workers started, a worker failed) go to the
-job's events as they are. A run whose actor died is reported `lost`: the job manager forgets it and
-starts it again from its last checkpoint, as after a server restart.
+(until then the job waits, with an event saying for what and its place in the queue whenever that
+changes), names it after the job (a job manager rebuilt after an engine restart finds the run still going
+and adopts it), relays cancel, pause and resume as commands, and `poll`s the runs (on the job loop's worker
+thread): the runs' `JobEvent`s are the co-served jobs' (steps, checkpoints, validation, success, failure,
+cancellation), so the job manager records both kinds with the same handlers; the runs' notes (workers
+started, a worker failed) go to the job's events as they are. A run paused longer than the server's pause
+timeout is released: its workers save a checkpoint and end, giving their resources back, and resuming the
+job starts a new run from that checkpoint. A run whose actor died, or that was released, is `gone`: the
+job manager forgets it and starts it again from its last checkpoint (a released one once it is resumed),
+as after a server restart.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ from coserve.contract.job_request import TRAINING_KEY, JobRequest, TrainingMode,
 from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.finetune.dedicated import DedicatedSettings, Route, capacity, route
+from coserve.finetune.dedicated_queue import RunQueue
 from coserve.store import JobRecord, MetadataStore
 
 RUN_NAMESPACE = "coserve"
@@ -90,6 +96,8 @@ class DedicatedJob:
     waiting: str = ""  # why the run is not launched or its workers not up yet (for the watchdog)
     placement_group: str | None = None  # the run's Ray placement group (hex id), once its workers are up
     checkpoints: set[int] = field(default_factory=set)  # steps whose checkpoint was reported
+    paused_at: float | None = None  # when it was paused (the clock of `DedicatedJobs`); None: not paused
+    releasing: bool = False  # paused too long: told to save a checkpoint and give its workers back
 
     @property
     def total_steps(self) -> int:
@@ -112,6 +120,18 @@ class DedicatedJob:
             return self.waiting or f"Ray Train is starting {self.workers} worker(s)"
         return f"its Ray Train run ({self.workers} workers) is on step {self.last_step + 1}/{self.total_steps}"
 
+    def release_due(self, now: float, timeout_s: float) -> bool:
+        """Whether its launched run has been paused `timeout_s` or longer and is not released yet."""
+        return (self.handle is not None and self.paused_at is not None and not self.releasing
+                and not self.ended and now - self.paused_at >= timeout_s)
+
+    def resume_point(self) -> str:
+        """Where a new run of the job starts: its last checkpoint's step, or the start."""
+        if self.checkpoints:
+            return f"its checkpoint at step {max(self.checkpoints)}"
+        start = self.spec.start_position
+        return f"its checkpoint at step {start.step}" if self.spec.resume_from and start else "the start"
+
     def keep(self, event: JobEvent) -> bool:
         """Whether to record `event`: a checkpoint reported again (its steps redone after a worker
         failure) is registered once."""
@@ -128,7 +148,9 @@ class DedicatedJobs:
     """The dedicated runs of one job manager.
 
     A run is launched only when the cluster has its workers free (first come, first served): until then
-    the job waits with an event saying for what, and cancelling it ends nothing on Ray. A launched run's
+    the job waits with events saying for what and its place in the queue, and cancelling it ends nothing
+    on Ray. A run paused for `settings.pause_timeout_s` is released (a checkpoint, then its workers go);
+    the job is `gone` until it is resumed, when it starts again from that checkpoint. A launched run's
     placement group is kept in the job row (`PLACEMENT_GROUP_KEY`): a run whose driver died (the scheduler
     restarted, or the run's actor was lost) leaves its placement group behind on a cluster without Ray's
     state API (Ray Train's own cleaner needs it); it is removed once its workers are gone
@@ -138,17 +160,19 @@ class DedicatedJobs:
         settings: the server's dedicated settings (workers, GPU or CPU, dtype, retries).
         store: where the runs' notes go.
         model: the base model folder; data_dir: the runs' checkpoints go to `{data_dir}/adapters/{job}/`.
+        clock: seconds (monotonic), for the pause timeout.
     """
 
     def __init__(self, settings: DedicatedSettings, store: MetadataStore, model: str, data_dir: Path,
-                 namespace: str = RUN_NAMESPACE) -> None:
+                 namespace: str = RUN_NAMESPACE, clock: Callable[[], float] = time.monotonic) -> None:
         self._settings, self._store, self._model = settings, store, model
-        self._data_dir, self._namespace = Path(data_dir).resolve(), namespace
+        self._data_dir, self._namespace, self._clock = Path(data_dir).resolve(), namespace, clock
         self._jobs: dict[str, DedicatedJob] = {}
-        self._lock = threading.Lock()  # `_events` and `_lost`: filled by `poll` on a worker thread
+        self._lock = threading.Lock()  # `_events` and `_gone`: filled by `poll` on a worker thread
         self._events: list[JobEvent] = []
-        self._lost: list[str] = []
+        self._gone: list[str] = []
         self._leftovers = LeftoverGroups()
+        self._queue = RunQueue()  # the places the waiting runs' jobs were told
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._jobs
@@ -201,7 +225,8 @@ class DedicatedJobs:
         return True
 
     def pause(self, job_id: str) -> bool:
-        """Pause at the next step boundary; the workers wait there (they keep their resources)."""
+        """Pause at the next step boundary; the workers wait there, keeping their resources for up to the
+        pause timeout (then `poll` releases them)."""
         return self._command(job_id, Command.PAUSE, paused=True)
 
     def resume(self, job_id: str) -> bool:
@@ -212,6 +237,7 @@ class DedicatedJobs:
         if job is None or job.ended:
             return False
         job.paused = paused
+        job.paused_at = self._clock() if paused else None
         if job.handle is not None:
             job.handle.command.remote(int(command))
         return True
@@ -230,12 +256,13 @@ class DedicatedJobs:
     def pop_notices(self) -> list[JobNotice]:
         return []  # what a run does is written as the job's events at once
 
-    def pop_lost(self) -> list[str]:
-        """The jobs whose run's actor died since the last call (their event says so): the job manager
-        forgets them, and its next reconcile starts them again from their last checkpoint."""
+    def pop_gone(self) -> list[str]:
+        """The jobs whose run is gone since the last call, the job not ended (their event says so): its
+        actor died, or it was released while paused. The job manager forgets them; its reconcile starts
+        them again from their last checkpoint (at once, or once a paused job is resumed)."""
         with self._lock:
-            lost, self._lost = self._lost, []
-        return lost
+            gone, self._gone = self._gone, []
+        return gone
 
     def held_back(self, job_id: str) -> str | None:
         """Why the job is not moving (waiting for workers, or where its run is), for the watchdog."""
@@ -251,6 +278,7 @@ class DedicatedJobs:
 
         self._leftovers.sweep()  # what dead runs hold, given back before the queued runs look for room
         self._launch_queued()
+        self._release_overdue()
         for job_id, job in list(self._jobs.items()):
             if job.handle is None:
                 continue
@@ -264,35 +292,61 @@ class DedicatedJobs:
                 self._store.events.add(job_id, f"The Ray Train run stopped ({str(err).splitlines()[0][:300]}); "
                                                f"the job resumes from its last checkpoint")
                 with self._lock:
-                    self._lost.append(job_id)
+                    self._gone.append(job_id)
                 continue
             self._absorb(job_id, job, update, trained)
 
     def _launch_queued(self) -> None:
-        """First come, first served: launch queued runs while the cluster has their workers free."""
+        """First come, first served: launch queued runs while the cluster has their workers free; the
+        first that does not fit and every run behind it wait (no overtaking), each told its place."""
         import ray
 
         from coserve.dedicated.run import launch
 
-        queued = [(job_id, job, job.run) for job_id, job in self._jobs.items()
-                  if job.run is not None and not job.paused]
-        if not queued:
-            return
-        free = ray.available_resources()
-        total = ray.cluster_resources()
-        per_worker = self._settings.per_worker()
-        for job_id, job, run in queued:
-            if capacity(free, per_worker) < job.workers:
-                now_free = {k: free.get(k, 0.0) for k in per_worker}
-                why = (f"waiting for {job.workers} free worker(s) of {per_worker}: the cluster has "
-                       f"{ {k: total.get(k, 0.0) for k in per_worker} }, {now_free} of it free (other work "
-                       f"holds the rest)")
-                if not job.waiting:
-                    self._store.events.add(job_id, why[0].upper() + why[1:])
-                job.waiting = why
-                return  # the runs behind it wait too: no overtaking
-            job.handle, job.run, job.waiting = launch(run, _run_name(job_id), self._namespace), None, ""
-            free = {k: v - per_worker.get(k, 0.0) * job.workers for k, v in free.items()}
+        queued = [(job_id, job) for job_id, job in self._jobs.items() if job.run is not None and not job.paused]
+        waiting: list[str] = []
+        if queued:
+            free, total = ray.available_resources(), ray.cluster_resources()
+            per_worker = self._settings.per_worker()
+            for job_id, job in queued:
+                if waiting or capacity(free, per_worker) < job.workers:
+                    waiting.append(job_id)
+                    continue
+                assert job.run is not None  # queued: not launched yet
+                job.handle, job.run, job.waiting = launch(job.run, _run_name(job_id), self._namespace), None, ""
+                free = {k: v - per_worker.get(k, 0.0) * job.workers for k, v in free.items()}
+            if waiting:
+                self._wait_first(waiting[0], free, total)
+        self._tell_places(waiting)
+
+    def _wait_first(self, job_id: str, free: dict[str, float], total: dict[str, float]) -> None:
+        """The first waiting run: what it waits for (an event when it becomes first)."""
+        job, per_worker = self._jobs[job_id], self._settings.per_worker()
+        now_free = {k: free.get(k, 0.0) for k in per_worker}
+        why = (f"waiting for {job.workers} free worker(s) of {per_worker}: the cluster has "
+               f"{ {k: total.get(k, 0.0) for k in per_worker} }, {now_free} of it free (other work "
+               f"holds the rest)")
+        if not job.waiting.startswith("waiting for"):
+            self._store.events.add(job_id, why[0].upper() + why[1:])
+        job.waiting = why
+
+    def _tell_places(self, waiting: list[str]) -> None:
+        """Each waiting run's place in the queue: an event when it joins or moves; the runs behind the
+        first say so to the watchdog."""
+        for place in self._queue.update(waiting):
+            words = place.words()
+            self._store.events.add(place.job_id, words[0].upper() + words[1:])
+            if place.position > 1:
+                self._jobs[place.job_id].waiting = f"{words}, behind {place.position - 1} run(s) waiting for workers"
+
+    def _release_overdue(self) -> None:
+        """Release the runs paused for the pause timeout: each saves a checkpoint at its step boundary and
+        ends, its workers given back (`_absorb` forgets it then)."""
+        now = self._clock()
+        for job in self._jobs.values():
+            if job.release_due(now, self._settings.pause_timeout_s):
+                job.releasing = True
+                job.handle.command.remote(int(Command.RELEASE))
 
     def _absorb(self, job_id: str, job: DedicatedJob, update: Any, trained: int) -> None:
         import ray
@@ -313,6 +367,12 @@ class DedicatedJobs:
             job.ended = True
             self._jobs.pop(job_id, None)
             ray.kill(job.handle)  # its workers are gone (fit returned); its name frees for a later run
+            if update.released:
+                self._store.events.add(job_id, f"Paused for {self._settings.pause_timeout_s:g} s: the Ray Train "
+                                               f"run gave its {job.workers} worker(s) back; resuming the job "
+                                               f"restarts it from {job.resume_point()}")
+                with self._lock:
+                    self._gone.append(job_id)
 
     def _keep_placement_group(self, job_id: str, job: DedicatedJob) -> None:
         record = self._store.jobs.get(job.tenant, job_id)

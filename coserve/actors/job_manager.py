@@ -123,6 +123,10 @@ class JobManager:
         return AdapterSpec(model, record.adapter_path)
 
     @property
+    def store(self) -> MetadataStore:
+        return self._store
+
+    @property
     def num_running(self) -> int:
         return len(self._running)
 
@@ -242,9 +246,9 @@ class JobManager:
                 self.apply(intents)
                 if self._dedicated is not None:
                     await asyncio.to_thread(self._dedicated.poll)
-                    for job_id in self._dedicated.pop_lost():  # started again from its checkpoint next
+                    self.record_events()  # first: a released run's last checkpoint is among its events
+                    for job_id in self._dedicated.pop_gone():  # started again from its last checkpoint
                         self._running.pop(job_id, None)
-                    self.record_events()
             except Exception:  # noqa: BLE001 - a bad job must not stop the others' reconciling
                 logger.exception("fine-tuning job reconcile failed")
                 intents = []

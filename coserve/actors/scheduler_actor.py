@@ -38,14 +38,17 @@ from coserve.actors.rollout_judges import RolloutJudges
 from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
+from coserve.actors.training_service import TrainingService
 from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.cluster.engine_core import Step, StepFailed
 from coserve.cluster.plan_wait import next_plan_when_ready
 from coserve.cluster.policy_factory import EngineLayout, PolicyFactory
+from coserve.cluster.training_runs import TrainingRuns
 from coserve.contract.engine import EngineFailure
 from coserve.contract.messages import Admission, Rejection, TokenBatch, TokenSubmission
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.sampling import EosIds
+from coserve.contract.training_calls import CallFailure, RunAnswer, RunQuery
 from coserve.frontend.tokenizer import Tokenizer
 from coserve.inference.request import RequestStatus, expand_request
 from coserve.model.config import ModelConfig
@@ -91,6 +94,7 @@ class SchedulerActor:
         self._work = asyncio.Event()
         self._closed = False
         self._jobs: JobManager | None = None
+        self._runs: TrainingService | None = None  # driven training runs (the Tinker API), with the jobs
         self._job_task: asyncio.Task[None] | None = None
         self._generations: dict[str, int] = {}  # +1 each time the engine is lost: its loop's calls end
         self._supervisors: dict[str, asyncio.Task[None]] = {}
@@ -128,6 +132,9 @@ class SchedulerActor:
             grading = rollout_grading(tokenizer, eos, self._settings.enable_python_graders, self._wake, judges.judge,
                                       self._grading_pool)
             self._cluster.jobs.serve_rollouts(grading, eos)
+            runs = TrainingRuns(self._cluster.jobs, (self._settings.base_model_id, self._settings.model),
+                                Path(self._settings.data_dir) / "runs", self._num_layers)
+            self._runs = TrainingService(runs, self._jobs.store, self._settings.tenant_limits, self._work.set)
         self._work.set()  # held requests or waiting jobs may have been placed on it
 
     def engine_lost(self, engine_id: str, reason: str) -> None:
@@ -260,6 +267,13 @@ class SchedulerActor:
         self._work.set()  # the next plan frees the aborted requests' engine state
         return True
 
+    async def training(self, query: RunQuery) -> RunAnswer:
+        """A driven training run's query (`contract.training_calls`): create, call, await, read."""
+        if self._runs is None:
+            return CallFailure("training_unavailable", "this server runs no fine-tuning (it has no data dir, "
+                               "or its fine-tuning share is none)", user=False)
+        return await self._runs.answer(query)
+
     async def metrics_text(self) -> str:
         """Prometheus text of the scheduler's metrics."""
         self.metrics.finetune_stalled.set(self._jobs.watchdog.stalled if self._jobs is not None else 0)
@@ -353,6 +367,8 @@ class SchedulerActor:
                 self._finalize(state, outcome=None)
         if self._jobs is not None:
             self._jobs.record_events(engine_id)
+        if self._runs is not None:
+            self._runs.after_step()
 
     def _fail_plan(self, plan: IterationPlan, message: str) -> None:
         logger.error("engine step %d failed: %s", plan.step_id, message)

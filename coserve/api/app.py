@@ -19,14 +19,14 @@ from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_
 from coserve.api.protocol import strict
 from coserve.api.protocol.models import ModelServing
 from coserve.api.protocol.sampling import MAX_N
-from coserve.api.routers import chat, completions, files, fine_tuning, graders, metrics, models
+from coserve.api.routers import chat, completions, files, fine_tuning, graders, metrics, models, tinker
 from coserve.api.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
 from coserve.store import MetadataStore
 from coserve.tenancy.tenants import TenantsConfig
 
 UPLOAD_PATH = "/v1/files"  # the one endpoint whose body is a file (multipart), not JSON
 ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, chat.router,
-                                  completions.router, fine_tuning.router, graders.router)
+                                  completions.router, fine_tuning.router, graders.router, tinker.router)
 
 
 class LenientParams:

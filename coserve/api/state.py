@@ -6,12 +6,13 @@ Routers never import the app: they ask for `GatewayState` with `Depends(get_stat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
 from coserve.api.protocol.models import ModelServing
+from coserve.api.serving.tinker_futures import TinkerFutures
 from coserve.store import MetadataStore
 from coserve.tenancy.tenants import TenantsConfig
 
@@ -68,6 +69,7 @@ class GatewayState:
     python_graders: Any = None
     lenient_params: bool = False
     serving: ModelServing | None = None
+    tinker: TinkerFutures = field(default_factory=TinkerFutures)  # the Tinker API's sessions and futures
 
 
 def get_state(request: Request) -> GatewayState:

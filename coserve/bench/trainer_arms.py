@@ -95,17 +95,18 @@ class SavedMeter:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
 
-def make_batch_data(vocab: int, n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``n`` random sequences of SEQ_LEN ids (ids >= 8: no special tokens); the second half trains."""
+def make_batch_data(vocab: int, n: int, seed: int, seq_len: int = SEQ_LEN) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` random sequences of ``seq_len`` ids (ids >= 8: no special tokens); the second half trains."""
     g = torch.Generator().manual_seed(seed)
-    trained = torch.arange(SEQ_LEN) >= SEQ_LEN // 2
-    return [(torch.randint(8, vocab, (SEQ_LEN,), generator=g), trained.clone()) for _ in range(n)]
+    trained = torch.arange(seq_len) >= seq_len // 2
+    return [(torch.randint(8, vocab, (seq_len,), generator=g), trained.clone()) for _ in range(n)]
 
 
 class CoserveArm:
-    """coserve's WindowedTrainer + LoRAOptimizer; `forward` / `backward` are window-size lists."""
+    """coserve's WindowedTrainer + LoRAOptimizer; `forward` / `backward` are window-size lists. The base
+    weights in `dtype` on `device` (the benchmark: float32 on the CPU), the LoRA master weights float32."""
 
-    def __init__(self, model_dir: Path, seed: int) -> None:
+    def __init__(self, model_dir: Path, seed: int, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
         from coserve.contract.training_settings import LoRASettings, OptimizerSettings
         from coserve.forward.transformer import Transformer
         from coserve.model.config import ModelConfig
@@ -113,9 +114,9 @@ class CoserveArm:
         from coserve.trainer import LoRAOptimizer, TrainableLoRA, WindowedTrainer
 
         cfg = ModelConfig.from_pretrained(model_dir)
-        weights = load_weights(model_dir, cfg, torch.float32, torch.device("cpu"))
-        self.model = Transformer(cfg, weights, torch.float32, torch.device("cpu"))
-        self.lora = TrainableLoRA.init(cfg, LoRASettings(r=R, lora_alpha=ALPHA), seed=seed)
+        weights = load_weights(model_dir, cfg, dtype, torch.device(device))
+        self.model = Transformer(cfg, weights, dtype, torch.device(device))
+        self.lora = TrainableLoRA.init(cfg, LoRASettings(r=R, lora_alpha=ALPHA), seed=seed, device=device)
         self.trainer = WindowedTrainer(self.model, self.lora)
         self.optimizer = LoRAOptimizer(self.lora, OptimizerSettings())  # lr 1e-4, wd 0, clip 1.0
         assert abs(self.optimizer.config.learning_rate - LR) < 1e-12
@@ -182,13 +183,16 @@ class CoserveArm:
 
 
 class HFArm:
-    """transformers + peft: one full-sequence forward with labels, backward, clip, AdamW."""
+    """transformers + peft: one full-sequence forward with labels, backward, clip, AdamW. The base model in
+    `dtype` on `device`; peft keeps the LoRA weights in float32 (its default upcast of adapters)."""
 
-    def __init__(self, model_dir: Path, init: dict[str, torch.Tensor]) -> None:
+    def __init__(self, model_dir: Path, init: dict[str, torch.Tensor], device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.device = torch.device(device)
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device)
         # peft annotates lora_alpha as int; it takes any number (the scaling is lora_alpha / r).
         cfg = LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0,
                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -204,6 +208,7 @@ class HFArm:
         self.adamw = torch.optim.AdamW(self.params.values(), lr=LR, weight_decay=0.0)
 
     def step(self, ids: torch.Tensor, trained: torch.Tensor, meter: SavedMeter | None = None) -> float:
+        ids, trained = ids.to(self.device), trained.to(self.device)
         labels = torch.where(trained, ids, torch.full_like(ids, -100))
         if meter is None:
             loss = self.model(input_ids=ids[None], labels=labels[None]).loss

@@ -63,7 +63,7 @@ class Unplaced:
 
 def longest_sequence(spec: FinetuneJobSpec) -> int:
     """Tokens of the job's longest sequence, training or validation."""
-    return max(len(e.token_ids) for e in [*spec.examples, *spec.validation_examples])
+    return max((len(e.token_ids) for e in [*spec.examples, *spec.validation_examples]), default=2)
 
 
 def place_job(spec: FinetuneJobSpec, candidates: Sequence[PlacementCandidate]) -> Placement | Unplaced:

@@ -16,8 +16,9 @@ class Command(enum.IntEnum):
     """What every worker does at the next step boundary (rank 0 asks, all ranks agree)."""
 
     RUN = 0
-    PAUSE = 1  # hold here, workers kept, until RUN or STOP
+    PAUSE = 1  # hold here, workers kept, until RUN, RELEASE or STOP
     STOP = 2  # end the run now (the job was cancelled)
+    RELEASE = 3  # paused too long: save a checkpoint here and end the run, its workers given back
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,8 @@ class RunUpdate:
     in order); `notes` are messages for the job's event log (workers started, a worker failed and Ray
     Train restarts the group); `workers` the workers of the current attempt (empty until they start);
     `placement_group` the Ray placement group (hex id) holding the workers' resources; `done` the run
-    has ended (its last event is among `events`).
+    has ended (its last event is among `events`); `released` it ended on `Command.RELEASE`, its checkpoint
+    saved and no terminal event: the job goes on in a new run once it is resumed.
     """
 
     events: list[JobEvent] = field(default_factory=list)
@@ -66,3 +68,4 @@ class RunUpdate:
     workers: list[WorkerInfo] = field(default_factory=list)
     placement_group: str | None = None
     done: bool = False
+    released: bool = False

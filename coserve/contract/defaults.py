@@ -1,5 +1,6 @@
 """Default sizes of a server, in one place: the scheduler's budgets, the KV block and adapter bank
-sizes, the fine-tuning liveness floor.
+sizes, the fine-tuning liveness floor and forward window, how long a paused dedicated run keeps its
+workers.
 
 `SchedulerConfig`, `SchedulerSettings`, `ServeOptions`, `coserve serve`'s flags, `EngineConfig`,
 the offline `LLM` and `CoServingConfig` take their defaults from here (torch-free, so the gateway
@@ -14,3 +15,5 @@ BLOCK_SIZE = 16  # token positions per KV block
 ADAPTER_SLOTS = 4  # LoRA adapters resident in the engine's bank at once
 MAX_LORA_RANK = 64  # the largest adapter rank the bank holds
 FINETUNE_FLOOR_EVERY = 8  # plans without fine-tuning work before a job gets a floor piece
+FINETUNE_WINDOW_TOKENS = 256  # a fine-tuning job's longest forward window (FinetuneJobSpec.max_window_tokens)
+DEDICATED_PAUSE_TIMEOUT_S = 300.0  # a paused dedicated run's workers are given back after this long

@@ -18,8 +18,10 @@ class EngineConfig:
     device: str = "cpu"
     block_size: int = defaults.BLOCK_SIZE
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_gb
-    kv_cache_memory_gb: float | None = None  # default: 0.5 on CPU, a share of free memory on CUDA
-    gpu_memory_utilization: float = 0.9  # CUDA: share of the memory free after loading the weights
+    kv_cache_memory_gb: float | None = None  # default: a fixed size on the CPU, gpu_memory_utilization on CUDA
+    # CUDA, vLLM's meaning: the fraction of the GPU's total memory the engine may use, its weights, adapter
+    # bank, activations and fine-tuning reserve included; the KV cache gets the rest (ignored on the CPU).
+    gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     max_loras: int = defaults.ADAPTER_SLOTS  # adapter slots in the bank
     max_lora_rank: int = defaults.MAX_LORA_RANK

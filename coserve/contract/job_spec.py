@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from coserve.contract import defaults
 from coserve.contract.data_position import DataPosition
 from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.reinforcement import RolloutSpec
@@ -84,7 +85,7 @@ class FinetuneJobSpec:
     output_dir: str  # checkpoints go to {output_dir}/ckpt-step-{N}, the final adapter to /final
     lora: LoRASettings = field(default_factory=LoRASettings)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
-    max_window_tokens: int = 256  # longest forward window (the policy's budget may cut it shorter)
+    max_window_tokens: int = defaults.FINETUNE_WINDOW_TOKENS  # longest forward window (the budget may cut it)
     min_tasklet_tokens: int = MIN_TASKLET_TOKENS  # smaller backward tasklets only for a layer's last tokens
     resume_from: str | None = None  # checkpoint folder to resume from, with `start_position`
     init_adapter: str | None = None  # PEFT folder to start from instead of PEFT's init
@@ -97,6 +98,7 @@ class FinetuneJobSpec:
     validation_rejected: list[TrainingExample] = field(default_factory=list)
     reference_logprobs: dict[int, tuple[float, float]] = field(default_factory=dict)
     rollouts: RolloutSpec | None = None
+    driven: bool = False  # a run its client drives call by call (`contract.training_calls`): no examples
 
     @property
     def is_preference(self) -> bool:
@@ -113,7 +115,7 @@ class FinetuneJobSpec:
         for name, value in checks.items():
             if value < 1:
                 raise ValueError(f"FinetuneJobSpec.{name} must be >= 1, got {value}")
-        if not self.examples:
+        if not self.examples and not self.driven:
             raise ValueError(f"job {self.job_id}: no training examples")
         for i, example in enumerate(self.examples):
             if len(example.token_ids) < 2 or len(example.trained) != len(example.token_ids):

@@ -17,7 +17,8 @@ Work of one training sequence (`sequence_id`, one example of one batch of one jo
 * `BackwardTasklet`: layers [layer_start, layer_end) (the highest first) on the token window
   [start, end). Valid orders: a tasklet needs the whole forward done, every later token of its layers
   done, and its tokens done in the layer above (layer-major and window-major orders both satisfy it).
-* `OptimizerStep`: after the backward of every sequence of a batch, one AdamW step of the job.
+* `OptimizerStep`: after the backward of every sequence of a batch, one AdamW step of the job (a
+  driven run's step carries its own hyperparameters, `AdamStep`, and comes when its client asks).
 * `SaveAdapter`: write the job's adapter (PEFT format, servable); with `position`, a resumable
   checkpoint (optimizer state + data position); `final` ends the job (the engine drops its state).
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coserve.contract.loss_spec import LossSpec, TokenInputs
-from coserve.contract.training_settings import LoRASettings, OptimizerSettings
+from coserve.contract.training_settings import AdamStep, LoRASettings, OptimizerSettings
 
 
 @dataclass(slots=True)
@@ -87,6 +88,10 @@ class SequenceStart:
     # `JobStart.examples[example_index]`, and its loss's per-token inputs (sampling log-probs, advantages).
     example: TrainingExample | None = None
     inputs: TokenInputs | None = None
+    # A training run driven by its client (`contract.training_calls`): the loss of this sequence (None:
+    # the job's), and whether its windows report the log-prob of every token (`WindowReport.logprobs`).
+    loss: LossSpec | None = None
+    report_logprobs: bool = False
 
 
 @dataclass(slots=True)
@@ -116,6 +121,7 @@ class OptimizerStep:
     step: int  # the optimizer step this is (1-based); the engine checks it
     num_sequences: int
     num_tokens: int  # trained tokens of the batch
+    adam: AdamStep | None = None  # this step's own hyperparameters (a driven run's); None: the job's
 
 
 @dataclass(slots=True)
@@ -162,6 +168,9 @@ class WindowReport:
     sequence_id: str
     loss_sum: float  # summed token losses of the window (unnormalised)
     num_tokens: int  # tokens with a target in the window
+    # `SequenceStart.report_logprobs`, on the sequence's last window: the log-prob of every token given
+    # the tokens before it (entry t: token t; entry 0 and untrained tokens: 0.0)
+    logprobs: list[float] | None = None
 
 
 @dataclass(slots=True)

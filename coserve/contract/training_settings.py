@@ -140,6 +140,37 @@ class OptimizerSettings:
         return cls(**_known(cls, raw, "optimizer setting(s)"))
 
 
+@dataclass(frozen=True, slots=True)
+class AdamStep:
+    """One optimizer step's own AdamW hyperparameters: a driven run's client sends them with each step
+    (Tinker's `AdamParams`; `grad_clip_norm` 0 turns clipping off).
+
+    Raises:
+        SettingsError: a value AdamW cannot take; `param` names it.
+    """
+
+    learning_rate: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+    def __post_init__(self) -> None:
+        checks = {"learning_rate": math.isfinite(self.learning_rate) and self.learning_rate >= 0,
+                  "beta1": 0.0 <= self.beta1 < 1.0, "beta2": 0.0 <= self.beta2 < 1.0,
+                  "eps": math.isfinite(self.eps) and self.eps > 0,
+                  "weight_decay": math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+                  "grad_clip_norm": math.isfinite(self.grad_clip_norm) and self.grad_clip_norm >= 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise SettingsError(name, f"AdamW cannot take {name}={getattr(self, name)!r}")
+
+    @property
+    def max_grad_norm(self) -> float:
+        return self.grad_clip_norm if self.grad_clip_norm > 0 else math.inf
+
+
 def _known(cls: type, raw: Mapping[str, Any], what: str) -> dict[str, Any]:
     """`raw`'s non-null entries as `cls`'s arguments; an unknown name is a `SettingsError`."""
     names = [f.name for f in fields(cls)]

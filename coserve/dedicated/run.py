@@ -3,7 +3,8 @@
 
 `start` runs `TorchTrainer(train_loop).fit()` on a thread of the actor (fit blocks until the run ends),
 so the actor keeps answering: rank 0 of the workers `push`es the job's events after every step and gets
-the command back (run, pause, stop); the job manager `poll`s what happened and `command`s. Ray Train does
+the command back (run, pause, stop, or release: a run paused too long saves a checkpoint and ends, its
+workers given back); the job manager `poll`s what happened and `command`s. Ray Train does
 the distribution: the placement of `workers` workers (one CPU each, or one GPU each), the process group
 (gloo on CPU, NCCL on GPU), checkpoint persistence under the job's folder in the data dir, and recovery:
 a worker that dies is replaced and the group restarts from the latest checkpoint, up to `max_failures`
@@ -78,10 +79,13 @@ class DedicatedRun:
         self._end(outcome)
 
     def _end(self, failure: str | None) -> None:
-        """The run is over: report its end unless a worker already did."""
+        """The run is over: report its end unless a worker already did. A run released while paused ends
+        without one (its workers saved a checkpoint first): the job goes on in a new run."""
         job, step = self._spec.job, 0
         with self._lock:
-            if not self._ended:
+            if not self._ended and failure is None and self._command == Command.RELEASE:
+                self._update.released = True
+            elif not self._ended:
                 if self._command == Command.STOP:
                     event = JobEvent(job.job_id, JobEventKind.CANCELLED, step, message="the job was cancelled")
                 else:
@@ -118,15 +122,18 @@ class DedicatedRun:
     def poll(self) -> tuple[RunUpdate, int]:
         """What happened since the last poll, and the job's trained tokens so far."""
         with self._lock:
-            update, self._update = self._update, RunUpdate(done=self._update.done)
+            update, self._update = self._update, RunUpdate(done=self._update.done, released=self._update.released)
             update.workers, update.placement_group = list(self._workers), self._placement_group
             return update, self._trained_tokens
 
     def command(self, command: int) -> None:
-        """Pause, resume (`RUN`) or stop the run at its next step boundary."""
+        """Pause, resume (`RUN`), release (a checkpoint, then the workers go) or stop the run at its next
+        step boundary. A stop is final; a release too, but for a stop (a cancel while it releases)."""
+        wanted = Command(command)
         with self._lock:
-            if self._command != Command.STOP:  # a stop is final
-                self._command = Command(command)
+            if self._command == Command.STOP or (self._command == Command.RELEASE and wanted != Command.STOP):
+                return
+            self._command = wanted
 
 
 class _FailureNotes(UserCallback):  # type: ignore[misc]  # Ray Train is read as Any (pyproject.toml)

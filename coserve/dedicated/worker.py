@@ -13,7 +13,8 @@ Checkpoints go through Ray Train (`ray.train.report(..., checkpoint_dir_name="ck
 persists them under the run's storage path (the job's adapter folder in the data dir) and hands the
 latest back (`ray.train.get_checkpoint`) when it restarts the workers after a failure. Rank 0 tells the
 run's `DedicatedRun` actor what happened (`JobEvent`s, as the co-served job reports them) after every
-step and gets back the command every rank then agrees on (run, pause, stop).
+step and gets back the command every rank then agrees on (run, pause, stop, or release: a checkpoint at
+this step, then the workers end).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class _Worker:
     trained_tokens: int
     pending: list[JobEvent]
     references: dict[int, tuple[float, float]]  # a DPO job's reference sums (pair index -> chosen, rejected)
+    start_step: int = 0  # the step this attempt started from (its checkpoint, if any, exists already)
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -65,11 +67,14 @@ def train_loop(config: dict[str, Any]) -> None:
         return
     job = spec.job
     while worker.position.epoch < job.n_epochs:
-        if _agree(worker) == Command.STOP:
+        command = _agree(worker)
+        if command == Command.RELEASE:
+            _release(worker)
+        if command in (Command.STOP, Command.RELEASE):
             return
         if not _train_step(worker):
             return
-    if _agree(worker) != Command.STOP:
+    if _agree(worker) != Command.STOP:  # a release here finishes instead: the job is done
         _finish(worker)
 
 
@@ -115,7 +120,7 @@ def _set_up(spec: RunSpec, control: Any) -> _Worker | None:
     worker = _Worker(spec, control, rank, sync, WindowedTrainer(model, lora), optimizer,
                      _units(job.examples, job.rejected_examples, job.is_preference, device),
                      _units(job.validation_examples, job.validation_rejected, job.is_preference, device),
-                     position, trained_tokens, [], references)
+                     position, trained_tokens, [], references, start_step=position.step)
     _announce(worker, world, checkpoint is not None)
     return worker
 
@@ -184,6 +189,19 @@ def _agree(worker: _Worker) -> Command:
         paused = True
         if worker.rank == 0:
             time.sleep(PAUSE_POLL_S)
+
+
+def _release(worker: _Worker) -> None:
+    """The run was paused past the server's timeout: a checkpoint at this step boundary (none when this
+    attempt trained no step: it started from one), handed to the run; then the workers end, and Ray Train
+    gives their resources back. Resuming the job starts a new run from that checkpoint."""
+    import ray
+
+    if worker.position.step > worker.start_step:
+        _checkpoint(worker)
+    if worker.rank == 0:
+        ray.get(worker.control.push.remote(worker.pending, worker.trained_tokens))
+        worker.pending = []
 
 
 def _train_step(worker: _Worker) -> bool:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from coserve.contract import defaults
 from coserve.contract.job_request import MAX_WORKERS, TrainingMode, TrainingRequest
 
 DEFAULT_WORKERS = 2
@@ -32,6 +33,8 @@ class DedicatedSettings:
         use_gpu: one GPU per worker (NCCL) rather than one CPU (gloo); the engine's device decides.
         dtype: the base model's dtype on the workers (the engine's, so both modes compute alike).
         max_failures: worker failures a run recovers from, from its last checkpoint.
+        pause_timeout_s: how long a paused run keeps its workers; then it stops with a checkpoint and gives
+            them back, and resuming the job starts a new run from that checkpoint.
     """
 
     min_trained_tokens: int | None = None
@@ -39,6 +42,7 @@ class DedicatedSettings:
     use_gpu: bool = False
     dtype: str = "auto"
     max_failures: int = DEFAULT_MAX_FAILURES
+    pause_timeout_s: float = defaults.DEDICATED_PAUSE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.min_trained_tokens is not None and self.min_trained_tokens < 1:
@@ -47,6 +51,8 @@ class DedicatedSettings:
             raise ValueError(f"--dedicated-workers must be in 1..{MAX_WORKERS}, got {self.default_workers}")
         if self.max_failures < 0:
             raise ValueError(f"max_failures must be >= 0, got {self.max_failures}")
+        if not 0 < self.pause_timeout_s < math.inf:
+            raise ValueError(f"--dedicated-pause-timeout-s must be a number > 0, got {self.pause_timeout_s}")
 
     def per_worker(self) -> dict[str, float]:
         """The Ray resources one worker takes."""

@@ -18,7 +18,8 @@ token counter:
 When inference needs KV blocks, `release_kv` drops the sequence in flight (the engine restores the
 gradient it had before the sequence and frees the kept activations; the sequence is redone later).
 A DPO job's batches (reference passes, pairs): `preference_batches`; a reinforcement job's (its graded
-rollouts, fed by its driver): `rollout_batches`; validation passes: `validation_pass`.
+rollouts, fed by its driver): `rollout_batches`; validation passes: `validation_pass`; a run driven by
+its client's calls (forward_backward, optim_step, saves, loads): `driven_ops`.
 Pure Python: no torch, no Ray. The job's spec, states and events are in `coserve.contract.job_spec`.
 """
 
@@ -28,6 +29,7 @@ from coserve.contract.data_position import DataPosition
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind, JobPhase, JobState, trained_tokens
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.sampling import AdapterRef
+from coserve.contract.training_calls import CallFailure, ForwardBackwardCall, OptimStepCall, SaveCall
 from coserve.contract.training_plan import (
     BackwardTasklet,
     ForwardWindow,
@@ -37,6 +39,7 @@ from coserve.contract.training_plan import (
     SequenceStart,
     TrainingExample,
 )
+from coserve.finetune.driven_ops import DrivenOps, ResolvedLoad
 from coserve.finetune.preference_batches import ReferenceSums, pair_start, preference_batch
 from coserve.finetune.progress import BatchProgress, SequenceProgress
 from coserve.finetune.rollout_batches import FedBatch, fed_batch_progress
@@ -81,6 +84,9 @@ class FinetuneJob:
         self.hold_finish = False  # a reinforcement job's final evaluation is still sampling its weights
         self._rollout_progress = 0  # rollout tokens sampled and batches graded (the watchdog's marker)
         self._failure: tuple[str, str] | None = None  # (code, message) to fail with in the next plan
+        start_step = spec.start_position.step if spec.start_position is not None else 0
+        # A run driven by its client's calls (`driven_ops`); None: a job with data of its own.
+        self.driven = DrivenOps(spec.job_id, spec.output_dir, spec.num_layers, start_step) if spec.driven else None
 
     # ------------------------------------------------------------------------------ properties
 
@@ -203,6 +209,8 @@ class FinetuneJob:
         if plan is not None and self._started and not self._stop_sent:
             plan.training.job_stops.append(self.job_id)
             self._stop_sent = True
+        if self.driven is not None:
+            self.driven.fail_all(CallFailure("run_ended", f"the training run ended ({state.value})", user=False))
 
     def release_kv(self, plan: IterationPlan) -> int:
         """Drop the sequences in flight to free their KV blocks; returns the blocks freed.
@@ -284,6 +292,8 @@ class FinetuneJob:
             self._validation.pending = False
             self._batch = self._validation.batch(self.position)
             return True
+        if self.driven is not None:
+            return self._next_driven(plan, self.driven)
         if self.position.epoch >= spec.n_epochs:
             if not self.hold_finish:
                 self._finish(plan)
@@ -304,6 +314,36 @@ class FinetuneJob:
         normalizer = sum(trained_tokens(spec.examples[i]) for i in indices)
         self._batch = BatchProgress(after=after, normalizer=normalizer, sequences=sequences)
         return True
+
+    def _next_driven(self, plan: IterationPlan, driven: DrivenOps) -> bool:
+        """A driven run's next call: its batch, or its step, save or load planned here (no batch)."""
+        op = driven.next_call()
+        if op is None:
+            return False
+        call = op.call
+        if isinstance(call, ForwardBackwardCall):
+            self._batch = driven.batch(op, call)
+            return True
+        if isinstance(call, OptimStepCall):
+            driven.plan_step(plan, op, call)
+        elif isinstance(call, SaveCall):
+            driven.plan_save(plan, call, self._planned_tokens)
+        else:
+            self._restart(plan, call)
+            driven.planned_load(plan, call)
+        self._last_planned = plan.step_id
+        return False
+
+    def _restart(self, plan: IterationPlan, load: ResolvedLoad) -> None:
+        """The engine drops the job's adapter and starts it again from a saved folder, in this plan."""
+        assert self._slot is not None  # started
+        spec = self.spec
+        plan.training.job_stops.append(self.job_id)
+        plan.training.job_starts.append(JobStart(
+            job_id=spec.job_id, adapter_slot=self._slot, lora=spec.lora, optimizer=spec.optimizer,
+            seed=spec.seed, examples=[], resume_from=load.folder if load.with_optimizer else None,
+            init_adapter=None if load.with_optimizer else load.folder,
+            base_model_name_or_path=spec.base_model_name_or_path, loss=spec.loss))
 
     def _next_fed_batch(self) -> bool:
         """The next graded batch; False while there is none (the driver is sampling it)."""
@@ -354,7 +394,7 @@ class FinetuneJob:
         plan.training.sequence_starts.append(SequenceStart(
             seq.sequence_id, self.job_id, seq.example_index, normalizer, evaluate=batch.evaluation,
             rejected=seq.rejected, reference=seq.reference, pair=pair, example=seq.example,
-            inputs=seq.inputs))
+            inputs=seq.inputs, loss=seq.loss, report_logprobs=seq.report_logprobs))
         seq.started = True
         return True
 
@@ -391,7 +431,10 @@ class FinetuneJob:
         self._to_free.append(batch.sequences[batch.current].sequence_id)
         batch.current += 1
         if batch.current == len(batch.sequences):
-            self._validation.planned(batch, plan)
+            if self.driven is not None:
+                self.driven.batch_planned(plan)
+            else:
+                self._validation.planned(batch, plan)
             self._batch = None
 
     def _complete_sequence(self, plan: IterationPlan) -> None:
@@ -401,6 +444,10 @@ class FinetuneJob:
         self._to_free.append(batch.sequences[batch.current].sequence_id)
         batch.current += 1
         if batch.current < len(batch.sequences):
+            return
+        if self.driven is not None:  # its client asks for the optimizer step
+            self.driven.batch_planned(plan)
+            self._batch = None
             return
         spec, before = self.spec, self.position
         trained = sum(1 for s in batch.sequences if not batch.forward_only(s))
@@ -434,6 +481,8 @@ class FinetuneJob:
                                        code=failure.code, message=failure.message))
         for window in report.windows:
             self._references.add(window.sequence_id, window.loss_sum, window.num_tokens)
+        if self.driven is not None:
+            self.driven.update(plan, result)
         for step in report.steps:
             if step.job_id == self.job_id:
                 self.trained_tokens += step.num_tokens

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
-from coserve.contract.loss_spec import TokenInputs
+from coserve.contract.loss_spec import LossSpec, TokenInputs
 from coserve.contract.training_plan import PairStart, TrainingExample
 
 
@@ -33,6 +33,9 @@ class SequenceProgress:
     # example `example_index`).
     example: TrainingExample | None = None
     inputs: TokenInputs | None = None
+    # A driven run's datum: its own loss, and its windows report every token's log-prob.
+    loss: LossSpec | None = None
+    report_logprobs: bool = False
 
     def reset(self) -> None:
         """Back to the start (before its forward): a sequence redone after its KV was released."""

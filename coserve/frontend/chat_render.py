@@ -16,20 +16,26 @@ renderings.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jinja2
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from coserve.tools.call_ids import keep_id
+
 Tools = Sequence[Mapping[str, Any]]
 _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError)
-# The probe conversation: a tool and a call with names no real conversation uses by chance.
-_PROBE_TOOL = "coserve_probe_tool"
-_PROBE_ARGUMENT = "coserve_probe_value"
+# The probe conversation: a tool and a call with names no real conversation uses by chance. The call's
+# id has 9 letters and digits, the only ids Mistral templates take (`coserve.tools.call_ids`).
+PROBE_TOOL = "coserve_probe_tool"
+PROBE_ARGUMENTS = {"x": "coserve_probe_value"}
+_PROBE_ARGUMENT = PROBE_ARGUMENTS["x"]
+_PROBE_CALL_ID = "coserveP1"
 _NO_TOOL_SUPPORT = ("the base model's chat template does not render {what}: training on this data "
                     "would drop them from the training text. Fine-tune a model whose chat template "
-                    "supports tools (Qwen2.5's does), or remove the tools from the training file")
+                    "supports tools (Qwen2.5's, Llama 3.x's and Mistral's do), or remove the tools from the "
+                    "training file")
 
 
 class TemplateError(ValueError):
@@ -51,7 +57,7 @@ def tool_calls(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list(message.get("tool_calls") or [])
 
 
-def _parsed_call(call: Mapping[str, Any], where: str) -> dict[str, Any]:
+def _parsed_call(call: Mapping[str, Any], where: str, call_id: Callable[[str], str]) -> dict[str, Any]:
     function = dict(call["function"])
     arguments = function.get("arguments")
     if isinstance(arguments, str):
@@ -59,11 +65,17 @@ def _parsed_call(call: Mapping[str, Any], where: str) -> dict[str, Any]:
             function["arguments"] = json.loads(arguments)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: 'arguments' is not valid JSON ({exc.msg})") from None
-    return {**call, "function": function}
+    parsed = {**call, "function": function}
+    if isinstance(call.get("id"), str):
+        parsed["id"] = call_id(call["id"])
+    return parsed
 
 
-def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as HF chat templates take them: tool-call arguments parsed from their JSON strings.
+def template_messages(messages: Sequence[Mapping[str, Any]],
+                      call_id: Callable[[str], str] = keep_id) -> list[dict[str, Any]]:
+    """The messages as HF chat templates take them: tool-call arguments parsed from their JSON strings,
+    and every call id (`tool_calls[j].id`, `tool_call_id`) as the template's family takes it (`call_id`,
+    `ToolFamily.call_id`: Mistral's 9 characters).
 
     Raises:
         ValueError: an `arguments` string that is not JSON (upload validation refuses it first).
@@ -72,8 +84,10 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     for i, message in enumerate(messages):
         message = dict(message)
         if message.get("tool_calls"):
-            message["tool_calls"] = [_parsed_call(call, f"message {i}, tool call {j}")
+            message["tool_calls"] = [_parsed_call(call, f"message {i}, tool call {j}", call_id)
                                      for j, call in enumerate(message["tool_calls"])]
+        if isinstance(message.get("tool_call_id"), str):
+            message["tool_call_id"] = call_id(message["tool_call_id"])
         result.append(message)
     return result
 
@@ -108,6 +122,13 @@ def render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], generation_pro
         raise TemplateError(f"the chat template cannot render this conversation: {exc}") from exc
 
 
+def probe_conversation() -> list[dict[str, Any]]:
+    """A user message and an assistant message that calls `PROBE_TOOL` with `PROBE_ARGUMENTS`."""
+    call = {"id": _PROBE_CALL_ID, "type": "function",
+            "function": {"name": PROBE_TOOL, "arguments": dict(PROBE_ARGUMENTS)}}
+    return [{"role": "user", "content": "probe"}, {"role": "assistant", "tool_calls": [call]}]
+
+
 def require_tool_support(tokenizer: Any, with_tools: bool) -> None:
     """Refuse a template that does not write tool calls (and, with `with_tools`, a `tools` list).
 
@@ -115,21 +136,18 @@ def require_tool_support(tokenizer: Any, with_tools: bool) -> None:
         TemplateError: the probe conversation fails to render or loses the call or the tool.
     """
     probe_tools = [{"type": "function", "function": {
-        "name": _PROBE_TOOL, "description": "probe",
+        "name": PROBE_TOOL, "description": "probe",
         "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
-    call = {"id": "call_probe", "type": "function",
-            "function": {"name": _PROBE_TOOL, "arguments": {"x": _PROBE_ARGUMENT}}}
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "probe"},
-                                      {"role": "assistant", "tool_calls": [call]}]
+    messages = probe_conversation()
     try:
         text = render(tokenizer, messages, generation_prompt=False)
     except TemplateError as exc:
         raise TemplateError(_NO_TOOL_SUPPORT.format(what="tool calls") + f" ({exc})") from exc
-    if _PROBE_TOOL not in text or _PROBE_ARGUMENT not in text:
+    if PROBE_TOOL not in text or _PROBE_ARGUMENT not in text:
         raise TemplateError(_NO_TOOL_SUPPORT.format(what="tool calls"))
     if with_tools:
         without_call = [messages[0], {"role": "assistant", "content": "ok"}]
-        if _PROBE_TOOL not in render(tokenizer, without_call, False, tools=probe_tools):
+        if PROBE_TOOL not in render(tokenizer, without_call, False, tools=probe_tools):
             raise TemplateError(_NO_TOOL_SUPPORT.format(what="the 'tools' list"))
 
 

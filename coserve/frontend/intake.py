@@ -110,6 +110,28 @@ class PromptIntake:
             return refused
         return Intake(encoded.ids, sampling, sub.adapter, prepared.family, encoded.text)
 
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    def check_tokens(self, prompt: list[int], sampling: SamplingParams,
+                     adapter: AdapterSpec | None) -> SamplingParams | Rejection:
+        """A prompt given as token ids (the Tinker API's `sample`): its ids in the vocabulary, the context
+        length, the adapter; returns the sampling with `max_tokens` set (the room left when None)."""
+        vocab = self._model_config.vocab_size
+        if not prompt or any(not 0 <= t < vocab for t in prompt):
+            return Rejection(400, f"The prompt needs at least one token, each an id below the vocabulary "
+                             f"size {vocab}.", param="prompt", code="invalid_value")
+        too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len, param="prompt")
+        if too_long is not None:
+            return too_long
+        refused = self._check_adapter(adapter)
+        if refused is not None:
+            return refused
+        if sampling.max_tokens is None:
+            sampling = replace(sampling, max_tokens=self._max_model_len - len(prompt))
+        return sampling
+
     def _check_adapter(self, spec: AdapterSpec | None) -> Rejection | None:
         if spec is None:
             return None

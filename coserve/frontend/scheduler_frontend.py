@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from coserve.contract.engine import RuntimeLayout
-from coserve.contract.messages import Admission, Rejection, TokenBatch, TokenSubmission
-from coserve.contract.sampling import EosIds
+from coserve.contract.messages import AdapterSpec, Admission, Rejection, TokenBatch, TokenSubmission
+from coserve.contract.sampling import EosIds, SamplingParams
+from coserve.contract.training_calls import RunAnswer, RunQuery
 from coserve.frontend.intake import PromptIntake
 from coserve.frontend.messages import ChatAdmission, ChatSubmission, StreamBatch
 from coserve.frontend.text_stream import TextStream
@@ -39,6 +40,7 @@ class SchedulerClient(Protocol):
     async def abort(self, request_id: str) -> bool: ...
     async def metrics_text(self) -> str: ...
     async def health(self) -> str | None: ...
+    async def training(self, query: RunQuery) -> RunAnswer: ...
 
 
 class SchedulerFrontend:
@@ -95,6 +97,21 @@ class SchedulerFrontend:
         self._texts[sub.request_id] = TextStream(intake.sampling, self._tokenizer, admission.prompt_tokens)
         return ChatAdmission(prompt_tokens=admission.prompt_tokens, tool_family=intake.tool_family,
                              prompt_text=intake.prompt_text)
+
+    @property
+    def max_model_len(self) -> int:
+        return self._intake.max_model_len
+
+    async def submit_tokens(self, request_id: str, tenant: str, prompt: list[int], sampling: SamplingParams,
+                            adapter: AdapterSpec | None) -> Admission:
+        """Queue a prompt given as token ids (the Tinker API's `sample`) once it fits the context and the
+        adapter checks out; its output is read as token ids with `scheduler.stream`."""
+        checked = self._intake.check_tokens(prompt, sampling, adapter)
+        if isinstance(checked, Rejection):
+            return Admission(rejection=checked)
+        return await self.scheduler.submit(TokenSubmission(
+            request_id=request_id, tenant=tenant, prompt_token_ids=prompt, sampling=checked, eos=self._eos,
+            adapter=adapter, client_max_tokens=sampling.max_tokens))
 
     async def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
         """The request's output as text, batch by batch, until a batch with `done`."""

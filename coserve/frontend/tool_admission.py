@@ -5,9 +5,14 @@ decides, once at start:
 
 * whether the template renders tool calls and tool results (`chat_render.require_tool_support`, the
   probe that guards fine-tuning data): if not, a conversation holding them is a 400 naming `messages`
-  (its calls would silently vanish from the prompt), and `tools` a 400 naming `tools`;
-* the template's tool-call family (`coserve.tools.family`): needed to read calls back (`auto`) and to
-  force them with a grammar (`required`, a named function, else a 400 naming `tool_choice`).
+  (its calls would silently vanish from the prompt);
+* whether it renders a `tools` list: if not, `tool_choice` `auto` or `none` is a 400 naming `tools`
+  (the model would never see them), while `required` or a named function are served with the tools
+  described in a system message and the call forced in the format it describes
+  (`coserve.tools.system_prompt`);
+* the template's tool-call family (`template_family`, `coserve.tools.family`): needed to read calls
+  back (`auto`), to force them with a grammar (`required`, a named function, else a 400 naming
+  `tool_choice`) and to write the conversation's call ids as the template takes them.
 """
 
 from __future__ import annotations
@@ -19,18 +24,22 @@ from coserve.contract.messages import Rejection
 from coserve.contract.sampling import SamplingParams
 from coserve.frontend.chat_render import TemplateError, require_tool_support, template_messages
 from coserve.frontend.messages import ChatSubmission
+from coserve.frontend.template_family import template_family
 from coserve.tools.call_grammar import tool_call_grammar
-from coserve.tools.family import ToolFamily, detect_family, template_text
-from coserve.tools.spec import ToolChoiceMode
+from coserve.tools.call_ids import keep_id
+from coserve.tools.family import ToolFamily
+from coserve.tools.spec import ToolChoiceMode, ToolSpec
+from coserve.tools.system_prompt import DESCRIBED_FAMILY, with_tools_described
 
-_NO_TOOLS = ("This model's chat template does not render tools, so the model cannot be given 'tools' "
-             "(it would never see them). Tools work on models whose template does, such as Qwen2.5, "
-             "Qwen3 or Hermes (the tool-call format coserve reads is '<tool_call>' JSON).")
+_FORMATS = ("hermes '<tool_call>' JSON (Hermes, Qwen2.5, Qwen3), Llama 3.x JSON, Mistral '[TOOL_CALLS]'")
+_NO_TOOLS = ("This model's chat template does not render tools, so with 'tool_choice' 'auto' or 'none' the "
+             "model would never see them. Use 'tool_choice' 'required' or name a function: the tools are "
+             "then described in a system message and the call is forced by a grammar. Templates that "
+             f"render tools use one of the tool-call formats coserve reads: {_FORMATS}.")
 _NO_CALLS = ("This model's chat template does not render tool calls or tool results, so 'messages' "
              "cannot contain assistant 'tool_calls' or 'tool' messages (they would vanish from the prompt).")
-_NO_FAMILY = ("'tool_choice' {choice} needs a model whose tool-call format coserve knows (the "
-              "'<tool_call>' JSON of Hermes, Qwen2.5 and Qwen3 templates); this model's template writes "
-              "another one. Use 'auto' or 'none'.")
+_NO_FAMILY = ("'tool_choice' {choice} needs a model whose tool-call format coserve knows ("
+              + _FORMATS + "); this model's template writes another one. Use 'auto' or 'none'.")
 
 
 @dataclass(slots=True)
@@ -52,6 +61,19 @@ def _renders(tokenizer: Any, with_tools: bool) -> bool:
     return True
 
 
+def _choice(spec: ToolSpec) -> str:
+    return "'required'" if spec.mode is ToolChoiceMode.REQUIRED else "naming a function"
+
+
+def _forced(family: ToolFamily, spec: ToolSpec, sampling: SamplingParams) -> SamplingParams | Rejection:
+    """`sampling` with the grammar that forces `spec`'s calls in `family`'s format, or the 400."""
+    try:
+        return replace(sampling, structured_output=tool_call_grammar(family, spec))
+    except ValueError as error:  # the grammar's check, or ignore_eos / min_tokens with it
+        return Rejection(400, f"'tool_choice' {_choice(spec)} cannot be enforced: {error}",
+                         param="tool_choice", code="invalid_value")
+
+
 class ToolSupport:
     """The chat template's tool abilities (probed at construction) and the admission rules above.
 
@@ -62,28 +84,38 @@ class ToolSupport:
     def __init__(self, tokenizer: Any) -> None:
         self.renders_calls = _renders(tokenizer, with_tools=False)
         self.renders_tools = self.renders_calls and _renders(tokenizer, with_tools=True)
-        self.family = detect_family(template_text(tokenizer)) if self.renders_tools else None
+        self.family = template_family(tokenizer) if self.renders_tools else None
 
     def prepare(self, sub: ChatSubmission) -> PreparedChat | Rejection:
         """The submission as it is rendered and sampled, or why it is refused (400)."""
         has_calls = any(m.get("role") == "tool" or m.get("tool_calls") for m in sub.messages)
         if has_calls and not self.renders_calls:
             return Rejection(400, _NO_CALLS, param="messages", code="invalid_value")
-        messages = template_messages(sub.messages) if has_calls else sub.messages
+        call_id = keep_id if self.family is None else self.family.call_id
+        messages = template_messages(sub.messages, call_id) if has_calls else sub.messages
         spec = sub.tools
         if spec is None:
             return PreparedChat(messages, None, sub.sampling, None)
         if not self.renders_tools:
-            return Rejection(400, _NO_TOOLS, param="tools", code="invalid_value")
+            return _described(messages, spec, sub.sampling)
         sampling = sub.sampling
         if spec.constrained:
-            choice = "'required'" if spec.mode is ToolChoiceMode.REQUIRED else "naming a function"
             if self.family is None:
-                return Rejection(400, _NO_FAMILY.format(choice=choice), param="tool_choice", code="invalid_value")
-            try:
-                sampling = replace(sampling, structured_output=tool_call_grammar(self.family, spec))
-            except ValueError as error:  # the grammar's check, or ignore_eos / min_tokens with it
-                return Rejection(400, f"'tool_choice' {choice} cannot be enforced: {error}",
-                                 param="tool_choice", code="invalid_value")
+                return Rejection(400, _NO_FAMILY.format(choice=_choice(spec)), param="tool_choice",
+                                 code="invalid_value")
+            forced = _forced(self.family, spec, sub.sampling)
+            if isinstance(forced, Rejection):
+                return forced
+            sampling = forced
         family = None if spec.mode is ToolChoiceMode.NONE else self.family
         return PreparedChat(messages, spec.tools, sampling, family)
+
+
+def _described(messages: list[dict[str, Any]], spec: ToolSpec, sampling: SamplingParams) -> PreparedChat | Rejection:
+    """A template that renders no tools: a forced call with the tools in the system message, or the 400."""
+    if not spec.constrained:
+        return Rejection(400, _NO_TOOLS, param="tools", code="invalid_value")
+    forced = _forced(DESCRIBED_FAMILY, spec, sampling)
+    if isinstance(forced, Rejection):
+        return forced
+    return PreparedChat(with_tools_described(messages, spec.tools), None, forced, DESCRIBED_FAMILY)

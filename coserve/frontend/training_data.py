@@ -16,7 +16,10 @@ message whose `weight` is not 0:
   template writes after the generation prompt: its content if any, the call text (Qwen's
   `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`) and the end-of-turn marker (or the
   turn's text to its end when it has none). The row's `tools` list is passed to the template; a
-  template that drops tools, calls or tool results is refused (`chat_render.py`).
+  template that drops tools, calls or tool results is refused (`chat_render.py`). Llama 3.x templates
+  write the call as `{"name": ..., "parameters": ...}` and Mistral's as `[TOOL_CALLS][{...}]`, each
+  closed by its eos (`<|eot_id|>`, `</s>`); the call ids are written as the template's family takes
+  them (Mistral's 9 characters, `coserve.tools.call_ids`).
 
 System, user, tool and developer messages are never trained. How spans are found: the template is
 rendered for each prefix of the conversation (`messages[:i]` with the generation prompt, then
@@ -35,7 +38,7 @@ Bad input (issue 3): an example longer than `max_len` is truncated to its first 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +55,7 @@ from coserve.frontend.chat_render import (
     template_messages,
     tool_calls,
 )
+from coserve.frontend.template_family import call_id_rule
 
 MAX_WARNED_INDICES = 20  # a warning names at most this many example indices
 
@@ -100,9 +104,11 @@ def _cut_inside_tool_group(messages: Sequence[Mapping[str, Any]], i: int) -> boo
             and messages[i + 1].get("role") == "tool")
 
 
-def trained_char_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
-                       tools: Tools | None = None) -> tuple[str, list[tuple[int, int]]]:
+def trained_char_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Tools | None = None,
+                       call_id: Callable[[str], str] | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The full rendering and the [start, end) character spans to train (module docstring: the rule).
+    Call ids are written by `call_id` (default: as the template's tool-call family takes them,
+    `template_family.call_id_rule`).
 
     Raises:
         TemplateError: a prefix rendering is not a prefix of the full one, an assistant content
@@ -110,7 +116,7 @@ def trained_char_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
             or it drops tools, tool calls or tool results (`chat_render`).
         ValueError: an assistant `weight` other than 0 or 1, tool-call arguments that are not JSON.
     """
-    messages = template_messages(messages)
+    messages = template_messages(messages, call_id or call_id_rule(tokenizer, messages))
     if tools or any(tool_calls(m) for m in messages):
         require_tool_support(tokenizer, with_tools=bool(tools))
     full = render(tokenizer, messages, False, tools)
@@ -161,10 +167,11 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, Any]], m
     """
     if max_len < 2:
         raise ValueError(f"max_len must be >= 2 (a target needs a preceding token), got {max_len}")
-    full, spans = trained_char_spans(tokenizer, messages, tools)
+    call_id = call_id_rule(tokenizer, messages)
+    full, spans = trained_char_spans(tokenizer, messages, tools, call_id)
     encoding = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
-    reference = tokenizer.apply_chat_template(template_messages(messages), tokenize=True, return_dict=False,
+    reference = tokenizer.apply_chat_template(template_messages(messages, call_id), tokenize=True, return_dict=False,
                                               tools=list(tools) if tools else None)
     if list(ids) != list(reference):
         raise TemplateError("tokenizing the rendered text does not give apply_chat_template's ids; "

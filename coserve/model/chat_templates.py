@@ -1,4 +1,5 @@
-"""The chat templates coserve's tiny test models ship (`tokenizer_train.save_tokenizer` writes one).
+"""The chat templates coserve writes for its tiny test models (`chat_formats.py` pairs each with its
+tokens; the real Llama 3.2 and Mistral templates are files in `data/templates/`).
 
 `CHATML_TEMPLATE`: plain ChatML, as the llama and mistral tiny models have. It renders `role` and
 `content` only, so it cannot show a model tools or tool calls (fine-tuning data with them is refused).
@@ -92,7 +93,3 @@ QWEN_TOOLS_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-
-def chat_template_for(arch: str) -> str:
-    """The chat template of a tiny `arch` model: Qwen's tool format for qwen2/qwen3, ChatML otherwise."""
-    return QWEN_TOOLS_TEMPLATE if arch in ("qwen2", "qwen3") else CHATML_TEMPLATE

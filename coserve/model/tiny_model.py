@@ -34,7 +34,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from coserve.model.chat_templates import chat_template_for
+from coserve.model.chat_formats import ChatFormat, default_chat_format
 from coserve.model.tokenizer_train import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -82,33 +82,42 @@ LINEAR_GAINS = {"q_proj": 1.0, "k_proj": 1.0, "v_proj": 1.0, "o_proj": 3.0,
 
 
 def create_tiny_model(path: str | Path, arch: str = "llama", preset: str = "tiny", seed: int = 0,
-                      **overrides: Any) -> Path:
+                      device: str = "cpu", chat_format: ChatFormat | None = None, **overrides: Any) -> Path:
     """Write a random `arch` model of size `preset` to `path` and return the path.
 
+    `chat_format` is its chat template and the special tokens that go with it (`chat_formats.py`: the
+    real Llama 3.2 or Mistral Nemo templates, ...); by default ChatML, Qwen's tool format for qwen2/qwen3.
     `overrides` set config fields (`num_key_value_heads=1`, `tie_word_embeddings=True`, `head_dim=48`,
     `attention_bias=True`, ...). `rope_theta` and `rope_scaling` (a dict, or None for plain RoPE) are
     folded into `rope_parameters`. `vocab_size` sets the tokenizer's training target too.
-    The same (arch, preset, seed, overrides) always gives the same files.
+    `device`: where the weights are drawn (a real-size shape draws in seconds on a GPU, a minute on a
+    CPU); the files are float32 either way. The same (arch, preset, seed, overrides) always gives the
+    same files on one kind of device (the CPU's and CUDA's random streams differ).
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     path = Path(path)
+    chat_format = chat_format or default_chat_format(arch)
     requested_vocab = int(overrides.get("vocab_size", PRESETS[preset]["vocab_size"]))
-    tokenizer = train_tokenizer(requested_vocab)  # at most requested_vocab tokens
+    # At most requested_vocab tokens, the chat format's special tokens included.
+    tokenizer = train_tokenizer(requested_vocab, chat_format.added_specials)
     # Without an explicit vocab_size the embedding matches the tokenizer exactly (no unused rows).
     overrides.setdefault("vocab_size", tokenizer.get_vocab_size())
+    overrides.setdefault("bos_token_id", tokenizer.token_to_id(chat_format.bos))
+    overrides.setdefault("eos_token_id", tokenizer.token_to_id(chat_format.eos))
     config = build_config(arch, preset, **overrides)
 
-    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
+    where = torch.device(device)
+    # Leave the caller's global RNG untouched (the device's too).
+    with torch.random.fork_rng(devices=[where] if where.type != "cpu" else [], device_type=where.type), where:
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=torch.float32)
-    _init_peaked_weights(model, torch.Generator().manual_seed(seed))
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _init_peaked_weights(model, torch.Generator(where).manual_seed(seed))
     model.generation_config = _generation_config(config)
     model.save_pretrained(path, safe_serialization=True)
     _add_legacy_keys(path / "config.json")
     save_tokenizer(tokenizer, path, model_max_length=config.max_position_embeddings,
-                   chat_template=chat_template_for(arch))
+                   chat_template=chat_format.template, bos=chat_format.bos, eos=chat_format.eos)
     return path
 
 

@@ -9,18 +9,21 @@ Conventions (shared with `tiny_model.py`, which writes the same ids into config.
 - the special tokens take ids 0..4 in the order of `SPECIAL_TOKENS`;
 - `<|im_end|>` is the eos token, because it ends every assistant turn of the chat template, so chat
   generation stops by itself; `<|end_of_text|>` stays a special token that can end raw text;
-- encoding adds no special tokens (like Qwen): `decode(encode(text)) == text` for any text.
+- encoding adds no special tokens (like Qwen): `decode(encode(text)) == text` for any text;
+- a chat format (`chat_formats.py`: the real Llama 3.2 and Mistral Nemo templates) adds the special
+  tokens its template writes after the trained ones, and may name another BOS and EOS (`<|eot_id|>`,
+  `</s>`), which `save_tokenizer` writes.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from coserve.model.chat_templates import CHATML_TEMPLATE
 
@@ -70,11 +73,18 @@ def _trained_tokenizer_json(vocab_size: int) -> str:
     return tokenizer.to_str()
 
 
-def train_tokenizer(vocab_size: int) -> Tokenizer:
-    """A byte-level BPE tokenizer with at most `vocab_size` tokens (fewer if the corpus runs out of merges)."""
-    if vocab_size < 256 + len(SPECIAL_TOKENS):
+def train_tokenizer(vocab_size: int, added_specials: Sequence[str] = ()) -> Tokenizer:
+    """A byte-level BPE tokenizer with at most `vocab_size` tokens (fewer if the corpus runs out of merges).
+
+    `added_specials` (a chat format's tokens, `chat_formats.ChatFormat`) are added as special tokens
+    after the trained ones, within `vocab_size`; those already in `SPECIAL_TOKENS` keep their ids.
+    """
+    added = [token for token in dict.fromkeys(added_specials) if token not in SPECIAL_TOKENS]
+    if vocab_size - len(added) < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must cover the 256 bytes and the special tokens, got {vocab_size}")
-    return Tokenizer.from_str(_trained_tokenizer_json(vocab_size))
+    tokenizer = Tokenizer.from_str(_trained_tokenizer_json(vocab_size - len(added)))
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in added])
+    return tokenizer
 
 
 def _token_entry(token: str) -> dict[str, object]:
@@ -84,13 +94,15 @@ def _token_entry(token: str) -> dict[str, object]:
 
 
 def save_tokenizer(tokenizer: Tokenizer, path: str | Path, model_max_length: int,
-                   chat_template: str = CHATML_TEMPLATE) -> None:
-    """Write the tokenizer files of an HF model folder (`AutoTokenizer.from_pretrained(path)` loads them)."""
+                   chat_template: str = CHATML_TEMPLATE, bos: str = BOS_TOKEN, eos: str = EOS_TOKEN) -> None:
+    """Write the tokenizer files of an HF model folder (`AutoTokenizer.from_pretrained(path)` loads them).
+    `bos` and `eos` are special tokens of `tokenizer`; every other special token is an additional one."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(path / "tokenizer.json"))
-    extra = [END_OF_TEXT_TOKEN, IM_START_TOKEN]
-    special_map = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN,
+    added = {index: token.content for index, token in sorted(tokenizer.get_added_tokens_decoder().items())}
+    extra = [token for token in added.values() if token not in (bos, eos, PAD_TOKEN)]
+    special_map = {"bos_token": bos, "eos_token": eos, "pad_token": PAD_TOKEN,
                    "additional_special_tokens": extra}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -103,7 +115,7 @@ def save_tokenizer(tokenizer: Tokenizer, path: str | Path, model_max_length: int
         "add_eos_token": False,
         "padding_side": "left",
         "chat_template": chat_template,
-        "added_tokens_decoder": {str(i): _token_entry(t) for t, i in special_token_ids().items()},
+        "added_tokens_decoder": {str(i): _token_entry(t) for i, t in added.items()},
     }
     _write_json(path / "tokenizer_config.json", config)
     _write_json(path / "special_tokens_map.json", special_map)

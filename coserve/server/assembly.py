@@ -88,6 +88,7 @@ def build_local_app(opts: ServeOptions) -> Any:
     from coserve.actors.data_dir_lock import DataDirLock
     from coserve.actors.engine_actor import EngineActor
     from coserve.actors.scheduler_actor import SchedulerActor
+    from coserve.contract.kv_capacity import check_kv_capacity
     from coserve.store import MetadataStore
 
     tenants = opts.load_tenants()
@@ -96,6 +97,7 @@ def build_local_app(opts: ServeOptions) -> Any:
     lock = DataDirLock.acquire(opts.data_dir)
     try:
         engine = EngineActor(opts.engine_config(), ENGINE_ID)
+        check_kv_capacity(engine.layout())  # one max_model_len sequence beside a fine-tuning window
         scheduler = SchedulerActor(opts.scheduler_settings(tenants), opts.policy_factory(tenants), data_lock=lock)
         return gateway_app(opts, tenants, MetadataStore(opts.data_dir), LocalSchedulerClient(scheduler, engine),
                            engine.layout())
@@ -217,6 +219,7 @@ def start_ray_actors(opts: ServeOptions, tenants: Any, engines: int) -> tuple[An
 
     from coserve.actors.engine_actor import RayLink
     from coserve.actors.scheduler_actor import SchedulerActor
+    from coserve.contract.kv_capacity import check_kv_capacity
     from coserve.server.engine_pool import EnginePool
 
     # Every engine's bundle is reserved first: a cluster that cannot hold them fails here, clearly.
@@ -225,6 +228,8 @@ def start_ray_actors(opts: ServeOptions, tenants: Any, engines: int) -> tuple[An
                                                    num_cpus=0).remote(opts.scheduler_settings(tenants),
                                                                       opts.policy_factory(tenants))
     layouts = pool.layouts()
+    for layout in layouts.values():  # one max_model_len sequence beside a fine-tuning window
+        check_kv_capacity(layout)
     link = RayLink(scheduler)
     for engine_id, engine in pool.handles.items():
         ray.get(scheduler.register_engine.remote(

@@ -11,11 +11,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coserve.actors.metrics import Slo
 from coserve.contract import defaults
 from coserve.contract.engine import EngineKind
+
+if TYPE_CHECKING:
+    from coserve.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +57,12 @@ class ServeOptions:
     engines: int | None = None  # engine actors (`--engines`; None: one per visible GPU, one on the CPU)
     enable_python_graders: bool = False  # run `python` graders in limited child processes (graders.python_grader)
     lenient_params: bool = False  # drop unknown request fields with a log line instead of a 400
-    kv_cache_memory_gb: float | None = None  # each engine's KV cache (None: 0.5 GB on CPU, a share on CUDA)
+    kv_cache_memory_gb: float | None = None  # each engine's KV cache (None: a fixed size on the CPU; on CUDA
+    #                                          what gpu_memory_utilization leaves: docs/serving.md#memory)
+    gpu_memory_utilization: float | None = None  # CUDA: the GPU's share each engine may use (None: 0.9)
+    max_model_len: int | None = None  # the context length (None: the model's)
+    # a paused dedicated run keeps its workers this long, then gives them back (finetune.dedicated)
+    dedicated_pause_timeout_s: float = defaults.DEDICATED_PAUSE_TIMEOUT_S
 
     @property
     def base_model_id(self) -> str:
@@ -89,9 +97,8 @@ class ServeOptions:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.kv_cache_memory_gb is not None and not 0 < self.kv_cache_memory_gb < float("inf"):
-            raise ValueError(f"--kv-cache-memory-gb must be a number > 0, got {self.kv_cache_memory_gb}")
         _check_device(self.device)
+        self._check_memory_flags()
         self.dedicated_settings()
         if self.local and self.dedicated_min_tokens is not None:
             raise ValueError("--dedicated-min-tokens routes jobs to Ray Train runs: it needs Ray (not --local)")
@@ -107,10 +114,46 @@ class ServeOptions:
             raise ValueError(f"--model {self.model}: not a model folder (no config.json)")
         from coserve.model.config import ModelConfig
 
-        ModelConfig.from_pretrained(self.model)  # an unsupported architecture says so here
+        self._check_context(ModelConfig.from_pretrained(self.model))  # an unsupported architecture says so here
         tenants = self.load_tenants()
         if self.latency_profile is not None:  # another model's or machine's profile is refused here
             self.policy_factory(tenants).latency_model()
+
+    def _check_memory_flags(self) -> None:
+        """The KV cache's size, the GPU's share and the context length, as numbers and for this device."""
+        if self.kv_cache_memory_gb is not None and not 0 < self.kv_cache_memory_gb < float("inf"):
+            raise ValueError(f"--kv-cache-memory-gb must be a number > 0, got {self.kv_cache_memory_gb}")
+        share = self.gpu_memory_utilization
+        if share is not None:
+            if not 0 < share <= 1:
+                raise ValueError(f"--gpu-memory-utilization must be a fraction in (0, 1], got {share}")
+            if not self.device.startswith("cuda"):
+                raise ValueError(f"--gpu-memory-utilization applies to CUDA only (--device {self.device}): on the "
+                                 f"CPU the KV cache's size is --kv-cache-memory-gb")
+            if self.kv_cache_memory_gb is not None:
+                raise ValueError("--gpu-memory-utilization and --kv-cache-memory-gb both size the KV cache: "
+                                 "give one")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+
+    def _check_context(self, config: ModelConfig) -> None:
+        """`--max-model-len` within the model's context; a `--kv-cache-memory-gb` that cannot hold it beside
+        a fine-tuning window is refused before the model loads (the engine's cache is checked again once
+        built: `coserve.contract.kv_capacity`)."""
+        from coserve.contract.kv_capacity import kv_capacity_refusal
+        from coserve.model.memory import DTYPE_BYTES, cache_tokens
+
+        longest = config.max_position_embeddings
+        if self.max_model_len is not None and self.max_model_len > longest:
+            raise ValueError(f"--max-model-len {self.max_model_len} is more than the model's context length "
+                             f"({longest} tokens: max_position_embeddings in its config.json)")
+        if self.kv_cache_memory_gb is None:
+            return
+        dtype_bytes = DTYPE_BYTES[self.resolved_dtype()]
+        tokens = cache_tokens(config, dtype_bytes, self.kv_cache_memory_gb * 2**30)
+        refusal = kv_capacity_refusal(tokens, self.max_model_len or longest)
+        if refusal is not None:
+            raise ValueError(f"--kv-cache-memory-gb {self.kv_cache_memory_gb:g}: {refusal}")
 
     def _check_engines(self) -> None:
         if self.engines is None:
@@ -157,15 +200,20 @@ class ServeOptions:
 
         settings = DedicatedSettings(min_trained_tokens=self.dedicated_min_tokens,
                                      default_workers=self.dedicated_workers,
-                                     use_gpu=self.device.startswith("cuda"), dtype=self.dtype)
+                                     use_gpu=self.device.startswith("cuda"), dtype=self.dtype,
+                                     pause_timeout_s=self.dedicated_pause_timeout_s)
         return None if self.local else settings
 
     def engine_config(self) -> Any:
         from coserve.contract.engine_config import EngineConfig
 
-        return EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots,
-                            engine=self.engine, max_num_seqs=self.max_num_seqs,
-                            max_batch_tokens=self.max_batch_tokens, kv_cache_memory_gb=self.kv_cache_memory_gb)
+        config = EngineConfig(model=self.model, dtype=self.dtype, device=self.device, max_loras=self.adapter_slots,
+                              engine=self.engine, max_num_seqs=self.max_num_seqs,
+                              max_batch_tokens=self.max_batch_tokens, kv_cache_memory_gb=self.kv_cache_memory_gb,
+                              max_model_len=self.max_model_len)
+        if self.gpu_memory_utilization is None:  # the engines' default
+            return config
+        return dataclasses.replace(config, gpu_memory_utilization=self.gpu_memory_utilization)
 
     def resolved_dtype(self) -> str:
         """The dtype the engines serve in: `--dtype`, "auto" being the model config's (the same for both

@@ -1,11 +1,11 @@
 """The grammar that forces tool calls: `tool_choice` `required` or a named function.
 
-The output must be exactly the family's call text (`family.ToolFamily`), once, or with
-`parallel_tool_calls` one to `MAX_PARALLEL_CALLS` times, each call naming a callable function and
-carrying arguments valid against that function's JSON schema. It is a Lark grammar in llguidance's
-dialect with each schema embedded by `%json`, so llguidance enforces it token by token like any
-`response_format`, in the same fixed JSON layout (`structured_output.JSON_LAYOUT`). Once the calls are
-complete only EOS is allowed.
+The output must be exactly the family's call text (`family.ToolFamily.layout`, `call_layout.CallLayout`),
+one call, or with `parallel_tool_calls` one to the layout's `max_calls` calls, each call naming a
+callable function and carrying arguments valid against that function's JSON schema. It is a Lark
+grammar in llguidance's dialect with each schema embedded by `%json`, so llguidance enforces it token
+by token like any `response_format`, in the same fixed JSON layout (`structured_output.JSON_LAYOUT`).
+Once the calls are complete only EOS is allowed.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 from coserve.contract.schema_limits import schemas_violation
 from coserve.contract.structured_output import JSON_LAYOUT, StructuredOutput, StructuredOutputError
+from coserve.tools.call_layout import MAX_PARALLEL_CALLS, CallLayout
 from coserve.tools.family import ToolFamily
 from coserve.tools.spec import ToolSpec
 
-# A bound on the calls of one reply under a grammar: an unbounded repetition lets a weak model emit
-# calls until its token limit cuts the last one.
-MAX_PARALLEL_CALLS = 8
+__all__ = ["MAX_PARALLEL_CALLS", "arguments_schema", "tool_call_grammar"]
+
 # OpenAI: "Omitting parameters defines a function with an empty parameter list."
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -50,17 +50,24 @@ def tool_call_grammar(family: ToolFamily, spec: ToolSpec) -> StructuredOutput:
     over = schemas_violation([arguments_schema(function) for function in functions])
     if over is not None:
         raise StructuredOutputError(f"the functions' parameters together are too large: {over.message}")
+    layout = family.layout
     rules = []
     alternatives = []
     for index, function in enumerate(functions):
         schema = {**arguments_schema(function), "x-guidance": JSON_LAYOUT}
-        head = '{"name": ' + json.dumps(function["name"]) + ', "arguments": '
-        rules.append(f"fn_{index}: {_literal(head)} args_{index} {_literal('}')}")
+        head = layout.call_open + '{"name": ' + json.dumps(function["name"]) + f', "{layout.arguments_key}": '
+        rules.append(f"fn_{index}: {_literal(head)} args_{index} {_literal('}' + layout.call_close)}")
         rules.append(f"args_{index}: %json {json.dumps(schema)}")
         alternatives.append(f"fn_{index}")
-    call = f"call: {_literal(family.open)} ({' | '.join(alternatives)}) {_literal(family.close)}"
-    if spec.parallel:
-        start = f"start: call ({_literal(family.separator)} call){{0,{MAX_PARALLEL_CALLS - 1}}}"
-    else:
-        start = "start: call"
-    return StructuredOutput.lark("\n".join([start, call, *rules]) + "\n")
+    return StructuredOutput.lark("\n".join([_start(layout, spec.parallel), f"call: {' | '.join(alternatives)}",
+                                            *rules]) + "\n")
+
+
+def _start(layout: CallLayout, parallel: bool) -> str:
+    """The start rule: the calls between `before` and `after`."""
+    calls = "call"
+    if parallel and layout.max_calls > 1:
+        calls = f"call ({_literal(layout.separator)} call){{0,{layout.max_calls - 1}}}"
+    before = f"{_literal(layout.before)} " if layout.before else ""
+    after = f" {_literal(layout.after)}" if layout.after else ""
+    return f"start: {before}{calls}{after}"

@@ -17,6 +17,7 @@ from pathlib import Path
 import llguidance
 import torch
 
+from coserve.contract import defaults
 from coserve.contract.engine import EngineKind, RuntimeLayout
 from coserve.contract.engine_config import EngineConfig
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, SampledToken, ScheduledChunk, StepTimings
@@ -27,10 +28,14 @@ from coserve.forward.lora import LoRABank, LoRASegment
 from coserve.forward.native import load_paged_decode
 from coserve.forward.transformer import Transformer
 from coserve.model.config import ModelConfig, resolve_dtype
+from coserve.model.memory import WorkingSizes
 from coserve.model.weights import load_weights
 from coserve.torch_engine.grammar import GrammarCompiler
+from coserve.torch_engine.memory_budget import cuda_kv_cache_bytes
 from coserve.torch_engine.sampler import RowSampling, Sampler
 from coserve.trainer.runtime import TrainingRuntime, WindowRows
+
+DEFAULT_CPU_KV_CACHE_GB = 0.5  # the KV cache on the CPU when the config names no size
 
 
 @dataclass(slots=True)
@@ -69,7 +74,7 @@ class TorchEngine:
         self.model = Transformer(self.model_config, weights, self.dtype, self.device)
         max_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                       self.model_config.max_position_embeddings)
-        num_blocks = config.num_kv_blocks or self._blocks_for_memory()
+        num_blocks = config.num_kv_blocks or self._blocks_for_memory(max_len)
         cfg = self.model_config
         self.cache = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads,
                              cfg.head_dim, self.dtype, self.device)
@@ -86,17 +91,22 @@ class TorchEngine:
         self.training = TrainingRuntime(self.model, self.cache, self.bank)
         self.grammars = GrammarCompiler(config.model, cfg.vocab_size, cfg.eos_token_ids)
 
-    def _blocks_for_memory(self) -> int:
+    def _blocks_for_memory(self, max_len: int) -> int:
+        """`kv_cache_memory_gb`; else on CUDA what `gpu_memory_utilization` leaves (`memory_budget`), on the
+        CPU `DEFAULT_CPU_KV_CACHE_GB`."""
         cfg, c = self.model_config, self.config
         per_block = KVCache.bytes_per_block(cfg.num_layers, c.block_size, cfg.num_kv_heads,
                                             cfg.head_dim, self.dtype)
         if c.kv_cache_memory_gb is not None:
             budget = c.kv_cache_memory_gb * 2**30
         elif self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = c.gpu_memory_utilization * free
+            sizes = WorkingSizes(max_batch_tokens=c.max_batch_tokens, max_num_seqs=c.max_num_seqs,
+                                 max_model_len=max_len, window_tokens=defaults.FINETUNE_WINDOW_TOKENS,
+                                 max_lora_rank=c.max_lora_rank)
+            budget = cuda_kv_cache_bytes(self.device, cfg, self.dtype.itemsize, c.max_loras, sizes,
+                                         c.gpu_memory_utilization)
         else:
-            budget = 0.5 * 2**30
+            budget = DEFAULT_CPU_KV_CACHE_GB * 2**30
         return max(1, int(budget // per_block))
 
     @property

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import torch
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-from coserve.contract.training_settings import OptimizerSettings
+from coserve.contract.training_settings import AdamStep, OptimizerSettings
 from coserve.trainer.lora_params import TrainableLoRA
 from coserve.trainer.windowed import WindowedTrainer, train_sequence
 
@@ -95,8 +95,11 @@ class LoRAOptimizer:
         self.lora.zero_grad()
 
     def step(self, loss: float | None = None, num_sequences: int = 0,
-             num_tokens: int = 0) -> StepStats:
+             num_tokens: int = 0, adam: AdamStep | None = None) -> StepStats:
         """Clip the accumulated gradient to `max_grad_norm`, take one AdamW step, clear the grads.
+
+        `adam`: this step's own hyperparameters (a driven run's client sends them with each step); they
+        stay the optimizer's until the next step that brings its own.
 
         Raises:
             RuntimeError: no gradient was accumulated.
@@ -112,14 +115,19 @@ class LoRAOptimizer:
             self.zero_grad()
             raise NonFiniteGradientError(f"non-finite training signal at step {self.step_count + 1}:"
                                          f" loss={loss}, gradient norm={norm}", loss)
-        clip_grads_with_norm_(self.params, self.config.max_grad_norm, total)
+        max_norm = self.config.max_grad_norm if adam is None else adam.max_grad_norm
+        if adam is not None:
+            for group in self._adamw.param_groups:
+                group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
+                             weight_decay=adam.weight_decay)
+        clip_grads_with_norm_(self.params, max_norm, total)
         self._adamw.step()
         self.zero_grad()
         self.step_count += 1
         # clip_grads_with_norm_ scales by min(1, max_norm / (norm + 1e-6)): report that condition.
-        clipped = self.config.max_grad_norm / (norm + 1e-6) < 1.0
+        clipped = max_norm / (norm + 1e-6) < 1.0
         return StepStats(step=self.step_count, grad_norm=norm, clipped=clipped,
-                         learning_rate=self.config.learning_rate, loss=loss,
+                         learning_rate=float(self._adamw.param_groups[0]["lr"]), loss=loss,
                          num_sequences=num_sequences, num_tokens=num_tokens)
 
     def state_dict(self) -> dict[str, Any]:

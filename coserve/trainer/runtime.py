@@ -28,6 +28,7 @@ from coserve.contract.training_plan import (
     ForwardWindow,
     JobFailure,
     JobStart,
+    OptimizerStep,
     PairStart,
     SaveAdapter,
     SavedAdapter,
@@ -102,6 +103,7 @@ class _Sequence:
     grad_before: list[torch.Tensor | None] | None  # the job's .grad when it started (None: forward only)
     pair: PairStart | None = None  # a DPO pair's trained sequence
     dpo: tuple[DpoPair, PairLogprobs] | None = None  # its pair's loss, once both forwards are done
+    report_logprobs: bool = False  # its last window reports every token's log-prob
 
 
 @dataclass(slots=True)
@@ -145,13 +147,14 @@ class TrainingRuntime:
                 continue  # the job failed in this plan; its work is skipped
             ids, trained = job.example(seq)
             forward_only = seq.evaluate or seq.reference
-            loss = _sequence_loss(job.loss, seq, ids.device)
+            loss = _sequence_loss(seq.loss or job.loss, seq, ids.device)
             state = job.trainer.start_sequence(ids, trained, seq.loss_normalizer,
                                                paged=self.cache is not None, keep_inputs=not forward_only,
                                                loss=loss, adapter=not seq.reference)
             grads = None if forward_only else [None if p.grad is None else p.grad.clone()
                                                for p in job.lora.parameters()]
-            self.sequences[seq.sequence_id] = _Sequence(seq.job_id, state, grads, seq.pair)
+            self.sequences[seq.sequence_id] = _Sequence(seq.job_id, state, grads, seq.pair,
+                                                        report_logprobs=seq.report_logprobs)
 
     def _build_job(self, start: JobStart) -> _Job:
         cfg = self.model.cfg
@@ -288,7 +291,11 @@ class TrainingRuntime:
             self._fail(seq.job_id, "non_finite_loss", f"the training loss became "
                        f"{loss_sum} on sequence {w.sequence_id}; the job stopped", report)
             return
-        report.windows.append(WindowReport(w.sequence_id, loss_sum, num_tokens))
+        logprobs = None
+        if seq.report_logprobs and seq.state.forward_done:
+            assert seq.state.logprobs is not None  # set by start_sequence
+            logprobs = seq.state.logprobs.tolist()
+        report.windows.append(WindowReport(w.sequence_id, loss_sum, num_tokens, logprobs))
         if seq.grad_before is None and seq.state.forward_done:  # forward only: nothing more to do
             del self.sequences[w.sequence_id]
         elif seq.pair is not None and seq.state.forward_done:
@@ -328,7 +335,7 @@ class TrainingRuntime:
                 self._sequence_done(tasklet.sequence_id)
         for step in work.optimizer_steps:
             if step.job_id in self.jobs:
-                self._step(step.job_id, step.step, step.num_sequences, step.num_tokens, report)
+                self._step(step, report)
         for save in work.saves:
             job = self.jobs.get(save.job_id)
             if job is not None and self._save(job, save, report) and save.final:
@@ -364,8 +371,9 @@ class TrainingRuntime:
         report.saved.append(SavedAdapter(save.job_id, str(path), save.step))
         return True
 
-    def _step(self, job_id: str, step: int, num_sequences: int, num_tokens: int,
-              report: TrainingReport) -> None:
+    def _step(self, planned: OptimizerStep, report: TrainingReport) -> None:
+        job_id, step, num_sequences = planned.job_id, planned.step, planned.num_sequences
+        num_tokens = planned.num_tokens
         job = self.jobs[job_id]
         if step != job.optimizer.step_count + 1:
             raise RuntimeError(f"job {job_id}: plan asks for step {step}, the optimizer has done "
@@ -376,7 +384,8 @@ class TrainingRuntime:
             metrics = dpo_metrics(list(pairs), list(logprobs)).as_dict()
             loss = metrics["train_loss"]
         try:
-            stats = job.optimizer.step(loss=loss, num_sequences=num_sequences, num_tokens=num_tokens)
+            stats = job.optimizer.step(loss=loss, num_sequences=num_sequences, num_tokens=num_tokens,
+                                       adam=planned.adam)
         except NonFiniteGradientError as err:
             self._fail(job_id, "non_finite_gradient", f"{err}; the job stopped", report)
             return

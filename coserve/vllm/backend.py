@@ -111,7 +111,7 @@ class VllmSettings:
     max_lora_rank: int
     max_model_len: int | None
     kv_cache_memory_gb: float | None  # None: gpu_memory_utilization sizes it (CUDA)
-    gpu_memory_utilization: float
+    gpu_memory_utilization: float  # vLLM's own meaning: coserve's fraction less the trainer's (memory_share)
     seed: int
 
 

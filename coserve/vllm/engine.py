@@ -31,13 +31,16 @@ import time
 
 import torch
 
+from coserve.contract import defaults
 from coserve.contract.engine import EngineKind, RuntimeLayout
 from coserve.contract.engine_config import EngineConfig
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.forward.transformer import Transformer
 from coserve.model.config import ModelConfig, dtype_name
+from coserve.model.memory import DTYPE_BYTES, WorkingSizes, trainer_reserve_bytes
 from coserve.trainer.runtime import TrainingRuntime
 from coserve.vllm.backend import VllmRuntime, VllmSettings
+from coserve.vllm.memory_share import vllm_utilization
 from coserve.vllm.training_adapters import TrainingAdapters
 
 DEFAULT_CPU_KV_CACHE_GB = 1.0  # vLLM's KV cache on CPU when the config names no size
@@ -52,7 +55,8 @@ class VllmEngine:
 
     Args:
         config: the engine settings; `num_kv_blocks` and `block_size` are vLLM's to choose (its
-            `kv_cache_memory_gb` / `gpu_memory_utilization` size the cache).
+            `kv_cache_memory_gb`, or on CUDA `gpu_memory_utilization` less the trainer's reserve, size
+            the cache: `memory_share`).
 
     Raises:
         VllmUnavailable: vLLM is missing or of another version (the message names the install command).
@@ -73,7 +77,7 @@ class VllmEngine:
             max_num_seqs=config.max_num_seqs,
             max_batch_tokens=config.max_batch_tokens, max_loras=config.max_loras,
             max_lora_rank=config.max_lora_rank, max_model_len=config.max_model_len, kv_cache_memory_gb=kv_gb,
-            gpu_memory_utilization=config.gpu_memory_utilization, seed=config.seed))
+            gpu_memory_utilization=self._vllm_utilization(kv_gb), seed=config.seed))
         self.dtype: torch.dtype = self.runtime.dtype
         self.device = torch.device(config.device)
         self.model = Transformer(self.model_config, self.runtime.weights(self.model_config), self.dtype,
@@ -87,6 +91,21 @@ class VllmEngine:
             dtype=str(self.dtype).removeprefix("torch."))
         self._slots: dict[int, object] = {}  # bank slot -> vLLM LoRARequest
         self.training_adapters = TrainingAdapters(self.training, self.runtime)
+
+    def _vllm_utilization(self, kv_gb: float | None) -> float:
+        """The fraction of the GPU vLLM is given: the operator's, less the trainer's reserve (`memory_share`);
+        unused when the KV cache has a size (the CPU, or `kv_cache_memory_gb`)."""
+        config = self.config
+        if kv_gb is not None:
+            return config.gpu_memory_utilization
+        cfg = self.model_config
+        max_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        sizes = WorkingSizes(max_batch_tokens=config.max_batch_tokens, max_num_seqs=config.max_num_seqs,
+                             max_model_len=max_len, window_tokens=defaults.FINETUNE_WINDOW_TOKENS,
+                             max_lora_rank=config.max_lora_rank)
+        dtype_bytes = DTYPE_BYTES[dtype_name(config.dtype, cfg)]
+        _, total = torch.cuda.mem_get_info(torch.device(config.device))
+        return vllm_utilization(config.gpu_memory_utilization, trainer_reserve_bytes(cfg, dtype_bytes, sizes), total)
 
     @property
     def num_sequences(self) -> int:

@@ -16,7 +16,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from coserve.server.assembly import app_builder
 from coserve.server.options import options_from_args
-from deploy_config import DEPLOY, SERVE_CONFIGS, local_args, serve_config
+from deploy_config import DEPLOY, GPU_ONLY_ARGS, SERVE_CONFIGS, local_args, serve_config
 
 
 def _rayservice() -> dict[str, Any]:
@@ -44,7 +44,7 @@ def test_every_config_argument_is_accepted(llama_dir: Path, tenants_file: Path, 
     """Through coserve's own loader (`options_from_args`, what `app_builder` runs), with this machine's
     paths and one CPU engine in place of the GPUs; every other value lands in `ServeOptions` as written."""
     (app,) = serve_config(name)["applications"]
-    machine = ("model", "tenants", "data_dir", "device", "dtype", "engines")
+    machine = ("model", "tenants", "data_dir", "device", "dtype", "engines", *GPU_ONLY_ARGS)
     assert set(machine) <= set(app["args"]) and app["args"]["device"] == "cuda"
     opts = options_from_args(local_args(app["args"], llama_dir, tenants_file, tmp_path / "data"))
     for arg, value in app["args"].items():
@@ -93,6 +93,36 @@ def test_bad_arguments_are_named(llama_dir: Path, tenants_file: Path, tmp_path: 
     args = {**local_args(app["args"], llama_dir, tenants_file, tmp_path / "data"), **change}
     with pytest.raises(ValueError, match=match):
         app_builder(args)
+
+
+def test_the_memory_arguments_reach_the_engines_and_are_checked(llama_dir: Path, tenants_file: Path,
+                                                                 tmp_path: Path) -> None:
+    """`kv_cache_memory_gb` and `max_model_len` land in every engine's config; `gpu_memory_utilization` is
+    serve.yaml's for its GPUs (vLLM's meaning, passed on to the engines) and refused on the CPU, naming the
+    flag; a cache too small for one `max_model_len` sequence plus a fine-tuning window is refused before the
+    model loads, saying what it holds and what to change."""
+    from dataclasses import replace
+
+    (app,) = serve_config()["applications"]
+    assert app["args"]["gpu_memory_utilization"] == 0.9 and app["args"]["device"] == "cuda"
+    gpu = replace(options_from_args(local_args(app["args"], llama_dir, tenants_file, tmp_path / "data")),
+                  device="cuda", gpu_memory_utilization=app["args"]["gpu_memory_utilization"])
+    assert gpu.engine_config().gpu_memory_utilization == 0.9  # not validated here: this machine has no CUDA
+    args = local_args(app["args"], llama_dir, tenants_file, tmp_path / "data")
+    opts = options_from_args({**args, "kv_cache_memory_gb": 0.0625, "max_model_len": 512,
+                              "dedicated_pause_timeout_s": 30})
+    config = opts.engine_config()
+    assert (config.kv_cache_memory_gb, config.max_model_len) == (0.0625, 512)
+    assert opts.dedicated_settings().pause_timeout_s == 30
+    with pytest.raises(ValueError, match=r"--gpu-memory-utilization applies to CUDA only \(--device cpu\)"):
+        options_from_args({**args, "gpu_memory_utilization": 0.5})
+    with pytest.raises(ValueError, match=r"^--kv-cache-memory-gb 1e-05: the KV cache holds \d+ tokens, and serving "
+                                         r"needs at least 768: one sequence of --max-model-len 512"):
+        options_from_args({**args, "kv_cache_memory_gb": 0.00001, "max_model_len": 512})
+    with pytest.raises(ValueError, match="max_model_len must be int"):
+        options_from_args({**args, "max_model_len": "512"})
+    with pytest.raises(ValueError, match="--dedicated-pause-timeout-s must be a number > 0, got 0"):
+        options_from_args({**args, "dedicated_pause_timeout_s": 0})
 
 
 def test_boolean_arguments_are_yaml_booleans(llama_dir: Path, tenants_file: Path, tmp_path: Path) -> None:

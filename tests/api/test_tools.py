@@ -129,19 +129,30 @@ def test_bad_tool_requests_are_400s_naming_the_param(qwen: LocalServer, body: di
     assert error["type"] == "invalid_request_error"
 
 
-def test_a_template_without_tool_support_refuses_tools(model_dirs: dict[str, Path],
-                                                       tmp_path: Path) -> None:
+def test_a_template_without_tools_forces_calls_it_describes_in_a_system_message(model_dirs: dict[str, Path],
+                                                                                tmp_path: Path) -> None:
+    """ChatML renders no tools: `required` and named calls still work (the tools described in a system
+    message, the call forced in the hermes format it describes); `auto`, `none` and tool-call history
+    are 400s."""
     with local_server(model_dirs["llama"], tmp_path, {"t": {"api_keys": [KEY]}}) as chatml:
-        error = _refused(chatml, {"tools": [_tool()]})
-        assert error["param"] == "tools" and "does not render tools" in error["message"]
+        check_forced_calls(chatml.client(KEY), chatml.base)
+        check_streamed_calls(chatml.client(KEY), chatml.base)
+        oa = chatml.client(KEY)
+        plain = oa.chat.completions.create(model=chatml.base, messages=MESSAGES, max_completion_tokens=1)
+        forced = oa.chat.completions.create(model=chatml.base, messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,
+                                            parallel_tool_calls=False, max_completion_tokens=100)
+        assert forced.usage.prompt_tokens > plain.usage.prompt_tokens + 50  # the description is in the prompt
+        for choice in ("auto", "none"):
+            error = _refused(chatml, {"tools": [_tool()], "tool_choice": choice})
+            assert error["param"] == "tools" and "does not render tools" in error["message"]
+            assert "'required'" in error["message"]
         history = [*MESSAGES, {"role": "assistant", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                    {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
         error = _refused(chatml, {"messages": history})
         assert error["param"] == "messages" and "tool calls or tool results" in error["message"]
         with pytest.raises(openai.BadRequestError) as info:
-            chatml.client(KEY).chat.completions.create(model=chatml.base, messages=MESSAGES, tools=[_tool()],
-                                                       tool_choice="required")
+            oa.chat.completions.create(model=chatml.base, messages=MESSAGES, tools=[_tool()])
         assert info.value.param == "tools"
 
 

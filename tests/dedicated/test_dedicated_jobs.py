@@ -2,12 +2,14 @@
 workers, the package's cluster): the operator's threshold routes a big job to Ray Train, it pauses, a job
 that cannot get its workers meanwhile says why in its events and is cancelled at once, and a restarted
 scheduler resumes the first job from its last checkpoint to the end, its counters and events as if nothing
-happened."""
+happened. Queued runs are told their place; a run paused past the pause timeout gives its workers back
+and its job resumes from the checkpoint it saved."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -122,6 +124,57 @@ def test_routing_waiting_cancel_and_restart(ray_cluster: None, llama_dir: Path, 
     runs = sorted(p.name for p in (data_dir / "adapters" / big).glob("run-*"))
     assert runs == ["run-1", "run-2"]  # each attempt is a fresh Ray Train run folder
     assert record.fine_tuned_model in {m.id for m in store.models.usable("acme")}
+
+
+PAUSE_TIMEOUT_S = 5.0  # long enough for the jobs behind to queue first, short for the test
+
+
+def test_queued_runs_know_their_place_and_a_paused_run_gives_its_workers_back(
+        ray_cluster: None, llama_dir: Path, tmp_path: Path) -> None:
+    """Three dedicated jobs of 2 workers on the 2-CPU cluster. The first trains and is paused; the two
+    behind it are told their places. Paused past the timeout, the first run saves a checkpoint at its step
+    boundary and gives its workers back: the second launches and the third moves up. Resumed, the first
+    job starts a new run from that checkpoint and finishes, every step's metrics stored once."""
+    data_dir = tmp_path / "data"
+    store = MetadataStore(data_dir)
+    store.models.ensure_base(BASE)
+    llm = LLM(str(llama_dir), dtype="float32", max_batch_tokens=64, num_kv_blocks=96, block_size=8,
+              max_model_len=256, max_lora_rank=16)
+    dedicated = DedicatedSettings(default_workers=2, dtype="float32", pause_timeout_s=PAUSE_TIMEOUT_S)
+    service = FineTuningService(store, TENANTS, (BASE,), dedicated=ClusterCapacity(dedicated))
+    manager = _manager(store, llm, data_dir, dedicated)
+    mode = TrainingParams(mode="dedicated")
+    first = _create(service, store, hyperparameters={"n_epochs": EPOCHS, "batch_size": 4}, training=mode)
+    _drive(manager, lambda: bool(store.checkpoints.page("acme", first)[0]))
+    service.pause("acme", first)
+    second, third = _create(service, store, training=mode), _create(service, store, training=mode)
+    _drive(manager, lambda: "Queued for a dedicated run: position 2 of 2" in _messages(store, third))
+    assert any(m.startswith("Queued for a dedicated run: position 1 of ") for m in _messages(store, second))
+
+    released = re.compile(rf"^Paused for {PAUSE_TIMEOUT_S:g} s: the Ray Train run gave its 2 worker\(s\) back; "
+                          r"resuming the job restarts it from its checkpoint at step (\d+)$")
+    _drive(manager, lambda: any(released.match(m) for m in _messages(store, first)))
+    step = int(next(m for m in map(released.match, _messages(store, first)) if m).group(1))
+    assert step in {c.step_number for c in store.checkpoints.page("acme", first, limit=100)[0]}
+    _drive(manager, lambda: "Queued for a dedicated run: position 1 of 1" in _messages(store, third))  # 2nd runs
+    assert any(m.startswith("No progress for") and "queued for a dedicated run: position 2 of 2, behind 1 run(s)"
+               in m for m in _messages(store, third))  # the watchdog says why, too
+    service.cancel("acme", third)
+    service.cancel("acme", second)
+    _drive(manager, lambda: all("Fine-tuning job cancelled" in _messages(store, j) for j in (second, third)))
+
+    service.resume("acme", first)
+    _drive(manager, lambda: store.jobs.get("acme", first).status.is_terminal)
+    record = store.jobs.get("acme", first)
+    assert record.status == JobStatus.SUCCEEDED, record.error
+    messages = _messages(store, first)
+    assert "Resumed from the last checkpoint" in messages
+    assert any(m.startswith(f"Ray Train started 2 worker(s) (gloo) from its checkpoint at step {step}:")
+               for m in messages), messages
+    events, _ = store.events.page("acme", first, limit=100)
+    assert [e.data["step"] for e in reversed(events) if e.type == "metrics"] == list(range(1, 3 * EPOCHS + 1))
+    assert record.trained_tokens == EPOCHS * _trained_tokens_per_epoch(llm)
+    assert sorted(p.name for p in (data_dir / "adapters" / first).glob("run-*")) == ["run-1", "run-2"]
 
 
 def _trained_tokens_per_epoch(llm: LLM) -> int:

@@ -62,6 +62,12 @@ def test_same_as_autotokenizer_on_the_tiny_models(model_dirs: dict[str, Path], a
     _check_same(Tokenizer.from_spec(read_tokenizer_spec(model_dirs[arch])), model_dirs[arch])
 
 
+@pytest.mark.parametrize("name", ["llama3.2", "mistral"])
+def test_same_as_autotokenizer_with_the_real_llama_and_mistral_templates(tool_model_dirs: dict[str, Path],
+                                                                         name: str) -> None:
+    _check_same(Tokenizer.from_spec(read_tokenizer_spec(tool_model_dirs[name])), tool_model_dirs[name])
+
+
 @pytest.mark.real_model
 def test_same_as_autotokenizer_on_smollm2(smollm2_dir: Path) -> None:
     _check_same(Tokenizer.from_spec(read_tokenizer_spec(smollm2_dir)), smollm2_dir)

@@ -1,6 +1,8 @@
 """What each chat template can do with tools, as the gateway probes it: the tiny qwen2/qwen3 models
-(Qwen's tool template) take tools and calls in the hermes format; ChatML and SmolLM2's template take
-neither, so requests with them are refused rather than rendered without them."""
+(Qwen's tool template) take tools and calls in the hermes format, the tiny models with the real Llama 3.2
+and Mistral Nemo templates in theirs; ChatML and SmolLM2's template render neither, so `auto`/`none`
+tools and tool-call history are refused rather than rendered without them, while a forced call is
+served with the tools described in a system message."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from coserve.contract.structured_output import OutputFormat
 from coserve.frontend.messages import ChatSubmission
 from coserve.frontend.tokenizer import Tokenizer
 from coserve.frontend.tool_admission import PreparedChat, ToolSupport
-from coserve.tools.family import HERMES
+from coserve.tools.call_ids import nine_char_id
+from coserve.tools.family import HERMES, LLAMA3_JSON, MISTRAL
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
+from coserve.tools.system_prompt import tools_description
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
     "x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}}}
@@ -45,14 +49,37 @@ def test_qwen_templates_take_tools_and_force_calls(model_dirs: dict[str, Path], 
     assert isinstance(refused, Rejection) and refused.param == "tool_choice" and "min_tokens" in refused.message
 
 
+@pytest.mark.parametrize(("name", "family"), [("llama3.2", LLAMA3_JSON), ("mistral", MISTRAL)])
+def test_llama_and_mistral_templates_take_tools_and_force_calls(tool_model_dirs: dict[str, Path], name: str,
+                                                                family: object) -> None:
+    support = ToolSupport(Tokenizer.from_pretrained(tool_model_dirs[name]))
+    assert support.renders_calls and support.renders_tools and support.family is family
+    prepared = support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.REQUIRED), HISTORY))
+    assert isinstance(prepared, PreparedChat) and prepared.family is family and prepared.tools == [TOOL]
+    assert prepared.sampling.structured_output.format is OutputFormat.LARK
+    call, result = prepared.messages[1]["tool_calls"][0], prepared.messages[2]
+    assert call["function"]["arguments"] == {"x": 1}
+    # Mistral's templates take 9-character ids only: the call and its result keep matching.
+    assert call["id"] == result["tool_call_id"] == (nine_char_id("call_1") if family is MISTRAL else "call_1")
+    assert support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.AUTO))).family is family
+
+
 def _refuses_tools(tokenizer: object) -> None:
     support = ToolSupport(tokenizer)
     assert not support.renders_calls and not support.renders_tools and support.family is None
-    refused = support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.AUTO)))
-    assert isinstance(refused, Rejection) and refused.status == 400 and refused.param == "tools"
+    for mode in (ToolChoiceMode.AUTO, ToolChoiceMode.NONE):
+        refused = support.prepare(_submission(ToolSpec([TOOL], mode)))
+        assert isinstance(refused, Rejection) and refused.status == 400 and refused.param == "tools"
+        assert "does not render tools" in refused.message and "'required'" in refused.message
     refused = support.prepare(_submission(None, HISTORY))
     assert isinstance(refused, Rejection) and refused.param == "messages"
     assert isinstance(support.prepare(_submission(None)), PreparedChat)  # no tools: served as before
+    # A forced call: the tools in a system message, the hermes call it describes forced and read back.
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    forced = support.prepare(_submission(ToolSpec([TOOL], ToolChoiceMode.FUNCTION, "f"), conversation))
+    assert isinstance(forced, PreparedChat) and forced.tools is None and forced.family is HERMES
+    assert forced.messages[0] == {"role": "system", "content": "Be brief.\n\n" + tools_description([TOOL])}
+    assert forced.sampling.structured_output.format is OutputFormat.LARK
 
 
 def test_chatml_refuses_tools(model_dirs: dict[str, Path]) -> None:

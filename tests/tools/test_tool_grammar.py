@@ -1,6 +1,6 @@
-"""The grammar that forces tool calls, checked with llguidance on the tiny qwen2 model's tokenizer: it
-accepts exactly the family's call text with schema-valid arguments; and how a template's family is
-detected."""
+"""The grammar that forces tool calls, checked with llguidance on the tokenizer of a tiny model of each
+family (hermes: qwen2; llama3_json and mistral: the tiny models with the real Llama 3.2 and Mistral Nemo
+templates): it accepts exactly the family's call text with schema-valid arguments."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import llguidance.hf
 import pytest
 from transformers import AutoTokenizer
 
-from coserve.model.chat_templates import CHATML_TEMPLATE, QWEN_TOOLS_TEMPLATE
 from coserve.structured.llguidance_grammar import grammar_text
 from coserve.tools.call_grammar import MAX_PARALLEL_CALLS, tool_call_grammar
-from coserve.tools.family import HERMES, detect_family
+from coserve.tools.family import HERMES, LLAMA3_JSON, MISTRAL, ToolFamily
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -27,17 +26,22 @@ def _call(name: str, arguments: str) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def accepts(model_dirs: dict[str, Path]):
-    hf = AutoTokenizer.from_pretrained(model_dirs["qwen2"])
+def _checker(model_dir: Path, family: ToolFamily):
+    """`check(spec, text)`: whether the grammar of `spec` in `family`'s format accepts exactly `text`."""
+    hf = AutoTokenizer.from_pretrained(model_dir)
     tokenizer = llguidance.hf.from_tokenizer(hf, eos_token=[hf.eos_token_id])
 
     def check(spec: ToolSpec, text: str) -> bool:
-        matcher = llguidance.LLMatcher(tokenizer, grammar_text(tool_call_grammar(HERMES, spec)))
+        matcher = llguidance.LLMatcher(tokenizer, grammar_text(tool_call_grammar(family, spec)))
         ids = hf.encode(text, add_special_tokens=False)
         return matcher.validate_tokens(ids) == len(ids) and matcher.try_consume_tokens(ids) == len(ids) \
             and matcher.is_accepting()
     return check
+
+
+@pytest.fixture(scope="module")
+def accepts(model_dirs: dict[str, Path]):
+    return _checker(model_dirs["qwen2"], HERMES)
 
 
 def test_required_takes_any_declared_function_with_valid_arguments(accepts) -> None:
@@ -69,10 +73,39 @@ def test_a_named_function_is_the_only_one_allowed(accepts) -> None:
     assert not accepts(spec, _call("get_weather", '{"city": "Oslo"}'))
 
 
-def test_family_detection_from_the_template(model_dirs: dict[str, Path]) -> None:
-    assert detect_family(QWEN_TOOLS_TEMPLATE) is HERMES
-    assert detect_family(CHATML_TEMPLATE) is None
-    assert detect_family(None) is None
-    for arch, family in (("qwen2", HERMES), ("qwen3", HERMES), ("llama", None), ("mistral", None)):
-        template = AutoTokenizer.from_pretrained(model_dirs[arch]).chat_template
-        assert detect_family(template) is family, arch
+def _llama(name: str, arguments: str) -> str:
+    return f'{{"name": "{name}", "parameters": {arguments}}}'
+
+
+def test_llama_calls_are_the_templates_json_one_call_a_reply(tool_model_dirs: dict[str, Path]) -> None:
+    accepts = _checker(tool_model_dirs["llama3.2"], LLAMA3_JSON)
+    spec = ToolSpec([WEATHER, NOW], ToolChoiceMode.REQUIRED, None, parallel=True)
+    assert accepts(spec, _llama("get_weather", '{"city": "Paris", "days": 2}'))
+    assert accepts(spec, _llama("now", "{}"))
+    # The template renders one call per assistant message: one call, even with parallel_tool_calls.
+    assert not accepts(spec, _llama("now", "{}") + "; " + _llama("now", "{}"))
+    assert not accepts(spec, '{"name": "now", "arguments": {}}')  # the template's key is "parameters"
+    assert not accepts(spec, _llama("get_weather", '{"city": "Montevideo"}'))
+    assert not accepts(spec, "<|python_tag|>" + _llama("now", "{}"))  # the template writes no tag
+    named = ToolSpec([WEATHER, NOW], ToolChoiceMode.FUNCTION, "get_weather", parallel=True)
+    assert not accepts(named, _llama("now", "{}"))
+
+
+def _mistral(*calls: tuple[str, str]) -> str:
+    return "[" + ", ".join(f'{{"name": "{name}", "arguments": {arguments}}}' for name, arguments in calls) + "]"
+
+
+def test_mistral_calls_are_one_bare_array(tool_model_dirs: dict[str, Path]) -> None:
+    accepts = _checker(tool_model_dirs["mistral"], MISTRAL)
+    spec = ToolSpec([WEATHER, NOW], ToolChoiceMode.REQUIRED, None, parallel=True)
+    assert accepts(spec, _mistral(("get_weather", '{"city": "Oslo"}')))
+    assert accepts(spec, _mistral(("get_weather", '{"city": "Oslo"}'), ("now", "{}")))
+    assert accepts(spec, _mistral(*[("now", "{}")] * MAX_PARALLEL_CALLS))
+    assert not accepts(spec, _mistral(*[("now", "{}")] * (MAX_PARALLEL_CALLS + 1)))
+    assert not accepts(spec, "[]")
+    assert not accepts(spec, '{"name": "now", "arguments": {}}')  # not in an array
+    assert not accepts(spec, "[TOOL_CALLS]" + _mistral(("now", "{}")))  # vLLM's forced shape: no marker
+    single = ToolSpec([WEATHER, NOW], ToolChoiceMode.FUNCTION, "now", parallel=False)
+    assert accepts(single, _mistral(("now", "{}")))
+    assert not accepts(single, _mistral(("now", "{}"), ("now", "{}")))
+    assert not accepts(single, _mistral(("get_weather", '{"city": "Oslo"}')))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from coserve.tools.family import HERMES
-from coserve.tools.parser import ParsedOutput, StreamingToolParser, parse_tool_calls
+from coserve.tools.parser import ParsedOutput
 
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
 TIME = '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
@@ -19,7 +19,7 @@ def _calls(parsed: ParsedOutput) -> list[tuple[str, dict]]:
 
 
 def _streamed(text: str, size: int) -> tuple[str, list[tuple[str, dict]]]:
-    parser = StreamingToolParser(HERMES)
+    parser = HERMES.new_parser()
     content, calls = "", []
     for start in range(0, len(text), size):
         piece, done = parser.feed(text[start:start + size])
@@ -29,7 +29,7 @@ def _streamed(text: str, size: int) -> tuple[str, list[tuple[str, dict]]]:
 
 
 def test_one_call_is_the_whole_reply() -> None:
-    parsed = parse_tool_calls(WEATHER, HERMES)
+    parsed = HERMES.parse(WEATHER)
     assert parsed.content is None
     assert _calls(parsed) == [("get_weather", {"city": "Paris", "unit": "c"})]
     call = parsed.calls[0]
@@ -38,14 +38,14 @@ def test_one_call_is_the_whole_reply() -> None:
 
 
 def test_two_calls_in_order_with_distinct_ids() -> None:
-    parsed = parse_tool_calls(WEATHER + "\n" + TIME, HERMES)
+    parsed = HERMES.parse(WEATHER + "\n" + TIME)
     assert parsed.content is None
     assert _calls(parsed) == [("get_weather", {"city": "Paris", "unit": "c"}), ("now", {})]
     assert parsed.calls[0].id != parsed.calls[1].id
 
 
 def test_text_and_a_call() -> None:
-    parsed = parse_tool_calls("Let me look that up.\n" + WEATHER, HERMES)
+    parsed = HERMES.parse("Let me look that up.\n" + WEATHER)
     assert parsed.content == "Let me look that up."
     assert _calls(parsed) == [("get_weather", {"city": "Paris", "unit": "c"})]
 
@@ -57,24 +57,24 @@ def test_text_and_a_call() -> None:
     'Sure <tool_call>\n{"name": "get_weather", "arguments": {}}',                    # never closed
 ])
 def test_malformed_calls_stay_content_as_written(text: str) -> None:
-    parsed = parse_tool_calls(text, HERMES)
+    parsed = HERMES.parse(text)
     assert parsed.calls == [] and parsed.content == text
 
 
 def test_a_malformed_call_beside_a_good_one() -> None:
     bad = '<tool_call>\n{oops}\n</tool_call>'
-    parsed = parse_tool_calls(f"{bad}\n{TIME}", HERMES)
+    parsed = HERMES.parse(f"{bad}\n{TIME}")
     assert parsed.content == bad and _calls(parsed) == [("now", {})]
 
 
 def test_text_without_calls_is_unchanged() -> None:
     for text in ["", "Hello", "  spaces  \n", "a < b and <tool> is not <tool_call", "x <tool_call"]:
-        assert parse_tool_calls(text, HERMES) == ParsedOutput(content=text, calls=[])
+        assert HERMES.parse(text) == ParsedOutput(content=text, calls=[])
 
 
 def test_arguments_written_as_a_json_string_are_read() -> None:
     text = '<tool_call>\n{"name": "f", "arguments": "{\\"q\\": 1}"}\n</tool_call>'
-    assert _calls(parse_tool_calls(text, HERMES)) == [("f", {"q": 1})]
+    assert _calls(HERMES.parse(text)) == [("f", {"q": 1})]
 
 
 @pytest.mark.parametrize("text", [
@@ -83,14 +83,14 @@ def test_arguments_written_as_a_json_string_are_read() -> None:
 ])
 @pytest.mark.parametrize("size", [1, 2, 5, 1000])
 def test_streaming_in_pieces_gives_what_the_whole_text_gives(text: str, size: int) -> None:
-    whole = parse_tool_calls(text, HERMES)
+    whole = HERMES.parse(text)
     content, calls = _streamed(text, size)
     assert calls == _calls(whole)
     assert (content or None if calls else content) == whole.content
 
 
 def test_streaming_holds_back_only_what_may_start_a_call() -> None:
-    parser = StreamingToolParser(HERMES)
+    parser = HERMES.new_parser()
     assert parser.feed("Hello <tool") == ("Hello", [])   # " <tool" may open a call
     assert parser.feed("box> ok") == (" <toolbox> ok", [])
     content, calls = parser.feed("\n" + TIME)

@@ -157,9 +157,12 @@ CHAT_COMPLETIONS = EndpointParams("`POST /v1/chat/completions` (`client.chat.com
     "stream_options": differs("`include_usage`; `include_obfuscation` is accepted and not used"),
     "temperature": supported(),
     "tool_choice": differs("`none`, `auto`, `required`, a named function; `required` and a named function "
-                           "are enforced by a grammar (see Tools), on both engines"),
-    "tools": differs("functions; the model's chat template must render tools, and calls are read in the "
-                     "hermes format (Qwen2.5, Qwen3, Hermes templates; see Tools); otherwise a 400"),
+                           "are enforced by a grammar (see Tools), on both engines; on a template that "
+                           "renders no tools, only those two"),
+    "tools": differs("functions, rendered by the model's chat template; calls are read in its family's "
+                     "format: hermes (Qwen2.5, Qwen3, Hermes), Llama 3.x JSON, Mistral `[TOOL_CALLS]` (see "
+                     "Tools); a template that renders no tools takes them only with a forcing `tool_choice` "
+                     "(described in a system message), otherwise a 400"),
     "top_logprobs": differs("under a grammar on `--engine vllm`, only tokens the grammar allows, so possibly "
                             "fewer than asked"),
     "top_p": supported(),

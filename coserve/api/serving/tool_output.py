@@ -1,11 +1,12 @@
-"""Replies of requests with tools: calls read out of the generated text (`coserve.tools.parser`) become
-`message.tool_calls`, or `delta.tool_calls` in a stream, with `finish_reason: "tool_calls"`.
+"""Replies of requests with tools: calls read out of the generated text (the family's parser,
+`coserve.tools.family`) become `message.tool_calls`, or `delta.tool_calls` in a stream, with
+`finish_reason: "tool_calls"`.
 
-A streamed call is sent once its close tag has arrived (a call that does not parse stays content, which
-only its end can tell): a first piece with the call's `index`, `id`, `type` and function `name` and
-empty `arguments`, then a piece with the arguments, the shape of OpenAI's streams, which the official
-client's stream helpers reassemble. The other text is streamed as content as it comes, except what may
-still be the start of a call.
+A streamed call is sent once it is complete (its close tag, or the bracket that closes its JSON: a
+call that does not parse stays content, which only its end can tell): a first piece with the call's
+`index`, `id`, `type` and function `name` and empty `arguments`, then a piece with the arguments, the
+shape of OpenAI's streams, which the official client's stream helpers reassemble. The other text is
+streamed as content as it comes, except what may still be the start of a call.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from coserve.api.protocol.tools import (
 )
 from coserve.frontend.messages import OutputDelta
 from coserve.tools.family import ToolFamily
-from coserve.tools.parser import ParsedCall, StreamingToolParser, parse_tool_calls
+from coserve.tools.parser import ParsedCall
 
 
 def finish_with_calls(reason: FinishReason, has_calls: bool) -> FinishReason:
@@ -35,7 +36,7 @@ def finish_with_calls(reason: FinishReason, has_calls: bool) -> FinishReason:
 
 def tool_message(text: str, family: ToolFamily) -> ChatCompletionMessage:
     """The assistant message of a whole reply: its calls, and the text around them as content."""
-    parsed = parse_tool_calls(text, family)
+    parsed = family.parse(text)
     calls = [ChatCompletionMessageToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
              for c in parsed.calls]
     return ChatCompletionMessage(content=parsed.content, tool_calls=calls or None)
@@ -51,7 +52,7 @@ class ToolStream:
     """Turns one streamed request's output deltas into chunk choices, one parser per choice."""
 
     def __init__(self, family: ToolFamily, n: int) -> None:
-        self._parsers = [StreamingToolParser(family) for _ in range(n)]
+        self._parsers = [family.new_parser() for _ in range(n)]
 
     def choices(self, delta: OutputDelta, logprobs: ChoiceLogprobs | None,
                 finish: FinishReason | None) -> list[ChatCompletionChunkChoice]:

@@ -1,0 +1,125 @@
+"""`TrainingService`: the scheduler's answers to the gateway about driven training runs.
+
+The gateway's Tinker API (`coserve.api.routers.tinker`) asks with a `RunQuery`
+(`contract.training_calls`): create a run, submit a call, await a call's outcome, read a run. The runs
+themselves are `cluster.training_runs.TrainingRuns`; this class adds what needs the actor: waiting on
+the event loop for a call to finish (woken after every engine step), waking the engine loops when work
+arrives, the tenants' quota of runs, and the store, where a sampler's weights become a model id the
+OpenAI API serves (`tinker:<run id>:<name>`) the moment they are saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from coserve.cluster.training_runs import TrainingRuns
+from coserve.contract.training_calls import (
+    AwaitOutcome,
+    CallFailure,
+    CallPending,
+    CloseSession,
+    CreateRun,
+    GetRun,
+    RunAnswer,
+    RunQuery,
+    SaveOutcome,
+    SessionAlive,
+    SubmitCall,
+)
+from coserve.store.store import MetadataStore
+from coserve.tenancy.quotas import TenantLimits
+
+MAX_WAIT_S = 30.0  # one AwaitOutcome waits at most this long (the SDK's retrieve times out at 45 s)
+REPORT_WAITING_S = 2.0  # a call of a run that waits for an engine answers this soon, with the reason
+
+
+class TrainingService:
+    """Answers `RunQuery`s on the scheduler's loop (module docstring).
+
+    Args:
+        runs: the runs.
+        store: where sampler weights are registered as models.
+        limits: the tenants' quotas (`max_concurrent_jobs` counts runs too).
+        wake: wakes the engine loops (a call has work for them).
+    """
+
+    def __init__(self, runs: TrainingRuns, store: MetadataStore, limits: Mapping[str, TenantLimits],
+                 wake: Callable[[], None]) -> None:
+        self._runs, self._store, self._limits, self._wake = runs, store, dict(limits), wake
+        self._progress = asyncio.Event()
+
+    async def answer(self, query: RunQuery) -> RunAnswer:
+        self._runs.after_step()  # an idle engine takes no step: silent sessions end here too
+        if isinstance(query, CreateRun):
+            refusal = self._quota(query.request.tenant)
+            if refusal is not None:
+                return refusal
+            info = self._runs.create(query.request, query.like_path)
+            self._wake()
+            return info
+        if isinstance(query, SubmitCall):
+            ticket = self._runs.submit(query.tenant, query.run_id, query.call)
+            self._wake()
+            return ticket
+        if isinstance(query, GetRun):
+            return self._runs.info(query.tenant, query.run_id)
+        if isinstance(query, SessionAlive):
+            self._runs.session_alive(query.tenant, query.session_id)
+            return None
+        if isinstance(query, CloseSession):
+            self._runs.close_session(query.tenant, query.session_id)
+            self._wake()
+            return None
+        return await self._await(query)
+
+    def after_step(self) -> None:
+        """An engine step was applied: calls may be done."""
+        self._runs.after_step()
+        progress, self._progress = self._progress, asyncio.Event()
+        progress.set()
+
+    async def _await(self, query: AwaitOutcome) -> RunAnswer:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(query.timeout_s, 0.0), MAX_WAIT_S)
+        report_by = loop.time() + REPORT_WAITING_S
+        while True:
+            outcome = self._runs.outcome(query.tenant, query.call_id)
+            remaining = deadline - loop.time()
+            waiting = isinstance(outcome, CallPending) and outcome.reason is not None
+            if not isinstance(outcome, CallPending) or remaining <= 0 or (waiting and loop.time() >= report_by):
+                break
+            if waiting:
+                remaining = min(remaining, max(report_by - loop.time(), 0.01))
+            try:
+                await asyncio.wait_for(self._progress.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        if isinstance(outcome, CallPending) or (isinstance(outcome, CallFailure) and outcome.code == "call_not_found"):
+            return outcome
+        if isinstance(outcome, SaveOutcome) and outcome.model_id is None and "/sampler_weights/" in outcome.path:
+            outcome.model_id = self._register(query.tenant, outcome.path)
+        return outcome
+
+    def _register(self, tenant: str, path: str) -> str | None:
+        """The OpenAI model id of a sampler's weights (registered once)."""
+        folder = self._runs.resolve_path(tenant, path)
+        if isinstance(folder, CallFailure):
+            return None
+        run_id, name = folder.parent.parent.name, folder.name
+        model_id = f"tinker:{run_id}:{name}"
+        if self._store.models.get(tenant, model_id) is None:
+            self._store.models.register(model_id, tenant=tenant, base_model=self._runs.base_model_id,
+                                        adapter_path=str(Path(folder).resolve()))
+        return model_id
+
+    def _quota(self, tenant: str) -> CallFailure | None:
+        limit = self._limits.get(tenant, TenantLimits()).max_concurrent_jobs
+        if limit is None:
+            return None
+        running = self._runs.live_runs(tenant) + sum(1 for job in self._store.jobs.active() if job.tenant == tenant)
+        if running >= limit:
+            return CallFailure("quota_exceeded", f"tenant {tenant!r} may run {limit} fine-tuning jobs and "
+                               f"training runs at once; {running} are running")
+        return None

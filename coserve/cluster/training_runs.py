@@ -1,0 +1,264 @@
+"""`TrainingRuns`: training runs driven by their clients, call by call, as co-served jobs of the cluster.
+
+A run is a driven fine-tuning job (`FinetuneJobSpec.driven`) placed like any job (`ClusterJobs`): its
+adapter sits in its engine's bank, and its calls (`contract.training_calls`) become that job's work,
+scheduled under the hybrid policy and the tenant's virtual token counter like a job's
+(`finetune.driven_ops`).
+
+This class keeps the runs by id and tenant and queues each run's calls in the order they arrive
+(Tinker's SDK sends a client's calls one after the other, in `seq_id` order, each once the one before
+it was accepted). It resolves saved paths (`tinker://<run>/weights/<name>`: a tenant loads only its
+own runs') and hands out outcomes. A call to a run that waits for an engine (every adapter slot taken)
+waits with it, and its pending answer says why.
+
+A run lives as long as its session (its id is `<session>:train:<n>`): it ends when the session finishes
+or sends no heartbeat for `session_timeout_s`, and its adapter slot goes back. Its saves stay on disk,
+each with the run's `run.json` (its tenant and settings), so a later run loads them. Pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coserve.cluster.jobs import ClusterJobs
+from coserve.contract.job_spec import FinetuneJobSpec
+from coserve.contract.loss_spec import LossSpec
+from coserve.contract.trainer_state import read_trainer_state
+from coserve.contract.training_calls import (
+    CallFailure,
+    CallOutcome,
+    CallPending,
+    CallTicket,
+    CheckpointRecord,
+    LoadCall,
+    RunInfo,
+    RunRequest,
+    SaveCall,
+    SaveOutcome,
+    TrainingCall,
+)
+from coserve.contract.training_settings import LoRASettings
+from coserve.finetune.driven_ops import DrivenCall, DrivenOp, ResolvedLoad
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_ID = r"session-[0-9a-f]{24}:train:[0-9]{1,9}"
+_PATH = re.compile(rf"^tinker://({RUN_ID})/(weights|sampler_weights)/(.+)$")
+RUN_FILE = "run.json"
+SESSION_TIMEOUT_S = 120.0  # the SDK heartbeats every 10 s, and warns after 2 minutes without one
+KEEP_UNREAD_S = 3600.0  # a done call's outcome waits this long for its client
+FIRST_RUN_ADAPTER_ID = 2**50  # runs' adapter ids: above every job's and every served adapter's
+
+
+@dataclass(slots=True)
+class _Run:
+    info: RunInfo
+    folder: Path
+    session: str
+    unplaced: list[DrivenOp] = field(default_factory=list)  # in order, while the run waits for an engine
+
+
+class TrainingRuns:
+    """Driven runs over `jobs` (module docstring).
+
+    Args:
+        jobs: the cluster's jobs (a run is one of them).
+        base_model: the served base model's id, and its path (written into saved adapters).
+        folder: where runs keep their saves (`<folder>/<run id>/...`).
+        num_layers: the model's.
+        session_timeout_s: a session silent this long (no heartbeat, no call) ends with its runs.
+        clock: seconds, for held calls, sessions and checkpoint times.
+    """
+
+    def __init__(self, jobs: ClusterJobs, base_model: tuple[str, str], folder: Path, num_layers: int,
+                 session_timeout_s: float = SESSION_TIMEOUT_S, clock: Callable[[], float] = time.time) -> None:
+        self._jobs, (self._base_id, self._base_path) = jobs, base_model
+        self._folder, self._num_layers, self._clock = folder, num_layers, clock
+        self._session_timeout_s = session_timeout_s
+        self._runs: dict[str, _Run] = {}
+        self._calls: dict[str, tuple[str, DrivenOp]] = {}  # call id -> (tenant, op)
+        self._seen: dict[str, float] = {}  # session id -> its last heartbeat or call
+
+    def create(self, request: RunRequest, like_path: str | None = None) -> RunInfo | CallFailure:
+        """Start a run of `request.tenant` (it waits for an engine like a job when none has room); with
+        `like_path`, with the LoRA settings of the run that saved it."""
+        if like_path is not None:
+            folder = self.resolve_path(request.tenant, like_path)
+            if isinstance(folder, CallFailure):
+                return folder
+            saved = json.loads((folder.parent.parent / RUN_FILE).read_text())
+            request = RunRequest(request.tenant, request.run_id, LoRASettings.from_dict(saved["lora"]),
+                                 int(saved["seed"]), request.metadata)
+        run_id = request.run_id
+        if not re.fullmatch(RUN_ID, run_id) or run_id in self._runs or (self._folder / run_id).exists():
+            return CallFailure("invalid_run_id", f"training run id {run_id!r} is taken or malformed")
+        folder = self._folder / run_id
+        info = RunInfo(run_id, request.tenant, self._base_id, request.lora, 0)
+        folder.mkdir(parents=True, exist_ok=False)
+        (folder / RUN_FILE).write_text(json.dumps({"tenant": request.tenant, "base_model": self._base_id,
+                                                   "lora": request.lora.to_dict(), "seed": request.seed}))
+        spec = FinetuneJobSpec(job_id=run_id, tenant=request.tenant, adapter_id=FIRST_RUN_ADAPTER_ID + len(self._runs),
+                               examples=[], n_epochs=1, batch_size=1, seed=request.seed,
+                               num_layers=self._num_layers, output_dir=str(folder), lora=request.lora,
+                               base_model_name_or_path=self._base_path, loss=LossSpec(), driven=True)
+        self._jobs.start(spec)
+        session = run_id.split(":", 1)[0]
+        self._runs[run_id] = _Run(info, folder, session)
+        self._seen[session] = self._clock()
+        return info
+
+    def session_alive(self, tenant: str, session_id: str) -> None:
+        if any(r.session == session_id and r.info.tenant == tenant for r in self._runs.values()):
+            self._seen[session_id] = self._clock()
+
+    def close_session(self, tenant: str, session_id: str, why: str = "its session finished") -> None:
+        """End the session's runs: their jobs are cancelled, their adapter slots freed; saves stay."""
+        for run in self._runs.values():
+            if run.session == session_id and run.info.tenant == tenant and run.info.failure is None:
+                run.info.failure = CallFailure("run_closed", f"training run {run.info.run_id} was closed: {why}; "
+                                               "its saved weights stay (load them into a new run)")
+                self._jobs.cancel(run.info.run_id)
+                self._fail(run.unplaced, run.info.failure)
+                run.unplaced.clear()
+        self._seen.pop(session_id, None)
+
+    @property
+    def base_model_id(self) -> str:
+        return self._base_id
+
+    def live_runs(self, tenant: str) -> int:
+        """The tenant's runs that have not ended."""
+        return sum(1 for r in self._runs.values() if r.info.tenant == tenant and r.info.failure is None)
+
+    def info(self, tenant: str, run_id: str) -> RunInfo | CallFailure:
+        run = self._runs.get(run_id)
+        if run is None or run.info.tenant != tenant:
+            return CallFailure("run_not_found", f"training run {run_id!r} does not exist")
+        job = self._jobs.get(run_id)
+        if job is not None and job.driven is not None:
+            run.info.steps = job.driven.steps
+        return run.info
+
+    def submit(self, tenant: str, run_id: str, call: TrainingCall) -> CallTicket | CallFailure:
+        """Queue a call on the tenant's run (a refusal: unknown run, bad name or path)."""
+        run = self._runs.get(run_id)
+        if run is None or run.info.tenant != tenant:
+            return CallFailure("run_not_found", f"training run {run_id!r} does not exist")
+        if run.info.failure is not None:
+            return run.info.failure
+        resolved = self._resolve(tenant, call)
+        if isinstance(resolved, CallFailure):
+            return resolved
+        op = DrivenOp(f"call-{uuid.uuid4().hex[:24]}", resolved, self._clock())
+        self._calls[op.call_id] = (tenant, op)
+        self._seen[run.session] = self._clock()
+        self._deliver(run, op)
+        return CallTicket(op.call_id, run_id)
+
+    def outcome(self, tenant: str, call_id: str) -> CallOutcome | CallPending:
+        """The call's outcome, or why it is pending; an unknown call, or another tenant's, is a failure."""
+        entry = self._calls.get(call_id)
+        if entry is None or entry[0] != tenant:
+            return CallFailure("call_not_found", f"no call {call_id!r}")
+        op = entry[1]
+        if op.outcome is not None:
+            return op.outcome
+        run = next((r for r in self._runs.values() if op in r.unplaced), None)
+        reason = None if run is None else self._jobs.waiting_reason(run.info.run_id)
+        return CallPending(None if reason is None else f"the training run waits for an engine: {reason}")
+
+    def forget(self, call_id: str) -> None:
+        """The call's outcome was delivered: it is not kept."""
+        self._calls.pop(call_id, None)
+
+    def after_step(self) -> None:
+        """After any engine step: deliver the calls of newly placed runs, record saves, end the runs of
+        silent sessions, and mark runs whose job ended."""
+        now = self._clock()
+        for session, seen in list(self._seen.items()):
+            if now - seen > self._session_timeout_s:
+                for tenant in {r.info.tenant for r in self._runs.values() if r.session == session}:
+                    self.close_session(tenant, session, f"its session sent no heartbeat for "
+                                       f"{self._session_timeout_s:g} s")
+        for run in self._runs.values():
+            if run.unplaced and self._jobs.get(run.info.run_id) is not None:
+                waiting, run.unplaced = run.unplaced, []
+                for op in waiting:
+                    self._deliver(run, op)
+            if run.info.failure is None and run.info.run_id not in self._jobs.job_ids:
+                run.info.failure = CallFailure("run_ended", "the training run ended (its engine was lost or "
+                                               "it failed); start a new run from its last saved state",
+                                               user=False)
+                self._fail(run.unplaced, run.info.failure)
+        for call_id, (_, op) in list(self._calls.items()):
+            if isinstance(op.outcome, SaveOutcome) and isinstance(op.call, SaveCall):
+                self._record_save(op.outcome, op.call)
+            if op.done and now - op.created > KEEP_UNREAD_S:  # its client never asked
+                del self._calls[call_id]
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _deliver(self, run: _Run, op: DrivenOp) -> None:
+        """To the run's job; while it waits for an engine, after the calls already waiting."""
+        job = self._jobs.get(run.info.run_id)
+        if job is None or job.driven is None or run.unplaced:
+            run.unplaced.append(op)
+            return
+        job.driven.submit(op)
+
+    @staticmethod
+    def _fail(ops: list[DrivenOp], failure: CallFailure) -> None:
+        for op in ops:
+            if op.outcome is None:
+                op.outcome = failure
+
+    def _resolve(self, tenant: str, call: TrainingCall) -> DrivenCall | CallFailure:
+        if isinstance(call, SaveCall) and not _NAME.match(call.name):
+            return CallFailure("invalid_name", f"a checkpoint name is 1-128 letters, digits, '.', '_' or '-', "
+                               f"got {call.name!r}")
+        if not isinstance(call, LoadCall):
+            return call
+        folder = self.resolve_path(tenant, call.path)
+        if isinstance(folder, CallFailure):
+            return folder
+        steps = 0
+        if call.with_optimizer:
+            try:
+                steps = read_trainer_state(folder).position.step
+            except (OSError, ValueError, KeyError):
+                return CallFailure("invalid_path", f"{call.path!r} is not a saved training state "
+                                   f"(save_state writes one)")
+        return ResolvedLoad(str(folder), call.path, call.with_optimizer, steps)
+
+    def resolve_path(self, tenant: str, path: str) -> Path | CallFailure:
+        """The folder of a saved path of the tenant's runs; another tenant's is 'not found' too."""
+        match = _PATH.match(path)
+        missing = CallFailure("path_not_found", f"no saved weights at {path!r}")
+        if match is None:
+            return CallFailure("invalid_path", f"a saved path is tinker://<run id>/weights/<name> or "
+                               f"tinker://<run id>/sampler_weights/<name>, got {path!r}")
+        run_id, kind, name = match.groups()
+        try:
+            owner = json.loads((self._folder / run_id / RUN_FILE).read_text())["tenant"]
+        except (OSError, ValueError, KeyError):
+            return missing
+        folder = self._folder / run_id / kind / name
+        if owner != tenant or not _NAME.match(name) or not folder.is_dir():
+            return missing
+        return folder
+
+    def _record_save(self, outcome: SaveOutcome, call: SaveCall) -> None:
+        match = _PATH.match(outcome.path)
+        assert match is not None  # made by driven_ops
+        run = self._runs.get(match.group(1))
+        if run is None or any(c.path == outcome.path for c in run.info.checkpoints):
+            return
+        folder = run.folder / match.group(2) / match.group(3)
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+        run.info.checkpoints.append(CheckpointRecord(call.name, outcome.path, call.resumable, self._clock(), size))
+

@@ -1,0 +1,138 @@
+"""Driven training runs inside the cluster, with a simulated engine: calls done in order, their
+outcomes (log-probs per datum, steps, saves), refusals, runs waiting for an adapter slot (saying why),
+and sessions that end their runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster_sim import builder, cluster
+from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.training_runs import TrainingRuns
+from coserve.contract.loss_spec import LossSpec, TokenInputs
+from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.training_calls import (
+    CallFailure,
+    CallPending,
+    CallTicket,
+    ForwardBackwardCall,
+    ForwardBackwardOutcome,
+    LoadCall,
+    OptimStepCall,
+    OptimStepOutcome,
+    RunRequest,
+    SaveCall,
+    SaveOutcome,
+    TrainingDatum,
+)
+from coserve.contract.training_plan import WindowReport
+from coserve.contract.training_settings import AdamStep, LoRASettings
+from coserving_sim import FakeClock, execute
+
+SESSION = "session-" + "0" * 24
+OTHER_SESSION = "session-" + "1" * 24
+
+
+class WindowEngine:
+    """Executes plans by hand; each window reports a loss of 1 per token, and a sequence that asks for them
+    gets log-prob -t for token t on its last window."""
+
+    def __init__(self) -> None:
+        self.lengths: dict[str, int] = {}
+        self.done: dict[str, int] = {}
+
+    def step(self, plan: IterationPlan) -> IterationResult:
+        result = execute(plan)
+        for start in plan.training.sequence_starts:
+            if start.report_logprobs and start.example is not None:
+                self.lengths[start.sequence_id] = len(start.example.token_ids)
+        for w in plan.training.forward_windows:
+            end = w.start + w.num_tokens
+            length = self.lengths.get(w.sequence_id)
+            logprobs = [-float(t) for t in range(length)] if length == end else None
+            result.training.windows.append(WindowReport(w.sequence_id, float(w.num_tokens), w.num_tokens, logprobs))
+        return result
+
+
+def runs(tmp_path: Path, slots: int = 2) -> tuple[ClusterScheduler, TrainingRuns, FakeClock, WindowEngine]:
+    c = cluster(1, builder(num_slots=slots))
+    clock = FakeClock()
+    return c, TrainingRuns(c.jobs, ("base", "/models/base"), tmp_path, 4, 60.0, clock), clock, WindowEngine()
+
+
+def run_until(c: ClusterScheduler, r: TrainingRuns, engine: WindowEngine, rounds: int = 50) -> None:
+    for _ in range(rounds):
+        for engine_id in c.engines:
+            if c.has_work(engine_id):
+                c.step(engine_id, engine)
+        r.after_step()
+
+
+def create(r: TrainingRuns, tenant: str = "a", session: str = SESSION, n: int = 0) -> str:
+    info = r.create(RunRequest(tenant, f"{session}:train:{n}", LoRASettings(r=4)))
+    assert not isinstance(info, CallFailure)
+    return info.run_id
+
+
+def fb(*lengths: int) -> ForwardBackwardCall:
+    data = [TrainingDatum(list(range(1, n + 1)), TokenInputs(weights=[0.0] + [1.0] * (n - 1))) for n in lengths]
+    return ForwardBackwardCall(data, LossSpec())
+
+
+def ticket(answer: CallTicket | CallFailure) -> str:
+    assert isinstance(answer, CallTicket), answer
+    return answer.call_id
+
+
+def test_calls_run_in_order_with_their_outcomes(tmp_path: Path) -> None:
+    c, r, _, engine = runs(tmp_path)
+    run = create(r)
+    forward = ticket(r.submit("a", run, fb(5, 9)))
+    step = ticket(r.submit("a", run, OptimStepCall(AdamStep(1e-3))))
+    assert isinstance(r.outcome("a", step), CallPending)
+    save = ticket(r.submit("a", run, SaveCall("s1", resumable=False)))
+    run_until(c, r, engine)
+    done = r.outcome("a", forward)
+    assert isinstance(done, ForwardBackwardOutcome)
+    assert [o.logprobs for o in done.outputs] == [[-1.0, -2.0, -3.0, -4.0], [-float(t) for t in range(1, 9)]]
+    assert done.loss_sum == 14.0
+    stepped = r.outcome("a", step)
+    assert isinstance(stepped, OptimStepOutcome) and stepped.step == 1
+    saved = r.outcome("a", save)
+    assert isinstance(saved, SaveOutcome) and saved.path == f"tinker://{run}/sampler_weights/s1"
+    info = r.info("a", run)
+    assert not isinstance(info, CallFailure) and info.steps == 1 and [k.name for k in info.checkpoints] == ["s1"]
+
+
+def test_what_a_run_cannot_do_is_a_failure_not_a_hang(tmp_path: Path) -> None:
+    c, r, _, engine = runs(tmp_path)
+    run = create(r)
+    no_gradient = ticket(r.submit("a", run, OptimStepCall(AdamStep(1e-3))))
+    run_until(c, r, engine, 5)
+    failed = r.outcome("a", no_gradient)
+    assert isinstance(failed, CallFailure) and failed.code == "no_gradient"
+    assert isinstance(r.submit("b", run, fb(4)), CallFailure)  # another tenant's run: not found
+    assert isinstance(r.outcome("b", no_gradient), CallFailure)
+    bad_name = r.submit("a", run, SaveCall("../x", resumable=True))
+    assert isinstance(bad_name, CallFailure) and bad_name.code == "invalid_name"
+    for path, code in ((f"tinker://{run}/weights/none", "path_not_found"), ("/etc/passwd", "invalid_path")):
+        refused = r.submit("a", run, LoadCall(path, with_optimizer=True))
+        assert isinstance(refused, CallFailure) and refused.code == code
+
+
+def test_a_run_waiting_for_a_slot_says_why_and_runs_once_a_session_ends(tmp_path: Path) -> None:
+    c, r, clock, engine = runs(tmp_path, slots=1)
+    first = create(r)
+    waiting = create(r, "b", OTHER_SESSION)
+    call = ticket(r.submit("b", waiting, fb(4)))
+    run_until(c, r, engine, 5)
+    pending = r.outcome("b", call)
+    assert isinstance(pending, CallPending) and "adapter slots" in (pending.reason or "")
+    clock.now += 45.0
+    r.session_alive("b", OTHER_SESSION)
+    clock.now += 30.0  # the first session is silent for 75 s: its run ends and gives its slot back
+    run_until(c, r, engine)
+    assert isinstance(r.outcome("b", call), ForwardBackwardOutcome)
+    closed = r.submit("a", first, fb(4))
+    assert isinstance(closed, CallFailure) and closed.code == "run_closed" and "heartbeat" in closed.message
+    assert r.live_runs("a") == 0 and r.live_runs("b") == 1
