@@ -183,7 +183,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         max_batch_tokens=args.max_batch_tokens, tpot_slo_ms=args.tpot_slo_ms,
                         ttft_slo_ms=args.ttft_slo_ms, adapter_slots=args.adapter_slots, dtype=args.dtype,
                         device=args.device, latency_profile=args.latency_profile,
-                        max_stall_ms=args.max_stall_ms, finetune_floor_every=args.finetune_floor_every,
+                        max_stall_ms=args.max_stall_ms, finetune_min_share=args.finetune_min_share,
                         public_metrics=args.public_metrics, max_request_bytes=args.max_request_bytes,
                         max_n=args.max_n, max_upload_bytes=args.max_upload_bytes, engine=args.engine,
                         engines=args.engines, enable_python_graders=args.enable_python_graders,
@@ -238,10 +238,10 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--max-stall-ms", type=float, default=None,
                        help="let fine-tuning spend the requests' TPOT slack in bursts, no token gap longer "
                             "than this (ms, >= the TPOT SLO; default: every iteration within the SLO)")
-    serve.add_argument("--finetune-floor-every", type=int, default=defaults.FINETUNE_FLOOR_EVERY,
-                       help="liveness floor: a fine-tuning job that got no work in this many iterations gets "
-                            f"a small piece in the next one, whatever the SLO or load (default: "
-                            f"{defaults.FINETUNE_FLOOR_EVERY})")
+    serve.add_argument("--finetune-min-share", type=float, default=defaults.FINETUNE_MIN_SHARE,
+                       help="liveness: while a fine-tuning job is runnable, fine-tuning gets at least this fraction "
+                            "of each engine's time over any second, whatever the SLO or load; inference pays it "
+                            f"(a fraction in (0, 1); default: {defaults.FINETUNE_MIN_SHARE})")
     serve.add_argument("--public-metrics", action="store_true",
                        help="serve /metrics without an admin key, tenant labels summed away (default: "
                             "admin keys only)")

@@ -53,6 +53,7 @@ def tenants_file(tmp_path: Path) -> Path:
      "tokens, and serving needs at least 2304: one sequence of --max-model-len 2048 plus one fine-tuning window "
      "of 256 tokens. Raise --kv-cache-memory-gb"),
     (["--dedicated-pause-timeout-s", "0"], "--dedicated-pause-timeout-s must be a number > 0, got 0"),
+    (["--finetune-min-share", "1"], "--finetune-min-share must be a fraction in (0, 1), got 1.0"),
 ])
 def test_bad_settings_exit_nonzero_with_message(llama_dir: Path, tenants_file: Path, extra: list[str],
                                                  message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,12 +85,14 @@ def test_serve_settings_reach_the_hybrid_policy(llama_dir: Path, tenants_file: P
     from coserve.inference.scheduler_config import SchedulerConfig
     from coserve.server.options import ServeOptions
 
-    opts = ServeOptions(model=str(llama_dir), tenants=str(tenants_file), tpot_slo_ms=80.0, max_stall_ms=240.0)
+    opts = ServeOptions(model=str(llama_dir), tenants=str(tenants_file), tpot_slo_ms=80.0, max_stall_ms=240.0,
+                        finetune_min_share=0.2)
     opts.validate()
     layout = SimpleNamespace(num_kv_blocks=64, block_size=16, max_model_len=256, num_adapter_slots=2,
                              max_lora_rank=8)
     policy = opts.policy_factory(opts.load_tenants())(SchedulerConfig(max_model_len=256), layout)
     assert policy.config.tpot_slo_ms == 80.0 and policy.config.max_stall_ms == 240.0
+    assert policy.config.finetune_min_share == policy.floor.min_share == 0.2
 
 
 def test_lenient_params_flag_reaches_the_gateway_options(llama_dir: Path, tenants_file: Path,

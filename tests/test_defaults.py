@@ -27,8 +27,8 @@ def test_configs_take_the_shared_defaults() -> None:
     scheduler = SchedulerConfig(max_model_len=128)
     assert (scheduler.max_num_seqs, scheduler.max_batch_tokens, scheduler.block_size) == \
         (defaults.MAX_NUM_SEQS, defaults.MAX_BATCH_TOKENS, defaults.BLOCK_SIZE)
-    assert CoServingConfig(scheduler=scheduler).finetune_floor_every == defaults.FINETUNE_FLOOR_EVERY
-    assert _field_defaults(CoServingPolicyFactory)["finetune_floor_every"] == defaults.FINETUNE_FLOOR_EVERY
+    assert CoServingConfig(scheduler=scheduler).finetune_min_share == defaults.FINETUNE_MIN_SHARE
+    assert _field_defaults(CoServingPolicyFactory)["finetune_min_share"] == defaults.FINETUNE_MIN_SHARE
     settings = SchedulerSettings(model="m")
     assert (settings.max_num_seqs, settings.max_batch_tokens) == (defaults.MAX_NUM_SEQS,
                                                                   defaults.MAX_BATCH_TOKENS)
@@ -36,19 +36,19 @@ def test_configs_take_the_shared_defaults() -> None:
     assert (engine.block_size, engine.max_loras, engine.max_lora_rank) == \
         (defaults.BLOCK_SIZE, defaults.ADAPTER_SLOTS, defaults.MAX_LORA_RANK)
     opts = ServeOptions(model="m", tenants="t.yaml")
-    assert (opts.max_num_seqs, opts.max_batch_tokens, opts.adapter_slots, opts.finetune_floor_every) == \
+    assert (opts.max_num_seqs, opts.max_batch_tokens, opts.adapter_slots, opts.finetune_min_share) == \
         (defaults.MAX_NUM_SEQS, defaults.MAX_BATCH_TOKENS, defaults.ADAPTER_SLOTS,
-         defaults.FINETUNE_FLOOR_EVERY)
+         defaults.FINETUNE_MIN_SHARE)
     assert opts.dedicated_pause_timeout_s == DedicatedSettings().pause_timeout_s == defaults.DEDICATED_PAUSE_TIMEOUT_S
     assert FinetuneJobSpec.__dataclass_fields__["max_window_tokens"].default == defaults.FINETUNE_WINDOW_TOKENS
 
 
 def test_the_cli_and_the_offline_llm_take_the_shared_defaults() -> None:
     args = build_parser().parse_args(["serve", "--model", "m", "--tenants", "t.yaml"])
-    assert (args.max_num_seqs, args.max_batch_tokens, args.adapter_slots, args.finetune_floor_every,
+    assert (args.max_num_seqs, args.max_batch_tokens, args.adapter_slots, args.finetune_min_share,
             args.dedicated_pause_timeout_s) == \
         (defaults.MAX_NUM_SEQS, defaults.MAX_BATCH_TOKENS, defaults.ADAPTER_SLOTS,
-         defaults.FINETUNE_FLOOR_EVERY, defaults.DEDICATED_PAUSE_TIMEOUT_S)
+         defaults.FINETUNE_MIN_SHARE, defaults.DEDICATED_PAUSE_TIMEOUT_S)
     llm = inspect.signature(LLM).parameters
     assert (llm["max_num_seqs"].default, llm["block_size"].default, llm["max_loras"].default,
             llm["max_lora_rank"].default) == (defaults.MAX_NUM_SEQS, defaults.BLOCK_SIZE,

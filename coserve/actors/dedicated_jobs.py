@@ -29,7 +29,7 @@ from coserve.actors.job_failures import JobRefused
 from coserve.actors.leftover_groups import LeftoverGroups
 from coserve.contract.dedicated_run import Command, RunSpec
 from coserve.contract.job_request import TRAINING_KEY, JobRequest, TrainingMode, TrainingRequest
-from coserve.contract.job_runner import JobNotice
+from coserve.contract.job_runner import JobNotice, SequenceRestarts
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.finetune.dedicated import DedicatedSettings, Route, capacity, route
 from coserve.finetune.dedicated_queue import RunQueue
@@ -114,6 +114,10 @@ class DedicatedJob:
     @property
     def progress_marker(self) -> int:
         return self.progress
+
+    @property
+    def sequence_restarts(self) -> SequenceRestarts:
+        return SequenceRestarts()  # its workers hold their own memory: nothing reclaims it
 
     def held_back(self) -> str:
         if not self.started:

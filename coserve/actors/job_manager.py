@@ -258,7 +258,8 @@ class JobManager:
             await asyncio.sleep(RECONCILE_INTERVAL_S)
 
     def watch(self) -> None:
-        """Write an event on each running job that stopped moving (saying why) or moved again."""
+        """Write an event on each running job that stopped moving (saying why) or moved again, or whose
+        sequence KV reclaim kept restarting."""
         for job_id, running in self._running.items():
             running.job = self._current(job_id, running)
         progress = {job_id: r.job.progress_marker for job_id, r in self._running.items()
@@ -266,7 +267,9 @@ class JobManager:
         reasons = {job_id: why for job_id in progress
                    if (why := self._running[job_id].runner.held_back(job_id)) is not None}
         steps = {job_id: self._running[job_id].runner.plan_step(job_id) for job_id in progress}
-        for notice in self.watchdog.check(progress, None, reasons, steps):
+        restarts = {job_id: job.sequence_restarts for job_id, r in self._running.items()
+                    if (job := r.job) is not None}
+        for notice in [*self.watchdog.check(progress, None, reasons, steps), *self.watchdog.check_restarts(restarts)]:
             if notice.stalled:
                 logger.warning("fine-tuning job %s: %s", notice.job_id, notice.message)
             self._store.events.add(notice.job_id, notice.message)

@@ -1,11 +1,15 @@
 """The fine-tuning watchdog: a running job that has not moved for a while gets an event saying why.
 
-Liveness is a rule (`coserve.share.liveness`): every runnable job gets work, or the policy records
-why it did not (`finetune_held_back`: a tight SLO, waiting requests, no free KV block). What the rule
-cannot promise is that a job moves when memory is held by inference, or when the machine is so slow that
-a job's next piece is minutes away. So the scheduler watches: a job whose planned work has not changed
-for `stall_after_s` seconds gets one job event ("No progress for 60 s: held back: ...") and counts in
-the `coserve_finetune_jobs_stalled` gauge until it moves again, when a second event says so.
+Liveness is a rule (`coserve.share.liveness`): while a job is runnable, fine-tuning gets its minimum
+share of the engine's time, or the policy records why it did not (`finetune_held_back`: no free KV
+block, ...). What the rule cannot promise is that a job moves when memory is held by inference, or when
+the machine is so slow that a job's next piece is minutes away. So the scheduler watches each job's
+progress marker, which grows only with work that stays done (`finetune.kept_progress`: a sequence that
+inference's KV reclaim drops and restarts does not move it until it gets past where it had been): a job
+whose marker has not grown for `stall_after_s` seconds gets one job event ("No progress for 60 s: held
+back: ...") and counts in the `coserve_finetune_jobs_stalled` gauge until it moves again, when a second
+event says so. A job whose sequence was dropped and restarted `MAX_DROPS` times in a row (it then keeps
+its KV blocks, `finetune.sequence_kv`) gets an event that says so, at most one per `stall_after_s`.
 """
 
 from __future__ import annotations
@@ -14,18 +18,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from coserve.contract.defaults import FINETUNE_FLOOR_EVERY
+from coserve.contract.job_runner import SequenceRestarts
+from coserve.finetune.sequence_kv import MAX_DROPS
 
 DEFAULT_STALL_AFTER_S = 60.0
-SLOW_ENGINE_PLANS = FINETUNE_FLOOR_EVERY + 1
+SLOW_ENGINE_PLANS = 8
 """A stalled job whose engine built at most this many plans meanwhile waits for the engine, not for
-room in its plans: the liveness floor gives a job a piece every `FINETUNE_FLOOR_EVERY` plans (the
-default), so no piece in fewer plans is a slow machine, not a job left out."""
+room in its plans: fine-tuning is owed its minimum share over every second, so an iteration longer than
+that owes it a piece almost always, and the engine's jobs take the pieces in turns (up to this many)."""
 
 
 @dataclass(slots=True)
 class _Watch:
-    progress: int  # the job's last planned step when last seen moving
+    progress: int  # the job's progress marker when last seen moving
     since: float  # when that was
     plan_step: int  # the engine's last plan then (-1: not known)
     stalled: bool = False
@@ -55,6 +60,7 @@ class JobWatchdog:
         self.stall_after_s = stall_after_s
         self._clock = clock
         self._watches: dict[str, _Watch] = {}
+        self._restarts: dict[str, tuple[int, float]] = {}  # job id -> (kept sequences said, when)
 
     @property
     def stalled(self) -> int:
@@ -64,8 +70,8 @@ class JobWatchdog:
     def check(self, progress: Mapping[str, int], held_back: str | None,
               reasons: Mapping[str, str] | None = None,
               plan_steps: Mapping[str, int] | None = None) -> list[StallNotice]:
-        """Compare each running job's progress marker (its last planned step; jobs that cannot run now,
-        such as paused ones, are left out) with the last check's.
+        """Compare each running job's progress marker (work that stays done: `RunningJob.progress_marker`;
+        jobs that cannot run now, such as paused ones, are left out) with the last check's.
 
         Args:
             progress: job id -> progress marker, for the jobs that should be moving.
@@ -92,6 +98,26 @@ class JobWatchdog:
                                            stalled=True))
             watches[job_id] = watch
         self._watches = watches
+        return notices
+
+    def check_restarts(self, restarts: Mapping[str, SequenceRestarts]) -> list[StallNotice]:
+        """An event for each job with a sequence restarted `MAX_DROPS` times in a row since it was last
+        said (at most one per `stall_after_s` per job); jobs left out are forgotten."""
+        now = self._clock()
+        notices, said = [], {}
+        for job_id, seen in restarts.items():
+            kept, when = self._restarts.get(job_id, (0, -float("inf")))
+            if seen.kept < kept:  # the job started again on another engine: its count starts over
+                kept = 0
+            if seen.kept > kept and now - when >= self.stall_after_s:
+                more = f" ({seen.kept} sequences so far)" if seen.kept > 1 else ""
+                notices.append(StallNotice(job_id, (
+                    f"A training sequence of {seen.tokens} tokens was dropped {MAX_DROPS} times in a row to free "
+                    f"KV blocks for inference requests, restarting from its first token each time; it now keeps "
+                    f"its blocks until it is done{more}"), stalled=False))
+                kept, when = seen.kept, now
+            said[job_id] = (kept, when)
+        self._restarts = said
         return notices
 
     @staticmethod

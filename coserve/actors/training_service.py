@@ -21,6 +21,7 @@ from coserve.contract.training_calls import (
     CallPending,
     CloseSession,
     CreateRun,
+    ForwardBackwardCall,
     GetRun,
     RunAnswer,
     RunQuery,
@@ -60,6 +61,9 @@ class TrainingService:
             self._wake()
             return info
         if isinstance(query, SubmitCall):
+            refusal = self._token_refusal(query)
+            if refusal is not None:
+                return refusal
             ticket = self._runs.submit(query.tenant, query.run_id, query.call)
             self._wake()
             return ticket
@@ -98,9 +102,30 @@ class TrainingService:
                 pass
         if isinstance(outcome, CallPending) or (isinstance(outcome, CallFailure) and outcome.code == "call_not_found"):
             return outcome
+        self._runs.forget(query.call_id)  # delivered: its outcome is not kept
+        if isinstance(outcome, SaveOutcome):
+            refused = self._storage_refusal(query.tenant, outcome)
+            if refused is not None:
+                return refused
         if isinstance(outcome, SaveOutcome) and outcome.model_id is None and "/sampler_weights/" in outcome.path:
             outcome.model_id = self._register(query.tenant, outcome.path)
         return outcome
+
+    def _storage_refusal(self, tenant: str, saved: SaveOutcome) -> CallFailure | None:
+        """Over the tenant's `max_stored_bytes`, the saved folder is removed and the save fails."""
+        limits = self._limits.get(tenant, TenantLimits())
+        if limits.max_stored_bytes is None:
+            return None
+        folder = self._runs.resolve_path(tenant, saved.path)
+        if isinstance(folder, CallFailure):
+            return None
+        usage = self._store.usage.of(tenant)
+        if usage.stored_bytes <= limits.max_stored_bytes:
+            return None
+        self._runs.forget_save(tenant, saved.path)
+        return CallFailure("storage_quota_exceeded", f"the saved weights would bring your stored bytes to "
+                           f"{usage.stored_bytes}, over max_stored_bytes={limits.max_stored_bytes}; they were "
+                           f"not kept. Delete files, fine-tuned models or saved weights to free space")
 
     def _register(self, tenant: str, path: str) -> str | None:
         """The OpenAI model id of a sampler's weights (registered once)."""
@@ -113,6 +138,18 @@ class TrainingService:
             self._store.models.register(model_id, tenant=tenant, base_model=self._runs.base_model_id,
                                         adapter_path=str(Path(folder).resolve()))
         return model_id
+
+    def _token_refusal(self, query: SubmitCall) -> CallFailure | None:
+        """A `forward_backward` that would take a run past the tenant's `max_training_tokens_per_job`."""
+        limit = self._limits.get(query.tenant, TenantLimits()).max_training_tokens_per_job
+        if limit is None or not isinstance(query.call, ForwardBackwardCall) or not query.call.backward:
+            return None
+        tokens = sum(len(d.token_ids) - 1 for d in query.call.data)
+        trained = self._runs.trained_tokens(query.run_id)
+        if trained + tokens <= limit:
+            return None
+        return CallFailure("quota_exceeded", f"this forward_backward ({tokens} tokens) would take the run to "
+                           f"{trained + tokens} trained tokens, over max_training_tokens_per_job={limit}")
 
     def _quota(self, tenant: str) -> CallFailure | None:
         limit = self._limits.get(tenant, TenantLimits()).max_concurrent_jobs

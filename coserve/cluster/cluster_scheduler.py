@@ -265,7 +265,9 @@ class ClusterScheduler:
         self._steal_for(member)
         self.jobs.before_plan(member)
         plan = member.core.next_plan()
-        if plan is not None:
+        if plan is None:
+            self.jobs.settle(member)
+        else:
             member.sent(plan)
         return plan
 

@@ -76,6 +76,7 @@ class ClusterJobs:
         self._paused: set[str] = set()
         self._cancelled: set[str] = set()  # cancel asked, the engine not told yet
         self.checkpoints = JobCheckpoints()
+        self.on_placed: list[Callable[[str], None]] = []  # told each job id placed (`training_runs` feeds its calls)
         self._events: list[JobEvent] = []
         self._notices: list[JobNotice] = []
 
@@ -185,11 +186,19 @@ class ClusterJobs:
     def observe(self, member: EngineMember, step: Step) -> None:
         """After a step of `member`: keep confirmed checkpoints, publish what jobs wrote, collect
         events, let ended jobs go (and place waiting jobs in the room they leave)."""
-        host = member.policy.jobs
-        if host is None:
+        if member.policy.jobs is None:
             return
         self.checkpoints.observe(step.plan, step.result, self._specs)
         self._advance_rollouts(member, step)
+        self.settle(member)
+
+    def settle(self, member: EngineMember) -> None:
+        """Collect the member's job events (publish what jobs wrote, let ended jobs go and place waiting
+        jobs in the room they leave): after each step, and after a plan that needed no step (a job
+        cancelled before it started ends without one)."""
+        host = member.policy.jobs
+        if host is None:
+            return
         ended = False
         for event in host.pop_events():
             self._events.append(event)
@@ -240,6 +249,11 @@ class ClusterJobs:
                                                  message="the job was cancelled"))
                 self._end(job_id)
                 continue
+            if self._specs[job_id].driven:  # its client's calls and gradient were on that engine: it ends
+                self._events.append(JobEvent(job_id, JobEventKind.FAILED, job.position.step, code="engine_lost",
+                                             message=f"its engine {member.engine_id} was lost"))
+                self._end(job_id)
+                continue
             spec = self.checkpoints.resume_spec(self._specs[job_id])
             self._specs[job_id] = spec
             engine = self._place(spec, moved_from=member.engine_id)
@@ -264,6 +278,8 @@ class ClusterJobs:
         self._engine[job_id] = answer.engine_id
         if spec.rollouts is not None:
             self._start_rollouts(job, answer.engine_id)
+        for listener in self.on_placed:
+            listener(job_id)
         where = "resumed from " + spec.resume_from if spec.resume_from else "started"
         moved = f" (its engine {moved_from} was lost)" if moved_from else ""
         self._notices.append(JobNotice(job_id, answer.engine_id,

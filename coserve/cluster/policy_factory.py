@@ -69,7 +69,8 @@ class CoServingPolicyFactory:
             (`CoServingConfig.max_stall_ms`); None: every iteration within the TPOT SLO.
         latency_profile: a `coserve profile --json` file; None starts unfitted (learned online).
         tenant_weights: tenant -> share under contention (the tenants file's `weight`).
-        finetune_floor_every: the liveness floor (`CoServingConfig.finetune_floor_every`).
+        finetune_min_share: fine-tuning's least share of an engine's time while a job is runnable
+            (`CoServingConfig.finetune_min_share`).
         share / share_options: the fine-tuning share strategy (`share_kinds`); with
             `ShareKind.NONE` the policy runs no jobs (the scheduler opens no job manager).
     """
@@ -80,7 +81,7 @@ class CoServingPolicyFactory:
     latency_profile: str | None = None
     max_stall_ms: float | None = None
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
-    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY
+    finetune_min_share: float = defaults.FINETUNE_MIN_SHARE
     share: ShareKind = ShareKind.HYBRID
     share_options: ShareOptions = ShareOptions()
 
@@ -104,7 +105,7 @@ class CoServingPolicyFactory:
         """The policy of one engine; with `shared`, one of several engines counting with a
         `ClusterScheduler`'s counters (each engine its own latency model, fitted on its own iterations)."""
         co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights),
-                             max_stall_ms=self.max_stall_ms, finetune_floor_every=self.finetune_floor_every,
+                             max_stall_ms=self.max_stall_ms, finetune_min_share=self.finetune_min_share,
                              tpot_slo_ms=DEFAULT_TPOT_SLO_MS if self.tpot_slo_ms is None else self.tpot_slo_ms,
                              ttft_slo_ms=DEFAULT_TTFT_SLO_MS if self.ttft_slo_ms is None else self.ttft_slo_ms)
         return build_policy(self.share, co, layout.num_kv_blocks, AdapterSlots(layout.num_adapter_slots),

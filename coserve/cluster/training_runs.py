@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from coserve.contract.training_calls import (
     CallPending,
     CallTicket,
     CheckpointRecord,
+    ForwardBackwardCall,
     LoadCall,
     RunInfo,
     RunRequest,
@@ -61,6 +63,7 @@ class _Run:
     folder: Path
     session: str
     unplaced: list[DrivenOp] = field(default_factory=list)  # in order, while the run waits for an engine
+    trained_tokens: int = 0  # tokens its accepted forward_backward calls train (the tenant's quota)
 
 
 class TrainingRuns:
@@ -82,7 +85,9 @@ class TrainingRuns:
         self._session_timeout_s = session_timeout_s
         self._runs: dict[str, _Run] = {}
         self._calls: dict[str, tuple[str, DrivenOp]] = {}  # call id -> (tenant, op)
+        self._run_of: dict[str, str] = {}  # call id -> its run
         self._seen: dict[str, float] = {}  # session id -> its last heartbeat or call
+        jobs.on_placed.append(self._placed)
 
     def create(self, request: RunRequest, like_path: str | None = None) -> RunInfo | CallFailure:
         """Start a run of `request.tenant` (it waits for an engine like a job when none has room); with
@@ -154,11 +159,27 @@ class TrainingRuns:
         resolved = self._resolve(tenant, call)
         if isinstance(resolved, CallFailure):
             return resolved
+        if isinstance(resolved, ForwardBackwardCall) and resolved.backward:
+            run.trained_tokens += sum(len(d.token_ids) - 1 for d in resolved.data)
         op = DrivenOp(f"call-{uuid.uuid4().hex[:24]}", resolved, self._clock())
         self._calls[op.call_id] = (tenant, op)
+        self._run_of[op.call_id] = run_id
         self._seen[run.session] = self._clock()
         self._deliver(run, op)
         return CallTicket(op.call_id, run_id)
+
+    def trained_tokens(self, run_id: str) -> int:
+        run = self._runs.get(run_id)
+        return 0 if run is None else run.trained_tokens
+
+    def forget_save(self, tenant: str, path: str) -> None:
+        """Remove saved weights of the tenant's runs (over its storage quota) and their record."""
+        folder = self.resolve_path(tenant, path)
+        if isinstance(folder, CallFailure):
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+        for run in self._runs.values():
+            run.info.checkpoints = [c for c in run.info.checkpoints if c.path != path]
 
     def outcome(self, tenant: str, call_id: str) -> CallOutcome | CallPending:
         """The call's outcome, or why it is pending; an unknown call, or another tenant's, is a failure."""
@@ -175,10 +196,11 @@ class TrainingRuns:
     def forget(self, call_id: str) -> None:
         """The call's outcome was delivered: it is not kept."""
         self._calls.pop(call_id, None)
+        self._run_of.pop(call_id, None)
 
     def after_step(self) -> None:
-        """After any engine step: deliver the calls of newly placed runs, record saves, end the runs of
-        silent sessions, and mark runs whose job ended."""
+        """After any engine step: record saves, end the runs of silent sessions, and mark runs whose job
+        ended."""
         now = self._clock()
         for session, seen in list(self._seen.items()):
             if now - seen > self._session_timeout_s:
@@ -186,22 +208,28 @@ class TrainingRuns:
                     self.close_session(tenant, session, f"its session sent no heartbeat for "
                                        f"{self._session_timeout_s:g} s")
         for run in self._runs.values():
-            if run.unplaced and self._jobs.get(run.info.run_id) is not None:
-                waiting, run.unplaced = run.unplaced, []
-                for op in waiting:
-                    self._deliver(run, op)
             if run.info.failure is None and run.info.run_id not in self._jobs.job_ids:
                 run.info.failure = CallFailure("run_ended", "the training run ended (its engine was lost or "
                                                "it failed); start a new run from its last saved state",
                                                user=False)
-                self._fail(run.unplaced, run.info.failure)
+                mine = [op for call_id, (_, op) in self._calls.items() if self._run_of[call_id] == run.info.run_id]
+                self._fail(mine, run.info.failure)  # queued in the job's object, which went with it
+                run.unplaced.clear()
         for call_id, (_, op) in list(self._calls.items()):
             if isinstance(op.outcome, SaveOutcome) and isinstance(op.call, SaveCall):
                 self._record_save(op.outcome, op.call)
             if op.done and now - op.created > KEEP_UNREAD_S:  # its client never asked
-                del self._calls[call_id]
+                self.forget(call_id)
 
     # ----------------------------------------------------------------------------- internals
+
+    def _placed(self, run_id: str) -> None:
+        """A run's job was placed (at once, or when a slot freed): its waiting calls go to it."""
+        run = self._runs.get(run_id)
+        if run is not None and run.unplaced:
+            waiting, run.unplaced = run.unplaced, []
+            for op in waiting:
+                self._deliver(run, op)
 
     def _deliver(self, run: _Run, op: DrivenOp) -> None:
         """To the run's job; while it waits for an engine, after the calls already waiting."""
@@ -259,6 +287,8 @@ class TrainingRuns:
         if run is None or any(c.path == outcome.path for c in run.info.checkpoints):
             return
         folder = run.folder / match.group(2) / match.group(3)
-        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+        if not folder.is_dir():  # removed since (over the storage quota)
+            return
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         run.info.checkpoints.append(CheckpointRecord(call.name, outcome.path, call.resumable, self._clock(), size))
 

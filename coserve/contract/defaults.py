@@ -1,5 +1,5 @@
 """Default sizes of a server, in one place: the scheduler's budgets, the KV block and adapter bank
-sizes, the fine-tuning liveness floor and forward window, how long a paused dedicated run keeps its
+sizes, fine-tuning's minimum share of an engine's time and its forward window, how long a paused dedicated run keeps its
 workers.
 
 `SchedulerConfig`, `SchedulerSettings`, `ServeOptions`, `coserve serve`'s flags, `EngineConfig`,
@@ -14,6 +14,6 @@ MAX_BATCH_TOKENS = 2048  # tokens computed in one engine iteration
 BLOCK_SIZE = 16  # token positions per KV block
 ADAPTER_SLOTS = 4  # LoRA adapters resident in the engine's bank at once
 MAX_LORA_RANK = 64  # the largest adapter rank the bank holds
-FINETUNE_FLOOR_EVERY = 8  # plans without fine-tuning work before a job gets a floor piece
+FINETUNE_MIN_SHARE = 0.05  # fine-tuning's least share of an engine's time while a job is runnable
 FINETUNE_WINDOW_TOKENS = 256  # a fine-tuning job's longest forward window (FinetuneJobSpec.max_window_tokens)
 DEDICATED_PAUSE_TIMEOUT_S = 300.0  # a paused dedicated run's workers are given back after this long

@@ -26,6 +26,15 @@ class JobNotice:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class SequenceRestarts:
+    """A job's sequences that KV reclaim dropped and restarted from their first token too often: each was
+    dropped `coserve.finetune.sequence_kv.MAX_DROPS` times in a row, and then kept its KV blocks."""
+
+    kept: int = 0  # such sequences so far
+    tokens: int = 0  # the tokens of the last one
+
+
 class RunningJob(Protocol):
     """What the job manager reads of a job where it runs."""
 
@@ -47,7 +56,11 @@ class RunningJob(Protocol):
 
     @property
     def progress_marker(self) -> int:
-        """Changes whenever the job moves (its planned work, its rollouts): the watchdog's marker."""
+        """Grows whenever the job gets further (work that stays done, its rollouts): the watchdog's marker."""
+
+    @property
+    def sequence_restarts(self) -> SequenceRestarts:
+        """Its sequences restarted too often by KV reclaim (the watchdog says so in an event)."""
 
 
 class JobRunner(Protocol):

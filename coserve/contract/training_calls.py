@@ -69,9 +69,20 @@ class DatumOutput:
 
 
 @dataclass(slots=True)
+class CallTimings:
+    """Where a call's time went in the scheduler: waiting behind its run's earlier calls (`queued_s`),
+    then from its first planned work to its outcome (`compute_s`) over `iterations` engine steps."""
+
+    queued_s: float = 0.0
+    compute_s: float = 0.0
+    iterations: int = 0
+
+
+@dataclass(slots=True)
 class ForwardBackwardOutcome:
     outputs: list[DatumOutput]
     loss_sum: float
+    timings: CallTimings = field(default_factory=CallTimings)
 
 
 @dataclass(slots=True)
@@ -79,6 +90,7 @@ class OptimStepOutcome:
     step: int
     grad_norm: float
     learning_rate: float
+    timings: CallTimings = field(default_factory=CallTimings)
 
 
 @dataclass(slots=True)

@@ -16,7 +16,9 @@ on the `DrivenOp`, which the caller (`cluster.training_runs`) holds. Pure Python
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
@@ -24,6 +26,7 @@ from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.training_calls import (
     CallFailure,
     CallOutcome,
+    CallTimings,
     DatumOutput,
     ForwardBackwardCall,
     ForwardBackwardOutcome,
@@ -59,6 +62,9 @@ class DrivenOp:
     call: DrivenCall
     created: float  # when it was queued (the caller's clock)
     outcome: CallOutcome | None = None
+    started: float | None = None  # when its first work was planned (`DrivenOps`' clock)
+    first_plan: int | None = None  # step ids of the first and last plans with its work
+    last_plan: int | None = None
     sequences: list[str] = field(default_factory=list)
     logprobs: dict[str, list[float]] = field(default_factory=dict)
     losses: dict[str, float] = field(default_factory=dict)
@@ -76,10 +82,13 @@ class DrivenOps:
         output_dir: where its saves go (`weights/<name>`, `sampler_weights/<name>`).
         num_layers: the model's (a sequence's backward runs over every layer).
         steps: optimizer steps done already (a run resumed from a saved state).
+        clock: seconds (`time.time`, the clock `TrainingRuns` dates a call's arrival with): a call's timings.
     """
 
-    def __init__(self, job_id: str, output_dir: str, num_layers: int, steps: int = 0) -> None:
+    def __init__(self, job_id: str, output_dir: str, num_layers: int, steps: int = 0,
+                 clock: Callable[[], float] = time.time) -> None:
         self._job_id, self._output_dir, self._num_layers = job_id, output_dir, num_layers
+        self._clock = clock
         self.steps = steps
         self._queue: deque[DrivenOp] = deque()
         self._current: DrivenOp | None = None
@@ -135,6 +144,14 @@ class DrivenOps:
         position = DataPosition(seed=0, step=self.steps)
         return BatchProgress(after=position, normalizer=1, sequences=sequences, evaluation=not call.backward)
 
+    def planned(self, plan: IterationPlan, at: float | None = None) -> None:
+        """The current call has work in `plan`, made at `at` (None: now)."""
+        op = self._current
+        if op is not None:
+            if op.first_plan is None:
+                op.first_plan, op.started = plan.step_id, self._clock() if at is None else at
+            op.last_plan = plan.step_id
+
     def batch_planned(self, plan: IterationPlan) -> None:
         """The current call's batch has all its work in `plan`."""
         op = self._current
@@ -146,6 +163,7 @@ class DrivenOps:
     def plan_step(self, plan: IterationPlan, op: DrivenOp, call: OptimStepCall) -> None:
         plan.training.optimizer_steps.append(OptimizerStep(
             self._job_id, self.steps + 1, 0, max(1, self._gradient_tokens), adam=call.adam))
+        self.planned(plan)
         self._waiting_on = plan.step_id
 
     def plan_save(self, plan: IterationPlan, call: SaveCall, trained_tokens: int) -> None:
@@ -153,11 +171,13 @@ class DrivenOps:
         position = DataPosition(seed=0, step=self.steps).to_dict() if call.resumable else None
         plan.training.saves.append(SaveAdapter(self._job_id, f"{self._output_dir}/{kind}/{call.name}", self.steps,
                                                position, trained_tokens if call.resumable else None))
+        self.planned(plan)
         self._waiting_on = plan.step_id
 
     def planned_load(self, plan: IterationPlan, call: ResolvedLoad) -> None:
         """The engine restarts the job from `call.folder` in `plan` (its gradient goes with the old state)."""
         self._gradient_tokens = 0
+        self.planned(plan)
         self._waiting_on = plan.step_id
 
     # ------------------------------------------------------------------------------ results
@@ -167,6 +187,11 @@ class DrivenOps:
         op = self._current
         if op is None:
             return
+        mine = set(op.sequences)
+        work = plan.training
+        if any(w.sequence_id in mine for w in work.forward_windows) or \
+                any(t.sequence_id in mine for t in work.backward_tasklets):
+            self.planned(plan, self._clock() - result.timings.total_s)  # made before the engine ran it
         dropped = set(plan.training.sequence_drops)
         for sequence_id in op.sequences:
             if sequence_id in dropped:  # redone later: its windows report again
@@ -180,7 +205,15 @@ class DrivenOps:
         if self._waiting_on != plan.step_id:
             return
         op.outcome = self._outcome(op, result)
+        if isinstance(op.outcome, ForwardBackwardOutcome | OptimStepOutcome):
+            op.outcome.timings = self._timings(op)
         self._current, self._waiting_on = None, None
+
+    def _timings(self, op: DrivenOp) -> CallTimings:
+        started = op.created if op.started is None else op.started
+        first = op.first_plan if op.first_plan is not None else 0
+        last = op.last_plan if op.last_plan is not None else first
+        return CallTimings(max(0.0, started - op.created), max(0.0, self._clock() - started), last - first + 1)
 
     def _outcome(self, op: DrivenOp, result: IterationResult) -> CallOutcome:
         call = op.call

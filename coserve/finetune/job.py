@@ -16,7 +16,9 @@ token counter:
   a whole sequence of L tokens is charged L for its forward and L for its backward.
 
 When inference needs KV blocks, `release_kv` drops the sequence in flight (the engine restores the
-gradient it had before the sequence and frees the kept activations; the sequence is redone later).
+gradient it had before the sequence and frees the kept activations; the sequence is redone later), until
+the same sequence was dropped `sequence_kv.MAX_DROPS` times in a row: then it keeps its blocks. The
+watchdog's progress marker counts work that stays done (`kept_progress`), not work planned.
 A DPO job's batches (reference passes, pairs): `preference_batches`; a reinforcement job's (its graded
 rollouts, fed by its driver): `rollout_batches`; validation passes: `validation_pass`; a run driven by
 its client's calls (forward_backward, optim_step, saves, loads): `driven_ops`.
@@ -26,12 +28,12 @@ Pure Python: no torch, no Ray. The job's spec, states and events are in `coserve
 from __future__ import annotations
 
 from coserve.contract.data_position import DataPosition
+from coserve.contract.job_runner import SequenceRestarts
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind, JobPhase, JobState, trained_tokens
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.sampling import AdapterRef
 from coserve.contract.training_calls import CallFailure, ForwardBackwardCall, OptimStepCall, SaveCall
 from coserve.contract.training_plan import (
-    BackwardTasklet,
     ForwardWindow,
     JobStart,
     OptimizerStep,
@@ -40,9 +42,11 @@ from coserve.contract.training_plan import (
     TrainingExample,
 )
 from coserve.finetune.driven_ops import DrivenOps, ResolvedLoad
+from coserve.finetune.kept_progress import KeptProgress
 from coserve.finetune.preference_batches import ReferenceSums, pair_start, preference_batch
-from coserve.finetune.progress import BatchProgress, SequenceProgress
+from coserve.finetune.progress import BatchProgress, SequenceProgress, supervised_batch
 from coserve.finetune.rollout_batches import FedBatch, fed_batch_progress
+from coserve.finetune.sequence_kv import SequenceKV
 from coserve.finetune.validation_pass import ValidationPass
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
@@ -63,13 +67,12 @@ class FinetuneJob:
 
     def __init__(self, spec: FinetuneJobSpec, kv: KVBlockManager, adapters: AdapterSlots) -> None:
         self.spec = spec
-        self._kv, self._adapters = kv, adapters
+        self._kv, self._adapters = SequenceKV(kv), adapters
         self.state = JobState.RUNNING
         self.position = spec.start_position or DataPosition(seed=spec.seed)
         self._slot: int | None = None
         self._started = False  # JobStart sent
         self._batch: BatchProgress | None = None
-        self._to_free: list[str] = []  # sequences whose backward completes in the planned step
         self._stop_sent = False
         self._last_planned = -1  # step id of the last plan this job put work into
         # Trained tokens of completed optimizer steps, from the checkpoint's count on a resume (so the
@@ -82,7 +85,7 @@ class FinetuneJob:
         self._fed: list[FedBatch] = []  # a reinforcement job's graded batches, not started yet
         self._step_metrics: dict[int, dict[str, float]] = {}  # their rewards, for their steps' events
         self.hold_finish = False  # a reinforcement job's final evaluation is still sampling its weights
-        self._rollout_progress = 0  # rollout tokens sampled and batches graded (the watchdog's marker)
+        self._progress = KeptProgress()  # the watchdog's marker
         self._failure: tuple[str, str] | None = None  # (code, message) to fail with in the next plan
         start_step = spec.start_position.step if spec.start_position is not None else 0
         # A run driven by its client's calls (`driven_ops`); None: a job with data of its own.
@@ -110,11 +113,29 @@ class FinetuneJob:
 
     @property
     def progress_marker(self) -> int:
-        """Moves with the job's planned work and, for a reinforcement job, its rollouts."""
-        return hash((self._last_planned, self._rollout_progress))
+        """Grows with work that stays done (`kept_progress`) and a reinforcement job's rollouts."""
+        return self._progress.total
 
     def note_rollout_progress(self, amount: int) -> None:
-        self._rollout_progress += amount
+        self._progress.add(amount)
+
+    @property
+    def sequence_restarts(self) -> SequenceRestarts:
+        """Its sequences that KV reclaim dropped `MAX_DROPS` times in a row (they then kept their blocks)."""
+        return SequenceRestarts(self._kv.kept, self._kv.kept_tokens)
+
+    @property
+    def kv_reserve(self) -> int:
+        """Free KV blocks inference's admissions must leave for its kept sequence (`sequence_kv`)."""
+        batch = self._batch
+        return self._kv.reserve(batch.in_flight()) if self._kv.holding and batch is not None and self.runnable else 0
+
+    @property
+    def layer_tokens(self) -> tuple[int, int]:
+        """Backward tokens left in the layer whose tasklets come next, and in a whole layer ((0, 0)
+        outside the backward phase)."""
+        seq = self._current()
+        return (seq.layer_end[seq.layer], seq.length) if seq is not None and self.phase is JobPhase.BACKWARD else (0, 0)
 
     @property
     def between_steps(self) -> bool:
@@ -136,6 +157,12 @@ class FinetuneJob:
     def runnable(self) -> bool:
         """Whether the job has work to schedule (it is running and not waiting for its final save)."""
         return self.state == JobState.RUNNING
+
+    @property
+    def has_work(self) -> bool:
+        """Runnable, and not a driven run without a call to do (an engine with only those sleeps)."""
+        idle = self.driven is not None and self.driven.idle and self._batch is None
+        return self.runnable and not idle
 
     @property
     def phase(self) -> JobPhase:
@@ -193,13 +220,7 @@ class FinetuneJob:
     def _end(self, plan: IterationPlan | None, state: JobState) -> None:
         """Release every resource; with a plan, tell the engine to drop the job's state."""
         self.state = state
-        seq = self._current()
-        if seq is not None and self._kv.has_table(seq.sequence_id):
-            self._kv.free(seq.sequence_id)
-        for sequence_id in self._to_free:
-            if self._kv.has_table(sequence_id):
-                self._kv.free(sequence_id)
-        self._to_free.clear()
+        self._kv.free_all(self._current())
         if self._slot is not None:
             # The trainable weights die with the job (the engine unloads them): free the slot.
             self._adapters.release(self.spec.adapter_id)
@@ -215,23 +236,22 @@ class FinetuneJob:
     def release_kv(self, plan: IterationPlan) -> int:
         """Drop the sequences in flight to free their KV blocks; returns the blocks freed.
 
-        Refused (0) when they already have work in `plan` (it would read freed blocks), and for a DPO
-        pair once a backward of it has started (its gradient is then part-way into the adapter's).
+        Refused (0) when they already have work in `plan` (it would read freed blocks), for a DPO pair
+        once a backward of it has started (its gradient is then part-way into the adapter's), and for a
+        sequence dropped `MAX_DROPS` times in a row already (it keeps its blocks: `sequence_kv`).
         """
         seq = self._current()
         if seq is None or not seq.started or self._last_planned == plan.step_id:
             return 0
         assert self._batch is not None
-        group = [seq] if self._batch.forward_only(seq) else self._batch.group_of(seq)
+        group = self._batch.in_flight()
         if len(group) > 1 and any(s.layer_end != [s.length] * s.num_layers for s in group):
             return 0
-        freed = 0
-        for member in (s for s in group if s.started):
-            freed += len(self._kv.block_table(member.sequence_id))
-            self._kv.free(member.sequence_id)
-            plan.training.sequence_drops.append(member.sequence_id)
-            self._validation.redo(member.sequence_id)
-            member.reset()
+        freed = self._kv.release(group, plan)
+        for member in group if freed else ():
+            if member.started:
+                self._validation.redo(member.sequence_id)
+                member.reset()
         return freed
 
     # ------------------------------------------------------------------------------ scheduling
@@ -254,13 +274,14 @@ class FinetuneJob:
         charged = 0.0
         target = self._forward_target(seq)
         if target is not None:
-            charged += self._schedule_forward(plan, target, forward_tokens)
+            charged += self._schedule_forward(plan, target, seq, forward_tokens)
         if seq.forward_end == seq.length and batch.forward_only(seq):
             self._complete_forward_only(plan)
         elif self._forward_target(seq) is None:
             charged += self._schedule_backward(plan, seq, backward_token_layers)
         if charged:
             self._last_planned = plan.step_id
+            self._progress.reached(batch, (seq,) if target is None or target is seq else (target, seq))
         return charged
 
     def _ensure_started(self, plan: IterationPlan) -> bool:
@@ -305,14 +326,7 @@ class FinetuneJob:
             self._batch = preference_batch(spec, after, indices, self._references.known,
                                            f"{spec.job_id}/s{after.step}")
             return True
-        sequences = []
-        for k, index in enumerate(indices):
-            seq = SequenceProgress(f"{spec.job_id}/s{after.step}.{k}", index,
-                                   len(spec.examples[index].token_ids), spec.num_layers, group=k)
-            seq.reset()
-            sequences.append(seq)
-        normalizer = sum(trained_tokens(spec.examples[i]) for i in indices)
-        self._batch = BatchProgress(after=after, normalizer=normalizer, sequences=sequences)
+        self._batch = supervised_batch(spec, after, indices)
         return True
 
     def _next_driven(self, plan: IterationPlan, driven: DrivenOps) -> bool:
@@ -332,6 +346,7 @@ class FinetuneJob:
             self._restart(plan, call)
             driven.planned_load(plan, call)
         self._last_planned = plan.step_id
+        self._progress.add()
         return False
 
     def _restart(self, plan: IterationPlan, load: ResolvedLoad) -> None:
@@ -359,12 +374,14 @@ class FinetuneJob:
         plan.training.saves.append(SaveAdapter(self.job_id, path, self.position.step, final=True))
         self.state = JobState.FINISHING
 
-    def _schedule_forward(self, plan: IterationPlan, seq: SequenceProgress, budget: int) -> float:
+    def _schedule_forward(self, plan: IterationPlan, seq: SequenceProgress, lead: SequenceProgress,
+                          budget: int) -> float:
+        """One window of `seq` (the current sequence `lead`, or the next of its DPO pair)."""
         count = min(budget, self.spec.max_window_tokens, seq.length - seq.forward_end)
         if count < 1:
             return 0.0
-        if not self._kv.allocate_slots(seq.sequence_id, seq.forward_end + count):
-            if -(-seq.length // self._kv.block_size) > self._kv.num_blocks:  # it can never fit
+        if not self._kv.allocate(seq, lead, seq.forward_end + count):
+            if self._kv.never_fits(seq):
                 self._end(plan, JobState.FAILED)
                 self._pending.append(JobEvent(
                     self.job_id, JobEventKind.FAILED, self.position.step, code="sequence_too_long",
@@ -372,10 +389,10 @@ class FinetuneJob:
                             f"{self._kv.num_blocks} of {self._kv.block_size} tokens the job may use"))
             return 0.0
         if not seq.started and not self._start_sequence(plan, seq):
-            self._kv.free(seq.sequence_id)
+            self._kv.free_now(seq.sequence_id)
             return 0.0
         plan.training.forward_windows.append(ForwardWindow(
-            seq.sequence_id, seq.forward_end, count, list(self._kv.block_table(seq.sequence_id))))
+            seq.sequence_id, seq.forward_end, count, self._kv.table(seq.sequence_id)))
         seq.forward_end += count
         return float(count)
 
@@ -405,30 +422,18 @@ class FinetuneJob:
 
     def _schedule_backward(self, plan: IterationPlan, seq: SequenceProgress, budget: int) -> float:
         """Layer-major tasklets (last layer first, last tokens first) within `budget` token-layers."""
-        charged = 0.0
-        while not seq.backward_done:
-            layer = seq.layer
-            end = seq.layer_end[layer]
-            count = min(budget, end)
-            if count < 1 or (count < end and count < self.spec.min_tasklet_tokens):
-                break
-            plan.training.backward_tasklets.append(
-                BackwardTasklet(seq.sequence_id, layer, layer + 1, end - count, end))
-            seq.layer_end[layer] -= count
-            if seq.layer_end[layer] == 0 and layer > 0:
-                seq.layer -= 1
-            budget -= count
-            charged += backward_tasklet_tokens(count, 1, seq.num_layers)
+        tasklets = seq.take_backward(budget, self.spec.min_tasklet_tokens)
+        plan.training.backward_tasklets.extend(tasklets)
         if seq.backward_done:
             self._complete_sequence(plan)
-        return charged
+        return sum(backward_tasklet_tokens(t.end - t.start, 1, seq.num_layers) for t in tasklets)
 
     def _complete_forward_only(self, plan: IterationPlan) -> None:
         """A validation or reference sequence's last window is planned (the engine drops it after the
         forward); the batch goes on (a validation batch ends with its last sequence)."""
         batch = self._batch
         assert batch is not None
-        self._to_free.append(batch.sequences[batch.current].sequence_id)
+        self._kv.done(batch.sequences[batch.current])
         batch.current += 1
         if batch.current == len(batch.sequences):
             if self.driven is not None:
@@ -441,7 +446,7 @@ class FinetuneJob:
         """The sequence's last tasklet is planned: free its blocks after the step, go to the next."""
         batch = self._batch
         assert batch is not None
-        self._to_free.append(batch.sequences[batch.current].sequence_id)
+        self._kv.done(batch.sequences[batch.current])
         batch.current += 1
         if batch.current < len(batch.sequences):
             return
@@ -469,10 +474,7 @@ class FinetuneJob:
     def update(self, plan: IterationPlan, result: IterationResult) -> list[JobEvent]:
         """Consume what the engine did for this job in `plan`; returns the job's new events."""
         events, self._pending = self._pending, []
-        for sequence_id in self._to_free:
-            if self._kv.has_table(sequence_id):
-                self._kv.free(sequence_id)
-        self._to_free.clear()
+        self._kv.free_done()
         report = result.training
         for failure in report.failures:
             if failure.job_id == self.job_id and not self.state.is_finished:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
+from coserve.contract.job_spec import FinetuneJobSpec, trained_tokens
 from coserve.contract.loss_spec import LossSpec, TokenInputs
-from coserve.contract.training_plan import PairStart, TrainingExample
+from coserve.contract.training_plan import BackwardTasklet, PairStart, TrainingExample
 
 
 @dataclass(slots=True)
@@ -47,6 +48,28 @@ class SequenceProgress:
     def backward_done(self) -> bool:
         return self.layer_end[0] == 0
 
+    def take_backward(self, budget: int, min_tasklet_tokens: int) -> list[BackwardTasklet]:
+        """Cut the next backward tasklets, layer-major (last layer first, last tokens first), within
+        `budget` token-layers; none shorter than `min_tasklet_tokens` unless it ends its layer."""
+        tasklets = []
+        while not self.backward_done:
+            layer = self.layer
+            end = self.layer_end[layer]
+            count = min(budget, end)
+            if count < 1 or (count < end and count < min_tasklet_tokens):
+                break
+            tasklets.append(BackwardTasklet(self.sequence_id, layer, layer + 1, end - count, end))
+            self.layer_end[layer] -= count
+            if self.layer_end[layer] == 0 and layer > 0:
+                self.layer -= 1
+            budget -= count
+        return tasklets
+
+    @property
+    def token_layers_done(self) -> int:
+        """Work done on it since its start, in token-layers: a forward token passes every layer."""
+        return self.forward_end * self.num_layers + sum(self.length - end for end in self.layer_end)
+
 
 @dataclass(slots=True)
 class BatchProgress:
@@ -64,3 +87,23 @@ class BatchProgress:
 
     def group_of(self, seq: SequenceProgress) -> list[SequenceProgress]:
         return [s for s in self.sequences if s.group == seq.group and not self.forward_only(s)]
+
+    def in_flight(self) -> list[SequenceProgress]:
+        """The sequence in flight and, for a DPO pair, the rest of its group ([] once the batch is done)."""
+        if self.current >= len(self.sequences):
+            return []
+        seq = self.sequences[self.current]
+        return [seq] if self.forward_only(seq) else self.group_of(seq)
+
+
+def supervised_batch(spec: FinetuneJobSpec, after: DataPosition, indices: list[int]) -> BatchProgress:
+    """A supervised batch: one sequence per example, each a group of its own, normalized by the batch's
+    trained tokens (the batch that leads to `after`)."""
+    sequences = []
+    for k, index in enumerate(indices):
+        seq = SequenceProgress(f"{spec.job_id}/s{after.step}.{k}", index, len(spec.examples[index].token_ids),
+                               spec.num_layers, group=k)
+        seq.reset()
+        sequences.append(seq)
+    normalizer = sum(trained_tokens(spec.examples[i]) for i in indices)
+    return BatchProgress(after=after, normalizer=normalizer, sequences=sequences)

@@ -34,7 +34,17 @@ class TrainingJob(Protocol):
         """Whether the job has work to schedule now."""
 
     @property
+    def has_work(self) -> bool:
+        """Runnable with something to do (a driven run between its client's calls has not)."""
+
+    @property
     def phase(self) -> JobPhase: ...
+
+    @property
+    def layer_tokens(self) -> tuple[int, int]:
+        """Backward tokens left in the layer whose tasklets come next, and in a whole layer ((0, 0)
+        outside the backward phase): a backward budget runs as one tasklet per layer, each with its
+        fixed cost."""
 
     @property
     def last_planned_step(self) -> int:
@@ -48,6 +58,10 @@ class TrainingJob(Protocol):
 
     def release_kv(self, plan: IterationPlan) -> int:
         """Drop the sequence in flight (redone later); returns the KV blocks freed."""
+
+    @property
+    def kv_reserve(self) -> int:
+        """Free KV blocks inference's admissions must leave for the job's kept sequence (`sequence_kv`)."""
 
     def cancel(self, plan: IterationPlan) -> JobEvent | None: ...
 
@@ -103,7 +117,7 @@ class JobRoster:
     def has_work(self) -> bool:
         """A runnable job, a job waiting for its final save's result, or control for the next plan."""
         return bool(self._cancels or self._pauses) or any(
-            job.runnable or job.state is JobState.FINISHING for job in self._jobs.values())
+            job.has_work or job.state is JobState.FINISHING for job in self._jobs.values())
 
     # --------------------------------------------------------------------------- job control
 
@@ -202,11 +216,18 @@ class JobRoster:
                 self._jobs[job.job_id] = self._jobs.pop(job.job_id)
         return total
 
+    def longest_waiting(self) -> TrainingJob | None:
+        """The runnable job whose last work is oldest (the liveness floor's next), or None."""
+        return min((job for job in self._jobs.values() if job.runnable), key=lambda job: job.last_planned_step,
+                   default=None)
+
     def fill_longest_waiting(self, plan: IterationPlan, allowance: Allowance) -> float:
-        """Give work to the runnable job that has waited longest for it (the liveness floor: every job
-        in turn, whatever the counters), the next one if it cannot take any; charged like `fill`."""
+        """Give work to the runnable jobs, the one that has waited longest first (the liveness floor:
+        every job in turn, whatever the counters), until the allowance says the plan has enough (None);
+        a job that cannot take any is passed over. Charged like `fill`; returns the tokens charged."""
         waiting = sorted((job for job in self._jobs.values() if job.runnable),
                          key=lambda job: job.last_planned_step)
+        total = 0.0
         for job in waiting:
             amounts = allowance(job, plan)
             if amounts is None:
@@ -214,8 +235,8 @@ class JobRoster:
             charged = job.schedule(plan, *amounts) if max(amounts) > 0 else 0.0
             if charged > 0:
                 self._vtc.charge_finetune(job.tenant, charged)
-                return charged
-        return 0.0
+                total += charged
+        return total
 
     def reclaim_kv(self, plan: IterationPlan) -> bool:
         """Free the KV blocks of one job's sequence in flight, the most-served tenant's first.
@@ -226,6 +247,11 @@ class JobRoster:
         order = sorted(self._jobs.values(),
                        key=lambda j: (-self._vtc.counter(j.tenant), j.tenant, j.job_id))
         return any(job.release_kv(plan) > 0 for job in order)
+
+    def kv_reserve(self) -> int:
+        """Free KV blocks inference's admissions must leave: what the runnable jobs' kept sequences still
+        need (a sequence dropped too often keeps its blocks, `sequence_kv`)."""
+        return sum(job.kv_reserve for job in self._jobs.values() if job.runnable)
 
     def update(self, plan: IterationPlan, result: IterationResult) -> None:
         """Let every job consume the result; finished jobs leave the roster (events are kept)."""

@@ -39,6 +39,10 @@ def _ignore(request: Request) -> None:
     del request
 
 
+def _no_reserve() -> int:
+    return 0
+
+
 class InferenceScheduler:
     """Continuous batching: running requests first, then waiting requests in the admission order.
 
@@ -51,6 +55,9 @@ class InferenceScheduler:
             preempted; returns whether it freed any (co-serving: fine-tuning gives back the blocks
             it borrowed, Harli's principle). Default: nothing to reclaim.
         on_finished: called with each request that finished, after its resources were released.
+        kv_reserve: free KV blocks an admission must leave (co-serving: the blocks a fine-tuning sequence
+            that keeps its memory still needs, `finetune.sequence_kv`); running requests may use them.
+            Default: none.
 
     Raises:
         ValueError: `kv` disagrees with `config` (block size, prefix caching), or a sequence of
@@ -60,7 +67,8 @@ class InferenceScheduler:
     def __init__(self, config: SchedulerConfig, kv: KVBlockManager, adapters: AdapterSlots, *,
                  order: AdmissionOrder | None = None,
                  reclaim_kv: Callable[[IterationPlan], bool] = _no_reclaim,
-                 on_finished: Callable[[Request], None] = _ignore) -> None:
+                 on_finished: Callable[[Request], None] = _ignore,
+                 kv_reserve: Callable[[], int] = _no_reserve) -> None:
         check_kv_matches(config, kv)
         self._config = config
         self._kv = kv
@@ -68,6 +76,7 @@ class InferenceScheduler:
         self._order = FifoOrder() if order is None else order
         self._reclaim_kv = reclaim_kv
         self._on_finished = on_finished
+        self._kv_reserve = kv_reserve
         self._requests: dict[str, Request] = {}  # every unfinished request
         self._waiting = self._order.queue
         self._running_adapters = RunningAdapters()
@@ -263,7 +272,9 @@ class InferenceScheduler:
         while budget.tokens > 0 and len(self._running) < self._config.max_num_seqs:
             request = self._order.next_waiting()
             # Strict order: nobody overtakes the head. Not idling: with nothing running every adapter
-            # slot is unpinned and any request fits the cache (checked at construction).
+            # slot is unpinned and any request fits the cache (checked at construction), once a
+            # fine-tuning sequence holding the `kv_reserve` is done (with nothing running, fine-tuning
+            # gets whole iterations).
             if request is None or not self._try_admit(request, plan, budget):
                 break
             self._waiting.remove(request)
@@ -293,7 +304,7 @@ class InferenceScheduler:
             request.num_computed_tokens = self._kv.match_prefix(request_id, token_ids,
                                                                 prefix_salt(request))
         count = num_new_tokens(request, budget.tokens, self._config.long_prefill_threshold)
-        while not self._kv.allocate_slots(request_id, request.num_computed_tokens + count):
+        while not self._allocate_admitted(request_id, request.num_computed_tokens + count):
             if not self._reclaim_kv(plan):
                 self._kv.free(request_id)  # give back the matched prefix blocks
                 request.num_computed_tokens = 0
@@ -310,6 +321,13 @@ class InferenceScheduler:
         self._emit_chunk(request, count, plan)
         budget.tokens -= count
         return True
+
+    def _allocate_admitted(self, request_id: str, end: int) -> bool:
+        """Blocks for a request being admitted, leaving the `kv_reserve` free; False: they do not fit."""
+        reserve = self._kv_reserve()
+        if reserve and self._kv.blocks_needed(request_id, end) > self._kv.num_free_blocks - reserve:
+            return False
+        return self._kv.allocate_slots(request_id, end)
 
     def _acquire_adapter(self, request: Request, plan: IterationPlan) -> int:
         if request.adapter is None:

@@ -46,7 +46,8 @@ class ServeOptions:
     device: str = "cpu"
     latency_profile: str | None = None  # `coserve profile --json` output (None: learned online)
     max_stall_ms: float | None = None  # fine-tuning bursts spending TPOT slack (CoServingConfig)
-    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY  # liveness floor (CoServingConfig.finetune_floor_every)
+    # fine-tuning's least share of an engine's time while a job is runnable (CoServingConfig.finetune_min_share)
+    finetune_min_share: float = defaults.FINETUNE_MIN_SHARE
     public_metrics: bool = False  # /metrics without an admin key, tenant labels summed away
     max_request_bytes: int = 4 * 1024 * 1024  # JSON bodies (api.state.DEFAULT_MAX_REQUEST_BYTES: why)
     max_n: int = 16  # the most completions one chat request may ask for (`n`), 1..128
@@ -76,14 +77,16 @@ class ServeOptions:
             ValueError: the first bad setting, named as on the command line.
         """
         positive = {"--max-num-seqs": self.max_num_seqs, "--max-batch-tokens": self.max_batch_tokens,
-                    "--adapter-slots": self.adapter_slots, "--finetune-floor-every": self.finetune_floor_every,
-                    "--max-request-bytes": self.max_request_bytes, "--max-upload-bytes": self.max_upload_bytes}
+                    "--adapter-slots": self.adapter_slots, "--max-request-bytes": self.max_request_bytes,
+                    "--max-upload-bytes": self.max_upload_bytes}
         for flag, value in positive.items():
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
         for flag, slo in {"--tpot-slo-ms": self.tpot_slo_ms, "--ttft-slo-ms": self.ttft_slo_ms}.items():
             if slo is not None and not slo > 0:
                 raise ValueError(f"{flag} must be > 0, got {slo}")
+        if not 0 < self.finetune_min_share < 1:
+            raise ValueError(f"--finetune-min-share must be a fraction in (0, 1), got {self.finetune_min_share}")
         if self.max_stall_ms is not None:
             from coserve.share.settings import DEFAULT_TPOT_SLO_MS
 
@@ -233,7 +236,7 @@ class ServeOptions:
         fingerprint = ModelFingerprint(model_id_from_config(config), engine_machine_id(self.device, self.engine),
                                        self.resolved_dtype())
         return CoServingPolicyFactory(fingerprint, self.tpot_slo_ms, self.ttft_slo_ms, self.latency_profile,
-                                      self.max_stall_ms, tenants.weights(), self.finetune_floor_every)
+                                      self.max_stall_ms, tenants.weights(), self.finetune_min_share)
 
     def scheduler_settings(self, tenants: Any) -> Any:
         """The SchedulerActor's settings."""

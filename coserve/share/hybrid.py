@@ -23,11 +23,11 @@ target) until every running request has banked at least twice the per-iteration 
 fills one iteration with what is banked, up to the stall budget. Where an iteration's fixed cost is
 large against the SLO (a CPU), this pays it once per burst instead of once per SLO-sized iteration.
 
-Liveness (`CoServingPolicy`, `liveness.FinetuneFloor`): the SLO binds only while inference runs or
-waits, so an idle engine gives fine-tuning the whole iteration (`max_batch_tokens`, and up to
+Liveness (`CoServingPolicy`, `liveness.FinetuneFloor`): the SLO binds only while inference runs, so an
+engine with no request running gives fine-tuning the whole iteration (`max_batch_tokens`, and up to
 `max_backward_token_layers`); while the latency model is still warming up (`SampleGuard`), fine-tuning
-gets small pieces beside inference; and a job that got nothing for `finetune_floor_every` plans gets a
-floor piece whatever the model says.
+gets small pieces beside inference; and while a job is runnable, floor pieces top fine-tuning up to its
+minimum share of the engine's time (`finetune_min_share`) whatever the SLO.
 
 The TTFT guard, KV reclaim, VTC charges and the online latency model are `CoServingPolicy`'s.
 """
@@ -118,8 +118,10 @@ class HybridShare:
         config = ctx.config
         max_tokens = config.scheduler.max_batch_tokens
         inference_tokens = int(base.prefill_tokens + base.decode_tokens)
-        if not ctx.num_running and not ctx.num_waiting:
-            # Liveness: the SLO binds only while inference runs or waits. An idle engine gives
+        if not ctx.num_running:
+            # Liveness: the SLO binds only while inference runs. An engine with no request running
+            # (none waits, or those waiting could not be admitted: their KV blocks are a kept
+            # fine-tuning sequence's, `finetune.sequence_kv`, or an adapter slot is not free) gives
             # fine-tuning the whole iteration, whatever the latency model predicts, as when it trains
             # alone (`LLM.fine_tune`): forward and backward in the same plan.
             return whole_iteration_allowance(max_tokens, config.max_backward_token_layers)
@@ -133,7 +135,7 @@ class HybridShare:
             return None
         if not ctx.latency.trusted:
             # Warming up: small pieces beside inference, so the model measures their cost.
-            piece = config.finetune_floor_tokens
+            piece = config.min_piece_tokens
             return fixed_allowance(min(piece, max(0, max_tokens - inference_tokens)), piece)
         budget_s = self._finetune_budget_s(ctx)
         if budget_s is None:

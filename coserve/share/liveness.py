@@ -1,165 +1,254 @@
-"""Liveness of fine-tuning: every runnable job makes progress, or the policy says why not.
+"""Liveness of fine-tuning: while a job is runnable, fine-tuning gets a minimum share of the engine's
+time whatever the SLO, or the policy says why not.
 
 A co-serving policy gives fine-tuning what inference leaves (the hybrid policy: what its latency model
 says fits under the TPOT SLO). Under a tight SLO, a tiny token budget, a slow machine or a wrong latency
 model that can be nothing, iteration after iteration: the job would sit in `running` forever. This is
 the rule that forbids it:
 
-- **Floor.** When a runnable job has had no work in the last `every` plans, the next plan keeps
-  `tokens` of the iteration's token budget away from inference and gives one piece (a forward window of
-  at most `tokens` tokens, or backward tasklets of at most `tokens` token-layers) to the job that has
-  waited longest, whatever the SLO, the waiting queue, the TTFT guard or the virtual token counters say
-  (the counters are charged as usual). So with n runnable jobs each moves at least once every
-  `every` + n iterations, and the cost is bounded: at most n iterations in `every` + n are longer by
-  one small piece each.
-- **Growth.** A floor piece of 16 tokens is 1/30 of one token's backward on a 30-layer model: under an
-  SLO the machine cannot meet, a job fed by the floor alone would take hours. So a job's floor piece
-  doubles with each floor piece it has taken in a row (a job the share has not served for k floor
-  pieces, about k x (`every` + 1) plans, is offered 16 x 2^k), but only in plans whose inference alone
-  the latency model already predicts over the TPOT budget (`growth_room`: the SLO is lost in that
-  iteration whatever fine-tuning does), and only up to a piece the model predicts to cost no more
-  than that inference (`GROWN_PIECE_COST`), half the token budget (forward) and
-  `max_backward_token_layers` (backward). Where inference alone fits the SLO, the piece stays at
-  `tokens`: an SLO the machine can meet is never traded for a bigger floor. Any work the share gives
-  the job ends the run. So a job held back by an SLO that cannot be met trains, after a ramp of
-  log2(piece / 16) floor pieces, about one inference iteration's worth of work every `every` + n
-  iterations: roughly 1 / (`every` + n + 1) of the engine's time, and it finishes within about
-  (`every` + n + 1) times its time alone on an idle engine (measured on SmolLM2: benchmarks/RESULTS.md).
+- **Minimum share.** While fine-tuning jobs are runnable, fine-tuning gets `min_share`
+  (`--finetune-min-share`, default 0.05) of the engine's time, less at most one piece, over any window
+  of about `MIN_SHARE_WINDOW_S` (`share_account.ShareAccount` keeps the account: each iteration's
+  measured time, and fine-tuning's part of it: its measured backward, optimizer steps and saves, plus
+  its forward windows' part of the fused forward as the latency model prices it). Before a plan is
+  filled, the floor works out what fine-tuning is owed, this iteration included. When a piece is due,
+  the job that waited longest gets one (a forward window, or backward tasklets) whose cost the model
+  puts at what is owed, whatever the SLO, the waiting queue, the TTFT guard or the virtual token
+  counters say (the counters are charged as usual), or what the share would give that job if that is
+  more (`at_least`); one job's piece is at most a window or a run of tasklets of its sequence, so a
+  larger debt goes on to the next job in turn. Work the share gives counts too: the floor only tops
+  it up.
+- **Pieces worth their cost.** Every piece carries a fixed cost (`ft_pieces` in the model: on a CPU a
+  few milliseconds), so a piece is due once the debt is worth the least piece: `EFFICIENT_PIECE` times
+  that fixed cost in work, and `min_piece_tokens` tokens (a forward window is then at least 3/4 token
+  work; a backward budget runs as one tasklet per layer, as when the job trains alone, and is sized in
+  whole layers by the job's `layer_tokens`), or half of what a window owes if that is less: a slow
+  machine's least piece is given anyway, and the next waits until the surplus is paid off. So on
+  average fine-tuning gets exactly its share, a job trains about as fast as `min_share` of its speed
+  alone, and it finishes within 1.5 / `min_share` times its time alone (tests/share/test_min_share.py;
+  measured on SmolLM2: benchmarks/RESULTS.md).
+- **Forward room.** A forward window shares the iteration's token budget with inference: when a
+  forward piece is due, its tokens (at most half the budget) are kept from inference before it is
+  scheduled.
+- **What it costs.** While jobs are runnable and the share gives them nothing, inference loses
+  `min_share` of the engine's time: one iteration in several is longer by a piece, and the mean time
+  per output token is about 1 / (1 - `min_share`) of what inference alone takes (5.3% more at 0.05).
 - **Why not.** Each plan that gives runnable jobs nothing records the reason (`held_back`), which the
   scheduler's watchdog writes as a job event when a job has not moved for a while.
 
 What can still stop a job is memory: a job whose piece finds no free KV block or adapter slot (inference
-holds them; training borrows memory, inference owns it) waits, and `held_back` says so.
+holds them; training borrows memory, inference owns it) waits, and `held_back` says so. A sequence that
+inference's KV reclaim dropped too often keeps its blocks (`finetune.sequence_kv`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
-from coserve.contract.plan import IterationPlan
+from coserve.contract.plan import IterationPlan, StepTimings
 from coserve.contract.training_plan import TrainingWork
 from coserve.finetune.job import JobPhase
 from coserve.finetune.roster import Allowance, TrainingJob
 from coserve.share.latency import LatencyModel, PlanFeatures
+from coserve.share.share_account import PlannedSplit, ShareAccount
 
 NO_MEMORY = "held back: no free KV block or adapter slot for its next piece (inference holds them)"
-# A grown floor piece may add at most this many times the predicted time of its iteration's inference.
-GROWN_PIECE_COST = 1.0
-MAX_DOUBLINGS = 20  # the size is capped long before; this only bounds the integer
+MIN_SHARE_WINDOW_S = 1.0
+"""The window over which fine-tuning gets its minimum share of the engine's time, seconds."""
+EFFICIENT_PIECE = 3.0
+"""A floor piece's token work costs at least this many times a piece's fixed cost (by the model)."""
 
 
-@dataclass(frozen=True, slots=True)
-class GrowthRoom:
-    """How big a grown floor piece may be in the plan being built (by the latency model)."""
 
-    forward_tokens: int
-    backward_token_layers: int
+class _Prices(NamedTuple):
+    """What the latency model says a piece, a forward token and a backward token-layer add to any plan
+    (its coefficients: the model is linear)."""
 
+    piece: float
+    forward: float
+    backward: float
 
-def growth_room(latency: LatencyModel, base: PlanFeatures, budget_s: float, max_forward_tokens: int,
-                max_backward_token_layers: int) -> GrowthRoom | None:
-    """The room for a grown floor piece beside `base` (the plan's inference work), or None when the
-    floor must not grow: the model is still warming up, or it predicts inference alone within
-    `budget_s` (the TPOT SLO can hold in this iteration). Otherwise the largest piece of each kind
-    that the model predicts to add at most `GROWN_PIECE_COST` x the inference's own time, as one piece
-    (a backward piece over several layers runs as one tasklet per layer, each adding the model's fixed
-    cost of a piece: the planner does not see the sequence length, as in `hybrid.py`)."""
-    if not latency.trusted:
-        return None
-    inference_s = latency.predict(base)
-    if inference_s <= budget_s:
-        return None
-    one_piece = base.with_finetune(0, 0, 1)
-    limit_s = inference_s * (1.0 + GROWN_PIECE_COST)
-    return GrowthRoom(
-        latency.max_extra_tokens(one_piece, PlanFeatures(ft_forward_tokens=1.0), limit_s, max_forward_tokens),
-        latency.max_extra_tokens(one_piece, PlanFeatures(ft_backward_token_layers=1.0), limit_s,
-                                 max_backward_token_layers))
+    @classmethod
+    def of(cls, latency: LatencyModel) -> _Prices:
+        coefficients = latency.coefficients
+        return cls(coefficients["ft_pieces"], coefficients["ft_forward_tokens"],
+                   coefficients["ft_backward_token_layers"])
 
 
 def _has_work(training: TrainingWork) -> bool:
     return bool(training.forward_windows or training.backward_tasklets)
 
 
+def at_least(floor: Allowance, share: Allowance | None) -> Allowance:
+    """The floor's piece for a job, or what the share would give it where that is more (each amount): a
+    job is asked once per plan, so the floor's piece must not cut what the share had room for."""
+    if share is None:
+        return floor
+
+    def allow(job: TrainingJob, plan: IterationPlan) -> tuple[int, int] | None:
+        mine = floor(job, plan)
+        if mine is None:  # the plan carries what the floor owes: the share fills the rest in its order
+            return None
+        theirs = share(job, plan) or (0, 0)
+        return max(mine[0], theirs[0]), max(mine[1], theirs[1])
+
+    return allow
+
+
 class FinetuneFloor:
-    """Forces a small piece for a job that has had no work in `every` plans; says why jobs wait.
+    """Gives fine-tuning its minimum share of the engine's time; says why jobs wait (module docstring).
 
     Args:
-        every: plans a runnable job may go without work before the next one carries its piece (>= 1).
-        tokens: the floor piece's size: forward tokens, or backward token-layers (>= 1).
+        min_share: fine-tuning's least share of the engine's time while a job is runnable, in (0, 1).
+        min_piece_tokens: the smallest floor piece (forward tokens, or backward token-layers), >= 1.
         max_batch_tokens: the iteration's token budget (inference and forward windows share it).
-        max_backward_token_layers: the most backward work a grown piece may have.
+        max_backward_token_layers: the most backward work a floor piece may have.
+        window_s: the window the share holds over, seconds.
     """
 
-    def __init__(self, every: int, tokens: int, max_batch_tokens: int,
-                 max_backward_token_layers: int | None = None) -> None:
-        if every < 1 or tokens < 1:
-            raise ValueError(f"the fine-tuning floor needs every >= 1 and tokens >= 1, got {every}, {tokens}")
-        self.every = every
-        self.tokens = tokens
+    def __init__(self, min_share: float, min_piece_tokens: int, max_batch_tokens: int,
+                 max_backward_token_layers: int, window_s: float = MIN_SHARE_WINDOW_S) -> None:
+        if not 0.0 < min_share < 1.0 or min_piece_tokens < 1:
+            raise ValueError(f"the fine-tuning floor needs 0 < min_share < 1 and min_piece_tokens >= 1, got "
+                             f"{min_share!r}, {min_piece_tokens!r}")
+        self.min_share = min_share
+        self.min_piece_tokens = min_piece_tokens
         # Forward windows share the token budget with inference: the floor takes at most half of it.
         self.max_forward_tokens = max(1, max_batch_tokens // 2)
-        self._forward_tokens = min(tokens, self.max_forward_tokens)
-        self.max_backward_token_layers = max(tokens, max_backward_token_layers or tokens)
+        self.max_backward_token_layers = max(min_piece_tokens, max_backward_token_layers)
+        self.account = ShareAccount(min_share, window_s)
         self.held_back: str | None = None  # why the last plan gave runnable jobs nothing
         self._reason: str | None = None  # what the allowance said in the plan being built
-        self._first_seen: dict[str, int] = {}  # job id -> step id of the first plan that saw it
-        self._streak: dict[str, int] = {}  # job id -> floor pieces it took in a row (none from the share)
-        self._floor_step: dict[str, int] = {}  # job id -> step id of its last floor piece
+        self._last_inference = PlanFeatures()  # the last plan's inference (the next one's guess)
+        self._price = _Prices(0.0, 0.0, 0.0)  # the model's prices in the plan being built (`begin`)
 
-    def due(self, step_id: int, jobs: Iterable[TrainingJob]) -> bool:
-        """Whether the plan `step_id` must carry a floor piece: a runnable job had no work in the last
-        `every` plans (a job that never had any counts from the first plan that saw it)."""
-        first_seen, streak, floor_step, due = {}, {}, {}, False
-        for job in jobs:
-            job_id = job.job_id
-            first_seen[job_id] = self._first_seen.get(job_id, step_id)
-            last = job.last_planned_step if job.last_planned_step >= 0 else first_seen[job_id] - 1
-            due = due or (job.runnable and step_id - last > self.every)
-            if job_id in self._floor_step and job.last_planned_step == self._floor_step[job_id]:
-                # its last work was a floor piece: the run goes on (work from the share ends it)
-                streak[job_id], floor_step[job_id] = self._streak[job_id], self._floor_step[job_id]
-        self._first_seen, self._streak, self._floor_step = first_seen, streak, floor_step  # finished jobs drop out
-        return due
+    # ------------------------------------------------------------------------------ the account
 
-    def served(self, step_id: int, jobs: Iterable[TrainingJob]) -> None:
-        """Note the job that took the floor's piece in plan `step_id` (its run grows by one)."""
-        for job in jobs:
-            if job.last_planned_step == step_id:
-                self._floor_step[job.job_id] = step_id
-                self._streak[job.job_id] = self._streak.get(job.job_id, 0) + 1
+    def begin(self, runnable: bool, latency: LatencyModel) -> None:
+        """A plan starts; `runnable`: whether a job is runnable (else the account is cleared); `latency`:
+        the model the plan is built with (its prices are read once per plan)."""
+        if not runnable:
+            self.account.clear()
+        else:
+            self._price = _Prices.of(latency)
 
-    def streak(self, job_id: str) -> int:
-        """Floor pieces the job has taken in a row, with no work from the share in between."""
-        return self._streak.get(job_id, 0)
+    def planned(self, step_id: int, latency: LatencyModel, base: PlanFeatures, training: TrainingWork) -> None:
+        """The plan `step_id` was built with inference `base` and fine-tuning `training`: the account takes
+        how the model divides it (only while a job is runnable: `begin`)."""
+        self._last_inference = base
+        price = self._price
+        windows = len(training.forward_windows)
+        forward_s = training.forward_tokens * price.forward + windows * price.piece
+        finetune_s = forward_s + training.backward_token_layers * price.backward + len(training.backward_tasklets) \
+            * price.piece
+        inference_s = latency.predict(base)
+        if not base.has_inference:
+            part = forward_part = 1.0 if windows or training.backward_tasklets else 0.0
+        else:
+            part = finetune_s / (inference_s + finetune_s) if inference_s + finetune_s > 0 else 0.0
+            forward_part = forward_s / (inference_s + forward_s) if inference_s + forward_s > 0 else 0.0
+        self.account.planned(step_id, PlannedSplit(inference_s + finetune_s, part, forward_part))
 
-    def reserved_tokens(self, due: bool) -> int:
-        """Tokens of the budget inference must leave to fine-tuning in the plan being built."""
-        return self._forward_tokens if due else 0
+    def observe(self, step_id: int, timings: StepTimings) -> None:
+        """The plan's result: its measured times (a total <= 0: not measured, the prediction counts)."""
+        self.account.observe(step_id, timings.total_s, timings.backward_s)
+
+    def owed_s(self, inference_s: float) -> float:
+        """Fine-tuning time the plan being built owes beside `inference_s` of inference, both in the
+        model's seconds (the account's measured seconds over its measured / predicted scales)."""
+        account = self.account
+        return account.owed_s(inference_s * account.inference_scale) / account.finetune_scale
+
+    # ------------------------------------------------------------------------------ the piece
+
+    def _piece_s(self, latency: LatencyModel, price: _Prices, inference_s: float, phase: JobPhase) -> float | None:
+        """What a floor piece beside `inference_s` for a job in `phase` may cost (the model's seconds), or
+        None when none is due: fine-tuning is owed less than the least piece worth its cost
+        (`EFFICIENT_PIECE` times a piece's fixed cost in work, and `min_piece_tokens`), or than half of
+        what a window owes if that is less (a slow machine's least piece is given anyway, and the
+        surplus waits)."""
+        owed_s = self.owed_s(inference_s)
+        if owed_s <= 0 or not latency.trusted:
+            return owed_s if owed_s > 0 else None
+        unit_s = price.forward if phase is JobPhase.FORWARD else price.backward
+        least_s = max((1.0 + EFFICIENT_PIECE) * price.piece, price.piece + self.min_piece_tokens * unit_s)
+        half_window_s = self.account.window_debt_s / 2 / self.account.finetune_scale
+        if owed_s < min(least_s, half_window_s):
+            return None
+        return max(owed_s, least_s)
+
+    def _tokens(self, trusted: bool, price: _Prices, piece_s: float, unit_s: float, cap: int) -> int:
+        """The most tokens at `unit_s` each that one piece fits in `piece_s` (the model's seconds), at least
+        `min_piece_tokens`, at most `cap` (the model is linear: a piece costs the same beside any plan)."""
+        if not trusted:
+            return min(self.min_piece_tokens, cap)
+        fitted = cap if unit_s <= 0 else max(0, int((piece_s - price.piece) // unit_s))
+        return min(max(fitted, self.min_piece_tokens), cap)
+
+    def _backward(self, trusted: bool, price: _Prices, piece_s: float, layers: tuple[int, int], cap: int) -> int:
+        """Backward token-layers that cost about `piece_s`. A budget over several layers runs as one
+        tasklet per layer, each with a piece's fixed cost: with `layers` (the tokens left in the job's
+        current layer, and in a whole one) it is the current layer's rest and as many whole layers as
+        fit; less than the current layer's rest is one piece of it (`_tokens`)."""
+        left, whole = layers
+
+        def layer_s(tokens: int) -> float:
+            return price.piece + tokens * price.backward
+
+        if not trusted or left <= 0 or layer_s(whole) <= 0:
+            return self._tokens(trusted, price, piece_s, price.backward, cap)
+        if piece_s < layer_s(left):
+            return self._tokens(trusted, price, piece_s, price.backward, min(cap, left))
+        return min(cap, max(self.min_piece_tokens, left + int((piece_s - layer_s(left)) // layer_s(whole)) * whole))
+
+    def forward_reserve(self, job: TrainingJob | None, latency: LatencyModel) -> int:
+        """Tokens of the budget inference must leave in the plan being built: a forward piece's, when
+        `job` (the one the floor serves next) is in its forward phase and a piece is due (by the last
+        plan's inference, as this one's is not scheduled yet)."""
+        if job is None or job.phase is not JobPhase.FORWARD:
+            return 0
+        price = self._price
+        piece_s = self._piece_s(latency, price, latency.predict(self._last_inference), JobPhase.FORWARD)
+        if piece_s is None:
+            return 0
+        return self._tokens(latency.trusted, price, piece_s, price.forward, self.max_forward_tokens)
+
+    def allowance(self, job: TrainingJob | None, latency: LatencyModel, base: PlanFeatures,
+                  max_batch_tokens: int) -> Allowance | None:
+        """Pieces for `JobRoster.fill_longest_waiting` beside inference `base`, to the jobs in turn until
+        the plan carries what fine-tuning is owed (`_piece_s`, for `job`, the one the floor serves
+        first; a job's piece is at most one window or one run of tasklets of its sequence, so a big
+        debt takes several jobs); None when none is due."""
+        if job is None:
+            return None
+        price, trusted = self._price, latency.trusted
+        piece_s = self._piece_s(latency, price, latency.predict(base), job.phase)
+        if piece_s is None:
+            return None
+        forward_room = min(self.max_forward_tokens, max_batch_tokens - int(base.prefill_tokens + base.decode_tokens))
+
+        def allow(job: TrainingJob, plan: IterationPlan) -> tuple[int, int] | None:
+            training = plan.training
+            pieces = len(training.forward_windows) + len(training.backward_tasklets)
+            left_s = piece_s - (training.forward_tokens * price.forward + pieces * price.piece
+                                + training.backward_token_layers * price.backward)
+            if pieces and left_s <= 0:
+                return None  # the plan carries what is owed
+            if job.phase is JobPhase.FORWARD:
+                room = max(0, forward_room - training.forward_tokens)
+                return self._tokens(trusted, price, left_s, price.forward, room), 0
+            room = max(0, self.max_backward_token_layers - training.backward_token_layers)
+            return 0, self._backward(trusted, price, left_s, job.layer_tokens, room)
+
+        return allow
+
+    # ------------------------------------------------------------------------------ why not
 
     def hold(self, reason: str, *, unless_said: bool = False) -> None:
         """Record why the allowance gives fine-tuning nothing in the plan being built (with
         `unless_said`, only when no more specific reason was recorded)."""
         if not (unless_said and self._reason):
             self._reason = reason
-
-    def allowance(self, inference_tokens: int, max_batch_tokens: int,
-                  growth: GrowthRoom | None = None) -> Allowance:
-        """One piece for `JobRoster.fill_longest_waiting`: the floor's size, or with `growth` (inference
-        alone is over the SLO, `growth_room`) 2^k times it for a job in a run of k floor pieces, within
-        `growth` and the caps; never less than the floor's size (within the free token budget)."""
-        forward_room = max(0, min(self.max_forward_tokens, max_batch_tokens - inference_tokens))
-
-        def allow(job: TrainingJob, plan: IterationPlan) -> tuple[int, int]:
-            forward, backward = min(self._forward_tokens, forward_room), self.tokens
-            if growth is not None:
-                size = self.tokens << min(self.streak(job.job_id), MAX_DOUBLINGS)
-                forward = max(forward, min(size, forward_room, growth.forward_tokens))
-                backward = max(backward, min(size, self.max_backward_token_layers, growth.backward_token_layers))
-            return (forward, 0) if job.phase is JobPhase.FORWARD else (0, backward)
-
-        return allow
 
     def after_plan(self, plan: IterationPlan, has_runnable: bool) -> None:
         """Note why the plan gave runnable jobs nothing (`held_back`), or that it gave them work."""

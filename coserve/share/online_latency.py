@@ -42,7 +42,7 @@ class OnlineLatency:
 
     def _check_decode_batch_fits(self) -> None:
         """Warn (`slo_warning`, logged) when one decode, or a full batch of them, already breaks the SLO
-        by the latency model: such iterations leave fine-tuning only its liveness floor. Checked at
+        by the latency model: such iterations leave fine-tuning only its minimum share. Checked at
         construction, and for a model learned online once it has measured `warmup_samples` decode
         iterations."""
         co = self._config
@@ -54,7 +54,7 @@ class OnlineLatency:
                     f"tpot_slo_ms={co.tpot_slo_ms:g} (minus the safety margin {co.safety_margin:g}) "
                     f"is below the predicted {predicted * 1000:.1f} ms of an iteration of {n} decode(s) on "
                     f"this machine (max_num_seqs={co.scheduler.max_num_seqs}): such iterations miss "
-                    f"the SLO and fine-tuning gets only its liveness floor; raise --tpot-slo-ms"
+                    f"the SLO and fine-tuning gets only its minimum share; raise --tpot-slo-ms"
                     + (" or lower --max-num-seqs" if n > 1 else ""))
                 logger.warning("coserve: %s", self.slo_warning)
                 return

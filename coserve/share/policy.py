@@ -5,7 +5,8 @@ what it leaves. It is composed of
   batching, chunked prefill, KV blocks, adapter slots, VTC admission across tenants, the TTFT guard and
   fan-outs;
 * a `JobHost` (`job_host.py`): the fine-tuning jobs, chosen by the same counters (`job_roster.py`);
-* a `FinetuneFloor` (`liveness.py`): every runnable job moves, or the policy says why not;
+* a `FinetuneFloor` (`liveness.py`): fine-tuning's minimum share of the engine's time while a job is
+  runnable, or why not;
 * an `OnlineLatency` (`online_latency.py`): the latency model, refined from every measured iteration;
 * a `FinetuneShare` strategy (`finetune_share.py`): how much fine-tuning work an iteration gets
   (`hybrid`, `temporal`, `dynamic_temporal`, `static_split`, none), built by name in `share_kinds`.
@@ -16,7 +17,8 @@ fine-tuning work, so the running batch drains into it instead of into training w
 KV memory: when a running or admitted request needs blocks and none are free, fine-tuning gives back
 the blocks of its sequences in flight (most-served tenant first) before any inference request is
 preempted (Harli's principle: training borrows memory, inference owns it), unless its share keeps a
-range of its own (a static split).
+range of its own (a static split); a sequence given back too often keeps its blocks, and admissions
+leave free the blocks it still needs (`finetune.sequence_kv`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from coserve.inference.request import Request, RequestStatus
 from coserve.inference.request_rules import Budget
 from coserve.inference.scheduler import InferenceScheduler
 from coserve.share.latency import LatencyModel, PlanFeatures, plan_features
-from coserve.share.liveness import FinetuneFloor, growth_room
+from coserve.share.liveness import FinetuneFloor, at_least
 from coserve.share.online_latency import OnlineLatency
 from coserve.share.settings import CoServingConfig
 from coserve.share.strategy import FinetuneShare
@@ -94,8 +96,9 @@ class CoServingPolicy:
                                input_charged=None if shared is None else shared.input_charged)
         self._inference = InferenceScheduler(config.scheduler, kv, adapters, order=self._order,
                                              reclaim_kv=self._reclaim_kv,
-                                             on_finished=share.watcher.on_request_finished)
-        self._floor = FinetuneFloor(config.finetune_floor_every, config.finetune_floor_tokens,
+                                             on_finished=share.watcher.on_request_finished,
+                                             kv_reserve=self._kv_reserve)
+        self._floor = FinetuneFloor(config.finetune_min_share, config.min_piece_tokens,
                                     config.scheduler.max_batch_tokens, config.max_backward_token_layers)
         self._latency = OnlineLatency(config, latency)
 
@@ -108,6 +111,9 @@ class CoServingPolicy:
 
     def _reclaim_kv(self, plan: IterationPlan) -> bool:
         return self._share.kv_fraction is None and self._jobs.roster.reclaim_kv(plan)
+
+    def _kv_reserve(self) -> int:
+        return self._jobs.roster.kv_reserve() if self._share.kv_fraction is None else 0
 
     # ------------------------------------------------------------------------------ requests
 
@@ -218,8 +224,9 @@ class CoServingPolicy:
     # ---------------------------------------------------------------------------------- plan
 
     def plan(self) -> IterationPlan:
-        """Decide the next iteration: the liveness floor's piece if due, inference, then the share
-        strategy's fine-tuning work.
+        """Decide the next iteration: inference (leaving room for a forward piece the floor owes), the
+        liveness floor's piece if fine-tuning is owed its minimum share, then the share strategy's
+        fine-tuning work.
 
         Raises:
             RuntimeError: the plan breaks the token or sequence budget (a bug, not bad input).
@@ -229,41 +236,33 @@ class CoServingPolicy:
         inference, roster, floor, share = self._inference, self._jobs.roster, self._floor, self._share
         plan = inference.new_plan()
         roster.apply_control(plan)
-        floor_on = share.floor_applies
-        runnable = floor_on and self.has_runnable_job()
-        floor_due = floor_on and floor.due(plan.step_id, roster)
+        runnable = share.floor_applies and self.has_runnable_job()
+        latency, next_job = self._latency.model, roster.longest_waiting() if runnable else None
+        floor.begin(runnable, latency)
         if share.begin_iteration(self):
-            reserved = floor.reserved_tokens(floor_due)
+            reserved = floor.forward_reserve(next_job, latency)
             inference.schedule(plan, Budget(tokens=max(0, share.inference_token_budget(self) - reserved)))
         base = plan_features(plan, inference.running_adapters.slots,
                              distinct_adapters=self._scheduled_adapters(plan))
-        if floor_due:  # first, so that the share cannot take the room it needs
-            self._give_floor_piece(plan, base)
         allowance = share.allowance(self, base)
+        if runnable:  # first, so that the share cannot take the room it needs
+            floor_piece = floor.allowance(next_job, latency, base, self._co.scheduler.max_batch_tokens)
+            if floor_piece is not None:  # what the share would give that job, if more
+                roster.fill_longest_waiting(plan, at_least(floor_piece, allowance))
         if allowance is not None:
             roster.fill(plan, allowance)
         elif runnable:
             floor.hold(f"held back: the {share.label} gave this iteration to inference", unless_said=True)
-        floor.after_plan(plan, floor_on and self.has_runnable_job())
+        floor.after_plan(plan, share.floor_applies and self.has_runnable_job())
         self._jobs.finetune_held_back = floor.held_back
         training = plan.training
         features = base.with_finetune(training.forward_tokens, training.backward_token_layers,
                                       len(training.forward_windows) + len(training.backward_tasklets))
         self._check_budgets(plan, features)
         self._latency.planned(plan.step_id, features)
+        if runnable:
+            floor.planned(plan.step_id, latency, base, training)
         return plan
-
-    def _give_floor_piece(self, plan: IterationPlan, base: PlanFeatures) -> None:
-        """The liveness floor's piece, to the job that has waited longest; grown (`liveness.growth_room`)
-        when the latency model predicts the plan's inference alone over the TPOT budget (corrected by
-        the model's measured bias, `overrun`, as the hybrid share's budget is)."""
-        floor, roster = self._floor, self._jobs.roster
-        growth = growth_room(self._latency.model, base, self._co.iteration_budget_s / self._latency.overrun,
-                             floor.max_forward_tokens, floor.max_backward_token_layers)
-        inference_tokens = int(base.prefill_tokens + base.decode_tokens)
-        roster.fill_longest_waiting(plan, floor.allowance(inference_tokens, self._co.scheduler.max_batch_tokens,
-                                                          growth))
-        floor.served(plan.step_id, roster)
 
     def _scheduled_adapters(self, plan: IterationPlan) -> int | None:
         """Distinct adapters of the plan's requests from the running tally when every running
@@ -292,6 +291,7 @@ class CoServingPolicy:
         """
         touched = self._inference.update(plan, result)
         self._jobs.roster.update(plan, result)
+        self._floor.observe(plan.step_id, result.timings)
         self._latency.observe(plan, result)
         self._share.watcher.on_tokens(self, touched)
         return touched

@@ -62,16 +62,17 @@ class CoServingConfig:
     """Backward tasklet work per iteration at most (tokens x layers), whatever the latency allows:
     bounds the activations a tasklet batch recomputes, and the VTC quantum M of fine-tuning."""
 
-    finetune_floor_every: int = defaults.FINETUNE_FLOOR_EVERY
-    """Liveness floor (`liveness.FinetuneFloor`): after this many plans in a row that gave the
-    runnable fine-tuning jobs nothing (a tight SLO, a full batch, waiting requests), the next plan gives
-    one job a piece of `finetune_floor_tokens`, whatever the SLO. So no setting freezes a job. While
-    inference alone is predicted over the SLO, a floor-fed job's piece grows (`liveness.py`)."""
+    finetune_min_share: float = defaults.FINETUNE_MIN_SHARE
+    """Liveness (`liveness.FinetuneFloor`): while a fine-tuning job is runnable, fine-tuning gets at
+    least this fraction of the engine's time over any window of about a second, whatever the SLO, the
+    queue or the latency model say (a tight SLO, a full batch, waiting requests): floor pieces sized by
+    the latency model top up what the share gives. So no setting freezes a job; inference pays at most
+    this fraction of the engine's time for it. In (0, 1)."""
 
-    finetune_floor_tokens: int = 16
-    """Size of a floor piece (forward tokens, or backward token-layers), and of every piece while the
-    latency model is still warming up. At least a job's smallest backward tasklet (16 tokens), else a
-    backward floor piece could be refused."""
+    min_piece_tokens: int = 16
+    """The smallest floor piece (forward tokens, or backward token-layers), and the size of every piece
+    while the latency model is still warming up. At least a job's smallest backward tasklet (16 tokens),
+    else a backward piece could be refused."""
 
     vtc: VTCWeights = field(default_factory=VTCWeights)
     """Token costs w_p, w_q, w_r of the virtual token counters."""
@@ -94,12 +95,12 @@ class CoServingConfig:
             if self.max_stall_ms < self.tpot_slo_ms:
                 raise ValueError(f"CoServingConfig.max_stall_ms={self.max_stall_ms!r} is below "
                                  f"tpot_slo_ms={self.tpot_slo_ms!r}")
-        if self.finetune_floor_every < 1:
-            raise ValueError("CoServingConfig.finetune_floor_every must be >= 1, got "
-                             f"{self.finetune_floor_every}")
-        if self.finetune_floor_tokens < MIN_TASKLET_TOKENS:
-            raise ValueError(f"CoServingConfig.finetune_floor_tokens must be >= {MIN_TASKLET_TOKENS} (a "
-                             f"job's smallest backward tasklet), got {self.finetune_floor_tokens}")
+        if isinstance(self.finetune_min_share, bool) or not 0.0 < self.finetune_min_share < 1.0:
+            raise ValueError("CoServingConfig.finetune_min_share must be a fraction in (0, 1), got "
+                             f"{self.finetune_min_share!r}")
+        if self.min_piece_tokens < MIN_TASKLET_TOKENS:
+            raise ValueError(f"CoServingConfig.min_piece_tokens must be >= {MIN_TASKLET_TOKENS} (a "
+                             f"job's smallest backward tasklet), got {self.min_piece_tokens}")
         if self.max_backward_token_layers < 1:
             raise ValueError("CoServingConfig.max_backward_token_layers must be >= 1, got "
                              f"{self.max_backward_token_layers}")

@@ -3,9 +3,10 @@ right after a restart), and the removal of a deleted model's adapter folder.
 
 A tenant's stored bytes are its live uploads (their sizes are in the `files` table) plus everything under
 `<data_dir>/adapters/<job_id>/` of each of its jobs (checkpoints, the final model, a half-written folder
-left by a crash): what its fine-tuning really takes on disk. Its fine-tuned models are its live `models`
-rows, checkpoints included; a job reserves the models it will write in `extensions["reserved_models"]`,
-and what it has not written yet counts while the job is active.
+left by a crash) and under `<data_dir>/runs/<run>/` of each of its Tinker training runs (their saves;
+the run's `run.json` names its tenant): what its fine-tuning really takes on disk. Its fine-tuned
+models are its live `models` rows, checkpoints included; a job reserves the models it will write in
+`extensions["reserved_models"]`, and what it has not written yet counts while the job is active.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from coserve.tenancy.storage_quota import StorageUsage
 logger = logging.getLogger(__name__)
 
 ADAPTERS_DIR = "adapters"
+RUNS_DIR = "runs"  # the Tinker API's training runs (`coserve.cluster.training_runs`)
 RESERVED_MODELS_KEY = "reserved_models"
 """The key of a job's `extensions` that holds how many fine-tuned models it reserved at creation."""
 
@@ -48,6 +50,7 @@ class UsageTable:
     def __init__(self, db: Database) -> None:
         self._db = db
         self.adapters_root = db.data_dir.resolve() / ADAPTERS_DIR
+        self.runs_root = db.data_dir.resolve() / RUNS_DIR
 
     def job_dir(self, job_id: str) -> Path:
         """`<data_dir>/adapters/<job_id>` (ValueError unless `job_id` is a generated job id)."""
@@ -59,7 +62,19 @@ class UsageTable:
         """Bytes of every adapter folder of `tenant`'s jobs on disk."""
         with self._db.read() as conn:
             job_ids = [row[0] for row in conn.execute("SELECT id FROM jobs WHERE tenant = ?", (tenant,))]
-        return sum(tree_bytes(self.job_dir(job_id)) for job_id in job_ids)
+        return sum(tree_bytes(self.job_dir(job_id)) for job_id in job_ids) + self._run_bytes(tenant)
+
+    def _run_bytes(self, tenant: str) -> int:
+        """Bytes of the folders of `tenant`'s training runs (each `run.json` names its tenant)."""
+        total = 0
+        for run in self.runs_root.iterdir() if self.runs_root.is_dir() else ():
+            try:
+                owner = json.loads((run / "run.json").read_text()).get("tenant")
+            except (OSError, ValueError):
+                continue
+            if owner == tenant:
+                total += tree_bytes(run)
+        return total
 
     def of(self, tenant: str, *, before_job: str | None = None) -> StorageUsage:
         """What `tenant` stores now.

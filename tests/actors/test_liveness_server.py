@@ -36,7 +36,7 @@ def test_a_job_that_is_the_first_thing_a_fresh_server_does_succeeds_on_defaults(
 def test_a_job_finishes_beside_chat_under_a_tiny_budget_and_an_impossible_slo(
         model_dirs: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """64 batch tokens and a 1 ms TPOT SLO that no iteration can meet, while two clients keep chatting:
-    only the liveness floor trains, and the job still succeeds. The server says plainly, once it has
+    only fine-tuning's minimum share trains, and the job still succeeds. The server says plainly, once it has
     measured its decodes, that its decode iterations already exceed the SLO and which flag to change."""
     caplog.set_level(logging.WARNING, logger="coserve")
     with local_server(model_dirs["qwen2"], tmp_path, TENANTS, max_num_seqs=8, max_batch_tokens=64,

@@ -81,6 +81,8 @@ def test_the_multi_gpu_config_fills_one_node_of_8_gpus() -> None:
     ({"dedicated_workers": 0}, "--dedicated-workers must be in 1..1024"),
     ({"dedicated_min_tokens": 0}, "--dedicated-min-tokens must be >= 1"),
     ({"dedicated_min_tokens": "1000"}, "dedicated_min_tokens must be int"),
+    ({"finetune_min_share": 0}, r"--finetune-min-share must be a fraction in \(0, 1\), got 0"),
+    ({"finetune_min_share": "0.05"}, "finetune_min_share must be float"),
     ({"engines": 0}, "--engines must be >= 1"),
     ({"engines": "2"}, "engines must be int"),
     ({"lenient_params": "yes"}, "lenient_params must be bool"),

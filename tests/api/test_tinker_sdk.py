@@ -21,6 +21,7 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 KEY, OTHER = "tml-tenant-a-0123456789", "tml-tenant-b-0123456789"
+LIMITED = "tml-tenant-c-0123456789"  # one concurrent run, 60 trained tokens per run, little storage
 TOKENS = list(range(5, 45))  # a sequence the runs learn
 LR, EPS = 1e3, 1e3  # one AdamW step that reads back the gradient (test_the_gradient_...)
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -34,7 +35,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(llama_dir: Path, root: Path) -> Iterator[LocalServer]:
     warnings.filterwarnings("ignore", category=FutureWarning)
-    tenants = {"a": {"api_keys": [KEY]}, "b": {"api_keys": [OTHER]}}
+    tenants = {"a": {"api_keys": [KEY]}, "b": {"api_keys": [OTHER]},
+               "c": {"api_keys": [LIMITED], "limits": {"max_concurrent_jobs": 1, "max_training_tokens_per_job": 60,
+                                                      "max_stored_bytes": 100_000}}}
     with local_server(llama_dir, root, tenants) as srv:
         yield srv
 
@@ -301,3 +304,46 @@ def test_a_run_waiting_for_an_adapter_slot_says_why_and_runs_when_one_frees(serv
                       json={"request_id": sent.json()["request_id"]})
     assert done.headers["content-type"] == "application/x-protobuf", done.text
     httpx.post(f"{api}/sessions/{session_id}/finish", headers=headers, json={"reason": {"type": "success"}})
+
+
+def test_a_tenants_quotas_apply_to_its_runs(server: LocalServer, root: Path) -> None:
+    """Concurrent runs count against max_concurrent_jobs, trained tokens against
+    max_training_tokens_per_job, saved weights against max_stored_bytes (removed when over it)."""
+    with service(server, LIMITED) as limited:
+        tc = limited.create_lora_training_client(base_model=server.base, rank=4).result()
+        with pytest.raises(tinker.APIStatusError, match="max_concurrent_jobs|at once"):
+            limited.create_lora_training_client(base_model=server.base, rank=4).result()
+        tc.forward_backward([datum(TOKENS[:40])], "cross_entropy").result()
+        with pytest.raises(tinker.APIStatusError, match="max_training_tokens_per_job"):
+            tc.forward_backward([datum(TOKENS[:30])], "cross_entropy").result()
+        first = tc.save_weights_for_sampler("fits").result().path  # about 68 kB at rank 4
+        assert run_folder(root, first).is_dir()
+        with pytest.raises(tinker.RequestFailedError, match="max_stored_bytes"):
+            tc.save_weights_for_sampler("over").result()
+        assert not run_folder(root, first.replace("/fits", "/over")).exists()
+
+
+def test_forward_backward_custom_trains_the_users_loss(server: LocalServer, sc: Any, root: Path) -> None:
+    """The SDK's custom loss: `forward`, the user's loss on the client, its gradient sent back as
+    cross-entropy weights. A loss of -2 x the weighted log-probs moves the weights exactly as
+    cross-entropy with weights 2 does (two runs from the same saved adapter, the same AdamW step)."""
+    first = sc.create_lora_training_client(base_model=server.base, rank=4).result()
+    first.forward_backward([datum(TOKENS[:12])], "cross_entropy").result()
+    first.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    start = first.save_weights_for_sampler("custom-start").result().path
+
+    def doubled(data: list[Any], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = sum(-2.0 * (lp * d.loss_fn_inputs["weights"].to_torch()).sum() for d, lp in zip(data, logprobs))
+        return loss, {"doubled:sum": float(loss.detach())}
+
+    custom = sc.create_training_client_from_state(start).result()
+    result = custom.forward_backward_custom([datum(TOKENS[3:30])], doubled).result()
+    assert result.metrics["loss:sum"] == pytest.approx(result.metrics["doubled:sum"])
+    custom.optim_step(types.AdamParams(learning_rate=LR, eps=EPS)).result()
+    reference = sc.create_training_client_from_state(start).result()
+    reference.forward_backward([datum(TOKENS[3:30], [2.0] * 27)], "cross_entropy").result()
+    reference.optim_step(types.AdamParams(learning_rate=LR, eps=EPS)).result()
+    a = adapter_tensors(run_folder(root, custom.save_weights_for_sampler("custom").result().path))
+    b = adapter_tensors(run_folder(root, reference.save_weights_for_sampler("weighted").result().path))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)

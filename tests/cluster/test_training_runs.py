@@ -34,8 +34,8 @@ OTHER_SESSION = "session-" + "1" * 24
 
 
 class WindowEngine:
-    """Executes plans by hand; each window reports a loss of 1 per token, and a sequence that asks for them
-    gets log-prob -t for token t on its last window."""
+    """Executes plans by hand; each window reports a loss of 1 per token, a sequence that asks for them
+    gets log-prob -t for token t on its last window, and a save writes a folder with one file."""
 
     def __init__(self) -> None:
         self.lengths: dict[str, int] = {}
@@ -43,6 +43,9 @@ class WindowEngine:
 
     def step(self, plan: IterationPlan) -> IterationResult:
         result = execute(plan)
+        for save in plan.training.saves:
+            Path(save.path).mkdir(parents=True, exist_ok=True)
+            (Path(save.path) / "adapter_model.safetensors").write_bytes(b"0" * 100)
         for start in plan.training.sequence_starts:
             if start.report_logprobs and start.example is not None:
                 self.lengths[start.sequence_id] = len(start.example.token_ids)
@@ -136,3 +139,18 @@ def test_a_run_waiting_for_a_slot_says_why_and_runs_once_a_session_ends(tmp_path
     closed = r.submit("a", first, fb(4))
     assert isinstance(closed, CallFailure) and closed.code == "run_closed" and "heartbeat" in closed.message
     assert r.live_runs("a") == 0 and r.live_runs("b") == 1
+
+
+def test_a_run_whose_engine_is_lost_ends_and_its_calls_fail(tmp_path: Path) -> None:
+    """A run's gradient and queued calls live in its engine: the run is not moved, its calls fail."""
+    c = cluster(2, builder())
+    r = TrainingRuns(c.jobs, ("base", "/models/base"), tmp_path, 4, 60.0, FakeClock())
+    run = create(r)
+    engine_id = c.jobs.engine_of(run)
+    assert engine_id is not None
+    queued = ticket(r.submit("a", run, fb(6)))
+    c.engine_lost(engine_id)
+    r.after_step()
+    failed = r.outcome("a", queued)
+    assert isinstance(failed, CallFailure) and failed.code == "run_ended"
+    assert run not in c.jobs.job_ids and isinstance(r.submit("a", run, fb(4)), CallFailure)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from coserve.contract.plan import IterationPlan
@@ -50,35 +50,52 @@ def test_an_idle_engine_gives_fine_tuning_the_whole_budget_whatever_the_model_pr
     assert policy.jobs.finetune_held_back is None
 
 
+def _finetune_share(policy: CoServingPolicy, plans: list[IterationPlan]) -> float:
+    """Fine-tuning's part of the plans' time by the policy's own model (`step` measures nothing, so the
+    policy's account counts the same predictions)."""
+    total = finetune = 0.0
+    for plan in plans:
+        features = plan_features(plan, {c.request_id: -1 for c in plan.chunks})
+        inference = policy.latency.predict(features.with_finetune(0, 0, 0))
+        total += policy.latency.predict(features)
+        finetune += policy.latency.predict(features) - inference
+    return finetune / total
+
+
 def test_the_floor_moves_a_job_that_the_slo_would_hold_back_forever() -> None:
     # 8 decodes take 8 ms, the SLO is 8 ms: the latency allowance is 0 in every iteration.
-    policy = make_policy(tpot_slo_ms=8.0, finetune_floor_every=4, scheduler={"max_num_seqs": 8})
+    policy = make_policy(tpot_slo_ms=8.0, num_blocks=512, scheduler={"max_num_seqs": 8})
     for i in range(8):
-        policy.add_request(make_request(f"r{i}", "bob", prompt_len=1, max_tokens=60))
+        policy.add_request(make_request(f"r{i}", "bob", prompt_len=1, max_tokens=200))
     step(policy)
     policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,)))
-    work = []
-    for _ in range(15):
+    plans = []
+    for _ in range(60):
         plan, _ = step(policy)
-        work.append(_work(plan))
-        if not work[-1]:
+        plans.append(plan)
+        if not _work(plan):
             assert policy.jobs.finetune_held_back is not None
             assert "predicted iteration 8 ms > the 8 ms" in policy.jobs.finetune_held_back
-        assert len(plan.chunks) + bool(_work(plan)) >= 8  # inference keeps running beside the floor
-    assert work == [0, 0, 0, 0, 16] * 3  # one 16-token piece after every 4 starved plans
+        assert len(plan.chunks) == 8  # inference keeps its whole batch beside the floor
+    worked = [k for k, plan in enumerate(plans) if _work(plan)]
+    # A piece when the debt is worth one (16 tokens, 1.6 ms, owed at 0.05 x 8 ms / 0.95 per plan).
+    assert worked[0] == 3 and all(b - a == 4 for a, b in zip(worked, worked[1:]))
+    assert _finetune_share(policy, plans[4:]) >= policy.config.finetune_min_share
 
 
 def test_the_floor_reaches_a_job_while_requests_wait_and_says_why_it_waited() -> None:
-    policy = make_policy(finetune_floor_every=3, scheduler={"max_num_seqs": 1})
+    policy = make_policy(num_blocks=512, scheduler={"max_num_seqs": 1})
     for i in range(6):
         policy.add_request(make_request(f"r{i}", "bob", max_tokens=30))
     policy.jobs.add(make_job(policy, "j", "acme", lengths=(400,)))
-    work, reasons = [], set()
-    for _ in range(12):
+    plans, reasons = [], set()
+    for _ in range(120):  # one decode a plan (1 ms): a 16-token piece (1.6 ms) is owed every ~30 plans
         plan, _ = step(policy)
-        work.append(_work(plan))
+        plans.append(plan)
         reasons.add(policy.jobs.finetune_held_back)
-    assert work.count(16) == 3 and sum(work) == 48
+        assert policy.num_waiting  # the queue never drains: the share gives fine-tuning nothing
+    assert sum(1 for plan in plans if _work(plan)) >= 3
+    assert _finetune_share(policy, plans) >= policy.config.finetune_min_share * 0.9
     assert "held back: 5 inference request(s) wait for admission" in reasons
 
 
@@ -129,44 +146,70 @@ def test_a_poisoned_latency_model_recovers_from_what_it_measures() -> None:
 
 
 def _drive(tpot_slo_ms: float, max_batch_tokens: int, max_num_seqs: int, arrival_rate: float, poison: float,
-           seed: int, iterations: int = 200) -> dict[str, list[int]]:
-    """Three jobs (tenants a, b, b) beside random requests; returns the iterations in which each job
-    got a piece of work."""
+           seed: int, seconds: float = 6.0) -> tuple[dict[str, list[float]], list[tuple[float, float, float, float]]]:
+    """Three jobs (tenants a, b, b) beside random requests, for `seconds` of simulated time (the truth
+    model's); returns the times at which each job got a piece of work, and per iteration its end, its
+    time, and fine-tuning's part of it by the truth model and as the policy's model split it."""
     rng = random.Random(seed)
     clock = FakeClock()
-    policy = make_policy(tpot_slo_ms=tpot_slo_ms, clock=clock, num_blocks=4096, finetune_floor_every=8,
+    policy = make_policy(tpot_slo_ms=tpot_slo_ms, clock=clock, num_blocks=4096,
                          scheduler={"max_batch_tokens": max(max_batch_tokens, max_num_seqs),
                                     "max_num_seqs": max_num_seqs, "max_model_len": 64})
     policy._latency.model = LatencyModel(FP, {k: poison * v for k, v in COEFFICIENTS.items()})  # noqa: SLF001
     truth = LatencyModel(FP, COEFFICIENTS)
-    jobs = [make_job(policy, f"j{k}", tenant, lengths=(40, 24), adapter_id=10 + k, n_epochs=100)
+    jobs = [make_job(policy, f"j{k}", tenant, lengths=(40, 24), adapter_id=10 + k, n_epochs=1000)
             for k, tenant in enumerate(("a", "b", "b"))]
     for job in jobs:
         policy.jobs.add(job)
-    worked: dict[str, list[int]] = {job.job_id: [] for job in jobs}
-    for it in range(1, iterations + 1):
+    worked: dict[str, list[float]] = {job.job_id: [] for job in jobs}
+    times = []
+    it = 0
+    while clock.now < seconds:
+        it += 1
         for _ in range(int(arrival_rate) + (rng.random() < arrival_rate % 1)):
             policy.add_request(make_request(f"r{it}-{rng.random()}", rng.choice("xyz"),
                                             prompt_len=rng.randint(1, 30), max_tokens=rng.randint(1, 30)))
-        plan = _run_one(policy, truth, clock)
+        model = policy.latency
+        plan = policy.plan()
+        features = plan_features(plan, {c.request_id: -1 for c in plan.chunks})
+        total, inference = truth.predict(features), truth.predict(features.with_finetune(0, 0, 0))
+        seen = model.predict(features)
+        times.append((clock.now + total, total, total - inference,
+                      total * (1 - model.predict(features.with_finetune(0, 0, 0)) / seen) if seen > 0 else 0.0))
+        clock.now += total
+        policy.update(plan, execute(plan, total))
         training = plan.training
         for job_id in {p.sequence_id.split("/")[0] for p in [*training.forward_windows, *training.backward_tasklets]}:
-            worked[job_id].append(it)
-    return worked
+            worked[job_id].append(clock.now)
+    return worked, times
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(tpot_slo_ms=0.05, max_batch_tokens=16, max_num_seqs=16, arrival_rate=1.5, poison=50.0, seed=1)
+@example(tpot_slo_ms=1.0, max_batch_tokens=64, max_num_seqs=8, arrival_rate=0.5, poison=1.0, seed=2)
 @given(tpot_slo_ms=st.floats(0.05, 200.0), max_batch_tokens=st.integers(16, 256),
        max_num_seqs=st.integers(1, 16), arrival_rate=st.floats(0.0, 1.5),
        poison=st.sampled_from([0.02, 1.0, 50.0]), seed=st.integers(0, 1000))
-def test_under_any_slo_and_load_every_job_keeps_making_progress(
+def test_under_any_slo_and_load_fine_tuning_gets_its_share_and_every_job_moves(
         tpot_slo_ms: float, max_batch_tokens: int, max_num_seqs: int, arrival_rate: float, poison: float,
         seed: int) -> None:
-    worked = _drive(tpot_slo_ms, max_batch_tokens, max_num_seqs, arrival_rate, poison, seed)
-    for job_id, its in worked.items():
-        gaps = [b - a for a, b in zip([0, *its], [*its, 201])]
-        # The floor serves the longest-waiting job: three jobs each move once every 3 * (8 + 1).
-        assert max(gaps) <= 3 * (8 + 1), (job_id, its)
+    worked, times = _drive(tpot_slo_ms, max_batch_tokens, max_num_seqs, arrival_rate, poison, seed)
+    end = times[-1][0]
+    for job_id, moments in worked.items():
+        gaps = [b - a for a, b in zip([0.0, *moments], [*moments, end])]
+        # The floor serves the longest-waiting job, at least once per window (1 s) and longest iteration.
+        assert max(gaps) <= 3 * (1.0 + max(t for _, t, _, _ in times)), (job_id, max(gaps))
+    if poison != 1.0:
+        # The share is kept as the model splits each measured iteration: a model that prices fine-tuning
+        # 50x too high relative to inference (its fit learns it back slowly) shorts it in truth, one that
+        # prices it at ~0 gives capped pieces it counts as free (and far more than the share in truth).
+        return
+    # After the first window fine-tuning has its minimum share of the engine's time, in truth and as the
+    # policy's model splits each measured iteration.
+    later = [row for row in times if row[0] >= 2.0]
+    total = sum(row[1] for row in later)
+    assert sum(row[2] for row in later) / total >= 0.9 * 0.05
+    assert sum(row[3] for row in later) / total >= 0.9 * 0.05
 
 
 def test_the_slo_warning_waits_for_measured_decodes_and_then_names_the_flag() -> None:

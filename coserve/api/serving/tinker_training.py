@@ -31,6 +31,7 @@ from coserve.contract.training_calls import (
     CallFailure,
     CallPending,
     CallTicket,
+    CallTimings,
     CloseSession,
     CreateRun,
     ForwardBackwardOutcome,
@@ -56,7 +57,10 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 def _refused(failure: CallFailure) -> ProtocolError:
-    status = 404 if failure.code.endswith("not_found") else 429 if failure.code == "quota_exceeded" else 400
+    """A refused call as an error: 404 for what the tenant cannot see, 403 for a quota (the SDK retries a
+    429 without end, and a run's quota clears only when the tenant ends a run), 400 for bad input, 503
+    when the server could not do it."""
+    status = 404 if failure.code.endswith("not_found") else 403 if failure.code == "quota_exceeded" else 400
     if not failure.user:
         status = 503
     return ProtocolError(failure.message, status=status, code=failure.code)
@@ -196,10 +200,11 @@ class TinkerTraining:
                 raise _refused(outcome)
             return {"error": outcome.message, "category": "user" if outcome.user else "server"}
         if isinstance(outcome, ForwardBackwardOutcome):
-            return forward_backward_output([o.logprobs for o in outcome.outputs], {"loss:sum": outcome.loss_sum})
+            return forward_backward_output([o.logprobs for o in outcome.outputs],
+                                           {"loss:sum": outcome.loss_sum, **timing_metrics(outcome.timings)})
         if isinstance(outcome, OptimStepOutcome):
             return {"metrics": {"grad_norm:mean": outcome.grad_norm, "learning_rate:mean": outcome.learning_rate,
-                                "step:max": float(outcome.step)}}
+                                "step:max": float(outcome.step), **timing_metrics(outcome.timings)}}
         if isinstance(outcome, SaveOutcome) and future.opens_sampler:
             return {"path": outcome.path, "type": "save_weights_for_sampler",
                     "sampling_session_id": self._open_sampler(tenant, outcome)}
@@ -208,6 +213,12 @@ class TinkerTraining:
             return {"path": outcome.path, "type": kind}
         assert isinstance(outcome, LoadOutcome)
         return {"path": outcome.path, "model_id": outcome.run_id, "type": "load_weights"}
+
+
+def timing_metrics(timings: CallTimings) -> dict[str, float]:
+    """Where a call's time went in the scheduler, as metrics (Tinker's names end in how chunks combine)."""
+    return {"coserve/queued_s:max": timings.queued_s, "coserve/compute_s:max": timings.compute_s,
+            "coserve/iterations:max": float(timings.iterations)}
 
 
 def checkpoints_body(info: RunInfo) -> dict[str, Any]:
