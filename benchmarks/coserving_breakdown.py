@@ -22,7 +22,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from coserve.bench.coserving import MAX_BATCH_TOKENS, NUM_KV_BLOCKS, bench_job_spec
+from coserve.bench.coserving import MAX_BATCH_TOKENS, NUM_KV_BLOCKS, bench_job_spec, gap_rows
+from coserve.bench.gap_breakdown import gap_breakdown
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord
 from coserve.bench.run_metrics import SLO, summarize
@@ -45,7 +46,9 @@ def setup_from(result: dict) -> PolicySetup:
                                 max_batch_tokens=MAX_BATCH_TOKENS, block_size=BLOCK_SIZE)
     return PolicySetup(scheduler=scheduler, slo=slo, latency=latency, safety_margin=settings["safety_margin"],
                        max_stall_ms=settings["max_stall_ms"],
-                       strict_safety_margin=settings["strict_safety_margin"])
+                       strict_safety_margin=settings["strict_safety_margin"],
+                       # runs before 2026-11-28 banked against the safety margin
+                       burst_margin=settings.get("burst_margin", settings["safety_margin"]))
 
 
 def split(run: RunRecord, constant_s: float) -> str:
@@ -70,9 +73,12 @@ def main() -> None:
     ap.add_argument("json", type=Path)
     ap.add_argument("--window-s", type=float, default=None, help="default: the JSON's window")
     ap.add_argument("--policies", default="coserve,coserve-strict,temporal-n16")
+    ap.add_argument("--burst-margin", type=float, default=None, help="default: the JSON's")
     args = ap.parse_args()
     result = json.loads(args.json.read_text())
     setup, settings = setup_from(result), result["settings"]
+    if args.burst_margin is not None:
+        setup = dataclasses.replace(setup, burst_margin=args.burst_margin)
     window = args.window_s or settings["window_s"]
     model_dir, _ = ensure_model(None)  # the small preset, as the benchmark's default
     config = json.loads((model_dir / "config.json").read_text())
@@ -82,6 +88,7 @@ def main() -> None:
     shape = EngineShape(NUM_KV_BLOCKS, BLOCK_SIZE, 2, config["vocab_size"], spec.num_layers)
     constant = setup.latency.coefficients.get("constant", 0.0)
     runs = [(0.0, "coserve")] + [(rate, p) for rate in settings["rates"] for p in args.policies.split(",")]
+    solo: RunRecord | None = None
     for rate, policy in runs:
         trace = make_trace(poisson_arrivals(rate, window, settings["seed"]), settings["seed"]) if rate else []
         run = simulate(make_factory(policy, setup), trace, RunLimits(window, 3.0 if rate else 0.0),
@@ -90,7 +97,12 @@ def main() -> None:
         m = summarize(run, setup.slo)
         name = policy if rate else "fine-tuning only"
         print(f"rate {rate:<4} {name:>16}: fine-tuning {m.finetune_tokens_per_s:6.1f} tok/s (steady "
-              f"{m.finetune_steady_tokens_per_s or 0.0:6.1f}) | {split(run, constant)}")
+              f"{m.finetune_steady_tokens_per_s or 0.0:6.1f}) | {split(run, constant)} | TPOT p99 "
+              f"{m.tpot_p99_ms or 0.0:.0f} ms, attainment {m.slo_attainment}")
+        if solo is None:
+            solo, alone = run, max(m.finetune_tokens_per_s, m.finetune_steady_tokens_per_s or 0.0)
+        elif policy == "coserve":
+            print(gap_rows(gap_breakdown(run, solo, setup.latency, alone)))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,12 @@ def _cluster_project(args: argparse.Namespace) -> int:
     return run_project_command(args)
 
 
+def _gpu_projection(args: argparse.Namespace) -> int:
+    from coserve.bench.gpu_projection import run_command
+
+    return run_command(args)
+
+
 def _register_cluster(bench_sub: Any) -> None:
     """`coserve bench cluster validate|project` (issue 19): several engines under one scheduler."""
     cluster = bench_sub.add_parser(
@@ -55,8 +61,8 @@ def _register_cluster(bench_sub: Any) -> None:
 
 
 def register_bench(subparsers: Any) -> None:
-    """Add `coserve bench trainer`, `coserve bench co-serving` and `coserve bench cluster` to the `coserve`
-    parser."""
+    """Add `coserve bench trainer`, `coserve bench co-serving`, `coserve bench cluster` and `coserve bench
+    gpu-projection` to the `coserve` parser."""
     bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     bench_sub.required = True
@@ -79,3 +85,11 @@ def register_bench(subparsers: Any) -> None:
     add_coserving_arguments(coserving)
     coserving.set_defaults(handler=_coserving)
     _register_cluster(bench_sub)
+    projection = bench_sub.add_parser(
+        "gpu-projection", help="the co-serving policies on a simulated A100/H100 (published figures, no GPU)",
+        description="Project the co-serving benchmark to Llama-3.2-1B and Llama-3.1-8B on one A100-80GB or "
+                    "H100-80GB: the simulator with a roofline iteration model built from published figures.")
+    from coserve.bench.gpu_projection import add_arguments as add_projection_arguments  # no torch at import
+
+    add_projection_arguments(projection)
+    projection.set_defaults(handler=_gpu_projection)

@@ -56,9 +56,10 @@ from coserve.bench.coserving_rl import (
     rollout_setup,
 )
 from coserve.bench.coserving_setup import MAX_BATCH_TOKENS, calibrate, run_policy
+from coserve.bench.gap_breakdown import GapBreakdown, gap_breakdown, work_per_token_s, work_tokens_per_s
 from coserve.bench.headroom import Headroom, best_baseline, headroom
 from coserve.bench.policy_set import PolicySetup, make_factory
-from coserve.bench.replay import RolloutSetup, RunLimits
+from coserve.bench.replay import RolloutSetup, RunLimits, RunRecord
 from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
@@ -233,22 +234,24 @@ def _given_slo(args: argparse.Namespace) -> SLO | None:
 
 
 def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float], policies: list[str],
-             limits: RunLimits, seed: int, finetune_only: float,
+             limits: RunLimits, seed: int, solo: RunRecord, finetune_only: float,
              rollouts: RolloutSetup | None = None) -> dict[str, list[dict[str, Any]]]:
     """Every (rate, policy) run: the metrics rows ("runs"), and for the coserve runs the simulator
-    checks ("simulator_check", not for a reinforcement job) and the fine-tuning bounds of `headroom`
-    ("headroom")."""
+    checks ("simulator_check", not for a reinforcement job), the fine-tuning bounds of `headroom`
+    ("headroom") and the gap to them split into its parts (`gap_breakdown`, with `solo` the run of
+    fine-tuning alone)."""
     layout = engine.layout
     shape = EngineShape(layout.num_kv_blocks, layout.block_size, layout.num_adapter_slots,
                         layout.vocab_size, engine.model_config.num_layers)
-    out: dict[str, list[dict[str, Any]]] = {"runs": [], "simulator_check": [], "headroom": []}
-    runs = out["runs"]
+    out: dict[str, list[dict[str, Any]]] = {"runs": [], "simulator_check": [], "headroom": [], "gap_breakdown": []}
+    runs, per_work = out["runs"], work_per_token_s(solo, setup.latency)
     for rate in rates:
         trace = make_trace(poisson_arrivals(rate, limits.window_s, seed), seed)
         ours = None
         for policy in policies:
             record = run_policy(engine, setup, job_spec, policy, rate, trace, limits, f"{policy}-{rate}", rollouts)
             runs.append(_run_row(record, setup.slo))
+            runs[-1]["finetune_work_tokens_per_s"] = work_tokens_per_s(record, setup.latency, per_work)
             print(_row(runs[-1]), flush=True)
             if policy == "coserve":
                 ours = record
@@ -258,6 +261,10 @@ def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float],
             bound = headroom(ours, setup.latency, finetune_only, best_baseline(runs, rate))
             out["headroom"].append(bound.to_dict())
             print(_headroom_row(bound), flush=True)
+            gap = gap_breakdown(ours, solo, setup.latency, finetune_only)
+            out["gap_breakdown"].append({**gap.to_dict(), "best_baseline_work_tokens_per_s": best_baseline(
+                runs, rate, key="finetune_work_tokens_per_s")})
+            print(gap_rows(gap, out["gap_breakdown"][-1]["best_baseline_work_tokens_per_s"]), flush=True)
     return out
 
 
@@ -275,6 +282,27 @@ def _headroom_row(bound: Headroom) -> str:
     return (f"{'bound':>18} rate {bound.rate:<5} inference marginal share "
             f"{bound.inference_marginal_share:.2f}: any policy <= "
             f"{bound.finetune_bound_tokens_per_s:.1f} fine-tuning tok/s; 1.3x best baseline {target}")
+
+
+def gap_rows(gap: GapBreakdown, best_baseline_work: float | None = None) -> str:
+    """The gap to the bound by term, largest first, as fine-tuning tokens/s (and coserve's work done
+    against the best baseline's, when there is one keeping the SLO)."""
+    against = "" if not best_baseline_work else \
+        f", {gap.work_tokens_per_s / best_baseline_work:.2f}x the best baseline's"
+    lines = [f"{'gap':>18} rate {gap.rate:<5} coserve {gap.trained_tokens_per_s:.1f} tok/s of completed steps "
+             f"({gap.trained_tokens_per_s / gap.bound_tokens_per_s:.0%} of the bound), "
+             f"{gap.work_tokens_per_s:.1f} tok/s of work done "
+             f"({gap.work_tokens_per_s / gap.bound_tokens_per_s:.0%}{against}); the gap by term, tok/s:"]
+    for name, seconds in sorted(gap.terms_s.items(), key=lambda kv: -abs(kv[1])):
+        lines.append(f"{'':>24}{gap.tokens_per_s(seconds):7.1f}  {name}")
+    return "\n".join(lines)
+
+
+def _setup_settings(setup: PolicySetup) -> dict[str, Any]:
+    """The policies' limits and margins, as the JSON's settings name them."""
+    return {"max_num_seqs": setup.scheduler.max_num_seqs, "max_batch_tokens": MAX_BATCH_TOKENS,
+            "safety_margin": setup.safety_margin, "strict_safety_margin": setup.strict_safety_margin,
+            "max_stall_ms": setup.max_stall_ms, "burst_margin": setup.burst_margin}
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -311,7 +339,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
               f"{solo_metrics.finetune_sequences_per_s:.2f} sequences/s", flush=True)
         # The bound's reference: the steady estimate is free of the window's whole-step granularity.
         finetune_alone = max(finetune_only, solo_metrics.finetune_steady_tokens_per_s or 0.0)
-        measured = _measure(engine, setup, job_spec, rates, policies, limits, args.seed, finetune_alone, rollouts)
+        measured = _measure(engine, setup, job_spec, rates, policies, limits, args.seed, solo, finetune_alone,
+                            rollouts)
         mid = rates[len(rates) // 2]
         bursty_trace = make_trace(bursty_arrivals(mid, window, args.seed), args.seed, prefix="b")
         bursty = run_policy(engine, setup, job_spec, "coserve", mid, bursty_trace, limits, "bursty", rollouts)
@@ -322,14 +351,12 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "finetune_only_steady_tokens_per_s": solo_metrics.finetune_steady_tokens_per_s,
         "finetune_only_sequences_per_s": solo_metrics.finetune_sequences_per_s,
         "finetune_only": _run_row(solo, slo),
-        "runs": measured["runs"], "headroom": measured["headroom"],
+        "runs": measured["runs"], "headroom": measured["headroom"], "gap_breakdown": measured["gap_breakdown"],
         "bursty": {**_run_row(bursty, slo), "rate": mid},
         "simulator_check": measured["simulator_check"],
         "settings": {"window_s": window, "drain_s": limits.drain_s, "rates": rates, "policies": policies,
-                     "max_num_seqs": setup.scheduler.max_num_seqs, "max_batch_tokens": MAX_BATCH_TOKENS,
-                     "safety_margin": setup.safety_margin,
-                     "strict_safety_margin": setup.strict_safety_margin, "max_stall_ms": setup.max_stall_ms,
-                     "threads": torch.get_num_threads(), "finetune_tokens": list(finetune_tokens(args.finetune_tokens)),
+                     **_setup_settings(setup), "threads": torch.get_num_threads(),
+                     "finetune_tokens": list(finetune_tokens(args.finetune_tokens)),
                      "method": args.method, "seed": args.seed,
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "latency_model": {"heldout_mape_percent": fit.heldout_mape, "warmup_overrun": overrun,
@@ -356,7 +383,8 @@ def _row(run: dict[str, Any]) -> str:
     att = run["slo_attainment"]
     return (f"{run['policy']:>18} rate {run['rate']:<5} SLO {'-' if att is None else f'{att:.2f}'}  "
             f"inference {run['inference_tokens_per_s']:7.1f} tok/s  fine-tuning "
-            f"{run['finetune_tokens_per_s']:7.1f} tok/s ({run['finetune_sequences_per_s']:.2f} seq/s)  "
+            f"{run['finetune_tokens_per_s']:7.1f} tok/s ({run['finetune_sequences_per_s']:.2f} seq/s, work done "
+            f"{run.get('finetune_work_tokens_per_s', 0.0):.1f})  "
             f"TTFT p50/p99 {ms(run['ttft_p50_ms'])}/"
             f"{ms(run['ttft_p99_ms'])} ms  TPOT p50/p99 {ms(run['tpot_p50_ms'])}/{ms(run['tpot_p99_ms'])} ms")
 

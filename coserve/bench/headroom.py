@@ -65,13 +65,16 @@ class Headroom:
 
 
 def inference_marginal_s(record: RunRecord, model: LatencyModel) -> float:
-    """Modelled marginal seconds of the inference work of iterations that started within the window."""
+    """Modelled marginal seconds of the inference work inside the window (an iteration across its end
+    counts by its part inside)."""
     coefficients = model.coefficients
     total = 0.0
     for iteration in record.iterations:
-        if iteration.start_s < record.window_s:
+        share = iteration.inside(record.window_s)
+        if share:
             features = iteration.features
-            total += sum(coefficients.get(name, 0.0) * getattr(features, name) for name in INFERENCE_FEATURES)
+            total += share * sum(coefficients.get(name, 0.0) * getattr(features, name)
+                                 for name in INFERENCE_FEATURES)
     return total
 
 
@@ -85,9 +88,11 @@ def headroom(record: RunRecord, model: LatencyModel, finetune_only_tokens_per_s:
 
 
 def best_baseline(runs: list[dict[str, Any]], rate: float, min_attainment: float = 0.9,
-                  ours: tuple[str, ...] = ("coserve", "coserve-strict")) -> float | None:
-    """The highest fine-tuning throughput at `rate` of a baseline keeping `min_attainment` (JSON rows)."""
-    kept = [run["finetune_tokens_per_s"] for run in runs
+                  ours: tuple[str, ...] = ("coserve", "coserve-strict"),
+                  key: str = "finetune_tokens_per_s") -> float | None:
+    """The highest fine-tuning throughput (`key` of the JSON rows) at `rate` of a baseline keeping
+    `min_attainment`."""
+    kept = [run[key] for run in runs
             if run["rate"] == rate and run["policy"] not in ours
             and run["slo_attainment"] is not None and run["slo_attainment"] >= min_attainment]
     return max(kept) if kept else None

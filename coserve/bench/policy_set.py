@@ -28,7 +28,7 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.share.latency import LatencyModel
 from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
+from coserve.share.settings import DEFAULT_BURST_MARGIN, CoServingConfig
 from coserve.share.share_kinds import ShareKind, ShareOptions, build_policy
 from coserve.tenancy.shared_vtc import SharedVtc
 
@@ -43,13 +43,14 @@ class PolicySetup:
     safety_margin: float = 0.1
     max_stall_ms: float | None = None  # coserve's bursts (`CoServingConfig.max_stall_ms`)
     strict_safety_margin: float | None = None  # coserve-strict's (None: `safety_margin`)
+    burst_margin: float = DEFAULT_BURST_MARGIN  # coserve's bursts (`CoServingConfig.burst_margin`)
 
     def config(self, max_stall_ms: float | None = None,
                safety_margin: float | None = None) -> CoServingConfig:
         margin = self.safety_margin if safety_margin is None else safety_margin
         return CoServingConfig(scheduler=self.scheduler, tpot_slo_ms=self.slo.tpot_s * 1000.0,
                                ttft_slo_ms=self.slo.ttft_s * 1000.0, safety_margin=margin,
-                               max_stall_ms=max_stall_ms)
+                               max_stall_ms=max_stall_ms, burst_margin=self.burst_margin)
 
     def latency_copy(self) -> LatencyModel:
         return LatencyModel.from_dict(self.latency.to_dict())

@@ -38,6 +38,7 @@ from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
 from coserve.finetune.rollouts import RolloutDriver
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.request import Request
+from coserve.share.hold_kind import HoldKind
 from coserve.share.latency_features import PlanFeatures, plan_features
 from coserve.share.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
@@ -104,10 +105,19 @@ class IterationRecord:
     engine_id: str = ""  # which engine ran it (several engines: `cluster_run`)
     decide_s: float = 0.0  # the scheduler's thread CPU to apply this result and plan the next (cluster runs)
     trained_sequences: int = 0  # trained sequences of those steps (a DPO pair is two)
+    held: HoldKind | None = None  # why the plan gave a runnable job no work (None: it gave work, or none ran)
 
     @property
     def inference_tokens(self) -> int:
         return int(self.features.prefill_tokens + self.features.decode_tokens)
+
+    def inside(self, window_s: float) -> float:
+        """The fraction of this iteration inside [0, window_s]: 1 before its end, 0 after, a part across."""
+        if self.start_s >= window_s:
+            return 0.0
+        if self.end_s <= window_s:
+            return 1.0
+        return (window_s - self.start_s) / (self.end_s - self.start_s)
 
     @property
     def has_work(self) -> bool:
@@ -259,7 +269,7 @@ class EngineLane:
             self.rollouts.advance(step)
             self.phases.observe(end, self.rollouts, len(result.training.steps))
         iteration = IterationRecord(start, end, result.timings.total_s, self._observed.features, tokens,
-                                    trained_sequences=sequences)
+                                    trained_sequences=sequences, held=self.policy.floor.held_kind)
         self.iterations.append(iteration)
         if self._on_iteration is not None:
             self._on_iteration(iteration)

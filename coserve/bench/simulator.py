@@ -3,7 +3,8 @@
 `simulate` runs `replay.drive` (the benchmark's own loop) with a `VirtualClock` and a `LatencyExecutor`:
 each plan is answered as the engine would answer it (a token for every sampled chunk, a `StepReport`
 for every optimizer step, a `SavedAdapter` for every save) and the clock jumps by the latency model's
-prediction for the plan's features, plus a fixed per-iteration `overhead_s` (the scheduler's own time,
+prediction for the plan's features (any `IterationCost`: a `LatencyModel`, or the GPU projection's
+`roofline.RooflineModel`), plus a fixed per-iteration `overhead_s` (the scheduler's own time,
 which a real replay pays on the wall clock but the engine's timer does not see). The policy refines its
 own copy of the model from those times, as it would from measured ones.
 
@@ -22,6 +23,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from coserve.bench.cluster_run import ClusterRun
 from coserve.bench.cluster_sim import JobArrival, SchedulerCost, SimEngine, run_cluster
@@ -33,7 +35,7 @@ from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, 
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingReport
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.share.latency import LatencyModel, ModelFingerprint, PlanFeatures
 from coserve.share.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
 
@@ -41,6 +43,13 @@ SIMULATED_TOKEN = 17  # the token every simulated sample returns (requests ignor
 # A run noisier than this (a machine under heavy contention) is not described by a latency model;
 # the simulator caps the spread it imitates.
 MAX_NOISE_SIGMA = 0.5
+
+
+class IterationCost(Protocol):
+    """What stands in for the engine's timing: an iteration's seconds from its features. A `LatencyModel`
+    is one (the simulator's usual truth); `roofline.RooflineModel` is another (the GPU projection's)."""
+
+    def predict(self, features: PlanFeatures) -> float: ...
 
 
 class VirtualClock:
@@ -66,14 +75,15 @@ class LatencyExecutor:
     """Answers plans like `Engine.step`, taking `model.predict(features) + overhead_s` virtual seconds.
 
     Args:
-        model: the latency model standing in for the engine (not the policy's copy).
+        model: the latency model standing in for the engine (not the policy's copy), or any other
+            `IterationCost`.
         clock: advanced by each step.
         overhead_s: added to every iteration's duration but not to its reported engine time.
         noise_sigma: log-scale spread of a multiplicative, mean-preserving noise on each iteration's
             time (0: the model's prediction exactly); seeded by `seed`.
     """
 
-    def __init__(self, model: LatencyModel, clock: VirtualClock, overhead_s: float = 0.0,
+    def __init__(self, model: IterationCost, clock: VirtualClock, overhead_s: float = 0.0,
                  noise_sigma: float = 0.0, seed: int = 0) -> None:
         self._model, self._clock, self._overhead_s = model, clock, overhead_s
         self._slots = AdapterSlotTracker()
@@ -122,7 +132,7 @@ class SimSettings:
     seed: int = 0
 
 
-def _lane(make_policy: PolicyFactory, model: LatencyModel, shape: EngineShape, sim: SimSettings,
+def _lane(make_policy: PolicyFactory, model: IterationCost, shape: EngineShape, sim: SimSettings,
           job_spec: FinetuneJobSpec | None, index: int = 0) -> tuple[EngineLane, FinetuneJob | None]:
     clock = VirtualClock()
     adapters = AdapterSlots(shape.num_adapter_slots)
@@ -133,7 +143,7 @@ def _lane(make_policy: PolicyFactory, model: LatencyModel, shape: EngineShape, s
 
 
 def simulate(make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,
-             model: LatencyModel, shape: EngineShape, *, job_spec: FinetuneJobSpec | None = None,
+             model: IterationCost, shape: EngineShape, *, job_spec: FinetuneJobSpec | None = None,
              sim: SimSettings | None = None, policy_name: str = "", rate: float = 0.0) -> RunRecord:
     """One simulated run of one engine: `replay.replay`'s run with the latency model as the engine."""
     lane, job = _lane(make_policy, model, shape, sim or SimSettings(), job_spec)
@@ -143,7 +153,7 @@ def simulate(make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: R
 
 
 def simulate_engines(make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,
-                     models: Sequence[LatencyModel], shape: EngineShape, *, jobs: Sequence[JobArrival] = (),
+                     models: Sequence[IterationCost], shape: EngineShape, *, jobs: Sequence[JobArrival] = (),
                      sims: Sequence[SimSettings] = (), cost: SchedulerCost = SchedulerCost(),
                      routing: RoutingWeights = RoutingWeights(), policy_name: str = "",
                      rate: float = 0.0) -> ClusterRun:
@@ -174,7 +184,7 @@ def simulate_engines(make_policy: PolicyFactory, trace: Sequence[RequestSpec], l
 
 
 def simulate_cluster(make_policy: PolicyFactory, trace: Sequence[RequestSpec], limits: RunLimits,
-                     model: LatencyModel, shape: EngineShape, num_engines: int, *,
+                     model: IterationCost, shape: EngineShape, num_engines: int, *,
                      job_specs: Sequence[FinetuneJobSpec] = (), sim: SimSettings | None = None,
                      policy_name: str = "", rate: float = 0.0) -> RunRecord:
     """N simulated engines of one latency model under one `ClusterScheduler` (`simulate_engines`); the

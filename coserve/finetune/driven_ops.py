@@ -160,7 +160,7 @@ class DrivenOps:
             self._gradient_tokens += sum(len(d.token_ids) - 1 for d in op.call.data)
         self._waiting_on = plan.step_id
 
-    def plan_step(self, plan: IterationPlan, op: DrivenOp, call: OptimStepCall) -> None:
+    def plan_step(self, plan: IterationPlan, call: OptimStepCall) -> None:
         plan.training.optimizer_steps.append(OptimizerStep(
             self._job_id, self.steps + 1, 0, max(1, self._gradient_tokens), adam=call.adam))
         self.planned(plan)

@@ -111,4 +111,6 @@ class JobHost:
         return self.roster.has_work
 
     def has_runnable_job(self) -> bool:
-        return any(job.runnable for job in self.roster)
+        """A job with work to schedule: the liveness floor owes fine-tuning its share only then (a driven
+        run waiting for its client's next call does not keep the share owed)."""
+        return any(job.has_work for job in self.roster)

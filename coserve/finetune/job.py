@@ -339,9 +339,9 @@ class FinetuneJob:
             self._batch = driven.batch(op, call)
             return True
         if isinstance(call, OptimStepCall):
-            driven.plan_step(plan, op, call)
+            driven.plan_step(plan, call)
         elif isinstance(call, SaveCall):
-            driven.plan_save(plan, call, self._planned_tokens)
+            driven.plan_save(plan, call, self.trained_tokens)  # its calls run one after another
         else:
             self._restart(plan, call)
             driven.planned_load(plan, call)

@@ -110,8 +110,9 @@ class JobRoster:
         return self._jobs.get(job_id)
 
     def has_runnable(self, tenant: str) -> bool:
-        """Whether the tenant has a job with work to schedule (part of its VTC backlog)."""
-        return any(job.runnable and job.tenant == tenant for job in self._jobs.values())
+        """Whether the tenant has a job with work to schedule (part of its VTC backlog; a driven run
+        waiting for its client's next call is not)."""
+        return any(job.has_work and job.tenant == tenant for job in self._jobs.values())
 
     @property
     def has_work(self) -> bool:
@@ -193,7 +194,11 @@ class JobRoster:
         # Each job is asked once per plan (one window or one run of tasklets of its sequence in
         # flight): one that the liveness floor already served in this plan is not asked again.
         pending = [job for job in self._jobs.values()
-                   if job.runnable and job.last_planned_step != plan.step_id]
+                   if job.has_work and job.last_planned_step != plan.step_id]
+        # A driven run's call can come after the last result said its tenant was idle (`update`) and before
+        # this plan: the tenants with work are backlogged now.
+        for backlogged in {job.tenant for job in pending}:
+            self._on_change(backlogged)
         total = 0.0
         while pending:
             by_tenant: dict[str, TrainingJob] = {}
@@ -217,15 +222,15 @@ class JobRoster:
         return total
 
     def longest_waiting(self) -> TrainingJob | None:
-        """The runnable job whose last work is oldest (the liveness floor's next), or None."""
-        return min((job for job in self._jobs.values() if job.runnable), key=lambda job: job.last_planned_step,
+        """The job with work whose last work is oldest (the liveness floor's next), or None."""
+        return min((job for job in self._jobs.values() if job.has_work), key=lambda job: job.last_planned_step,
                    default=None)
 
     def fill_longest_waiting(self, plan: IterationPlan, allowance: Allowance) -> float:
         """Give work to the runnable jobs, the one that has waited longest first (the liveness floor:
         every job in turn, whatever the counters), until the allowance says the plan has enough (None);
         a job that cannot take any is passed over. Charged like `fill`; returns the tokens charged."""
-        waiting = sorted((job for job in self._jobs.values() if job.runnable),
+        waiting = sorted((job for job in self._jobs.values() if job.has_work),
                          key=lambda job: job.last_planned_step)
         total = 0.0
         for job in waiting:

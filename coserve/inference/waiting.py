@@ -90,6 +90,10 @@ class TenantQueues:
         found.sort(key=_ARRIVAL)
         return found
 
+    def oldest_arrival(self) -> float | None:
+        """The arrival time of the longest-waiting queued request (the head of some sub-queue), or None."""
+        return min((queue[0].arrival_time for queue in self._queues.values()), default=None)
+
     def has_tenant(self, tenant: str) -> bool:
         """Whether the tenant has a queued request."""
         return tenant in self._queues

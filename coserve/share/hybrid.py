@@ -41,6 +41,7 @@ from coserve.contract.plan import IterationPlan
 from coserve.finetune.job import JobPhase
 from coserve.finetune.roster import Allowance, TrainingJob, fixed_allowance, whole_iteration_allowance
 from coserve.inference.request import Request
+from coserve.share.hold_kind import HoldKind
 from coserve.share.latency import PlanFeatures
 from coserve.share.strategy import RequestWatcher, ShareContext
 
@@ -126,20 +127,24 @@ class HybridShare:
             # alone (`LLM.fine_tune`): forward and backward in the same plan.
             return whole_iteration_allowance(max_tokens, config.max_backward_token_layers)
         if ctx.overdue_waiting() is not None:
-            ctx.floor.hold("held back: a request waited past the TTFT guard and is admitted first")
+            ctx.floor.hold(HoldKind.TTFT_GUARD, "held back: a request waited past the TTFT guard and is admitted first")
             return None  # TTFT guard: the batch drains into the overdue request first
-        if ctx.num_waiting:
-            # Inference first: requests that could not be admitted (max_num_seqs, blocks) wait for
-            # running ones to finish, which fine-tuning would slow down; the queue drains first.
-            ctx.floor.hold(f"held back: {ctx.num_waiting} inference request(s) wait for admission")
-            return None
         if not ctx.latency.trusted:
             # Warming up: small pieces beside inference, so the model measures their cost.
             piece = config.min_piece_tokens
             return fixed_allowance(min(piece, max(0, max_tokens - inference_tokens)), piece)
         budget_s = self._finetune_budget_s(ctx)
         if budget_s is None:
-            ctx.floor.hold("held back: the running requests have not banked TPOT slack for a burst")
+            ctx.floor.hold(HoldKind.NOT_BANKED,
+                           "held back: the running requests have not banked TPOT slack for a burst")
+            return None
+        queue_s = _queue_slack_s(ctx)
+        if queue_s < budget_s:
+            # Requests wait for admission (max_num_seqs, blocks) until running ones finish, which a longer
+            # iteration delays: fine-tuning may take only what keeps the longest-waiting one within the TTFT
+            # guard (past it, the guard above holds fine-tuning until it is admitted).
+            ctx.floor.hold(HoldKind.ADMISSION, f"held back: {ctx.num_waiting} inference request(s) wait for "
+                                               f"admission, the oldest near the TTFT guard")
             return None
         return _latency_allowance(ctx, base, budget_s / ctx.overrun, inference_tokens)
 
@@ -149,11 +154,18 @@ class HybridShare:
         `MIN_BURST` iteration budgets (or the stall cap, if smaller); None before. A request in its
         prefill limits a burst to what keeps its TTFT within the TTFT guard (`_slack_s`)."""
         stall_s = ctx.config.stall_budget_s
-        target_s = ctx.config.iteration_budget_s
         if stall_s is None:
-            return target_s
+            return ctx.config.iteration_budget_s
+        target_s = ctx.config.banked_target_s
         slack_s = self._slack_s(ctx, target_s)
         return min(slack_s, stall_s) if slack_s >= min(stall_s, MIN_BURST * target_s) else None
+
+
+def _queue_slack_s(ctx: ShareContext) -> float:
+    """How long the next iteration may take with the longest-waiting request not admitted yet still within
+    the TTFT guard (inf when none waits)."""
+    arrival = ctx.oldest_waiting_arrival()
+    return math.inf if arrival is None else ctx.config.ttft_guard_s - (ctx.now - arrival)
 
 
 def _latency_allowance(ctx: ShareContext, base: PlanFeatures, budget_s: float,
@@ -171,7 +183,7 @@ def _latency_allowance(ctx: ShareContext, base: PlanFeatures, budget_s: float,
         features = base.with_finetune(forward, backward, pieces)
         predicted = latency.predict(features)
         if predicted >= budget_s:
-            floor.hold(f"held back: predicted iteration {predicted * 1000:.0f} ms > the "
+            floor.hold(HoldKind.FULL, f"held back: predicted iteration {predicted * 1000:.0f} ms > the "
                        f"{budget_s * 1000:.0f} ms the TPOT SLO leaves")
             return None  # the iteration is full: no later job can add anything
         if job.phase is JobPhase.FORWARD:

@@ -49,6 +49,7 @@ from coserve.contract.plan import IterationPlan, StepTimings
 from coserve.contract.training_plan import TrainingWork
 from coserve.finetune.job import JobPhase
 from coserve.finetune.roster import Allowance, TrainingJob
+from coserve.share.hold_kind import HoldKind
 from coserve.share.latency import LatencyModel, PlanFeatures
 from coserve.share.share_account import PlannedSplit, ShareAccount
 
@@ -118,7 +119,8 @@ class FinetuneFloor:
         self.max_backward_token_layers = max(min_piece_tokens, max_backward_token_layers)
         self.account = ShareAccount(min_share, window_s)
         self.held_back: str | None = None  # why the last plan gave runnable jobs nothing
-        self._reason: str | None = None  # what the allowance said in the plan being built
+        self.held_kind: HoldKind | None = None  # and that reason's kind
+        self._reason: tuple[HoldKind, str] | None = None  # what the allowance said in the plan being built
         self._last_inference = PlanFeatures()  # the last plan's inference (the next one's guess)
         self._price = _Prices(0.0, 0.0, 0.0)  # the model's prices in the plan being built (`begin`)
 
@@ -244,14 +246,16 @@ class FinetuneFloor:
 
     # ------------------------------------------------------------------------------ why not
 
-    def hold(self, reason: str, *, unless_said: bool = False) -> None:
+    def hold(self, kind: HoldKind, reason: str, *, unless_said: bool = False) -> None:
         """Record why the allowance gives fine-tuning nothing in the plan being built (with
         `unless_said`, only when no more specific reason was recorded)."""
         if not (unless_said and self._reason):
-            self._reason = reason
+            self._reason = (kind, reason)
 
     def after_plan(self, plan: IterationPlan, has_runnable: bool) -> None:
-        """Note why the plan gave runnable jobs nothing (`held_back`), or that it gave them work."""
+        """Note why the plan gave runnable jobs nothing (`held_back`, `held_kind`), or that it gave them
+        work."""
         starved = has_runnable and not _has_work(plan.training)
-        self.held_back = (self._reason or NO_MEMORY) if starved else None
+        kind, reason = self._reason or (HoldKind.NO_MEMORY, NO_MEMORY)
+        self.held_back, self.held_kind = (reason, kind) if starved else (None, None)
         self._reason = None

@@ -35,6 +35,7 @@ from coserve.inference.plan_checks import check_sequences
 from coserve.inference.request import Request, RequestStatus
 from coserve.inference.request_rules import Budget
 from coserve.inference.scheduler import InferenceScheduler
+from coserve.share.hold_kind import HoldKind
 from coserve.share.latency import LatencyModel, PlanFeatures, plan_features
 from coserve.share.liveness import FinetuneFloor, at_least
 from coserve.share.online_latency import OnlineLatency
@@ -218,6 +219,9 @@ class CoServingPolicy:
     def overdue_waiting(self) -> Request | None:
         return self._order.overdue_waiting()
 
+    def oldest_waiting_arrival(self) -> float | None:
+        return self._order.queue.oldest_arrival()
+
     def has_runnable_job(self) -> bool:
         return self._jobs.has_runnable_job()
 
@@ -252,7 +256,8 @@ class CoServingPolicy:
         if allowance is not None:
             roster.fill(plan, allowance)
         elif runnable:
-            floor.hold(f"held back: the {share.label} gave this iteration to inference", unless_said=True)
+            floor.hold(HoldKind.SHARE, f"held back: the {share.label} gave this iteration to inference",
+                       unless_said=True)
         floor.after_plan(plan, share.floor_applies and self.has_runnable_job())
         self._jobs.finetune_held_back = floor.held_back
         training = plan.training

@@ -62,6 +62,9 @@ class ShareContext(Protocol):
     def overdue_waiting(self) -> Request | None:
         """The oldest waiting request past the TTFT guard when the plan started, else None."""
 
+    def oldest_waiting_arrival(self) -> float | None:
+        """When the longest-waiting request not admitted yet arrived, or None when none waits."""
+
     def has_runnable_job(self) -> bool: ...
 
 

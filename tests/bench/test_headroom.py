@@ -8,11 +8,11 @@ import pytest
 from test_simulator import FP, SHAPE, _job, _setup
 
 from coserve.bench.headroom import best_baseline, headroom, inference_marginal_s
-from coserve.bench.policy_set import make_factory
+from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import IterationRecord, RunLimits, RunRecord
 from coserve.bench.run_metrics import summarize
 from coserve.bench.simulator import simulate
-from coserve.bench.traces import make_trace, poisson_arrivals, sharegpt_lengths
+from coserve.bench.traces import RequestSpec, make_trace, poisson_arrivals, sharegpt_lengths
 from coserve.share.latency import LatencyModel, PlanFeatures
 
 # A CPU-like model: fixed costs per iteration, per fine-tuning piece and per prefill chunk.
@@ -56,16 +56,32 @@ def test_best_baseline_keeps_the_slo_and_is_not_ours() -> None:
     assert best_baseline(runs, 3.0) is None
 
 
-@pytest.mark.parametrize("rate", [1.0, 6.0])
-def test_no_policy_trains_faster_than_the_bound(rate: float) -> None:
+@dataclasses.dataclass(frozen=True)
+class SimulatedRate:
+    """A CPU-like simulated machine at one rate: the setup, fine-tuning alone's run and speed, the trace."""
+
+    latency: LatencyModel
+    setup: PolicySetup
+    solo: RunRecord
+    finetune_only: float
+    trace: list[RequestSpec]
+
+
+def simulated_rate(rate: float, window: float) -> SimulatedRate:
     latency = LatencyModel(FP, CPU_LIKE)
     setup = dataclasses.replace(_setup(latency, tpot_s=0.04), max_stall_ms=120.0)
-    window = 10.0
     solo = simulate(make_factory("coserve", setup), [], RunLimits(window, 0.0), latency, SHAPE,
                     job_spec=_job("solo"), policy_name="coserve")
-    finetune_only = summarize(solo, setup.slo).finetune_tokens_per_s
     trace = make_trace(poisson_arrivals(rate, window, seed=4), seed=4,
                        lengths=sharegpt_lengths(scale=8.0, prompt_range=(4, 64), output_range=(8, 48)))
+    return SimulatedRate(latency, setup, solo, summarize(solo, setup.slo).finetune_tokens_per_s, trace)
+
+
+@pytest.mark.parametrize("rate", [1.0, 6.0])
+def test_no_policy_trains_faster_than_the_bound(rate: float) -> None:
+    window = 10.0
+    sim = simulated_rate(rate, window)
+    latency, setup, finetune_only, trace = sim.latency, sim.setup, sim.finetune_only, sim.trace
     bound = None
     for name in ("coserve", "coserve-strict", "temporal-n8", "temporal-n64", "dynamic-temporal",
                  "static-split-0.2"):

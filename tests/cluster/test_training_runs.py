@@ -154,3 +154,18 @@ def test_a_run_whose_engine_is_lost_ends_and_its_calls_fail(tmp_path: Path) -> N
     failed = r.outcome("a", queued)
     assert isinstance(failed, CallFailure) and failed.code == "run_ended"
     assert run not in c.jobs.job_ids and isinstance(r.submit("a", run, fb(4)), CallFailure)
+
+
+def test_a_run_waiting_for_its_client_is_not_backlogged(tmp_path: Path) -> None:
+    """Between its client's calls a run has no work: its tenant is not backlogged in the counters (it banks
+    no turn while away, and is lifted when a call comes), and the engine sleeps."""
+    c, r, _, engine = runs(tmp_path)
+    run = create(r)
+    run_until(c, r, engine, 3)
+    assert "a" not in c.vtc.backlogged and not any(c.has_work(e) for e in c.engines)
+    r.submit("a", run, fb(300))  # more than one iteration's work
+    for engine_id in c.engines:
+        c.step(engine_id, engine)
+    assert "a" in c.vtc.backlogged
+    run_until(c, r, engine)
+    assert "a" not in c.vtc.backlogged

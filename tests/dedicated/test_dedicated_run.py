@@ -71,7 +71,9 @@ def _until(handle: Any, seen: list[RunUpdate], done: Any, timeout: float = 240) 
 
     deadline = time.monotonic() + timeout
     while not any(done(u) for u in seen):
-        assert time.monotonic() < deadline, [n for u in seen for n in u.notes]
+        what = ([n for u in seen for n in u.notes], [(e.kind.value, e.step) for u in seen for e in u.events])
+        assert time.monotonic() < deadline, what
+        assert not (seen and seen[-1].done), ("the run ended before the awaited update", what)
         update, _ = ray.get(handle.poll.remote())
         seen.append(update)
         time.sleep(0.2)
@@ -124,11 +126,17 @@ def _pair(i: int) -> dict[str, Any]:
 
 
 def _kill_rank_1_after_the_first_checkpoint(handle: Any, seen: list[RunUpdate], root: Path) -> dict[int, int]:
-    """Pause the run after its first checkpoint, wait until Ray Train registered it, SIGKILL rank 1 and
-    let the run go on; returns the killed workers' pids by rank."""
-    _until(handle, seen, lambda u: any(e.kind == JobEventKind.CHECKPOINT for e in u.events))
+    """Pause the run at a step boundary after its first checkpoint, wait until Ray Train registered it,
+    SIGKILL rank 1 and let the run go on; returns the killed workers' pids by rank.
+
+    The pause is asked for once step 2 is reported, while the workers run step 3 (the first epoch's
+    last: its checkpoint, then validation): they pause after it, or, if this process is slow, at a
+    later boundary, still six steps before the run's end (a CI run once asked only after the
+    checkpoint, and the run finished before the pause reached it)."""
+    _until(handle, seen, lambda u: any(e.kind == JobEventKind.STEP and e.step >= 2 for e in u.events))
     handle.command.remote(int(Command.PAUSE))
     _until(handle, seen, lambda u: any(n.startswith("Paused at step") for n in u.notes))
+    assert _events(seen, JobEventKind.CHECKPOINT) and not seen[-1].done, [n for u in seen for n in u.notes]
     # Ray Train registers a reported checkpoint when its controller next polls the workers (every 2 s);
     # its run snapshot lists the registered ones. Kill only once one is: then the restart resumes from it.
     snapshot = root / "run-1" / "checkpoint_manager_snapshot.json"
@@ -144,7 +152,7 @@ def _kill_rank_1_after_the_first_checkpoint(handle: Any, seen: list[RunUpdate], 
 
 def test_a_dpo_run_trains_what_the_coserved_dpo_job_trains_through_a_killed_worker(
         ray_cluster: None, llama_dir: Path, tmp_path: Path) -> None:
-    """10 pairs, batches of 4, 2 epochs: the reference sums are computed once (the two ranks share them)
+    """10 pairs, batches of 4, 3 epochs: the reference sums are computed once (the two ranks share them)
     and kept in the checkpoints. Rank 1 is killed while the run is paused after its first checkpoint:
     Ray Train's FailureConfig restarts both workers from it (with its reference sums), the job succeeds,
     and its losses, rewards, validation metrics and adapter are the co-served job's (`LLM.fine_tune` with
@@ -152,9 +160,9 @@ def test_a_dpo_run_trains_what_the_coserved_dpo_job_trains_through_a_killed_work
     pairs, validation, loss = [_pair(i) for i in range(10)], [_pair(20), _pair(21)], LossSpec(LossKind.DPO, beta=0.5)
     llm = LLM(str(llama_dir), dtype="float32", max_batch_tokens=64, num_kv_blocks=160, block_size=8,
               max_model_len=256, max_lora_rank=8)
-    expected = llm.fine_tune(pairs, str(tmp_path / "reference"), {"n_epochs": 2, "batch_size": 4}, {"r": 4},
+    expected = llm.fine_tune(pairs, str(tmp_path / "reference"), {"n_epochs": 3, "batch_size": 4}, {"r": 4},
                              seed=SEED, validation=validation, loss=loss)
-    handle = launch(_spec(llama_dir, tmp_path / "job", 2, pairs, validation, loss))
+    handle = launch(_spec(llama_dir, tmp_path / "job", 3, pairs, validation, loss))
     seen: list[RunUpdate] = []
     killed = _kill_rank_1_after_the_first_checkpoint(handle, seen, tmp_path / "job")
     _until(handle, seen, lambda u: u.done)
@@ -165,7 +173,7 @@ def test_a_dpo_run_trains_what_the_coserved_dpo_job_trains_through_a_killed_work
     assert restarted and {w.pid for w in seen[-1].workers}.isdisjoint(killed.values()), notes
     steps = {e.step: e for e in _events(seen, JobEventKind.STEP)}  # a step redone reports again: the last
     theirs = [e for e in expected.events if e.kind == JobEventKind.STEP]
-    assert sorted(steps) == [e.step for e in theirs] == [1, 2, 3, 4, 5, 6]
+    assert sorted(steps) == [e.step for e in theirs] == list(range(1, 10))
     for reference in theirs:
         mine = steps[reference.step]
         assert mine.num_tokens == reference.num_tokens and mine.metrics.keys() == reference.metrics.keys()
@@ -173,7 +181,7 @@ def test_a_dpo_run_trains_what_the_coserved_dpo_job_trains_through_a_killed_work
             assert mine.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-4), (mine.step, key)
     validations = {e.step: e for e in _events(seen, JobEventKind.VALIDATION)}
     reference_validations = [e for e in expected.events if e.kind == JobEventKind.VALIDATION]
-    assert sorted(validations) == [e.step for e in reference_validations] == [3, 6]
+    assert sorted(validations) == [e.step for e in reference_validations] == [3, 6, 9]
     for reference in reference_validations:
         mine = validations[reference.step]
         assert mine.metrics["valid_loss"] == pytest.approx(reference.metrics["valid_loss"], rel=1e-4)

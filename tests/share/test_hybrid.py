@@ -167,20 +167,29 @@ def test_jobs_are_picked_by_counter_and_tasklets_charged_by_layers() -> None:
 
 # ------------------------------------------------------------------------------ TTFT guard
 
-def test_waiting_requests_stop_fine_tuning_until_admitted() -> None:
-    """Inference first: a request that cannot be admitted (max_num_seqs) waits for running ones,
-    which fine-tuning would slow down; fine-tuning resumes once nobody waits."""
-    policy = make_policy(scheduler={"max_num_seqs": 1})
-    policy.add_request(make_request("first", "a", max_tokens=3))
+def test_waiting_requests_limit_fine_tuning_to_what_keeps_them_within_the_ttft_guard() -> None:
+    """A request that cannot be admitted (max_num_seqs) waits for running ones, which fine-tuning slows
+    down: fine-tuning takes work only while the longest-waiting request stays within the TTFT guard
+    with this iteration (the hold says why), and fills iterations again once nobody waits."""
+    clock = FakeClock()
+    policy = make_policy(clock=clock, ttft_slo_ms=1000.0, ttft_guard_fraction=0.5, scheduler={"max_num_seqs": 1})
+    policy.add_request(make_request("first", "a", max_tokens=6))
     policy.jobs.add(make_job(policy, "j", "t", lengths=(400,)))
     plan, _ = step(policy)
     assert plan.training.forward_tokens > 0  # nobody waits: fine-tuning fills the iteration
-    policy.add_request(make_request("second", "b", max_tokens=3))
+    policy.add_request(make_request("second", "b", max_tokens=3, arrival=0.0))
+    clock.now = 0.3  # 0.2 s left of the 0.5 s guard: more than the 20 ms iteration budget
+    plan, _ = step(policy)
+    assert policy.num_waiting and plan.training.forward_tokens + plan.training.backward_token_layers > 0
+    clock.now = 0.49  # 10 ms left: less than an iteration may take
     sizes = []
     for _ in range(6):
         plan, _ = step(policy)
         sizes.append((policy.num_waiting, plan.training.forward_tokens + plan.training.backward_token_layers))
-    assert all(work == 0 for waiting, work in sizes if waiting)
+        if policy.num_waiting:
+            assert (policy.jobs.finetune_held_back or "").startswith(
+                "held back: 1 inference request(s) wait for admission"), policy.jobs.finetune_held_back
+    assert sizes[0][0] and all(work == 0 for waiting, work in sizes if waiting)
     assert any(work > 0 for waiting, work in sizes if not waiting)
 
 
@@ -194,9 +203,9 @@ def test_overdue_request_goes_first_and_stops_fine_tuning() -> None:
     policy.add_request(make_request("old", "b", arrival=0.0))  # b's counter will be the highest
     policy.vtc.charge_input("b", 1000)
     policy.add_request(make_request("new", "c", arrival=0.4))
-    clock.now = 0.3
+    clock.now = 0.49
     plan, _ = step(policy)
-    assert plan.training.forward_tokens == 0  # requests wait (max_num_seqs): inference first
+    assert plan.training.forward_tokens == 0  # "old" is 10 ms from the guard: inference first
     clock.now = 0.6  # "old" has waited 0.6 s >= 0.5 s
     admitted: list[str] = []
     guarded = 0
