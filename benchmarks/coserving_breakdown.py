@@ -22,7 +22,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from coserve.bench.coserving import MAX_BATCH_TOKENS, NUM_KV_BLOCKS, bench_job_spec, gap_rows
+from coserve.bench.coserving import MAX_BATCH_TOKENS, NUM_KV_BLOCKS, bench_job_spec
+from coserve.bench.coserving_rows import gap_rows
 from coserve.bench.gap_breakdown import gap_breakdown
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord

@@ -55,9 +55,10 @@ from coserve.bench.coserving_rl import (
     reinforcement_spec,
     rollout_setup,
 )
+from coserve.bench.coserving_rows import bound_line, gap_rows, run_line
 from coserve.bench.coserving_setup import MAX_BATCH_TOKENS, calibrate, run_policy
-from coserve.bench.gap_breakdown import GapBreakdown, gap_breakdown, work_per_token_s, work_tokens_per_s
-from coserve.bench.headroom import Headroom, best_baseline, headroom
+from coserve.bench.gap_breakdown import gap_breakdown, work_per_token_s, work_tokens_per_s
+from coserve.bench.headroom import best_baseline, headroom
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RolloutSetup, RunLimits, RunRecord
 from coserve.bench.run_metrics import SLO, summarize
@@ -252,7 +253,7 @@ def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float],
             record = run_policy(engine, setup, job_spec, policy, rate, trace, limits, f"{policy}-{rate}", rollouts)
             runs.append(_run_row(record, setup.slo))
             runs[-1]["finetune_work_tokens_per_s"] = work_tokens_per_s(record, setup.latency, per_work)
-            print(_row(runs[-1]), flush=True)
+            print(run_line(runs[-1]), flush=True)
             if policy == "coserve":
                 ours = record
             if policy == "coserve" and rollouts is None:
@@ -260,7 +261,7 @@ def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float],
         if ours is not None:
             bound = headroom(ours, setup.latency, finetune_only, best_baseline(runs, rate))
             out["headroom"].append(bound.to_dict())
-            print(_headroom_row(bound), flush=True)
+            print(bound_line(bound), flush=True)
             gap = gap_breakdown(ours, solo, setup.latency, finetune_only)
             out["gap_breakdown"].append({**gap.to_dict(), "best_baseline_work_tokens_per_s": best_baseline(
                 runs, rate, key="finetune_work_tokens_per_s")})
@@ -275,27 +276,6 @@ def _run_row(record: Any, slo: SLO) -> dict[str, Any]:
     if record.rollout_phases is not None:
         row.update(reinforcement_metrics(record, metrics.finetune_sequences_per_s))
     return row
-
-
-def _headroom_row(bound: Headroom) -> str:
-    target = "-" if bound.target_tokens_per_s is None else f"{bound.target_tokens_per_s:.1f}"
-    return (f"{'bound':>18} rate {bound.rate:<5} inference marginal share "
-            f"{bound.inference_marginal_share:.2f}: any policy <= "
-            f"{bound.finetune_bound_tokens_per_s:.1f} fine-tuning tok/s; 1.3x best baseline {target}")
-
-
-def gap_rows(gap: GapBreakdown, best_baseline_work: float | None = None) -> str:
-    """The gap to the bound by term, largest first, as fine-tuning tokens/s (and coserve's work done
-    against the best baseline's, when there is one keeping the SLO)."""
-    against = "" if not best_baseline_work else \
-        f", {gap.work_tokens_per_s / best_baseline_work:.2f}x the best baseline's"
-    lines = [f"{'gap':>18} rate {gap.rate:<5} coserve {gap.trained_tokens_per_s:.1f} tok/s of completed steps "
-             f"({gap.trained_tokens_per_s / gap.bound_tokens_per_s:.0%} of the bound), "
-             f"{gap.work_tokens_per_s:.1f} tok/s of work done "
-             f"({gap.work_tokens_per_s / gap.bound_tokens_per_s:.0%}{against}); the gap by term, tok/s:"]
-    for name, seconds in sorted(gap.terms_s.items(), key=lambda kv: -abs(kv[1])):
-        lines.append(f"{'':>24}{gap.tokens_per_s(seconds):7.1f}  {name}")
-    return "\n".join(lines)
 
 
 def _setup_settings(setup: PolicySetup) -> dict[str, Any]:
@@ -375,18 +355,6 @@ def check_policy_names(names: list[str]) -> None:
                         slo=SLO(1.0, 1.0), latency=LatencyModel(ModelFingerprint("", "", "")))
     for name in names:
         make_factory(name, setup)
-
-
-def _row(run: dict[str, Any]) -> str:
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:.0f}"
-    att = run["slo_attainment"]
-    return (f"{run['policy']:>18} rate {run['rate']:<5} SLO {'-' if att is None else f'{att:.2f}'}  "
-            f"inference {run['inference_tokens_per_s']:7.1f} tok/s  fine-tuning "
-            f"{run['finetune_tokens_per_s']:7.1f} tok/s ({run['finetune_sequences_per_s']:.2f} seq/s, work done "
-            f"{run.get('finetune_work_tokens_per_s', 0.0):.1f})  "
-            f"TTFT p50/p99 {ms(run['ttft_p50_ms'])}/"
-            f"{ms(run['ttft_p99_ms'])} ms  TPOT p50/p99 {ms(run['tpot_p50_ms'])}/{ms(run['tpot_p99_ms'])} ms")
 
 
 def run_coserving_benchmark(args: argparse.Namespace) -> int:

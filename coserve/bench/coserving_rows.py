@@ -1,0 +1,43 @@
+"""The co-serving benchmark's lines on the console: a run's metrics, the bound at a rate, and the gap to
+it by term (`coserving.py` prints them as the runs finish; `benchmarks/coserving_breakdown.py` too)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coserve.bench.gap_breakdown import GapBreakdown
+from coserve.bench.headroom import Headroom
+
+
+def run_line(run: dict[str, Any]) -> str:
+    """One run's metrics (a JSON row of `runs`) on one line."""
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f}"
+    att = run["slo_attainment"]
+    return (f"{run['policy']:>18} rate {run['rate']:<5} SLO {'-' if att is None else f'{att:.2f}'}  "
+            f"inference {run['inference_tokens_per_s']:7.1f} tok/s  fine-tuning "
+            f"{run['finetune_tokens_per_s']:7.1f} tok/s ({run['finetune_sequences_per_s']:.2f} seq/s, work done "
+            f"{run.get('finetune_work_tokens_per_s', 0.0):.1f})  "
+            f"TTFT p50/p99 {ms(run['ttft_p50_ms'])}/"
+            f"{ms(run['ttft_p99_ms'])} ms  TPOT p50/p99 {ms(run['tpot_p50_ms'])}/{ms(run['tpot_p99_ms'])} ms")
+
+
+def bound_line(bound: Headroom) -> str:
+    target = "-" if bound.target_tokens_per_s is None else f"{bound.target_tokens_per_s:.1f}"
+    return (f"{'bound':>18} rate {bound.rate:<5} inference marginal share "
+            f"{bound.inference_marginal_share:.2f}: any policy <= "
+            f"{bound.finetune_bound_tokens_per_s:.1f} fine-tuning tok/s; 1.3x best baseline {target}")
+
+
+def gap_rows(gap: GapBreakdown, best_baseline_work: float | None = None) -> str:
+    """The gap to the bound by term, largest first, as fine-tuning tokens/s (and coserve's work done
+    against the best baseline's, when there is one keeping the SLO)."""
+    against = "" if not best_baseline_work else \
+        f", {gap.work_tokens_per_s / best_baseline_work:.2f}x the best baseline's"
+    lines = [f"{'gap':>18} rate {gap.rate:<5} coserve {gap.trained_tokens_per_s:.1f} tok/s of completed steps "
+             f"({gap.trained_tokens_per_s / gap.bound_tokens_per_s:.0%} of the bound), "
+             f"{gap.work_tokens_per_s:.1f} tok/s of work done "
+             f"({gap.work_tokens_per_s / gap.bound_tokens_per_s:.0%}{against}); the gap by term, tok/s:"]
+    for name, seconds in sorted(gap.terms_s.items(), key=lambda kv: -abs(kv[1])):
+        lines.append(f"{'':>24}{gap.tokens_per_s(seconds):7.1f}  {name}")
+    return "\n".join(lines)
