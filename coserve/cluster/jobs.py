@@ -137,6 +137,13 @@ class ClusterJobs:
         engine = self._engine.get(job_id)
         return None if engine is None else self._members[engine].policy.jobs
 
+    def work_arrived(self, job_id: str) -> None:
+        """A placed job got work from outside its plans (a driven run's call): its tenant is backlogged
+        again on the counters (the job host re-reports it)."""
+        host, job = self._host(job_id), self.get(job_id)
+        if host is not None and job is not None:
+            host.sync_backlog(job.tenant)
+
     # ----------------------------------------------------------------------------- readings
 
     def get(self, job_id: str) -> FinetuneJob | None:

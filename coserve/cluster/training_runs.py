@@ -238,6 +238,7 @@ class TrainingRuns:
             run.unplaced.append(op)
             return
         job.driven.submit(op)
+        self._jobs.work_arrived(run.info.run_id)
 
     @staticmethod
     def _fail(ops: list[DrivenOp], failure: CallFailure) -> None:

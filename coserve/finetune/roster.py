@@ -195,10 +195,6 @@ class JobRoster:
         # flight): one that the liveness floor already served in this plan is not asked again.
         pending = [job for job in self._jobs.values()
                    if job.has_work and job.last_planned_step != plan.step_id]
-        # A driven run's call can come after the last result said its tenant was idle (`update`) and before
-        # this plan: the tenants with work are backlogged now.
-        for backlogged in {job.tenant for job in pending}:
-            self._on_change(backlogged)
         total = 0.0
         while pending:
             by_tenant: dict[str, TrainingJob] = {}
