@@ -64,6 +64,7 @@ from coserve.bench.replay import RolloutSetup, RunLimits, RunRecord
 from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.sim_check import simulator_check
 from coserve.bench.simulator import EngineShape
+from coserve.bench.slo_bound import forced_constants
 from coserve.bench.traces import (
     bursty_arrivals,
     make_trace,
@@ -259,13 +260,15 @@ def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float],
             if policy == "coserve" and rollouts is None:
                 out["simulator_check"].append(simulator_check(record, setup, trace, limits, job_spec, shape))
         if ours is not None:
-            bound = headroom(ours, setup.latency, finetune_only, best_baseline(runs, rate))
+            forced = forced_constants(ours, solo, setup.slo, setup.latency.coefficients.get("constant", 0.0))
+            bound = headroom(ours, setup.latency, finetune_only, best_baseline(runs, rate), forced=forced)
             out["headroom"].append(bound.to_dict())
             print(bound_line(bound), flush=True)
             gap = gap_breakdown(ours, solo, setup.latency, finetune_only)
             out["gap_breakdown"].append({**gap.to_dict(), "best_baseline_work_tokens_per_s": best_baseline(
                 runs, rate, key="finetune_work_tokens_per_s")})
-            print(gap_rows(gap, out["gap_breakdown"][-1]["best_baseline_work_tokens_per_s"]), flush=True)
+            print(gap_rows(gap, out["gap_breakdown"][-1]["best_baseline_work_tokens_per_s"],
+                           bound.slo_bound_tokens_per_s), flush=True)
     return out
 
 

@@ -24,20 +24,27 @@ def run_line(run: dict[str, Any]) -> str:
 
 def bound_line(bound: Headroom) -> str:
     target = "-" if bound.target_tokens_per_s is None else f"{bound.target_tokens_per_s:.1f}"
+    slo = "" if bound.slo_bound_tokens_per_s is None else \
+        (f", any policy keeping the SLO <= {bound.slo_bound_tokens_per_s:.1f} "
+         f"({bound.forced_iterations} iterations forced)")
     return (f"{'bound':>18} rate {bound.rate:<5} inference marginal share "
             f"{bound.inference_marginal_share:.2f}: any policy <= "
-            f"{bound.finetune_bound_tokens_per_s:.1f} fine-tuning tok/s; 1.3x best baseline {target}")
+            f"{bound.finetune_bound_tokens_per_s:.1f} fine-tuning tok/s{slo}; 1.3x best baseline {target}")
 
 
-def gap_rows(gap: GapBreakdown, best_baseline_work: float | None = None) -> str:
+def gap_rows(gap: GapBreakdown, best_baseline_work: float | None = None, slo_bound: float | None = None) -> str:
     """The gap to the bound by term, largest first, as fine-tuning tokens/s (and coserve's work done
-    against the best baseline's, when there is one keeping the SLO)."""
+    against the best baseline's, when there is one keeping the SLO, and against the SLO bound)."""
     against = "" if not best_baseline_work else \
         f", {gap.work_tokens_per_s / best_baseline_work:.2f}x the best baseline's"
+    if slo_bound:
+        against += f", {gap.work_tokens_per_s / slo_bound:.0%} of the SLO bound"
     lines = [f"{'gap':>18} rate {gap.rate:<5} coserve {gap.trained_tokens_per_s:.1f} tok/s of completed steps "
              f"({gap.trained_tokens_per_s / gap.bound_tokens_per_s:.0%} of the bound), "
              f"{gap.work_tokens_per_s:.1f} tok/s of work done "
              f"({gap.work_tokens_per_s / gap.bound_tokens_per_s:.0%}{against}); the gap by term, tok/s:"]
     for name, seconds in sorted(gap.terms_s.items(), key=lambda kv: -abs(kv[1])):
         lines.append(f"{'':>24}{gap.tokens_per_s(seconds):7.1f}  {name}")
+    ratios = ", ".join(f"{name} {ratio:.2f}" for name, ratio in gap.speed.items() if ratio is not None)
+    lines.append(f"{'':>24}measured / predicted engine time: {ratios}")
     return "\n".join(lines)

@@ -100,6 +100,21 @@ def split_window(record: RunRecord, model: LatencyModel) -> WindowSplit:
     return out
 
 
+def measured_over_predicted(record: RunRecord, model: LatencyModel, with_finetune: bool) -> float | None:
+    """Measured engine seconds over the model's prediction, summed over the window's iterations with
+    (or without) fine-tuning work that computed something; None without such iterations. The bound and
+    the terms use the model: a ratio away from 1 says by how much the machine ran faster or slower than
+    the model predicts (a bias, or its speed moving since the calibration)."""
+    measured = predicted = 0.0
+    for iteration in record.iterations:
+        share = iteration.inside(record.window_s)
+        carries = bool(_part(model, iteration, FINETUNE_FEATURES + PIECE_FEATURES))
+        if share and iteration.has_work and carries == with_finetune:
+            measured += share * iteration.engine_s
+            predicted += share * model.predict(iteration.features)
+    return measured / predicted if predicted > 0 else None
+
+
 def work_per_token_s(record: RunRecord, model: LatencyModel) -> float | None:
     """Fine-tuning token work (model seconds) per trained token of the run's completed optimizer steps:
     the work of every iteration up to the one that completed the last step, over their trained tokens."""
@@ -137,6 +152,7 @@ class GapBreakdown:
     trained_tokens_per_s: float  # of optimizer steps completed in the window
     work_tokens_per_s: float  # the fine-tuning token work done in the window, as trained tokens/s (below)
     terms_s: dict[str, float]
+    speed: dict[str, float | None] = field(default_factory=dict)  # `measured_over_predicted` by iterations
 
     @property
     def gap_s(self) -> float:
@@ -151,7 +167,8 @@ class GapBreakdown:
                 "trained_tokens_per_s": self.trained_tokens_per_s, "work_tokens_per_s": self.work_tokens_per_s,
                 "gap_s": self.gap_s,
                 "terms_s": dict(self.terms_s),
-                "terms_tokens_per_s": {k: self.tokens_per_s(v) for k, v in self.terms_s.items()}}
+                "terms_tokens_per_s": {k: self.tokens_per_s(v) for k, v in self.terms_s.items()},
+                "measured_over_predicted": dict(self.speed)}
 
 
 def gap_breakdown(record: RunRecord, alone: RunRecord, model: LatencyModel,
@@ -183,5 +200,8 @@ def gap_breakdown(record: RunRecord, alone: RunRecord, model: LatencyModel,
     for why, seconds in sorted(ours.without_finetune_s.items()):
         terms[f"iterations without fine-tuning: {why}"] = seconds
     bound = r * (window - ours.inference_s) / window
+    speed = {"inference alone": measured_over_predicted(record, model, with_finetune=False),
+             "with fine-tuning": measured_over_predicted(record, model, with_finetune=True),
+             "fine-tuning alone": measured_over_predicted(alone, model, with_finetune=True)}
     return GapBreakdown(record.rate, window, r, bound, tokens / window, work_tokens_per_s(record, model, per_work),
-                        terms)
+                        terms, speed)

@@ -19,8 +19,10 @@ whose iterations last the stall cap (3 TPOT SLOs), so a policy with longer fine-
 could save part of their constant (at most its share of such an iteration, ~5-11% here).
 Otherwise the bound is generous: it charges inference no iteration constant, though while a request
 decodes some iteration has to run at least once per TPOT SLO, and on the development machine that
-constant is 20-30% of an SLO, more than it takes of fine-tuning alone. When 1.3x the best baseline is
-above the bound, that target cannot be met at that rate on this machine by any schedule.
+constant is 20-30% of an SLO, more than it takes of fine-tuning alone. `slo_bound` charges inference
+the constants of the iterations the SLO forces; given them, `headroom` reports that tighter bound too.
+When 1.3x the best baseline is above a bound, that target cannot be met at that rate on this machine by
+any schedule.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coserve.bench.replay import RunRecord
+from coserve.bench.slo_bound import ForcedConstants, slo_bound_tokens_per_s
 from coserve.share.latency import LatencyModel
 
 # The features that scale with the inference work served (not with how it is batched into iterations).
@@ -45,6 +48,8 @@ class Headroom:
     window_s: float
     finetune_bound_tokens_per_s: float
     target_tokens_per_s: float | None  # 1.3x the best baseline keeping the SLO (None: no such baseline)
+    forced_iterations: int | None = None  # iterations the SLO forces (`slo_bound`; None: not computed)
+    slo_bound_tokens_per_s: float | None = None  # the bound less the forced iterations' constants
 
     @property
     def inference_marginal_share(self) -> float:
@@ -58,10 +63,19 @@ class Headroom:
             return None
         return self.target_tokens_per_s <= self.finetune_bound_tokens_per_s
 
+    @property
+    def target_feasible_slo(self) -> bool | None:
+        """Whether the target is at or under the SLO bound (None without one or without a baseline)."""
+        if self.target_tokens_per_s is None or self.slo_bound_tokens_per_s is None:
+            return None
+        return self.target_tokens_per_s <= self.slo_bound_tokens_per_s
+
     def to_dict(self) -> dict[str, Any]:
         return {"rate": self.rate, "inference_marginal_share": self.inference_marginal_share,
                 "finetune_bound_tokens_per_s": self.finetune_bound_tokens_per_s,
-                "target_tokens_per_s": self.target_tokens_per_s, "target_feasible": self.target_feasible}
+                "target_tokens_per_s": self.target_tokens_per_s, "target_feasible": self.target_feasible,
+                "forced_iterations": self.forced_iterations, "slo_bound_tokens_per_s": self.slo_bound_tokens_per_s,
+                "target_feasible_slo": self.target_feasible_slo}
 
 
 def inference_marginal_s(record: RunRecord, model: LatencyModel) -> float:
@@ -79,12 +93,17 @@ def inference_marginal_s(record: RunRecord, model: LatencyModel) -> float:
 
 
 def headroom(record: RunRecord, model: LatencyModel, finetune_only_tokens_per_s: float,
-             best_baseline_tokens_per_s: float | None, target_ratio: float = 1.3) -> Headroom:
-    """The bound for the requests `record` served (any policy's run at that rate serves the same trace)."""
+             best_baseline_tokens_per_s: float | None, target_ratio: float = 1.3,
+             forced: ForcedConstants | None = None) -> Headroom:
+    """The bound for the requests `record` served (any policy's run at that rate serves the same trace),
+    and with `forced` (`slo_bound.forced_constants` of the same run) the SLO bound beside it."""
     marginal = inference_marginal_s(record, model)
     bound = finetune_only_tokens_per_s * max(0.0, 1.0 - marginal / record.window_s)
     target = None if best_baseline_tokens_per_s is None else target_ratio * best_baseline_tokens_per_s
-    return Headroom(record.rate, marginal, record.window_s, bound, target)
+    if forced is None:
+        return Headroom(record.rate, marginal, record.window_s, bound, target)
+    tighter = slo_bound_tokens_per_s(finetune_only_tokens_per_s, marginal / record.window_s, forced)
+    return Headroom(record.rate, marginal, record.window_s, bound, target, forced.iterations, min(bound, tighter))
 
 
 def best_baseline(runs: list[dict[str, Any]], rate: float, min_attainment: float = 0.9,

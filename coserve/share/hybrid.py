@@ -11,9 +11,9 @@ One iteration (FlexLLM §6.2, with Algorithm 4's fairness and a latency model in
    ``s = max{s : f(plan + s tokens) <= tpot_slo * (1 - safety_margin)}`` forward-window tokens (also
    within `max_batch_tokens`, which forward windows share with inference) or backward token-layers,
    by the job's phase; then the next job, with the plan grown by what the previous one took. Each
-   job's call is counted as one more `ft_pieces` (a window, or a tasklet): a backward run over several
-   layers makes one tasklet per layer, which the planner cannot see beforehand (the job does not say
-   its sequence length), so such an iteration can run over by a piece's fixed cost per extra layer.
+   job's call is counted as one more `ft_pieces` (a window, or a tasklet), and a backward budget that
+   runs past the job's current layer one more per further layer (`backward_layers`, from the job's
+   `layer_tokens`).
 
 Bursts (`CoServingConfig.max_stall_ms`, off by default): the TPOT SLO is a per-request mean, so an
 iteration may run longer than it when every running request has banked the time: one with n tokens,
@@ -41,6 +41,7 @@ from coserve.contract.plan import IterationPlan
 from coserve.finetune.job import JobPhase
 from coserve.finetune.roster import Allowance, TrainingJob, fixed_allowance, whole_iteration_allowance
 from coserve.inference.request import Request
+from coserve.share.backward_layers import backward_within
 from coserve.share.hold_kind import HoldKind
 from coserve.share.latency import PlanFeatures
 from coserve.share.strategy import RequestWatcher, ShareContext
@@ -54,7 +55,6 @@ __all__ = ["HybridShare", "MIN_BURST"]
 MIN_BURST = 2.0
 
 _FORWARD_TOKEN = PlanFeatures(ft_forward_tokens=1.0)
-_BACKWARD_TOKEN_LAYER = PlanFeatures(ft_backward_token_layers=1.0)
 
 
 class FirstTokenTimes:
@@ -190,6 +190,6 @@ def _latency_allowance(ctx: ShareContext, base: PlanFeatures, budget_s: float,
             cap = max(0, max_tokens - inference_tokens - forward)
             return latency.max_extra_tokens(features, _FORWARD_TOKEN, budget_s, cap), 0
         cap = max(0, max_layers - backward)
-        return 0, latency.max_extra_tokens(features, _BACKWARD_TOKEN_LAYER, budget_s, cap)
+        return 0, backward_within(latency, base, (forward, backward, pieces), budget_s, job.layer_tokens, cap)
 
     return allow

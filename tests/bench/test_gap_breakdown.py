@@ -9,7 +9,13 @@ import pytest
 from test_headroom import simulated_rate
 from test_simulator import FP, SHAPE, _job
 
-from coserve.bench.gap_breakdown import WINDOW_EDGES, gap_breakdown, split_window, work_per_token_s
+from coserve.bench.gap_breakdown import (
+    WINDOW_EDGES,
+    gap_breakdown,
+    measured_over_predicted,
+    split_window,
+    work_per_token_s,
+)
 from coserve.bench.headroom import headroom
 from coserve.bench.policy_set import make_factory
 from coserve.bench.replay import IterationRecord, RunLimits, RunRecord
@@ -58,6 +64,11 @@ def test_each_second_lands_in_its_term_and_the_terms_add_up_to_the_gap() -> None
     # alone paid 2 x 10 ms of constant for 1600 tokens: 1.25 ms for this run's 100; this run paid 10
     assert terms["iteration constants (with fine-tuning)"] == pytest.approx(0.010 - 0.00125)
     assert terms["iterations without fine-tuning: not_banked"] == pytest.approx(0.016)
+    # engine time over the model: the decodes ran 29 for 28 ms predicted, the mixed one 75 for 68
+    assert measured_over_predicted(run, model, with_finetune=False) == pytest.approx(0.029 / 0.028)
+    assert measured_over_predicted(run, model, with_finetune=True) == pytest.approx(0.075 / 0.068)
+    assert gap.speed["fine-tuning alone"] == pytest.approx(1.0 / 1.028)
+    assert measured_over_predicted(RunRecord("x", 1.0, 1.0, [], [], 2), model, with_finetune=True) is None
     assert terms["idle (no iteration)"] == pytest.approx(1.0 - 0.114)
     # alone's 1 s of token work trained 1600 tokens: this run's 50 ms of it are worth 80 tokens/s
     assert gap.work_tokens_per_s == pytest.approx(0.050 / 1.0 * 1600)

@@ -109,6 +109,26 @@ def test_backward_phase_gets_token_layers_within_the_slo() -> None:
     assert sum(budgets) == 96 and all(b <= 40 for b in budgets)
 
 
+def test_a_backward_budget_over_several_layers_pays_a_piece_per_layer() -> None:
+    """12 layers of a 24-token sequence, a piece 0.5 ms, a token-layer 0.01 ms: 4 ms beside the decode
+    fit 5 whole layers (0.74 ms each), not the 350 token-layers one piece's price would give (14 layers,
+    7 ms of pieces). Every plan's prediction with its real tasklets stays within the SLO."""
+    coefficients = {**COEFFICIENTS, "ft_backward_token_layers": 1e-5, "ft_pieces": 5e-4}
+    policy = make_policy(tpot_slo_ms=5.0, coefficients=coefficients, scheduler={"max_num_seqs": 2})
+    keep_busy(policy)  # 1 ms of decode in every iteration
+    job = make_job(policy, "j", "acme", lengths=(24,), num_layers=12)
+    policy.jobs.add(job)
+    plan, _ = step(policy)
+    assert job.phase is JobPhase.BACKWARD
+    budgets = []
+    while job.phase is JobPhase.BACKWARD and len(budgets) < 10:
+        plan, _ = step(policy)
+        budgets.append(plan.training.backward_token_layers)
+        assert predicted(policy, plan) <= 0.005  # its features count every tasklet (`plan_features`)
+    assert budgets[0] == 5 * 24
+    assert sum(budgets) == 12 * 24
+
+
 def test_no_fine_tuning_when_inference_alone_reaches_the_slo() -> None:
     policy = make_policy(tpot_slo_ms=8.0, scheduler={"max_num_seqs": 8, "max_batch_tokens": 64})
     for i in range(8):
