@@ -10,28 +10,19 @@ of any such policy. Only windows that end inside the benchmark's window count (a
 its end may be served after it). Times the fitted per-iteration constant, that is a floor on the time
 every policy spends on constants; the script prints it next to what fine-tuning alone spends on its own
 iterations' constants (its iterations last the stall cap), the difference being what a bound could
-charge on top of `headroom` (`coserve/bench/headroom.py`).
+charge on top of `headroom` (`coserve/bench/headroom.py`). `coserve bench co-serving` now reports that
+bound itself (`coserve/bench/slo_bound.py`, from each request's produced tokens); this script reads the
+trace of an older JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 from pathlib import Path
 
+from coserve.bench.slo_bound import heaviest_disjoint
 from coserve.bench.traces import make_trace, poisson_arrivals
-
-
-def min_iterations(windows: list[tuple[float, float, int]]) -> int:
-    """The heaviest total weight of pairwise disjoint (start, end, weight) windows."""
-    ordered = sorted(windows, key=lambda w: w[1])
-    ends = [end for _, end, _ in ordered]
-    best = [0] * (len(ordered) + 1)
-    for i, (start, _, weight) in enumerate(ordered):
-        before = bisect.bisect_left(ends, start)  # windows ending before this one starts
-        best[i + 1] = max(best[i], best[before] + weight)
-    return best[-1]
 
 
 def main() -> None:
@@ -49,7 +40,7 @@ def main() -> None:
         trace = make_trace(poisson_arrivals(rate, window, seed), seed)
         windows = [(r.arrival_s, r.arrival_s + ttft + (r.output_len - 1) * tpot, r.output_len) for r in trace]
         inside = [w for w in windows if w[1] <= window]
-        floor = min_iterations(inside)
+        floor = heaviest_disjoint(inside)
         print(f"rate {rate:g}: {len(trace)} requests, {len(inside)} with windows inside the run; at least "
               f"{floor} iterations = {floor * constant / window:.1%} of the window on constants "
               f"(one iteration per TPOT SLO all along would be {window / tpot:.0f})")

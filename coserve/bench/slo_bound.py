@@ -8,7 +8,7 @@ one per iteration, and a policy that keeps the SLO gives request r its n_r token
 (the first token within the TTFT SLO, the rest at a mean gap within the TPOT SLO). Requests whose such
 intervals do not overlap cannot share an iteration, so any set of pairwise disjoint intervals needs at
 least the sum of their tokens in iterations; the largest such sum is a weighted interval scheduling
-problem, solved exactly by `forced_iterations` (only intervals wholly inside the window count, so the
+problem, solved exactly by `heaviest_disjoint` (only intervals wholly inside the window count, so the
 iterations are in it). Each iteration pays the per-iteration constant c (the fitted model's), so any
 policy keeping the SLO spends at least
 
@@ -62,17 +62,23 @@ def feasible_interval(request: RequestRecord, slo: SLO) -> tuple[float, float, i
     return request.arrival_s, request.arrival_s + slo.ttft_s + (tokens - 1) * slo.tpot_s, tokens
 
 
+def heaviest_disjoint(windows: Iterable[tuple[float, float, int]]) -> int:
+    """The heaviest total weight of pairwise disjoint (start, end, weight) windows (weighted interval
+    scheduling, by end time); windows that only touch overlap (one iteration may serve both)."""
+    ordered = sorted(windows, key=lambda w: w[1])
+    ends = [end for _, end, _ in ordered]
+    best = [0]  # best[j]: the heaviest among the first j windows
+    for j, (start, _, weight) in enumerate(ordered):
+        before = bisect.bisect_left(ends, start, 0, j)  # windows ending strictly before this one starts
+        best.append(max(best[j], best[before] + weight))
+    return best[-1]
+
+
 def forced_iterations(requests: Iterable[RequestRecord], slo: SLO, window_s: float) -> int:
     """The most tokens of requests with pairwise disjoint feasible intervals inside [0, window_s]:
-    iterations no SLO-keeping schedule avoids (weighted interval scheduling, by end time)."""
-    intervals = sorted((iv for iv in (feasible_interval(r, slo) for r in requests)
-                        if iv is not None and iv[1] <= window_s), key=lambda iv: iv[1])
-    ends = [end for _, end, _ in intervals]
-    best = [0]  # best[j]: the most tokens among the first j intervals
-    for j, (start, _, tokens) in enumerate(intervals):
-        before = bisect.bisect_left(ends, start, 0, j)  # intervals ending strictly before this starts
-        best.append(max(best[j], best[before] + tokens))
-    return best[-1]
+    iterations no SLO-keeping schedule avoids."""
+    return heaviest_disjoint(iv for iv in (feasible_interval(r, slo) for r in requests)
+                             if iv is not None and iv[1] <= window_s)
 
 
 def forced_constants(record: RunRecord, solo: RunRecord, slo: SLO, constant_s: float) -> ForcedConstants:

@@ -20,6 +20,7 @@ from coserve.bench.slo_bound import (
     feasible_interval,
     forced_constants,
     forced_iterations,
+    heaviest_disjoint,
     slo_bound_tokens_per_s,
 )
 
@@ -35,6 +36,15 @@ def test_a_request_s_tokens_fall_between_its_arrival_and_its_slo_deadline() -> N
     assert feasible_interval(_done("a", 2.0, 11), SLO_1) == pytest.approx((2.0, 2.0 + 1.0 + 10 * 0.1, 11))
     assert feasible_interval(_done("a", 2.0, 11, finished=False), SLO_1) is None
     assert feasible_interval(_done("a", 2.0, 0), SLO_1) is None
+
+
+def test_disjoint_windows_add_and_overlapping_ones_share() -> None:
+    assert heaviest_disjoint([]) == 0
+    assert heaviest_disjoint([(0.0, 1.0, 10), (2.0, 3.0, 20)]) == 30  # disjoint: their iterations add up
+    assert heaviest_disjoint([(0.0, 2.0, 10), (1.0, 3.0, 20)]) == 20  # overlapping: one may serve both
+    # The heaviest disjoint set, not the most windows: 5 + 5 < 12, and 12 + 4 beats both.
+    assert heaviest_disjoint([(0.0, 1.0, 5), (1.5, 2.5, 5), (0.5, 2.0, 12), (3.0, 4.0, 4)]) == 16
+    assert heaviest_disjoint([(0.0, 1.0, 5), (1.0, 2.0, 7)]) == 7  # touching at 1.0: one iteration there
 
 
 def test_forced_iterations_sum_disjoint_requests_and_pick_the_heavier_of_overlapping_ones() -> None:
