@@ -29,12 +29,14 @@ def backward_within(latency: LatencyModel, base: PlanFeatures, planned: tuple[in
     """
     forward, backward, pieces = planned
     left, whole = layers
-    total, room = 0, min(cap, left) if left > 0 else cap
-    while True:
-        features = base.with_finetune(forward, backward + total, pieces)
-        more = latency.max_extra_tokens(features, _TOKEN_LAYER, budget_s, room)
-        total += more
-        if left <= 0 or whole <= 0 or more < room or total >= cap:
-            return total
-        pieces += 1  # the layer is done: the next one is another tasklet
-        room = min(whole, cap - total)
+    features = base.with_finetune(forward, backward, pieces)
+    total = latency.max_extra_tokens(features, _TOKEN_LAYER, budget_s, min(cap, left) if left > 0 else cap)
+    if left <= 0 or whole <= 0 or total < left or total >= cap:
+        return total
+    # Whole layers after it, each one more piece and `whole` token-layers; then part of one more.
+    features = base.with_finetune(forward, backward + total, pieces)
+    layers_fit = latency.max_extra_tokens(features, PlanFeatures(ft_backward_token_layers=float(whole), ft_pieces=1.0),
+                                          budget_s, (cap - total) // whole)
+    total, pieces = total + layers_fit * whole, pieces + layers_fit + 1
+    features = base.with_finetune(forward, backward + total, pieces)
+    return total + latency.max_extra_tokens(features, _TOKEN_LAYER, budget_s, min(whole, cap - total))
