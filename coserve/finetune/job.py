@@ -27,6 +27,8 @@ Pure Python: no torch, no Ray. The job's spec, states and events are in `coserve
 
 from __future__ import annotations
 
+import dataclasses
+
 from coserve.contract.data_position import DataPosition
 from coserve.contract.job_runner import SequenceRestarts
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind, JobPhase, JobState, trained_tokens
@@ -295,16 +297,20 @@ class FinetuneJob:
                 plan.adapter_unloads.append(grant.evicted_slot)
             self._slot = grant.slot  # the AdapterLoad is not sent: JobStart installs the weights
         if not self._started:
-            spec = self.spec
-            plan.training.job_starts.append(JobStart(
-                job_id=spec.job_id, adapter_slot=self._slot, lora=spec.lora,
-                optimizer=spec.optimizer, seed=spec.seed, examples=spec.examples,
-                resume_from=spec.resume_from, init_adapter=spec.init_adapter,
-                validation_examples=spec.validation_examples,
-                base_model_name_or_path=spec.base_model_name_or_path, loss=spec.loss,
-                rejected_examples=spec.rejected_examples, validation_rejected=spec.validation_rejected))
+            plan.training.job_starts.append(self._start_message(self._slot))
             self._started = True
         return True
+
+    def _start_message(self, slot: int) -> JobStart:
+        """What the engine needs to create the job's trainable adapter in `slot`."""
+        spec = self.spec
+        return JobStart(
+            job_id=spec.job_id, adapter_slot=slot, lora=spec.lora,
+            optimizer=spec.optimizer, seed=spec.seed, examples=spec.examples,
+            resume_from=spec.resume_from, init_adapter=spec.init_adapter,
+            validation_examples=spec.validation_examples,
+            base_model_name_or_path=spec.base_model_name_or_path, loss=spec.loss,
+            rejected_examples=spec.rejected_examples, validation_rejected=spec.validation_rejected)
 
     def _next_batch(self, plan: IterationPlan) -> bool:
         """Set up the next batch, or plan the final save when the last epoch is done."""
@@ -352,13 +358,11 @@ class FinetuneJob:
     def _restart(self, plan: IterationPlan, load: ResolvedLoad) -> None:
         """The engine drops the job's adapter and starts it again from a saved folder, in this plan."""
         assert self._slot is not None  # started
-        spec = self.spec
         plan.training.job_stops.append(self.job_id)
-        plan.training.job_starts.append(JobStart(
-            job_id=spec.job_id, adapter_slot=self._slot, lora=spec.lora, optimizer=spec.optimizer,
-            seed=spec.seed, examples=[], resume_from=load.folder if load.with_optimizer else None,
-            init_adapter=None if load.with_optimizer else load.folder,
-            base_model_name_or_path=spec.base_model_name_or_path, loss=spec.loss))
+        # A driven run's spec has no examples of its own: only where the weights come from changes.
+        plan.training.job_starts.append(dataclasses.replace(
+            self._start_message(self._slot), resume_from=load.folder if load.with_optimizer else None,
+            init_adapter=None if load.with_optimizer else load.folder))
 
     def _next_fed_batch(self) -> bool:
         """The next graded batch; False while there is none (the driver is sampling it)."""
