@@ -10,6 +10,11 @@ and how the window splits between inference-only, fine-tuning-only and mixed ite
 share of the window and mean length), and the share the model's per-iteration constant takes. The
 simulator reproduces measured throughputs within ~8% (`simulator_check` in the JSON), so the split is
 that of the measured runs up to that error; it is cheap (seconds) where a measured run takes minutes.
+
+For coserve it also prints the bounds (`headroom`, `slo_bound`), and for every policy its pacing
+(`pacing`: iterations per TPOT SLO while requests were live, and their constants). `--scale NAME=F`
+multiplies a fitted coefficient by F (repeatable), e.g. `--scale constant=0.5`: what each policy and
+the bounds would be on an engine whose per-iteration constant were half as large.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from coserve.bench.coserving import MAX_BATCH_TOKENS, NUM_KV_BLOCKS, bench_job_spec
-from coserve.bench.coserving_rows import gap_rows
-from coserve.bench.gap_breakdown import gap_breakdown
+from coserve.bench.coserving import MAX_BATCH_TOKENS, NUM_KV_BLOCKS, against_bounds, bench_job_spec
+from coserve.bench.coserving_rows import pacing_line
+from coserve.bench.pacing import pacing
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RunLimits, RunRecord
 from coserve.bench.run_metrics import SLO, summarize
@@ -38,10 +43,13 @@ BLOCK_SIZE = 16
 MAX_MODEL_LEN = 4096  # the small preset's max_position_embeddings, the engine's limit
 
 
-def setup_from(result: dict) -> PolicySetup:
-    """The policies' setup a benchmark JSON describes."""
+def setup_from(result: dict, scale: dict[str, float] | None = None) -> PolicySetup:
+    """The policies' setup a benchmark JSON describes, its fitted coefficients multiplied by `scale`'s
+    factors (by name)."""
     settings = result["settings"]
-    latency = LatencyModel(ModelFingerprint("bench", "json", "float32"), result["latency_model"]["coefficients"])
+    coefficients = {name: value * (scale or {}).get(name, 1.0)
+                    for name, value in result["latency_model"]["coefficients"].items()}
+    latency = LatencyModel(ModelFingerprint("bench", "json", "float32"), coefficients)
     slo = SLO(ttft_s=result["slo"]["ttft_ms"] / 1000.0, tpot_s=result["slo"]["tpot_ms"] / 1000.0)
     scheduler = SchedulerConfig(max_model_len=MAX_MODEL_LEN, max_num_seqs=settings["max_num_seqs"],
                                 max_batch_tokens=MAX_BATCH_TOKENS, block_size=BLOCK_SIZE)
@@ -69,15 +77,26 @@ def split(run: RunRecord, constant_s: float) -> str:
     return " | ".join(parts) + f" | constant {100 * count * constant_s / run.window_s:4.1f}%"
 
 
+def _scale(pairs: list[str]) -> dict[str, float]:
+    """`--scale NAME=F` arguments as {name: factor}."""
+    out = {}
+    for pair in pairs:
+        name, _, factor = pair.partition("=")
+        out[name] = float(factor)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("json", type=Path)
     ap.add_argument("--window-s", type=float, default=None, help="default: the JSON's window")
     ap.add_argument("--policies", default="coserve,coserve-strict,temporal-n16")
     ap.add_argument("--burst-margin", type=float, default=None, help="default: the JSON's")
+    ap.add_argument("--scale", action="append", default=[], metavar="NAME=F",
+                    help="multiply the fitted coefficient NAME by F (repeatable)")
     args = ap.parse_args()
     result = json.loads(args.json.read_text())
-    setup, settings = setup_from(result), result["settings"]
+    setup, settings = setup_from(result, _scale(args.scale)), result["settings"]
     if args.burst_margin is not None:
         setup = dataclasses.replace(setup, burst_margin=args.burst_margin)
     window = args.window_s or settings["window_s"]
@@ -102,8 +121,11 @@ def main() -> None:
               f"{m.tpot_p99_ms or 0.0:.0f} ms, attainment {m.slo_attainment}")
         if solo is None:
             solo, alone = run, max(m.finetune_tokens_per_s, m.finetune_steady_tokens_per_s or 0.0)
-        elif policy == "coserve":
-            print(gap_rows(gap_breakdown(run, solo, setup.latency, alone)))
+            continue
+        if policy == "coserve":  # the bounds, the gap by term and the pacing
+            against_bounds(run, solo, setup, alone, {"runs": [], "headroom": [], "gap_breakdown": []})
+        else:
+            print(pacing_line(pacing(run, setup.slo.tpot_s, constant)))
 
 
 if __name__ == "__main__":

@@ -48,17 +48,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coserve.bench.calibration import TTFT_MULTIPLE, SweepSettings
+from coserve.bench.calibration import TTFT_MULTIPLE, LatencyFit, SweepSettings
 from coserve.bench.coserving_rl import (
     DEFAULT_ROLLOUT_TOKENS,
     reinforcement_metrics,
     reinforcement_spec,
     rollout_setup,
 )
-from coserve.bench.coserving_rows import bound_line, gap_rows, run_line
+from coserve.bench.coserving_rows import bound_line, gap_rows, pacing_line, run_line
 from coserve.bench.coserving_setup import MAX_BATCH_TOKENS, calibrate, run_policy
 from coserve.bench.gap_breakdown import gap_breakdown, work_per_token_s, work_tokens_per_s
 from coserve.bench.headroom import best_baseline, headroom
+from coserve.bench.pacing import pacing
 from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RolloutSetup, RunLimits, RunRecord
 from coserve.bench.run_metrics import SLO, summarize
@@ -260,16 +261,26 @@ def _measure(engine: Any, setup: PolicySetup, job_spec: Any, rates: list[float],
             if policy == "coserve" and rollouts is None:
                 out["simulator_check"].append(simulator_check(record, setup, trace, limits, job_spec, shape))
         if ours is not None:
-            forced = forced_constants(ours, solo, setup.slo, setup.latency.coefficients.get("constant", 0.0))
-            bound = headroom(ours, setup.latency, finetune_only, best_baseline(runs, rate), forced=forced)
-            out["headroom"].append(bound.to_dict())
-            print(bound_line(bound), flush=True)
-            gap = gap_breakdown(ours, solo, setup.latency, finetune_only)
-            out["gap_breakdown"].append({**gap.to_dict(), "best_baseline_work_tokens_per_s": best_baseline(
-                runs, rate, key="finetune_work_tokens_per_s")})
-            print(gap_rows(gap, out["gap_breakdown"][-1]["best_baseline_work_tokens_per_s"],
-                           bound.slo_bound_tokens_per_s), flush=True)
+            against_bounds(ours, solo, setup, finetune_only, out)
     return out
+
+
+def against_bounds(ours: RunRecord, solo: RunRecord, setup: PolicySetup, finetune_only: float,
+                    out: dict[str, list[dict[str, Any]]]) -> None:
+    """coserve's run at a rate against the bounds (`headroom`, `slo_bound`), its gap to them by term and
+    its pacing (`pacing`), into `out` ("headroom", "gap_breakdown") and on the console; `out["runs"]` holds
+    the rows of every policy's run at the rate so far (for the best baseline; may be empty)."""
+    runs, rate, constant = out["runs"], ours.rate, setup.latency.coefficients.get("constant", 0.0)
+    forced = forced_constants(ours, solo, setup.slo, constant)
+    bound = headroom(ours, setup.latency, finetune_only, best_baseline(runs, rate), forced=forced)
+    out["headroom"].append(bound.to_dict())
+    print(bound_line(bound), flush=True)
+    gap, paced = gap_breakdown(ours, solo, setup.latency, finetune_only), pacing(ours, setup.slo.tpot_s, constant)
+    best = best_baseline(runs, rate, key="finetune_work_tokens_per_s")
+    out["gap_breakdown"].append({**gap.to_dict(), "best_baseline_work_tokens_per_s": best,
+                                 "pacing": paced.to_dict()})
+    print(gap_rows(gap, best, bound.slo_bound_tokens_per_s), flush=True)
+    print(pacing_line(paced), flush=True)
 
 
 def _run_row(record: Any, slo: SLO) -> dict[str, Any]:
@@ -286,6 +297,18 @@ def _setup_settings(setup: PolicySetup) -> dict[str, Any]:
     return {"max_num_seqs": setup.scheduler.max_num_seqs, "max_batch_tokens": MAX_BATCH_TOKENS,
             "safety_margin": setup.safety_margin, "strict_safety_margin": setup.strict_safety_margin,
             "max_stall_ms": setup.max_stall_ms, "burst_margin": setup.burst_margin}
+
+
+def _calibration_lines(fit: LatencyFit, setup: PolicySetup, seconds: float) -> str:
+    """The calibration's fit and the policies' settings it gave, and a warning when the fit says the
+    machine's speed moved during it (`LatencyFit.warning`)."""
+    slo = setup.slo
+    line = (f"latency model: held-out MAPE {fit.heldout_mape:.1f}%, mean measured/predicted "
+            f"{fit.heldout_mean_ratio:.2f} ({seconds:.0f} s calibration); "
+            f"SLO: TPOT {slo.tpot_s * 1000:.1f} ms, TTFT {slo.ttft_s * 1000:.0f} ms; "
+            f"max_num_seqs {setup.scheduler.max_num_seqs}, safety margin {setup.safety_margin:.2f} "
+            f"(coserve-strict {setup.strict_safety_margin:.2f}), coserve's longest stall {setup.max_stall_ms:.0f} ms")
+    return line if fit.warning is None else f"{line}\nWARNING: {fit.warning}"
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -306,13 +329,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         setup, fit, overrun = calibrate(engine, job.calibration_spec, rates[len(rates) // 2], args.seed, sweep,
                                          min(WARMUP_S, window), args.stall_multiple, _given_slo(args))
         slo = setup.slo
-        print(f"latency model: held-out MAPE {fit.heldout_mape:.1f}%, mean measured/predicted "
-              f"{fit.heldout_mean_ratio:.2f} ({time.monotonic() - t0:.0f} s calibration); "
-              f"SLO: TPOT {slo.tpot_s * 1000:.1f} ms, TTFT {slo.ttft_s * 1000:.0f} ms; "
-              f"max_num_seqs {setup.scheduler.max_num_seqs}, safety margin {setup.safety_margin:.2f} "
-              f"(coserve-strict {setup.strict_safety_margin:.2f}), "
-              f"coserve's longest stall {setup.max_stall_ms:.0f} ms",
-              flush=True)
+        print(_calibration_lines(fit, setup, time.monotonic() - t0), flush=True)
         limits = RunLimits(window, drain_s=max(slo.ttft_s, 2.0))
         solo = run_policy(engine, setup, job_spec, "coserve", 0.0, [], RunLimits(window, 0.0), "solo", rollouts)
         solo_metrics = summarize(solo, slo)
@@ -343,7 +360,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                      "method": args.method, "seed": args.seed,
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "latency_model": {"heldout_mape_percent": fit.heldout_mape, "warmup_overrun": overrun,
-                          "heldout_mean_ratio": fit.heldout_mean_ratio,
+                          "heldout_mean_ratio": fit.heldout_mean_ratio, "warning": fit.warning,
                           "coefficients": setup.latency.coefficients},
         "_bursty": bursty,
     }

@@ -7,6 +7,7 @@ from typing import Any
 
 from coserve.bench.gap_breakdown import GapBreakdown
 from coserve.bench.headroom import Headroom
+from coserve.bench.pacing import Pacing
 
 
 def run_line(run: dict[str, Any]) -> str:
@@ -48,3 +49,12 @@ def gap_rows(gap: GapBreakdown, best_baseline_work: float | None = None, slo_bou
     ratios = ", ".join(f"{name} {ratio:.2f}" for name, ratio in gap.speed.items() if ratio is not None)
     lines.append(f"{'':>24}measured / predicted engine time: {ratios}")
     return "\n".join(lines)
+
+
+def pacing_line(paced: Pacing) -> str:
+    """How often the run iterated while requests were live, against one iteration per TPOT SLO."""
+    if paced.per_tpot is None:
+        return f"{'':>24}pacing: no request was live between two tokens in the window"
+    return (f"{'':>24}pacing: requests live {paced.live_s / paced.window_s:.0%} of the window, "
+            f"{paced.per_tpot:.2f} iterations per TPOT SLO there; their constants "
+            f"{paced.constant_share:.1%} of the window (one per TPOT SLO: {paced.paced_constant_share:.1%})")

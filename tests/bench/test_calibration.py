@@ -74,6 +74,18 @@ def test_safety_margin_absorbs_the_mean_under_prediction() -> None:
     assert LatencyFit(model, 90.0, 3.0).safety_margin == 0.4  # the ceiling
 
 
+def test_a_fit_far_off_its_held_out_iterations_warns_that_the_machine_moved() -> None:
+    from coserve.bench.calibration import LatencyFit
+
+    model = LatencyModel(FP, {"constant": 0.01})
+    assert LatencyFit(model, 8.3, 1.01).warning is None  # a quiet machine's fit
+    assert LatencyFit(model, 15.0, 0.8).warning is None  # at both limits
+    disturbed = LatencyFit(model, 17.6, 1.49).warning  # a run beside a micro-benchmark
+    assert disturbed is not None and "MAPE 18%" in disturbed and "1.49" in disturbed
+    assert LatencyFit(model, 9.0, 1.3).warning is not None  # biased, however tight
+    assert LatencyFit(model, 16.0, 1.0).warning is not None  # unbiased, but scattered
+
+
 def test_fit_leaves_out_iterations_without_inference() -> None:
     """Fine-tuning alone (a backward-only iteration runs no forward pass) is never decided by the model:
     such samples must not pull the per-iteration constant that every co-served iteration pays."""

@@ -46,6 +46,9 @@ def test_benchmark_writes_the_issue_json_and_plots(llama_dir: Path, tmp_path: Pa
         alone = max(result["finetune_only_tokens_per_s"], result["finetune_only_steady_tokens_per_s"] or 0.0)
         assert bound["finetune_bound_tokens_per_s"] == pytest.approx(
             alone * (1.0 - bound["inference_marginal_share"]))
+    for gap in result["gap_breakdown"]:  # requests were live, and coserve iterated while they were
+        assert gap["pacing"]["live_s"] > 0 and gap["pacing"]["iterations"] > 0
+        assert gap["pacing"]["per_tpot"] > 0
     names = {p.name for p in plots.iterdir()}
     assert names == {"slo_attainment.png", "inference_throughput.png", "finetune_throughput.png",
                      "bursty_timeline.png"}
