@@ -207,6 +207,88 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_engine_args(group: argparse._ArgumentGroup) -> None:
+    """`coserve serve`'s engines and memory flags."""
+    group.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
+                       metavar="{" + ",".join(k.value for k in EngineKind) + "}",
+                       help="the backend: native (coserve's engine) or vllm (vLLM's engine, fine-tuning on its "
+                            "weights; needs vLLM: make vllm) (default: native)")
+    group.add_argument("--engines", type=int, default=None, metavar="N",
+                       help="engine actors under the one scheduler, each with its own KV cache and adapter "
+                            "slots, pinned one per GPU with --device cuda (one CPU each otherwise); at most the "
+                            "GPUs (or cores) available (default: one per visible GPU with --device cuda, else 1; "
+                            "--local runs one)")
+    group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
+    group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    group.add_argument("--kv-cache-memory-gb", type=float, default=None,
+                       help="each engine's KV cache in GiB (default: 0.5 on the CPU, 1.0 with --engine vllm; on "
+                            "CUDA what --gpu-memory-utilization leaves; vLLM's `kv_cache_memory_bytes`)")
+    group.add_argument("--gpu-memory-utilization", type=float, default=None,
+                       help="CUDA only: the fraction of each GPU's total memory an engine may use, its weights, "
+                            "adapter bank, activations and fine-tuning reserve included; the KV cache gets the "
+                            "rest (vLLM's meaning; default: 0.9)")
+    group.add_argument("--max-model-len", type=int, default=None,
+                       help="context length, prompt and completion (default: the model's); the KV cache must "
+                            "hold one such sequence plus one fine-tuning window, or the server does not start")
+    group.add_argument("--adapter-slots", type=int, default=defaults.ADAPTER_SLOTS,
+                       help=f"LoRA adapters resident at once (default: {defaults.ADAPTER_SLOTS})")
+
+
+def _serve_scheduling_args(group: argparse._ArgumentGroup) -> None:
+    """`coserve serve`'s scheduling flags."""
+    group.add_argument("--max-num-seqs", type=int, default=defaults.MAX_NUM_SEQS,
+                       help=f"requests running at once (default: {defaults.MAX_NUM_SEQS})")
+    group.add_argument("--max-batch-tokens", type=int, default=defaults.MAX_BATCH_TOKENS,
+                       help=f"tokens per engine iteration (default: {defaults.MAX_BATCH_TOKENS})")
+    group.add_argument("--tpot-slo-ms", type=float, default=None, help="time-per-output-token objective (ms)")
+    group.add_argument("--ttft-slo-ms", type=float, default=None, help="time-to-first-token objective (ms)")
+    group.add_argument("--max-stall-ms", type=float, default=None,
+                       help="let fine-tuning spend the requests' TPOT slack in bursts, no token gap longer "
+                            "than this (ms, >= the TPOT SLO; default: every iteration within the SLO)")
+    group.add_argument("--finetune-min-share", type=float, default=defaults.FINETUNE_MIN_SHARE,
+                       help="liveness: while a fine-tuning job is runnable, fine-tuning gets at least this fraction "
+                            "of each engine's time over any second, whatever the SLO or load; inference pays it "
+                            f"(a fraction in (0, 1); default: {defaults.FINETUNE_MIN_SHARE})")
+    group.add_argument("--latency-profile", default=None,
+                       help="latency model fitted by `coserve profile --json` (default: learned online)")
+
+
+def _serve_training_args(group: argparse._ArgumentGroup) -> None:
+    """`coserve serve`'s fine-tuning flags."""
+    group.add_argument("--dedicated-min-tokens", type=int, default=None,
+                       help="run a fine-tuning job that trains at least this many tokens (its file's trained "
+                            "tokens x epochs) as a Ray Train run of its own, outside the shared engines "
+                            "(default: off; a job may still ask with extra_body={'training': {'mode': "
+                            "'dedicated'}})")
+    group.add_argument("--dedicated-workers", type=int, default=2,
+                       help="workers of a dedicated run that does not say (one CPU each, one GPU each with "
+                            "--device cuda; default: 2)")
+    group.add_argument("--dedicated-pause-timeout-s", type=float, default=defaults.DEDICATED_PAUSE_TIMEOUT_S,
+                       help="a paused dedicated run keeps its workers this long, then stops with a checkpoint "
+                            "and gives them back; resuming the job restarts it from that checkpoint (default: "
+                            f"{defaults.DEDICATED_PAUSE_TIMEOUT_S:g})")
+    group.add_argument("--enable-python-graders", action="store_true",
+                       help="run `python` graders, each sample in a limited child process (docs/graders.md: "
+                            "what isolation that gives and what it does not; default: off, a 400)")
+
+
+def _serve_api_args(group: argparse._ArgumentGroup) -> None:
+    """`coserve serve`'s API limits flags."""
+    group.add_argument("--public-metrics", action="store_true",
+                       help="serve /metrics without an admin key, tenant labels summed away (default: "
+                            "admin keys only)")
+    group.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
+                       help="largest JSON request body; larger ones get 413 (default: 4194304, 4 MiB; uploads "
+                            "to /v1/files have their own limit)")
+    group.add_argument("--max-upload-bytes", type=int, default=128 * 1024 * 1024,
+                       help="largest file POST /v1/files accepts; larger ones get 413 (default: 134217728, "
+                            "128 MiB: an upload is checked in memory)")
+    group.add_argument("--max-n", type=int, default=16,
+                       help="the most completions one chat request may ask for with `n` (1..128; default: 16)")
+    group.add_argument("--lenient-params", action="store_true",
+                       help="drop unknown request fields (a typo such as max_token, another server's "
+                            "extension) with a log line (default: a 400 naming the field, as OpenAI answers)")
+
 def _register_serve(subparsers: Subparsers) -> None:
     """`coserve serve`: the OpenAI-compatible server (Ray by default, one process with --local)."""
     serve = subparsers.add_parser(
@@ -220,73 +302,11 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--local", action="store_true", help="one process, no Ray")
-    serve.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
-                       metavar="{" + ",".join(k.value for k in EngineKind) + "}",
-                       help="the backend: native (coserve's engine) or vllm (vLLM's engine, fine-tuning on its "
-                            "weights; needs vLLM: make vllm) (default: native)")
-    serve.add_argument("--engines", type=int, default=None, metavar="N",
-                       help="engine actors under the one scheduler, each with its own KV cache and adapter "
-                            "slots, pinned one per GPU with --device cuda (one CPU each otherwise); at most the "
-                            "GPUs (or cores) available (default: one per visible GPU with --device cuda, else 1; "
-                            "--local runs one)")
-    serve.add_argument("--max-num-seqs", type=int, default=defaults.MAX_NUM_SEQS,
-                       help=f"requests running at once (default: {defaults.MAX_NUM_SEQS})")
-    serve.add_argument("--max-batch-tokens", type=int, default=defaults.MAX_BATCH_TOKENS,
-                       help=f"tokens per engine iteration (default: {defaults.MAX_BATCH_TOKENS})")
-    serve.add_argument("--tpot-slo-ms", type=float, default=None, help="time-per-output-token objective (ms)")
-    serve.add_argument("--ttft-slo-ms", type=float, default=None, help="time-to-first-token objective (ms)")
-    serve.add_argument("--max-stall-ms", type=float, default=None,
-                       help="let fine-tuning spend the requests' TPOT slack in bursts, no token gap longer "
-                            "than this (ms, >= the TPOT SLO; default: every iteration within the SLO)")
-    serve.add_argument("--finetune-min-share", type=float, default=defaults.FINETUNE_MIN_SHARE,
-                       help="liveness: while a fine-tuning job is runnable, fine-tuning gets at least this fraction "
-                            "of each engine's time over any second, whatever the SLO or load; inference pays it "
-                            f"(a fraction in (0, 1); default: {defaults.FINETUNE_MIN_SHARE})")
-    serve.add_argument("--public-metrics", action="store_true",
-                       help="serve /metrics without an admin key, tenant labels summed away (default: "
-                            "admin keys only)")
-    serve.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
-                       help="largest JSON request body; larger ones get 413 (default: 4194304, 4 MiB; uploads "
-                            "to /v1/files have their own limit)")
-    serve.add_argument("--max-upload-bytes", type=int, default=128 * 1024 * 1024,
-                       help="largest file POST /v1/files accepts; larger ones get 413 (default: 134217728, "
-                            "128 MiB: an upload is checked in memory)")
-    serve.add_argument("--max-n", type=int, default=16,
-                       help="the most completions one chat request may ask for with `n` (1..128; default: 16)")
-    serve.add_argument("--kv-cache-memory-gb", type=float, default=None,
-                       help="each engine's KV cache in GiB (default: 0.5 on the CPU, 1.0 with --engine vllm; on "
-                            "CUDA what --gpu-memory-utilization leaves; vLLM's `kv_cache_memory_bytes`)")
-    serve.add_argument("--gpu-memory-utilization", type=float, default=None,
-                       help="CUDA only: the fraction of each GPU's total memory an engine may use, its weights, "
-                            "adapter bank, activations and fine-tuning reserve included; the KV cache gets the "
-                            "rest (vLLM's meaning; default: 0.9)")
-    serve.add_argument("--max-model-len", type=int, default=None,
-                       help="context length, prompt and completion (default: the model's); the KV cache must "
-                            "hold one such sequence plus one fine-tuning window, or the server does not start")
-    serve.add_argument("--adapter-slots", type=int, default=defaults.ADAPTER_SLOTS,
-                       help=f"LoRA adapters resident at once (default: {defaults.ADAPTER_SLOTS})")
-    serve.add_argument("--latency-profile", default=None,
-                       help="latency model fitted by `coserve profile --json` (default: learned online)")
-    serve.add_argument("--dedicated-min-tokens", type=int, default=None,
-                       help="run a fine-tuning job that trains at least this many tokens (its file's trained "
-                            "tokens x epochs) as a Ray Train run of its own, outside the shared engines "
-                            "(default: off; a job may still ask with extra_body={'training': {'mode': "
-                            "'dedicated'}})")
-    serve.add_argument("--dedicated-workers", type=int, default=2,
-                       help="workers of a dedicated run that does not say (one CPU each, one GPU each with "
-                            "--device cuda; default: 2)")
-    serve.add_argument("--dedicated-pause-timeout-s", type=float, default=defaults.DEDICATED_PAUSE_TIMEOUT_S,
-                       help="a paused dedicated run keeps its workers this long, then stops with a checkpoint "
-                            "and gives them back; resuming the job restarts it from that checkpoint (default: "
-                            f"{defaults.DEDICATED_PAUSE_TIMEOUT_S:g})")
-    serve.add_argument("--enable-python-graders", action="store_true",
-                       help="run `python` graders, each sample in a limited child process (docs/graders.md: "
-                            "what isolation that gives and what it does not; default: off, a 400)")
-    serve.add_argument("--lenient-params", action="store_true",
-                       help="drop unknown request fields (a typo such as max_token, another server's "
-                            "extension) with a log line (default: a 400 naming the field, as OpenAI answers)")
-    serve.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
-    serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    _serve_engine_args(serve.add_argument_group("engines and memory", "the engine, its device and its memory"))
+    _serve_scheduling_args(serve.add_argument_group("scheduling",
+                                                    "batches, latency objectives and fine-tuning's share"))
+    _serve_training_args(serve.add_argument_group("fine-tuning", "dedicated runs and graders"))
+    _serve_api_args(serve.add_argument_group("API limits", "what requests may ask and who reads /metrics"))
     serve.set_defaults(handler=_cmd_serve)
 
 

@@ -8,8 +8,8 @@ dependency. The scheduler client is started and closed by the app's lifespan.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -39,6 +39,31 @@ class LenientParams:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         with strict.lenient_params():
             await self.app(scope, receive, send)
+
+
+def _check_limits(max_upload_bytes: int, max_request_bytes: int, max_n: int) -> None:
+    """`build_app`'s limits: the byte limits positive integers, `max_n` in 1..MAX_N (ValueError otherwise)."""
+    for name, value in (("max_upload_bytes", max_upload_bytes), ("max_request_bytes", max_request_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(max_n, bool) or not isinstance(max_n, int) or not 1 <= max_n <= MAX_N:
+        raise ValueError(f"max_n must be an integer in 1..{MAX_N}, got {max_n!r}")
+
+
+def _lifespan(scheduler: Any) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: `scheduler` (when there is one) started with the app and closed with it."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if scheduler is not None:
+            await scheduler.start()
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                await scheduler.close()
+
+    return lifespan
 
 
 def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequence[str], *,
@@ -76,26 +101,11 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
         ValueError: an empty or fine-tuned model id in `base_models`, a byte limit < 1, or `max_n`
             outside 1..128.
     """
-    for name, value in (("max_upload_bytes", max_upload_bytes), ("max_request_bytes", max_request_bytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if isinstance(max_n, bool) or not isinstance(max_n, int) or not 1 <= max_n <= MAX_N:
-        raise ValueError(f"max_n must be an integer in 1..{MAX_N}, got {max_n!r}")
+    _check_limits(max_upload_bytes, max_request_bytes, max_n)
     for model_id in base_models:
         store.models.ensure_base(model_id)
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if scheduler is not None:
-            await scheduler.start()
-        try:
-            yield
-        finally:
-            if scheduler is not None:
-                await scheduler.close()
-
     app = FastAPI(title="coserve", summary="OpenAI-compatible co-serving of inference and LoRA fine-tuning",
-                  lifespan=lifespan)
+                  lifespan=_lifespan(scheduler))
     app.state.gateway = GatewayState(store=store, tenants=tenants, base_models=tuple(base_models),
                                      max_upload_bytes=max_upload_bytes, max_request_bytes=max_request_bytes,
                                      scheduler=scheduler, max_lora_rank=max_lora_rank,
