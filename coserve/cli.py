@@ -289,6 +289,7 @@ def _serve_api_args(group: argparse._ArgumentGroup) -> None:
                        help="drop unknown request fields (a typo such as max_token, another server's "
                             "extension) with a log line (default: a 400 naming the field, as OpenAI answers)")
 
+
 def _register_serve(subparsers: Subparsers) -> None:
     """`coserve serve`: the OpenAI-compatible server (Ray by default, one process with --local)."""
     serve = subparsers.add_parser(
