@@ -114,6 +114,10 @@ class PromptIntake:
     def max_model_len(self) -> int:
         return self._max_model_len
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self._model_config.vocab_size)
+
     def check_tokens(self, prompt: list[int], sampling: SamplingParams,
                      adapter: AdapterSpec | None) -> SamplingParams | Rejection:
         """A prompt given as token ids (the Tinker API's `sample`): its ids in the vocabulary, the context

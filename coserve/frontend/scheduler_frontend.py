@@ -102,6 +102,11 @@ class SchedulerFrontend:
     def max_model_len(self) -> int:
         return self._intake.max_model_len
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size: token ids a client gives are in 0..vocab_size - 1."""
+        return self._intake.vocab_size
+
     async def submit_tokens(self, request_id: str, tenant: str, prompt: list[int], sampling: SamplingParams,
                             adapter: AdapterSpec | None) -> Admission:
         """Queue a prompt given as token ids (the Tinker API's `sample`) once it fits the context and the

@@ -126,32 +126,6 @@ ForwardBackwardOutput: Any = message_factory.GetMessageClass(
     _POOL.FindMessageTypeByName("tinker_public.ForwardBackwardOutput"))
 SampleResponse: Any = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("tinker_public.SampleResponse"))
 PROTOBUF = "application/x-protobuf"
-_DTYPES = {1: np.float32, 2: np.int64, 3: np.int32}
-
-
-def tensor_values(tensor: Any) -> np.ndarray:
-    """A `Tensor` message as a flat array (CSR made dense, missing entries 0).
-
-    Raises:
-        ValueError: an unknown dtype, bytes that do not fit the dtype or the shape.
-    """
-    dtype = _DTYPES.get(int(tensor.dtype))
-    if dtype is None:
-        raise ValueError(f"tensor dtype {int(tensor.dtype)} is not float32, int64 or int32")
-    if tensor.WhichOneof("encoding") != "sparse_csr":
-        return np.frombuffer(tensor.dense, dtype=dtype)
-    shape = list(tensor.shape)
-    if len(shape) != 2:
-        raise ValueError("a sparse tensor is 2-D")
-    values = np.frombuffer(tensor.sparse_csr.values, dtype=dtype)
-    rows = np.frombuffer(tensor.sparse_csr.crow_indices, dtype=np.int64)
-    cols = np.frombuffer(tensor.sparse_csr.col_indices, dtype=np.int64)
-    if len(rows) != shape[0] + 1 or len(cols) != len(values) or (len(cols) and cols.max() >= shape[1]):
-        raise ValueError("a sparse tensor's indices do not fit its shape")
-    dense = np.zeros(shape, dtype=dtype)
-    for row in range(shape[0]):
-        dense[row, cols[rows[row]:rows[row + 1]]] = values[rows[row]:rows[row + 1]]
-    return dense.reshape(-1)
 
 
 def forward_backward_output(per_datum_logprobs: list[list[float]], metrics: dict[str, float]) -> bytes:

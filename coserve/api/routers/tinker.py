@@ -8,10 +8,8 @@ import asyncio
 import logging
 from typing import Annotated, Any
 
-import zstandard
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from google.protobuf.message import DecodeError
 
 from coserve.api.auth import identify, require_tenant
 from coserve.api.protocol.base import ProtocolError
@@ -31,7 +29,8 @@ from coserve.api.protocol.tinker import (
     SessionHeartbeatRequest,
     TelemetrySendRequest,
 )
-from coserve.api.protocol.tinker_wire import PROTOBUF, ForwardBackwardRequest
+from coserve.api.protocol.tinker_wire import PROTOBUF
+from coserve.api.serving.tinker_body import decode_call
 from coserve.api.serving.tinker_futures import CallFuture, ReadyFuture, SampleFuture
 from coserve.api.serving.tinker_sampling import TinkerSampling
 from coserve.api.serving.tinker_training import TinkerTraining, checkpoints_body
@@ -40,7 +39,6 @@ from coserve.contract.training_calls import CloseSession, SessionAlive
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/tinker/api/v1", tags=["tinker"])
-MAX_DECOMPRESSED_BYTES = 256 * 2**20
 
 
 def tinker_tenant(request: Request, state: Annotated[GatewayState, Depends(get_state)]) -> str:
@@ -125,21 +123,15 @@ async def get_info(tenant: Tenant, state: State, body: GetInfoRequest) -> dict[s
 
 @router.post("/forward_backward")
 async def forward_backward(tenant: Tenant, state: State, request: Request) -> dict[str, Any]:
-    """The SDK's protobuf body (zstd-compressed when its header says so)."""
-    body = await request.body()
-    if request.headers.get("content-encoding", "") == "zstd":
-        try:
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=MAX_DECOMPRESSED_BYTES)
-        except zstandard.ZstdError as error:
-            raise ProtocolError(f"The zstd body does not decompress: {error}.", code="invalid_body") from None
+    """The SDK's protobuf body (zstd-compressed when its header says so), decoded and checked off the
+    event loop (`tinker_body`)."""
     if PROTOBUF not in request.headers.get("content-type", ""):
         raise ProtocolError(f"forward_backward takes a protobuf body ({PROTOBUF}), as the tinker SDK sends it.",
                             status=415, code="unsupported_media_type")
-    try:
-        message = ForwardBackwardRequest.FromString(body)
-    except DecodeError as error:
-        raise ProtocolError(f"The body is not a ForwardBackwardRequest: {error}.", code="invalid_body") from None
-    return future(await TinkerTraining(state).forward_backward(tenant, message), message.model_id)
+    training = TinkerTraining(state)
+    zstd = request.headers.get("content-encoding", "").strip().lower() == "zstd"
+    run_id, call = await decode_call(await request.body(), zstd, state.max_request_bytes, training.bounds())
+    return future(await training.forward_backward(tenant, run_id, call), run_id)
 
 
 @router.post("/optim_step")

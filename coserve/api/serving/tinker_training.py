@@ -23,7 +23,7 @@ from coserve.api.protocol.tinker import (
 )
 from coserve.api.protocol.tinker_wire import forward_backward_output
 from coserve.api.serving.generation import Generation
-from coserve.api.serving.tinker_data import forward_backward_call
+from coserve.api.serving.tinker_data import ModelBounds
 from coserve.api.serving.tinker_futures import CallFuture, ReadyFuture, SamplingSession
 from coserve.api.state import GatewayState
 from coserve.contract.training_calls import (
@@ -34,6 +34,7 @@ from coserve.contract.training_calls import (
     CallTimings,
     CloseSession,
     CreateRun,
+    ForwardBackwardCall,
     ForwardBackwardOutcome,
     GetRun,
     LoadCall,
@@ -143,9 +144,12 @@ class TinkerTraining:
         assert isinstance(ticket, CallTicket)
         return self._futures.add(tenant, CallFuture(ticket.call_id, opens_sampler), ticket.call_id)
 
-    async def forward_backward(self, tenant: str, message: Any) -> str:
-        call = forward_backward_call(message, self._scheduler.max_model_len)
-        return await self.submit(tenant, message.model_id, call)
+    def bounds(self) -> ModelBounds:
+        """What a datum is checked against (`tinker_data`): the context length and the vocabulary."""
+        return ModelBounds(self._scheduler.max_model_len, self._scheduler.vocab_size)
+
+    async def forward_backward(self, tenant: str, run_id: str, call: ForwardBackwardCall) -> str:
+        return await self.submit(tenant, run_id, call)
 
     async def optim_step(self, tenant: str, request: OptimStepRequest) -> str:
         p = request.adam_params
