@@ -268,8 +268,9 @@ def _serve_training_args(group: argparse._ArgumentGroup) -> None:
                             "and gives them back; resuming the job restarts it from that checkpoint (default: "
                             f"{defaults.DEDICATED_PAUSE_TIMEOUT_S:g})")
     group.add_argument("--enable-python-graders", action="store_true",
-                       help="run `python` graders, each sample in a limited child process (docs/graders.md: "
-                            "what isolation that gives and what it does not; default: off, a 400)")
+                       help="run `python` graders, each sample in a bubblewrap sandbox (needs `bwrap`: apt-get "
+                            "install bubblewrap; docs/graders.md: what it guarantees and what it does not; "
+                            "default: off, a 400)")
 
 
 def _serve_api_args(group: argparse._ArgumentGroup) -> None:

@@ -13,6 +13,8 @@ from fastapi import Request
 
 from coserve.api.protocol.models import ModelServing
 from coserve.api.serving.tinker_futures import TinkerFutures
+from coserve.api.serving.tinker_rates import TinkerRates
+from coserve.graders.fair_pool import FairPool
 from coserve.store import MetadataStore
 from coserve.tenancy.tenants import TenantsConfig
 
@@ -28,6 +30,12 @@ DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 # that holds KV blocks and a batch slot, so one request could take the whole engine. `coserve serve
 # --max-n` raises it (up to the protocol's 128).
 DEFAULT_MAX_N = 16
+GRADING_THREADS = 4  # `graders/run`'s grading threads, shared fairly between tenants
+GRADINGS_QUEUED = 8  # a tenant's `graders/run` calls waiting for one of them; more: a 429
+
+
+def _grading_pool() -> FairPool:
+    return FairPool(GRADING_THREADS, max_queued=GRADINGS_QUEUED, name="coserve-http-grading")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,8 @@ class GatewayState:
     lenient_params: bool = False
     serving: ModelServing | None = None
     tinker: TinkerFutures = field(default_factory=TinkerFutures)  # the Tinker API's sessions and futures
+    tinker_rates: TinkerRates = field(default_factory=TinkerRates)  # its calls per tenant and minute
+    grading: FairPool = field(default_factory=_grading_pool)  # `graders/run`'s threads (graders.fair_pool)
 
 
 def get_state(request: Request) -> GatewayState:

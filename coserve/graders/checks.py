@@ -1,7 +1,9 @@
 """Whether this server can run a grader, checked before anything runs (`check_grader`): its templates
 (`templates.check_template`), a multi grader's formula (`formula.check_formula`), its metric
 (`similarity.unsupported`), and its type: `python` graders unless the operator turned them on, model
-graders where there is no server to judge with. Each refusal is a `SettingsError` whose `param` is the
+graders where there is no server to judge with; and how much grading one sample asks for: at most
+`MAX_LEAF_GRADERS` graders that score (the leaves of its multi graders), `MAX_PYTHON_GRADERS` of them python
+graders (each may run for its wall-clock limit). Each refusal is a `SettingsError` whose `param` is the
 field's path."""
 
 from __future__ import annotations
@@ -20,6 +22,25 @@ from coserve.graders.similarity import unsupported
 from coserve.graders.templates import check_template
 
 Variable = tuple[str, list[str | int]]
+MAX_LEAF_GRADERS = 64  # graders that score, in one grader (a multi grader nested 4 deep could hold a million)
+MAX_PYTHON_GRADERS = 4  # python graders in one grader, each up to its wall-clock limit per sample
+
+
+def leaves(grader: Grader) -> list[Grader]:
+    """The graders that score (a multi grader's, recursively; the grader itself otherwise)."""
+    if isinstance(grader, MultiGrader):
+        return [leaf for _, sub in grader.graders for leaf in leaves(sub)]
+    return [grader]
+
+
+def check_work(grader: Grader, param: str = "grader") -> None:
+    """SettingsError (`param`) when one sample would run more graders than this server grades at once."""
+    scoring = leaves(grader)
+    if len(scoring) > MAX_LEAF_GRADERS:
+        raise SettingsError(param, f"{param} holds {len(scoring)} graders that score; at most {MAX_LEAF_GRADERS}")
+    python = sum(isinstance(leaf, PythonGrader) for leaf in scoring)
+    if python > MAX_PYTHON_GRADERS:
+        raise SettingsError(param, f"{param} holds {python} python graders; at most {MAX_PYTHON_GRADERS}")
 
 
 def check_grader(grader: Grader, param: str = "grader", *, python: bool = False,
@@ -27,6 +48,11 @@ def check_grader(grader: Grader, param: str = "grader", *, python: bool = False,
     """The template variables the grader reads (for a job to check against its rows); SettingsError when
     this server cannot run it. `python`: the server runs python graders (`--enable-python-graders`);
     `judges`: the caller can run model graders (the gateway, which checks their models itself)."""
+    check_work(grader, param)
+    return _check(grader, param, python, judges)
+
+
+def _check(grader: Grader, param: str, python: bool, judges: bool) -> list[Variable]:
     if isinstance(grader, StringCheckGrader | TextSimilarityGrader):
         if isinstance(grader, TextSimilarityGrader) and (reason := unsupported(grader.metric)) is not None:
             raise SettingsError(f"{param}.evaluation_metric", reason)
@@ -36,7 +62,7 @@ def check_grader(grader: Grader, param: str = "grader", *, python: bool = False,
         names = [name for name, _ in grader.graders]
         check_formula(grader.calculate_output, names, f"{param}.calculate_output")
         return [v for name, sub in grader.graders
-                for v in check_grader(sub, f"{param}.graders.{name}", python=python, judges=judges)]
+                for v in _check(sub, f"{param}.graders.{name}", python, judges)]
     if isinstance(grader, PythonGrader):
         if not python:
             raise SettingsError(f"{param}.type", "python graders are off on this server: its operator turns "

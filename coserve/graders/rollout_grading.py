@@ -1,9 +1,11 @@
 """`RolloutGrader`: a reinforcement job's completions decoded and graded (`grading.grade`), the
 `RolloutGrading` the rollout loop asks (`coserve.contract.reinforcement`).
 
-On a server each sample is graded on a worker thread of the grader's pool, so the scheduler's loop never
-waits for a metric or a python grader's child process (at most `PythonGraderRunner`'s limit run at once;
-the others wait for a slot on their thread). `on_done` is called, on a worker thread, when a batch's last
+On a server each sample is graded on a worker thread of the grader's `FairPool`, so the scheduler's loop
+never waits for a metric or a python grader's sandbox; the pool takes tenants' samples least grading time
+first (a job's big batch does not hold another tenant's samples behind it), and a python grader's sample
+waits on its thread for a sandbox slot, which `PythonGraderRunner` also shares between tenants by time.
+`on_done` is called, on a worker thread, when a batch's last
 sample is graded (the scheduler wakes its loop with it). Without an executor (offline), grading runs on
 the caller's thread and the future is done when `grade` returns. A grader that raises is a sample scored
 0 with its error, never a failed future. Model graders (`score_model`) are judged by `judges` (the
@@ -14,11 +16,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from typing import Any
 
 from coserve.contract.grader import Grader, ModelGrader
 from coserve.contract.reinforcement import GradedSample
+from coserve.graders.fair_pool import FairPool
 from coserve.graders.grading import grade
 from coserve.graders.judging import Judgement, model_graders
 from coserve.graders.python_grader import PythonGraderRunner
@@ -33,13 +36,13 @@ class RolloutGrader:
     Args:
         decode: token ids -> the text graders see (special tokens skipped).
         python: runs python graders; None: a python grader's samples fail (checked at job creation).
-        executor: where samples are graded (None: on the caller's thread).
+        executor: where samples are graded, fairly between tenants (None: on the caller's thread).
         on_done: called when a batch is graded.
         judges: asks model graders' judges (None: a model grader's samples fail, checked at job creation).
     """
 
     def __init__(self, decode: Callable[[Sequence[int]], str], python: PythonGraderRunner | None = None,
-                 executor: Executor | None = None, on_done: Callable[[], None] | None = None,
+                 executor: FairPool | None = None, on_done: Callable[[], None] | None = None,
                  judges: Judge | None = None) -> None:
         self._decode, self._python, self._executor, self._on_done = decode, python, executor, on_done
         self._judges = judges
@@ -52,7 +55,7 @@ class RolloutGrader:
         if self._executor is None or not completions:
             combined.set_result([self._one(tenant, grader, i, c) for i, c in zip(items, completions, strict=True)])
             return combined
-        futures = [self._executor.submit(self._one, tenant, grader, i, c)
+        futures = [self._executor.submit(tenant, self._one, tenant, grader, i, c)
                    for i, c in zip(items, completions, strict=True)]
         remaining, lock = [len(futures)], threading.Lock()
 
@@ -78,7 +81,7 @@ class RolloutGrader:
                     verdict = self._judges(tenant, judge, item, text)
                     if verdict is not None:
                         judged[id(judge)] = verdict
-            result = grade(grader, item, text, self._python, judged=judged)
+            result = grade(grader, item, text, self._python, tenant=tenant, judged=judged)
         except Exception as err:  # noqa: BLE001 - one sample's grader bug is that sample's 0, not a lost batch
             return GradedSample(0.0, {}, f"the grader raised {type(err).__name__}: {err}")
         error = None

@@ -2,7 +2,8 @@
 one (`frontend.reinforcement_prep`), and its grading on the caller's thread.
 
 This process is the user's own, so python graders run here without an operator's switch (each still in
-its limited child process, `graders.python_grader`).
+its bubblewrap sandbox, `graders.python_grader`; without bubblewrap a python grader's samples score 0
+with `python_grader_server_error` type `sandbox_unavailable`, naming the package).
 """
 
 from __future__ import annotations
@@ -37,5 +38,5 @@ def prepare_reinforcement(tokenizer: Any, rows: Sequence[Mapping[str, Any]], gra
 
 
 def offline_grading(tokenizer: Any) -> RolloutGrader:
-    """Grading on the caller's thread, python graders in child processes."""
+    """Grading on the caller's thread, python graders in their sandbox."""
     return RolloutGrader(lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True), PythonGraderRunner())

@@ -56,7 +56,7 @@ class ServeOptions:
     dedicated_workers: int = 2  # workers of a dedicated run that does not say (finetune.dedicated)
     engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.torch_engine.builders)
     engines: int | None = None  # engine actors (`--engines`; None: one per visible GPU, one on the CPU)
-    enable_python_graders: bool = False  # run `python` graders in limited child processes (graders.python_grader)
+    enable_python_graders: bool = False  # run `python` graders in a bubblewrap sandbox (graders.python_grader)
     lenient_params: bool = False  # drop unknown request fields with a log line instead of a 400
     kv_cache_memory_gb: float | None = None  # each engine's KV cache (None: a fixed size on the CPU; on CUDA
     #                                          what gpu_memory_utilization leaves: docs/serving.md#memory)
@@ -113,6 +113,13 @@ class ServeOptions:
                 check_vllm()
             except VllmUnavailable as error:
                 raise ValueError(str(error)) from None
+        if self.enable_python_graders:  # their sandbox needs bubblewrap: the package to install, before loading
+            from coserve.graders.python_grader import PythonGraderRunner, SandboxUnavailable
+
+            try:
+                PythonGraderRunner().check()
+            except SandboxUnavailable as error:
+                raise ValueError(f"--enable-python-graders: {error}") from None
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"--model {self.model}: not a model folder (no config.json)")
         from coserve.model.config import ModelConfig

@@ -1,5 +1,10 @@
 """The graders endpoints' work: parse and check the grader (a 400 `invalid_grader` naming the field), ask
-its model graders' judges (`model_judge`), grade the sample, and shape OpenAI's answer."""
+its model graders' judges (`model_judge`), grade the sample, and shape OpenAI's answer.
+
+The grading runs on the gateway's grading threads (`GatewayState.grading`, a `FairPool`: tenants' calls
+least grading time first), a python grader's in a sandbox slot the call waits for on the event loop
+(`FairSlots.acquire_async`, fair between tenants, at most `SLOT_WAIT_S`); a call that finds no thread or
+slot in time is a 429 with `retry-after`. No thread is held while a call waits."""
 
 from __future__ import annotations
 
@@ -17,12 +22,14 @@ from coserve.api.protocol.graders import (
 from coserve.api.serving.chat import ChatService
 from coserve.api.serving.model_judge import check_models, judge_all
 from coserve.api.state import GatewayState
-from coserve.contract.grader import Grader, grader_type, parse_grader
+from coserve.contract.grader import Grader, PythonGrader, grader_type, parse_grader
 from coserve.contract.training_settings import SettingsError
-from coserve.graders.checks import check_grader
+from coserve.graders.checks import check_grader, leaves
+from coserve.graders.fair_slots import GradersBusy, Lease
 from coserve.graders.grading import Grade, grade
 from coserve.graders.judging import model_graders
-from coserve.graders.python_grader import GradersBusy
+
+SLOT_WAIT_S = 15.0  # a call's wait for a python grader slot (a grader runs for at most 10 s)
 
 
 class GraderService:
@@ -30,6 +37,7 @@ class GraderService:
 
     def __init__(self, state: GatewayState) -> None:
         self.python = state.python_graders
+        self.pool = state.grading
         self.chat = ChatService(state) if state.scheduler is not None else None
 
     def checked(self, raw: dict[str, object], tenant: str) -> Grader:
@@ -51,10 +59,17 @@ class GraderService:
         judges = [judge for judge, _ in model_graders(grader)]
         judged = await judge_all(judges, body.item, body.model_sample, tenant, self.chat) \
             if self.chat is not None and judges else {}
-        try:  # metrics and python graders' child processes: off the event loop
-            result = await asyncio.to_thread(grade, grader, body.item, body.model_sample, self.python,
-                                             wait=False, judged=judged)
-        except GradersBusy as err:  # a request would otherwise hold a server thread while it waits
+        try:  # metrics and python graders' sandboxes: off the event loop
+            lease = await self._python_slot(tenant, grader)
+            try:
+                future = self.pool.submit(tenant, grade, grader, body.item, body.model_sample, self.python,
+                                          tenant=tenant, lease=lease, judged=judged)
+            except BaseException:
+                self._release(lease)
+                raise
+            future.add_done_callback(lambda _: self._release(lease))  # when its sandbox is gone, not before
+            result = await asyncio.wrap_future(future)
+        except GradersBusy as err:
             raise ProtocolError(f"{err}; retry shortly", status=429, type="rate_limit_error",
                                 code="rate_limit_exceeded", headers={"retry-after": "1"}) from None
         usage: dict[str, int] = {}
@@ -62,6 +77,18 @@ class GraderService:
             verdict = judged.get(id(judge))
             usage[judge.model] = usage.get(judge.model, 0) + (verdict.tokens if verdict is not None else 0)
         return _response(grader, result, usage)
+
+
+    async def _python_slot(self, tenant: str, grader: Grader) -> Lease | None:
+        """A sandbox slot for the call's python graders (run one after another in it); None: it has none."""
+        if self.python is None or not any(isinstance(leaf, PythonGrader) for leaf in leaves(grader)):
+            return None
+        lease: Lease = await self.python.slots.acquire_async(tenant, SLOT_WAIT_S)
+        return lease
+
+    def _release(self, lease: Lease | None) -> None:
+        if lease is not None:
+            self.python.slots.release(lease)
 
 
 def _response(grader: Grader, result: Grade, usage: dict[str, int]) -> GraderRunResponse:
