@@ -38,7 +38,14 @@ vllm: venv
 # (`--enable-python-graders` refuses to start without them).
 SANDBOX_CHECK := $(PY) -c 'from coserve.graders.python_grader import PythonGraderRunner as R; R().check()'
 sandbox: venv
-	@$(SANDBOX_CHECK) 2>/dev/null || { 		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then 			echo "coserve: installing bubblewrap and libseccomp2 (python graders' sandbox)"; 			apt-get install -y -q bubblewrap libseccomp2 >/dev/null 2>&1 || 				{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap libseccomp2 >/dev/null 2>&1; }; 		fi; 		$(SANDBOX_CHECK) || echo "coserve: could not install the python graders' sandbox (apt-get install" 			"bubblewrap libseccomp2, as root): its tests will fail" >&2; }
+	@$(SANDBOX_CHECK) 2>/dev/null || { \
+		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+			echo "coserve: installing bubblewrap and libseccomp2 (python graders' sandbox)"; \
+			apt-get install -y -q bubblewrap libseccomp2 >/dev/null 2>&1 || \
+				{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap libseccomp2 >/dev/null 2>&1; }; \
+		fi; \
+		$(SANDBOX_CHECK) || echo "coserve: could not install the python graders' sandbox (apt-get install" \
+			"bubblewrap libseccomp2, as root): its tests will fail" >&2; }
 
 # COSERVE_REQUIRE_SANDBOX: the python grader sandbox tests fail, rather than skip, without bubblewrap.
 # COSERVE_REQUIRE_VLLM: the vLLM tests fail, rather than skip, if vLLM is missing. `make test` (9 minutes on a
