@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from coserve.cluster.run_saves import RunSaves
 from coserve.cluster.training_runs import TrainingRuns
 from coserve.contract.training_calls import (
     AwaitOutcome,
@@ -21,10 +22,12 @@ from coserve.contract.training_calls import (
     CallPending,
     CloseSession,
     CreateRun,
+    DeleteSave,
     ForwardBackwardCall,
     GetRun,
     RunAnswer,
     RunQuery,
+    SaveCall,
     SaveOutcome,
     SessionAlive,
     SubmitCall,
@@ -52,7 +55,7 @@ class TrainingService:
         self._progress = asyncio.Event()
 
     async def answer(self, query: RunQuery) -> RunAnswer:
-        self._runs.after_step()  # an idle engine takes no step: silent sessions end here too
+        self._settle()  # an idle engine takes no step: silent sessions end here too
         if isinstance(query, CreateRun):
             refusal = self._quota(query.request.tenant)
             if refusal is not None:
@@ -61,7 +64,7 @@ class TrainingService:
             self._wake()
             return info
         if isinstance(query, SubmitCall):
-            refusal = self._token_refusal(query)
+            refusal = self._token_refusal(query) or self._save_refusal(query)
             if refusal is not None:
                 return refusal
             ticket = self._runs.submit(query.tenant, query.run_id, query.call)
@@ -76,13 +79,44 @@ class TrainingService:
             self._runs.close_session(query.tenant, query.session_id)
             self._wake()
             return None
+        if isinstance(query, DeleteSave):
+            return self._delete(query)
         return await self._await(query)
 
     def after_step(self) -> None:
         """An engine step was applied: calls may be done."""
-        self._runs.after_step()
+        self._settle()
         progress, self._progress = self._progress, asyncio.Event()
         progress.set()
+
+    def _settle(self) -> None:
+        """The runs' bookkeeping (`TrainingRuns.after_step`); each save the engine wrote since is checked
+        against its tenant's storage quota now (removed and failed when over it), and a sampler's weights
+        become an OpenAI model id."""
+        for tenant, op in self._runs.after_step():
+            saved = op.outcome
+            assert isinstance(saved, SaveOutcome)
+            refused = self._storage_refusal(tenant, saved)
+            if refused is None and "/sampler_weights/" in saved.path:
+                saved.model_id = self._register(tenant, saved.path)
+                if saved.model_id is None:
+                    self._runs.forget_save(tenant, saved.path)
+                    refused = CallFailure("invalid_name", f"the model id of {saved.path} was deleted, and a deleted "
+                                          "model's id is not used again: save under another name")
+            if refused is not None:
+                op.outcome = refused
+
+    def _delete(self, query: DeleteSave) -> CallFailure | None:
+        """Delete a save; a sampler's weights stop being a model id at once (their bytes are freed)."""
+        path = self._runs.delete_save(query.tenant, query.run_id, query.checkpoint_id)
+        if isinstance(path, CallFailure):
+            return path
+        parsed = RunSaves.parse(path)
+        assert parsed is not None
+        run_id, kind, name = parsed
+        if kind == "sampler_weights":
+            self._store.models.delete(query.tenant, f"tinker:{run_id}:{name}")
+        return None
 
     async def _await(self, query: AwaitOutcome) -> RunAnswer:
         loop = asyncio.get_running_loop()
@@ -103,12 +137,6 @@ class TrainingService:
         if isinstance(outcome, CallPending) or (isinstance(outcome, CallFailure) and outcome.code == "call_not_found"):
             return outcome
         self._runs.forget(query.call_id)  # delivered: its outcome is not kept
-        if isinstance(outcome, SaveOutcome):
-            refused = self._storage_refusal(query.tenant, outcome)
-            if refused is not None:
-                return refused
-        if isinstance(outcome, SaveOutcome) and outcome.model_id is None and "/sampler_weights/" in outcome.path:
-            outcome.model_id = self._register(query.tenant, outcome.path)
         return outcome
 
     def _storage_refusal(self, tenant: str, saved: SaveOutcome) -> CallFailure | None:
@@ -116,7 +144,7 @@ class TrainingService:
         limits = self._limits.get(tenant, TenantLimits())
         if limits.max_stored_bytes is None:
             return None
-        folder = self._runs.resolve_path(tenant, saved.path)
+        folder = self._runs.saves.resolve_path(tenant, saved.path)
         if isinstance(folder, CallFailure):
             return None
         usage = self._store.usage.of(tenant)
@@ -129,27 +157,45 @@ class TrainingService:
 
     def _register(self, tenant: str, path: str) -> str | None:
         """The OpenAI model id of a sampler's weights (registered once)."""
-        folder = self._runs.resolve_path(tenant, path)
+        folder = self._runs.saves.resolve_path(tenant, path)
         if isinstance(folder, CallFailure):
             return None
         run_id, name = folder.parent.parent.name, folder.name
         model_id = f"tinker:{run_id}:{name}"
         if self._store.models.get(tenant, model_id) is None:
-            self._store.models.register(model_id, tenant=tenant, base_model=self._runs.base_model_id,
-                                        adapter_path=str(Path(folder).resolve()))
+            try:
+                self._store.models.register(model_id, tenant=tenant, base_model=self._runs.base_model_id,
+                                            adapter_path=str(Path(folder).resolve()))
+            except ValueError:  # deleted (DELETE /v1/models) and saved again: ids are never reused
+                return None
         return model_id
 
     def _token_refusal(self, query: SubmitCall) -> CallFailure | None:
-        """A `forward_backward` that would take a run past the tenant's `max_training_tokens_per_job`."""
+        """A `forward_backward` or `forward` that would take a run past the tenant's
+        `max_training_tokens_per_job` (the tokens of a run's forward and forward_backward calls)."""
         limit = self._limits.get(query.tenant, TenantLimits()).max_training_tokens_per_job
-        if limit is None or not isinstance(query.call, ForwardBackwardCall) or not query.call.backward:
+        if limit is None or not isinstance(query.call, ForwardBackwardCall):
             return None
         tokens = sum(len(d.token_ids) - 1 for d in query.call.data)
-        trained = self._runs.trained_tokens(query.run_id)
-        if trained + tokens <= limit:
+        done = self._runs.tokens(query.run_id)
+        if done + tokens <= limit:
             return None
-        return CallFailure("quota_exceeded", f"this forward_backward ({tokens} tokens) would take the run to "
-                           f"{trained + tokens} trained tokens, over max_training_tokens_per_job={limit}")
+        what = "forward_backward" if query.call.backward else "forward"
+        return CallFailure("quota_exceeded", f"this {what} ({tokens} tokens) would take the run to {done + tokens} "
+                           f"tokens of forward and forward_backward calls, over max_training_tokens_per_job={limit}")
+
+    def _save_refusal(self, query: SubmitCall) -> CallFailure | None:
+        """A save while the tenant stores `max_stored_bytes` already (one that fits is checked again once
+        written, `_settle`)."""
+        cap = self._limits.get(query.tenant, TenantLimits()).max_stored_bytes
+        if cap is None or not isinstance(query.call, SaveCall):
+            return None
+        stored = self._store.usage.of(query.tenant).stored_bytes
+        if stored < cap:
+            return None
+        return CallFailure("storage_quota_exceeded", f"you store {stored} bytes, max_stored_bytes={cap}: no room "
+                           "for more saved weights. Delete saves (RestClient.delete_checkpoint), files or "
+                           "fine-tuned models to free space")
 
     def _quota(self, tenant: str) -> CallFailure | None:
         limit = self._limits.get(tenant, TenantLimits()).max_concurrent_jobs

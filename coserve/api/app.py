@@ -25,6 +25,8 @@ from coserve.store import MetadataStore
 from coserve.tenancy.tenants import TenantsConfig
 
 UPLOAD_PATH = "/v1/files"  # the one endpoint whose body is a file (multipart), not JSON
+TELEMETRY_PATH = "/tinker/api/v1/telemetry"  # the Tinker SDK's own reports: logged, never needed large
+TELEMETRY_MAX_BYTES = 2**20  # 100 events (the SDK's batch) with their tracebacks
 ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, chat.router,
                                   completions.router, fine_tuning.router, graders.router, tinker.router)
 
@@ -118,7 +120,8 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
     # Every body is capped before it is parsed: JSON bodies at max_request_bytes (a big one would stall the
     # event loop in parsing), the upload endpoint at its file limit plus the multipart framing.
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes,
-                       path_limits={UPLOAD_PATH: max_upload_bytes + MULTIPART_OVERHEAD_BYTES})
+                       path_limits={UPLOAD_PATH: max_upload_bytes + MULTIPART_OVERHEAD_BYTES,
+                                    TELEMETRY_PATH: min(TELEMETRY_MAX_BYTES, max_request_bytes)})
     for router in ROUTERS:
         app.include_router(router)
     return app

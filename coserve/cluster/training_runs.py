@@ -7,9 +7,12 @@ scheduled under the hybrid policy and the tenant's virtual token counter like a 
 
 This class keeps the runs by id and tenant and queues each run's calls in the order they arrive
 (Tinker's SDK sends a client's calls one after the other, in `seq_id` order, each once the one before
-it was accepted). It resolves saved paths (`tinker://<run>/weights/<name>`: a tenant loads only its
-own runs') and hands out outcomes. A call to a run that waits for an engine (every adapter slot taken)
-waits with it, and its pending answer says why.
+it was accepted), at most `MAX_QUEUED_CALLS` not done per run, and counts the tokens of its forward and
+forward_backward calls (the tenant's `max_training_tokens_per_job`). Its saves are `run_saves`' (paths
+resolved for their tenant only, names checked whole, deletion); it records each save when the engine
+has written it and hands it to the caller then (`after_step`: the storage quota is checked at save
+time, not when the client reads the outcome). It hands out outcomes. A call to a run that waits for an
+engine or an adapter slot waits with it, and its pending answer says why.
 
 A run lives as long as its session (its id is `<session>:train:<n>`): it ends when the session finishes
 or sends no heartbeat for `session_timeout_s`, and its adapter slot goes back. Its saves stay on disk,
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coserve.cluster.jobs import ClusterJobs
+from coserve.cluster.run_saves import RUN_FILE, RUN_ID, RunSaves, tree_size
 from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.loss_spec import LossSpec
 from coserve.contract.trainer_state import read_trainer_state
@@ -48,10 +51,7 @@ from coserve.contract.training_calls import (
 from coserve.contract.training_settings import LoRASettings
 from coserve.finetune.driven_ops import DrivenCall, DrivenOp, ResolvedLoad
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-RUN_ID = r"session-[0-9a-f]{24}:train:[0-9]{1,9}"
-_PATH = re.compile(rf"^tinker://({RUN_ID})/(weights|sampler_weights)/(.+)$")
-RUN_FILE = "run.json"
+MAX_QUEUED_CALLS = 16  # calls of one run not done yet; more wait at the client (a 429 it retries)
 SESSION_TIMEOUT_S = 120.0  # the SDK heartbeats every 10 s, and warns after 2 minutes without one
 KEEP_UNREAD_S = 3600.0  # a done call's outcome waits this long for its client
 FIRST_RUN_ADAPTER_ID = 2**50  # runs' adapter ids: above every job's and every served adapter's
@@ -63,7 +63,8 @@ class _Run:
     folder: Path
     session: str
     unplaced: list[DrivenOp] = field(default_factory=list)  # in order, while the run waits for an engine
-    trained_tokens: int = 0  # tokens its accepted forward_backward calls train (the tenant's quota)
+    tokens: int = 0  # tokens of its accepted forward and forward_backward calls (the tenant's quota)
+    queued: list[DrivenOp] = field(default_factory=list)  # its calls not known to be done
 
 
 class TrainingRuns:
@@ -87,13 +88,15 @@ class TrainingRuns:
         self._calls: dict[str, tuple[str, DrivenOp]] = {}  # call id -> (tenant, op)
         self._run_of: dict[str, str] = {}  # call id -> its run
         self._seen: dict[str, float] = {}  # session id -> its last heartbeat or call
+        self._recorded: set[str] = set()  # calls whose save was recorded
+        self.saves = RunSaves(folder)
         jobs.on_placed.append(self._placed)
 
     def create(self, request: RunRequest, like_path: str | None = None) -> RunInfo | CallFailure:
         """Start a run of `request.tenant` (it waits for an engine like a job when none has room); with
         `like_path`, with the LoRA settings of the run that saved it."""
         if like_path is not None:
-            folder = self.resolve_path(request.tenant, like_path)
+            folder = self.saves.resolve_path(request.tenant, like_path)
             if isinstance(folder, CallFailure):
                 return folder
             saved = json.loads((folder.parent.parent / RUN_FILE).read_text())
@@ -156,30 +159,44 @@ class TrainingRuns:
             return CallFailure("run_not_found", f"training run {run_id!r} does not exist")
         if run.info.failure is not None:
             return run.info.failure
-        resolved = self._resolve(tenant, call)
+        run.queued = [op for op in run.queued if not op.done]
+        if len(run.queued) >= MAX_QUEUED_CALLS:
+            return CallFailure("too_many_queued_calls", f"training run {run_id} has {MAX_QUEUED_CALLS} calls "
+                               "not done yet, the most a run queues; retry once one is done")
+        resolved = self._resolve(tenant, run, call)
         if isinstance(resolved, CallFailure):
             return resolved
-        if isinstance(resolved, ForwardBackwardCall) and resolved.backward:
-            run.trained_tokens += sum(len(d.token_ids) - 1 for d in resolved.data)
+        if isinstance(resolved, ForwardBackwardCall):
+            run.tokens += sum(len(d.token_ids) - 1 for d in resolved.data)
         op = DrivenOp(f"call-{uuid.uuid4().hex[:24]}", resolved, self._clock())
+        run.queued.append(op)
         self._calls[op.call_id] = (tenant, op)
         self._run_of[op.call_id] = run_id
         self._seen[run.session] = self._clock()
         self._deliver(run, op)
         return CallTicket(op.call_id, run_id)
 
-    def trained_tokens(self, run_id: str) -> int:
+    def tokens(self, run_id: str) -> int:
+        """Tokens of the run's accepted forward and forward_backward calls."""
         run = self._runs.get(run_id)
-        return 0 if run is None else run.trained_tokens
+        return 0 if run is None else run.tokens
 
     def forget_save(self, tenant: str, path: str) -> None:
         """Remove saved weights of the tenant's runs (over its storage quota) and their record."""
-        folder = self.resolve_path(tenant, path)
+        folder = self.saves.resolve_path(tenant, path)
         if isinstance(folder, CallFailure):
             return
-        shutil.rmtree(folder, ignore_errors=True)
+        self.saves.remove(folder)
         for run in self._runs.values():
             run.info.checkpoints = [c for c in run.info.checkpoints if c.path != path]
+
+    def delete_save(self, tenant: str, run_id: str, checkpoint_id: str) -> str | CallFailure:
+        """Delete a save of the tenant's run, ended or not (`RunSaves.delete`); returns its path."""
+        path = self.saves.delete(tenant, run_id, checkpoint_id)
+        run = self._runs.get(run_id)
+        if run is not None and isinstance(path, str):
+            run.info.checkpoints = [c for c in run.info.checkpoints if c.path != path]
+        return path
 
     def outcome(self, tenant: str, call_id: str) -> CallOutcome | CallPending:
         """The call's outcome, or why it is pending; an unknown call, or another tenant's, is a failure."""
@@ -197,10 +214,11 @@ class TrainingRuns:
         """The call's outcome was delivered: it is not kept."""
         self._calls.pop(call_id, None)
         self._run_of.pop(call_id, None)
+        self._recorded.discard(call_id)
 
-    def after_step(self) -> None:
-        """After any engine step: record saves, end the runs of silent sessions, and mark runs whose job
-        ended."""
+    def after_step(self) -> list[tuple[str, DrivenOp]]:
+        """After any engine step: end the runs of silent sessions, mark runs whose job ended, and record the
+        saves done since the last call, returned as (tenant, call) for the storage quota."""
         now = self._clock()
         for session, seen in list(self._seen.items()):
             if now - seen > self._session_timeout_s:
@@ -215,11 +233,15 @@ class TrainingRuns:
                 mine = [op for call_id, (_, op) in self._calls.items() if self._run_of[call_id] == run.info.run_id]
                 self._fail(mine, run.info.failure)  # queued in the job's object, which went with it
                 run.unplaced.clear()
-        for call_id, (_, op) in list(self._calls.items()):
-            if isinstance(op.outcome, SaveOutcome) and isinstance(op.call, SaveCall):
+        saved = []
+        for call_id, (tenant, op) in list(self._calls.items()):
+            if isinstance(op.outcome, SaveOutcome) and isinstance(op.call, SaveCall) and call_id not in self._recorded:
+                self._recorded.add(call_id)
                 self._record_save(op.outcome, op.call)
+                saved.append((tenant, op))
             if op.done and now - op.created > KEEP_UNREAD_S:  # its client never asked
                 self.forget(call_id)
+        return saved
 
     # ----------------------------------------------------------------------------- internals
 
@@ -246,13 +268,12 @@ class TrainingRuns:
             if op.outcome is None:
                 op.outcome = failure
 
-    def _resolve(self, tenant: str, call: TrainingCall) -> DrivenCall | CallFailure:
-        if isinstance(call, SaveCall) and not _NAME.match(call.name):
-            return CallFailure("invalid_name", f"a checkpoint name is 1-128 letters, digits, '.', '_' or '-', "
-                               f"got {call.name!r}")
+    def _resolve(self, tenant: str, run: _Run, call: TrainingCall) -> DrivenCall | CallFailure:
+        if isinstance(call, SaveCall):
+            return self.saves.check_name(run.info.run_id, call.name, call.resumable) or call
         if not isinstance(call, LoadCall):
             return call
-        folder = self.resolve_path(tenant, call.path)
+        folder = self.saves.resolve_path(tenant, call.path)
         if isinstance(folder, CallFailure):
             return folder
         steps = 0
@@ -264,32 +285,14 @@ class TrainingRuns:
                                    f"(save_state writes one)")
         return ResolvedLoad(str(folder), call.path, call.with_optimizer, steps)
 
-    def resolve_path(self, tenant: str, path: str) -> Path | CallFailure:
-        """The folder of a saved path of the tenant's runs; another tenant's is 'not found' too."""
-        match = _PATH.match(path)
-        missing = CallFailure("path_not_found", f"no saved weights at {path!r}")
-        if match is None:
-            return CallFailure("invalid_path", f"a saved path is tinker://<run id>/weights/<name> or "
-                               f"tinker://<run id>/sampler_weights/<name>, got {path!r}")
-        run_id, kind, name = match.groups()
-        try:
-            owner = json.loads((self._folder / run_id / RUN_FILE).read_text())["tenant"]
-        except (OSError, ValueError, KeyError):
-            return missing
-        folder = self._folder / run_id / kind / name
-        if owner != tenant or not _NAME.match(name) or not folder.is_dir():
-            return missing
-        return folder
-
     def _record_save(self, outcome: SaveOutcome, call: SaveCall) -> None:
-        match = _PATH.match(outcome.path)
-        assert match is not None  # made by driven_ops
-        run = self._runs.get(match.group(1))
-        if run is None or any(c.path == outcome.path for c in run.info.checkpoints):
+        parsed = RunSaves.parse(outcome.path)
+        assert parsed is not None  # made by driven_ops
+        run_id, kind, name = parsed
+        run = self._runs.get(run_id)
+        folder = self._folder / run_id / kind / name
+        if run is None or not folder.is_dir():
             return
-        folder = run.folder / match.group(2) / match.group(3)
-        if not folder.is_dir():  # removed since (over the storage quota)
-            return
-        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-        run.info.checkpoints.append(CheckpointRecord(call.name, outcome.path, call.resumable, self._clock(), size))
-
+        run.info.checkpoints = [c for c in run.info.checkpoints if c.path != outcome.path]  # saved again
+        run.info.checkpoints.append(CheckpointRecord(call.name, outcome.path, call.resumable, self._clock(),
+                                                     tree_size(folder)))

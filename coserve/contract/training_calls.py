@@ -207,6 +207,16 @@ class CloseSession:
 
 
 @dataclass(slots=True)
+class DeleteSave:
+    """Delete a save of the tenant's run (the SDK's `RestClient.delete_checkpoint`): its folder and, for a
+    sampler's weights, its OpenAI model id. `checkpoint_id` is `weights/<name>` or `sampler_weights/<name>`."""
+
+    tenant: str
+    run_id: str
+    checkpoint_id: str
+
+
+@dataclass(slots=True)
 class CallPending:
     """A call not done yet, and why it waits when it is not being worked on (None: it is)."""
 
@@ -215,7 +225,8 @@ class CallPending:
 
 # What the gateway asks the scheduler about driven runs (`SchedulerActor.training`), and the answers:
 # CreateRun -> RunInfo | CallFailure; SubmitCall -> CallTicket | CallFailure; AwaitOutcome -> CallOutcome
-# | CallPending; GetRun -> RunInfo | CallFailure; SessionAlive, CloseSession -> None.
-RunQuery = CreateRun | SubmitCall | AwaitOutcome | GetRun | SessionAlive | CloseSession
+# | CallPending; GetRun -> RunInfo | CallFailure; SessionAlive, CloseSession -> None; DeleteSave -> None |
+# CallFailure.
+RunQuery = CreateRun | SubmitCall | AwaitOutcome | GetRun | SessionAlive | CloseSession | DeleteSave
 RunAnswer = RunInfo | CallTicket | ForwardBackwardOutcome | OptimStepOutcome | SaveOutcome | LoadOutcome \
     | CallFailure | CallPending | None

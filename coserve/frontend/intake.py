@@ -123,12 +123,16 @@ class PromptIntake:
         """A prompt given as token ids (the Tinker API's `sample`): its ids in the vocabulary, the context
         length, the adapter; returns the sampling with `max_tokens` set (the room left when None)."""
         vocab = self._model_config.vocab_size
+        too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len, param="prompt")
+        if too_long is not None:  # first: the ids below are then at most the context length
+            return too_long
         if not prompt or any(not 0 <= t < vocab for t in prompt):
             return Rejection(400, f"The prompt needs at least one token, each an id below the vocabulary "
                              f"size {vocab}.", param="prompt", code="invalid_value")
-        too_long = context_rejection(len(prompt), sampling.max_tokens, self._max_model_len, param="prompt")
-        if too_long is not None:
-            return too_long
+        stops = [t for t in sampling.stop_token_ids or () if not 0 <= t < vocab]
+        if stops:
+            return Rejection(400, f"Stop token id {stops[0]} is not in the model's vocabulary (ids 0..{vocab - 1}).",
+                             param="stop", code="invalid_value")
         refused = self._check_adapter(adapter)
         if refused is not None:
             return refused

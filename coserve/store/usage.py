@@ -115,6 +115,9 @@ class UsageTable:
         if not adapter_path:
             return False
         path = Path(adapter_path).resolve()
+        if path.is_relative_to(self.runs_root) and path.parent.parent.parent == self.runs_root:
+            shutil.rmtree(path, ignore_errors=True)  # a Tinker run's sampler weights (`runs/<run>/<kind>/<name>`)
+            return True
         if not path.is_relative_to(self.adapters_root) or path.parent.parent != self.adapters_root:
             logger.warning("not removing adapter folder %s: outside %s", path, self.adapters_root)
             return False

@@ -157,6 +157,11 @@ class TenantLimits:
             (checkpoints and final models) on disk.
         max_fine_tuned_models: fine-tuned models the tenant holds, checkpoints included; 0 disables
             fine-tuning.
+        tinker_requests_per_minute: calls to the Tinker API's endpoints per minute, every endpoint
+            (sessions, heartbeats, telemetry, training calls, samples, futures) counted (token bucket).
+
+    The tenants file fills the limits a tenant leaves out from `DEFAULT_LIMITS` (finite), so `None`
+    (unlimited) is only what a tenants file says explicitly (`null`).
 
     Raises:
         ValueError: a limit is not an integer, or below 1 (below 0 for `max_concurrent_jobs`,
@@ -169,6 +174,7 @@ class TenantLimits:
     max_training_tokens_per_job: int | None = None
     max_stored_bytes: int | None = None
     max_fine_tuned_models: int | None = None
+    tinker_requests_per_minute: int | None = None
 
     def __post_init__(self) -> None:
         _check_limit("requests_per_minute", self.requests_per_minute, 1)
@@ -177,6 +183,16 @@ class TenantLimits:
         _check_limit("max_training_tokens_per_job", self.max_training_tokens_per_job, 1)
         _check_limit("max_stored_bytes", self.max_stored_bytes, 0)
         _check_limit("max_fine_tuned_models", self.max_fine_tuned_models, 0)
+        _check_limit("tinker_requests_per_minute", self.tinker_requests_per_minute, 1)
+
+
+# What a tenant of the tenants file gets for a limit it does not set (docs/tenants.md): finite, so that a
+# tenant the operator wrote no limits for cannot hold the machine (8 concurrent jobs and Tinker runs,
+# 20 GiB stored, ...), and generous enough for one user's real work. `default_limits:` in the file
+# replaces them; `null` for a limit means unlimited.
+DEFAULT_LIMITS = TenantLimits(requests_per_minute=30_000, tokens_per_minute=50_000_000, max_concurrent_jobs=8,
+                              max_training_tokens_per_job=100_000_000, max_stored_bytes=20 * 2**30,
+                              max_fine_tuned_models=1000, tinker_requests_per_minute=6000)
 
 
 class TenantQuota:

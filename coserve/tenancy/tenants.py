@@ -13,18 +13,18 @@ import hmac
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from coserve.tenancy.quotas import TenantLimits
+from coserve.tenancy.quotas import DEFAULT_LIMITS, TenantLimits
 
 SHA256_PREFIX = "sha256:"
 # Tenant names appear in model ids (`ft:{base}:{tenant}:...`), so no ':' and nothing exotic.
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_TOP_FIELDS = {"tenants", "admin_api_keys"}
+_TOP_FIELDS = {"tenants", "admin_api_keys", "default_limits"}
 _TENANT_FIELDS = {"api_keys", "weight", "limits"}
 _LIMIT_FIELDS = {f.name for f in fields(TenantLimits)}
 
@@ -41,7 +41,7 @@ class TenantConfig:
     name: str
     key_digests: tuple[bytes, ...]
     weight: float = 1.0
-    limits: TenantLimits = field(default_factory=TenantLimits)
+    limits: TenantLimits = DEFAULT_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,15 +122,25 @@ def parse_tenants(data: Any) -> TenantsConfig:
     if not isinstance(raw_tenants, dict) or not raw_tenants:
         raise ValueError("tenants: must be a mapping with at least one tenant")
     owners: dict[bytes, str] = {}  # key digest -> who holds it, to reject reuse
+    defaults = _parse_limits("default_limits", data.get("default_limits") or {}, DEFAULT_LIMITS)
     tenants = {}
     for name, raw in raw_tenants.items():
-        tenants[name] = _parse_tenant(name, raw, owners)
+        tenants[name] = _parse_tenant(name, raw, owners, defaults)
     admin = _parse_keys("admin_api_keys", data.get("admin_api_keys", []), "the admins", owners,
                         allow_empty=True)
     return TenantsConfig(tenants=tenants, admin_key_digests=admin)
 
 
-def _parse_tenant(name: Any, raw: Any, owners: dict[bytes, str]) -> TenantConfig:
+def _parse_limits(where: str, raw: Any, defaults: TenantLimits) -> TenantLimits:
+    """A `limits` mapping over `defaults`: a limit left out is the default's, `null` is unlimited."""
+    _check_mapping(where, raw, _LIMIT_FIELDS)
+    try:
+        return replace(defaults, **raw)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from error
+
+
+def _parse_tenant(name: Any, raw: Any, owners: dict[bytes, str], defaults: TenantLimits) -> TenantConfig:
     if not isinstance(name, str) or TENANT_NAME.fullmatch(name) is None:
         raise ValueError(f"tenant name {name!r} must match {TENANT_NAME.pattern}")
     where = f"tenant {name!r}"
@@ -142,12 +152,7 @@ def _parse_tenant(name: Any, raw: Any, owners: dict[bytes, str]) -> TenantConfig
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 \
             or math.isinf(weight):
         raise ValueError(f"{where}: weight must be a finite number > 0, got {weight!r}")
-    limits = raw.get("limits") or {}
-    _check_mapping(f"{where}: limits", limits, _LIMIT_FIELDS)
-    try:
-        parsed_limits = TenantLimits(**limits)
-    except ValueError as error:
-        raise ValueError(f"{where}: limits: {error}") from error
+    parsed_limits = _parse_limits(f"{where}: limits", raw.get("limits") or {}, defaults)
     return TenantConfig(name=name, key_digests=digests, weight=float(weight), limits=parsed_limits)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coserve.tenancy.quotas import TenantLimits
+from coserve.tenancy.quotas import DEFAULT_LIMITS, TenantLimits
 from coserve.tenancy.storage_quota import (
     QUOTA_CODES,
     StorageUsage,
@@ -16,13 +16,13 @@ from coserve.tenancy.storage_quota import (
 from coserve.tenancy.tenants import parse_tenants
 
 
-def test_tenants_file_keys_parse_and_default_to_unlimited() -> None:
+def test_tenants_file_keys_parse_and_default_to_the_finite_defaults() -> None:
     config = parse_tenants({"tenants": {
         "acme": {"api_keys": ["k1"], "limits": {"max_stored_bytes": 1_000_000, "max_fine_tuned_models": 0}},
         "globex": {"api_keys": ["k2"]}}})
     assert config.tenants["acme"].limits.max_stored_bytes == 1_000_000
     assert config.tenants["acme"].limits.max_fine_tuned_models == 0
-    assert config.tenants["globex"].limits == TenantLimits()
+    assert config.tenants["globex"].limits == DEFAULT_LIMITS
     assert TenantLimits().max_stored_bytes is None and TenantLimits().max_fine_tuned_models is None
 
 

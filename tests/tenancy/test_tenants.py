@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from coserve.tenancy.quotas import TenantLimits
+from coserve.tenancy.quotas import DEFAULT_LIMITS, TenantLimits
 from coserve.tenancy.tenants import load_tenants
 
 GLOBEX_KEY_SHA = hashlib.sha256(b"sk-globex-secret").hexdigest()
@@ -39,9 +40,10 @@ def test_valid_file(tmp_path: Path) -> None:
     assert set(config.tenants) == {"acme", "globex"}
     acme = config.tenants["acme"]
     assert acme.weight == 2.5
-    assert acme.limits == TenantLimits(600, 200000, 2, 5000000)
+    assert acme.limits == replace(DEFAULT_LIMITS, requests_per_minute=600, tokens_per_minute=200000,
+                                  max_concurrent_jobs=2, max_training_tokens_per_job=5000000)
     globex = config.tenants["globex"]
-    assert globex.weight == 1.0 and globex.limits == TenantLimits()
+    assert globex.weight == 1.0 and globex.limits == DEFAULT_LIMITS
     assert config.weights() == {"acme": 2.5, "globex": 1.0}
 
 
@@ -99,3 +101,22 @@ def test_plain_key_and_its_hash_count_as_the_same_key(tmp_path: Path) -> None:
 def test_missing_file_raises_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load_tenants(tmp_path / "absent.yaml")
+
+
+def test_limits_left_out_are_finite_defaults_and_null_is_unlimited(tmp_path: Path) -> None:
+    """A tenant with no limits gets DEFAULT_LIMITS, every one finite; `default_limits:` replaces them for
+    every tenant; `null` is unlimited, said explicitly."""
+    assert all(getattr(DEFAULT_LIMITS, name) is not None for name in TenantLimits.__dataclass_fields__)
+    config = load_tenants(write(tmp_path, """\
+default_limits: {max_concurrent_jobs: 3, tinker_requests_per_minute: 100}
+tenants:
+  a: {api_keys: [k1]}
+  b: {api_keys: [k2], limits: {max_concurrent_jobs: null, max_stored_bytes: 10}}
+"""))
+    a, b = config.tenants["a"].limits, config.tenants["b"].limits
+    assert a == replace(DEFAULT_LIMITS, max_concurrent_jobs=3, tinker_requests_per_minute=100)
+    assert b.max_concurrent_jobs is None and b.max_stored_bytes == 10 and b.tinker_requests_per_minute == 100
+    with pytest.raises(ValueError, match="default_limits: unknown field"):
+        load_tenants(write(tmp_path, "default_limits: {rpm: 1}\ntenants:\n  a: {api_keys: [k]}\n"))
+    with pytest.raises(ValueError, match="default_limits: max_concurrent_jobs must be"):
+        load_tenants(write(tmp_path, "default_limits: {max_concurrent_jobs: -1}\ntenants:\n  a: {api_keys: [k]}\n"))

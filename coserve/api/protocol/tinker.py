@@ -39,12 +39,15 @@ class FinishSessionRequest(RequestModel):
     detail: str | None = None
 
 
+MAX_TELEMETRY_EVENTS = 100  # the SDK's batch (`tinker.lib.telemetry.MAX_BATCH_SIZE`); the body: api/app.py
+
+
 class TelemetrySendRequest(RequestModel):
-    events: list[dict[str, Any]]
-    platform: str
-    sdk_version: str
-    session_id: str
-    process_uuid: str
+    events: list[dict[str, Any]] = Field(max_length=MAX_TELEMETRY_EVENTS)
+    platform: str = Field(max_length=256)
+    sdk_version: str = Field(max_length=256)
+    session_id: str = Field(max_length=256)
+    process_uuid: str = Field(max_length=256)
 
 
 class ClientConfigRequest(RequestModel):

@@ -41,15 +41,19 @@ logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/tinker/api/v1", tags=["tinker"])
 
 
-def tinker_tenant(request: Request, state: Annotated[GatewayState, Depends(get_state)]) -> str:
-    """The tenant of the `X-API-Key` header (or `Authorization: Bearer`), as `require_tenant` checks it."""
+async def tinker_tenant(request: Request, state: Annotated[GatewayState, Depends(get_state)]) -> str:
+    """The tenant of the `X-API-Key` header (or `Authorization: Bearer`), as `require_tenant` checks it;
+    the call is taken from its `tinker_requests_per_minute` (a 429 past it). On the event loop: the
+    buckets need no lock."""
     key = request.headers.get("x-api-key", "").strip()
     if not key:
         auth = request.headers.get("authorization", "")
         key = auth.partition(" ")[2].strip() if auth.lower().startswith("bearer ") else ""
     if not key:
         raise ProtocolError("No API key: send it in the X-API-Key header.", status=401, code="invalid_api_key")
-    return require_tenant(identify(key, state))
+    tenant = require_tenant(identify(key, state))
+    state.tinker_rates.admit(tenant, state.tenants.tenants[tenant].limits)
+    return tenant
 
 
 Tenant = Annotated[str, Depends(tinker_tenant)]
@@ -75,8 +79,8 @@ def capabilities(tenant: Tenant, state: State) -> dict[str, Any]:
 @router.post("/telemetry")
 def telemetry(tenant: Tenant, body: TelemetrySendRequest) -> dict[str, str]:
     """The SDK's own reports (its exceptions, timings): written to the server's log, one line per batch."""
-    kinds = sorted({str(e.get("event_name") or e.get("event", "?")) for e in body.events})
-    logger.info("tinker SDK %s of tenant %s (session %s): %d telemetry event(s) %s", body.sdk_version, tenant,
+    kinds = sorted({str(e.get("event_name") or e.get("event", "?"))[:64] for e in body.events})
+    logger.info("tinker SDK %r of tenant %s (session %r): %d telemetry event(s) %s", body.sdk_version, tenant,
                 body.session_id, len(body.events), kinds[:8])
     return {"status": "accepted"}
 
@@ -105,6 +109,7 @@ async def heartbeat(tenant: Tenant, state: State, body: SessionHeartbeatRequest)
 async def finish_session(tenant: Tenant, state: State, session_id: str, body: FinishSessionRequest) -> dict[str, Any]:
     """`ServiceClient.close()`: the session's runs end and free their adapter slots; saves stay."""
     await TinkerTraining(state).session(CloseSession(tenant, session_id))
+    state.tinker.close_session(tenant, session_id)
     return {}
 
 
@@ -160,6 +165,13 @@ async def checkpoints(tenant: Tenant, state: State, model_id: str) -> dict[str, 
     return checkpoints_body(await TinkerTraining(state).info(tenant, model_id))
 
 
+@router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
+async def delete_checkpoint(tenant: Tenant, state: State, model_id: str, checkpoint_id: str) -> Response:
+    """`RestClient.delete_checkpoint`: `checkpoint_id` is `weights/<name>` or `sampler_weights/<name>`."""
+    await TinkerTraining(state).delete_checkpoint(tenant, model_id, checkpoint_id)
+    return Response(status_code=204)
+
+
 @router.post("/create_sampling_session")
 def create_sampling_session(tenant: Tenant, state: State, body: CreateSamplingSessionRequest) -> dict[str, Any]:
     return {"type": "create_sampling_session",
@@ -208,6 +220,6 @@ async def _sample_outcome(state: GatewayState, future_id: str, found: SampleFutu
 
 
 @router.api_route("/{endpoint:path}", methods=["GET", "POST", "PUT", "DELETE"])
-def not_implemented(endpoint: str) -> Response:
+def not_implemented(tenant: Tenant, endpoint: str) -> Response:
     raise ProtocolError(f"coserve does not implement the Tinker endpoint '{endpoint}'.", status=404,
                         code="unknown_endpoint")

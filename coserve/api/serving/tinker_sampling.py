@@ -82,6 +82,7 @@ class TinkerSampling:
             seed=params.seed, max_tokens=params.max_tokens, stop_token_ids=[int(s) for s in stop] or None,
             logprobs=0))
         request_id = f"sample-{uuid.uuid4().hex}"
+        self._futures.check_room(tenant)
         admission = await self._generation.scheduler.submit_tokens(request_id, tenant, prompt, sampling, adapter)
         if admission.rejection is not None:
             raise ProtocolError(admission.rejection.message, status=admission.rejection.status,

@@ -34,6 +34,7 @@ from coserve.contract.training_calls import (
     CallTimings,
     CloseSession,
     CreateRun,
+    DeleteSave,
     ForwardBackwardCall,
     ForwardBackwardOutcome,
     GetRun,
@@ -57,14 +58,21 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
 
+_QUOTAS = ("quota_exceeded", "storage_quota_exceeded")
+_TEMPORARY = ("too_many_queued_calls",)
+
+
 def _refused(failure: CallFailure) -> ProtocolError:
     """A refused call as an error: 404 for what the tenant cannot see, 403 for a quota (the SDK retries a
-    429 without end, and a run's quota clears only when the tenant ends a run), 400 for bad input, 503
-    when the server could not do it."""
-    status = 404 if failure.code.endswith("not_found") else 403 if failure.code == "quota_exceeded" else 400
+    429 without end, and a run's quota clears only when the tenant ends a run or deletes), 429 for a run
+    whose queue is full (it clears as its calls are done: the SDK retries), 400 for bad input, 503 when
+    the server could not do it."""
+    code = failure.code
+    status = 404 if code.endswith("not_found") else 403 if code in _QUOTAS else 429 if code in _TEMPORARY else 400
     if not failure.user:
         status = 503
-    return ProtocolError(failure.message, status=status, code=failure.code)
+    headers = {"retry-after": "1"} if status == 429 else None
+    return ProtocolError(failure.message, status=status, code=code, headers=headers)
 
 
 class TinkerTraining:
@@ -100,6 +108,7 @@ class TinkerTraining:
         if self._state.max_lora_rank is not None and config.rank > self._state.max_lora_rank:
             raise ProtocolError(f"LoRA rank {config.rank} is above this server's max_lora_rank "
                                 f"{self._state.max_lora_rank}.", param="lora_config.rank")
+        self._futures.check_room(tenant)
         metadata = {str(k): str(v) for k, v in (request.user_metadata or {}).items()}
         run_id = self._run_id(tenant, request.session_id, request.model_seq_id)
         info = await self._ask(CreateRun(RunRequest(tenant, run_id, lora, config.seed or 0, metadata)))
@@ -129,6 +138,13 @@ class TinkerTraining:
             raise ProtocolError(f"No session {query.session_id!r}.", status=404, code="session_not_found")
         await self._ask(query)
 
+    async def delete_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> None:
+        """`RestClient.delete_checkpoint`: the save's folder goes (its bytes leave the tenant's storage
+        quota) and a sampler's weights stop being a model id."""
+        refused = await self._ask(DeleteSave(tenant, run_id, checkpoint_id))
+        if isinstance(refused, CallFailure):
+            raise _refused(refused)
+
     async def info(self, tenant: str, run_id: str) -> RunInfo:
         info = await self._ask(GetRun(tenant, run_id))
         if isinstance(info, CallFailure):
@@ -138,6 +154,7 @@ class TinkerTraining:
 
     async def submit(self, tenant: str, run_id: str, call: TrainingCall, opens_sampler: bool = False) -> str:
         """Queue a call after the run's earlier ones (the SDK sends them in `seq_id` order); its future's id."""
+        self._futures.check_room(tenant)
         ticket = await self._ask(SubmitCall(tenant, run_id, call))
         if isinstance(ticket, CallFailure):
             raise _refused(ticket)
