@@ -30,7 +30,6 @@ from coserve.api.protocol.files import (
     FileList,
     FileObject,
     TrainingFileKind,
-    parsed_rows,
     validate_finetune_jsonl,
 )
 from coserve.api.protocol.fine_tuning import (
@@ -44,6 +43,7 @@ from coserve.api.protocol.fine_tuning import (
     MetricsData,
 )
 from coserve.api.protocol.models import Model, ModelDeleted, ModelList
+from coserve.contract.training_jsonl import read_rows
 
 USER = {"role": "user", "content": "hi"}
 
@@ -364,7 +364,7 @@ def test_rows_ending_with_a_user_message_are_a_reinforcement_file() -> None:
                                {"role": "assistant", "content": "a"}, USER, tools=3), b""])
     summary = validate_finetune_jsonl(data)
     assert (summary.num_examples, summary.kind) == (2, TrainingFileKind.REINFORCEMENT)
-    assert parsed_rows(b"\xef\xbb\xbf" + data)[0] == {"messages": [USER], "answer": "4",
+    assert read_rows(b"\xef\xbb\xbf" + data)[0] == {"messages": [USER], "answer": "4",
                                                       "meta": {"tags": ["a"], "n": None}}
 
 

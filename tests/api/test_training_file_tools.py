@@ -120,7 +120,7 @@ BAD_ROWS = [
     ("messages.1.tool_calls.0.function.arguments", {"city": "Paris"},
      "message 2 tool_calls[0].function.arguments must be a string holding a JSON object"),
     ("messages.1.tool_calls.0.function.arguments", "{city: Paris}",
-     "message 2 tool_calls[0].function.arguments is not valid JSON"),
+     "message 2 tool_calls[0].function.arguments: not valid JSON"),
     ("messages.1.tool_calls.0.function.arguments", "[1, 2]",
      "message 2 tool_calls[0].function.arguments must be a JSON object, not list"),
     ("messages.1.tool_calls.1.id", "c1", "message 2 tool_calls[1] repeats the id 'c1'"),
@@ -243,5 +243,5 @@ def test_a_malformed_tool_row_is_refused_at_upload(servers: dict[str, LocalServe
     with pytest.raises(openai.BadRequestError) as info:
         oa.files.create(file=("t.jsonl", _line(_row()) + b"\n" + _line(bad)), purpose="fine-tune")
     assert info.value.code == "invalid_file_format" and info.value.param == "file"
-    assert "Line 2: message 2 tool_calls[0].function.arguments is not valid JSON" in info.value.message
+    assert "Line 2: message 2 tool_calls[0].function.arguments: not valid JSON" in info.value.message
     assert [f.id for f in oa.files.list()] == before  # nothing stored

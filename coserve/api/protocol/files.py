@@ -15,7 +15,6 @@ keys, the item fields a grader reads (`{{ item.answer }}`; any JSON). One file h
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,6 +23,7 @@ from pydantic import Field
 from coserve.api.protocol.base import OpenAIBaseModel, ProtocolError, now
 from coserve.api.protocol.preference_rows import check_preference_row, is_preference_row
 from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow, check_tools
+from coserve.contract.training_jsonl import RowError, jsonl_rows
 
 FilePurpose = Literal["assistants", "assistants_output", "batch", "batch_output", "fine-tune",
                       "fine-tune-results", "vision", "user_data"]
@@ -84,7 +84,7 @@ def _check_message(msg: Any, number: int) -> str | None:
     if not isinstance(msg, dict):
         return f"message {number} is not a JSON object"
     role = msg.get("role")
-    if role not in TRAINING_ROLES:
+    if not isinstance(role, str) or role not in TRAINING_ROLES:
         return f"message {number} has an invalid 'role' {role!r}; expected one of {sorted(TRAINING_ROLES)}"
     msg = {key: value for key, value in msg.items() if value is not None or key not in _NULLABLE_KEYS}
     if "function_call" in msg:
@@ -212,34 +212,22 @@ def validate_finetune_jsonl(data: bytes) -> TrainingFile:
             of 10 examples is checked when a job is created, as OpenAI does, not here.
     """
     count, kind = 0, None
-    for line_no, raw in enumerate(data.split(b"\n"), start=1):
-        try:
-            # utf-8-sig on the first line: editors on Windows prepend a byte-order mark.
-            line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
-        except UnicodeDecodeError:
-            raise _bad_line(line_no, "not valid UTF-8") from None
-        if not line.strip():
-            continue
-        try:
-            example = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _bad_line(line_no, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-        row_kind, reason = _check_row(example)
-        if reason:
-            raise _bad_line(line_no, reason)
-        if kind is not None and row_kind != kind:
-            raise _bad_line(line_no, f"a {row_kind.value} row in a file of {kind.value} rows; a file "
-                                     f"holds one kind (chat rows for supervised jobs, preference rows "
-                                     f"for DPO, reinforcement rows, whose messages end with the user's "
-                                     f"prompt, for reinforcement)")
-        kind = row_kind
-        count += 1
+    try:
+        for line_no, example in jsonl_rows(data):
+            row_kind, reason = _check_row(example)
+            if reason:
+                raise _bad_line(line_no, reason)
+            if kind is not None and row_kind != kind:
+                raise _bad_line(line_no, f"a {row_kind.value} row in a file of {kind.value} rows; a file "
+                                         f"holds one kind (chat rows for supervised jobs, preference rows "
+                                         f"for DPO, reinforcement rows, whose messages end with the user's "
+                                         f"prompt, for reinforcement)")
+            kind = row_kind
+            count += 1
+    except RowError as err:
+        raise _bad_line(err.line, err.reason) from None
     if kind is None:
         raise ProtocolError("Invalid file format. The file contains no examples.", param="file",
                             code="invalid_file_format")
     return TrainingFile(count, kind)
 
-
-def parsed_rows(data: bytes) -> list[Any]:
-    """The rows of a file `validate_finetune_jsonl` accepted, in order (blank lines skipped)."""
-    return [json.loads(line) for line in data.decode("utf-8-sig").split("\n") if line.strip()]

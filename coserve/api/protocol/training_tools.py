@@ -21,10 +21,11 @@ numbers 1-based), or None.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
+
+from coserve.contract.training_jsonl import JsonTextError, loads_strict
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MAX_TOOLS = 128  # OpenAI's limit on the functions of one request
@@ -140,9 +141,9 @@ def _check_call(call: Any, where: str) -> str | None:
     if not isinstance(arguments, str):
         return f"{where}.function.arguments must be a string holding a JSON object"
     try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError as exc:
-        return f"{where}.function.arguments is not valid JSON ({exc.msg} at column {exc.colno})"
+        parsed = loads_strict(arguments)
+    except JsonTextError as exc:
+        return f"{where}.function.arguments: {exc}"
     if not isinstance(parsed, dict):
         return f"{where}.function.arguments must be a JSON object, not {type(parsed).__name__}"
     return None

@@ -16,7 +16,7 @@ import math
 
 from coserve.api.auth import Caller
 from coserve.api.protocol.base import ProtocolError
-from coserve.api.protocol.files import TrainingFileKind, parsed_rows, validate_finetune_jsonl
+from coserve.api.protocol.files import TrainingFileKind, validate_finetune_jsonl
 from coserve.api.protocol.fine_tuning import (
     CheckpointMetrics,
     FineTuningJob,
@@ -35,6 +35,7 @@ from coserve.api.protocol.fine_tuning import (
 from coserve.api.serving.job_request import GRADER_PARAM, DedicatedCapacity, grader_variables, job_request
 from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
 from coserve.contract.job_request import FineTuningMethod, JobRequest
+from coserve.contract.training_jsonl import read_rows
 from coserve.contract.training_settings import HYPERPARAMETERS, MIN_EXAMPLES, TooFewExamplesError, auto_n_epochs
 from coserve.graders.checks import Variable
 from coserve.graders.item_fields import missing_item_field
@@ -94,7 +95,7 @@ def _check_item_fields(variables: list[Variable], content: bytes, param: str) ->
     Raises:
         ProtocolError: 400 `invalid_grader` naming the first missing variable, the file and the row.
     """
-    for number, row in enumerate(parsed_rows(content), start=1):
+    for number, row in enumerate(read_rows(content), start=1):
         missing = missing_item_field(variables, row)
         if missing is not None:
             raise ProtocolError(f"the grader reads {missing}, and row {number} of the {param} has no such "
