@@ -98,9 +98,9 @@ def test_the_tenants_file_data_dir_store_and_uploads_are_not_there(server: Serve
               "        try:\n            os.listdir(path) if os.path.isdir(path) else open(path, 'rb').read()\n"
               "            seen += 1\n        except OSError:\n            pass\n    return seen\n")
     assert attack(server, source, {"paths": paths}).reward == 0.0
+    reader = f"def grade(s, i):\n    return open({paths[0]!r}).read()\n"
     leak = server.client(ATTACKER).fine_tuning.alpha.graders.run(
-        grader={"type": "python", "name": "leak", "source": f"def grade(s, i):\n    return open({paths[0]!r}).read()\n"},  # type: ignore[arg-type]
-        model_sample="x")
+        grader={"type": "python", "name": "leak", "source": reader}, model_sample="x")  # type: ignore[arg-type]
     details = leak.metadata.errors.python_grader_runtime_error_details or ""
     assert "FileNotFoundError" in details and VICTIM not in details and ADMIN_KEY not in details
 
@@ -199,7 +199,8 @@ def test_a_grader_killed_at_its_wall_clock_limit_leaves_nothing_behind(server: S
 
 
 def test_a_tenant_flooding_python_graders_leaves_the_victim_its_slot(server: Server) -> None:
-    slow = {"type": "python", "name": "slow", "source": "import time\ndef grade(s, i):\n    time.sleep(2)\n    return 1.0\n"}
+    slow = {"type": "python", "name": "slow",
+            "source": "import time\ndef grade(s, i):\n    time.sleep(2)\n    return 1.0\n"}
     attacker = server.client(ATTACKER)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         flood = [pool.submit(attacker.fine_tuning.alpha.graders.run, grader=slow, model_sample="x")  # type: ignore[arg-type]
