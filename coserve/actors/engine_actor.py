@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
-from coserve.contract.engine import Engine, EngineFailure, RuntimeLayout
+from coserve.contract.engine import Engine, EngineFailure, PlanFault, RuntimeLayout, fault_text
 from coserve.contract.plan import IterationPlan, IterationResult
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,12 @@ class EngineActor:
     def _step(self, plan: IterationPlan) -> IterationResult | EngineFailure:
         try:
             return self.engine.step(plan)
+        except PlanFault as fault:  # the scheduler retries the plan's pieces apart (`fault_isolation`)
+            logger.warning("engine %s: step %d failed (%s); its pieces are retried apart", self.engine_id,
+                           plan.step_id, fault)
+            self._stats.failures += 1
+            return EngineFailure(step_id=plan.step_id, message=str(fault), isolatable=True)
         except Exception as error:  # noqa: BLE001 - reported to the scheduler, which fails the plan
             logger.exception("engine %s: step %d failed", self.engine_id, plan.step_id)
             self._stats.failures += 1
-            return EngineFailure(step_id=plan.step_id, message=f"{type(error).__name__}: {error}")
+            return EngineFailure(step_id=plan.step_id, message=fault_text(error))

@@ -85,6 +85,14 @@ class SchedulerMetrics:
         self.finetune_rate = Gauge("coserve_finetune_tokens_per_second", "Trained tokens of completed "
                                    f"optimizer steps per second over the last {FINETUNE_RATE_WINDOW_S:g} s",
                                    registry=r)
+        self.step_faults = Counter("coserve_engine_step_faults", "Work that failed alone in an engine step "
+                                   "(its own error; the step's other work completed), by engine and kind "
+                                   "(request, job)", ["engine", "work"], registry=r)
+        self.step_retries = Counter("coserve_engine_step_retries", "Sub-plans an engine ran to find the work "
+                                    "at fault in a failed step", ["engine"], registry=r)
+        self.failed_steps = Counter("coserve_engine_failed_steps", "Engine steps whose work failed whole "
+                                    "(with a generic error: the work at fault could not be told apart)",
+                                    ["engine"], registry=r)
         self.finetune_stalled = Gauge("coserve_finetune_jobs_stalled", "Running fine-tuning jobs without "
                                       "progress for longer than the watchdog's limit", registry=r)
 

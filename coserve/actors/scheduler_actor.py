@@ -36,6 +36,7 @@ from coserve.actors.metrics import QueueState, SchedulerMetrics
 from coserve.actors.rollout_grading import grading_pool, rollout_grading
 from coserve.actors.rollout_judges import RolloutJudges
 from coserve.actors.scheduler_settings import SchedulerSettings
+from coserve.actors.step_faults import StepFaults
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.actors.training_service import TrainingService
@@ -98,6 +99,7 @@ class SchedulerActor:
         self._job_task: asyncio.Task[None] | None = None
         self._generations: dict[str, int] = {}  # +1 each time the engine is lost: its loop's calls end
         self._supervisors: dict[str, asyncio.Task[None]] = {}
+        self._faults = StepFaults(self._cluster, self.metrics, self._fail_requests, self.engine_lost)
 
     # --------------------------------------------------------------------------- engines
 
@@ -332,21 +334,24 @@ class SchedulerActor:
         self._work.set()
 
     def _apply(self, engine_id: str, result: IterationResult | EngineFailure) -> None:
-        """The engine's answer to the plan in flight, then the outputs. A failed step fails the plan's
-        requests; so does a bug here, and the engine loop goes on."""
+        """The engine's answer to the plan in flight, then the outputs. A failed step's work at fault fails
+        alone (`StepFaults`); a step failed whole fails its work with a generic error, and so does a bug
+        here; the engine loop goes on."""
         plan = self._cluster.in_flight(engine_id)
         try:
-            self._emit(engine_id, self._cluster.apply(engine_id, result))
+            if (step := self._cluster.apply(engine_id, result)) is not None:  # None: pieces being retried
+                self._emit(engine_id, step)
         except StepFailed as failed:
-            self._fail_plan(failed.plan, failed.message)
+            self._faults.plan_failed(engine_id, failed.plan, failed.message)
         except Exception as error:  # noqa: BLE001 - a bug here must not stop the engine loop
             logger.exception("applying the result of step %d failed", result.step_id)
             if plan is not None:
-                self._fail_plan(plan, f"internal error: {type(error).__name__}: {error}")
+                self._faults.plan_failed(engine_id, plan, f"internal error: {type(error).__name__}: {error}")
 
     def _emit(self, engine_id: str, step: Step) -> None:
         """The outputs of an applied step: token streams, first tokens, metrics, job events."""
         self.metrics.iteration(engine_id)
+        self._faults.applied(engine_id, step)
         logprobs = step.logprobs()
         changed: dict[int, SubmissionState] = {}
         now = time.monotonic()
@@ -369,11 +374,6 @@ class SchedulerActor:
             self._jobs.record_events(engine_id)
         if self._runs is not None:
             self._runs.after_step()
-
-    def _fail_plan(self, plan: IterationPlan, message: str) -> None:
-        logger.error("engine step %d failed: %s", plan.step_id, message)
-        ids = {c.request_id for c in plan.chunks} | {n.request_id for n in plan.new_sequences}
-        self._fail_requests(ids, f"The engine failed while generating: {message}")
 
     def _finish_all(self, state: SubmissionState, status: RequestStatus) -> None:
         for child in state.children:

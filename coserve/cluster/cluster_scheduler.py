@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from coserve.cluster.adapter_catalog import AdapterCatalog
 from coserve.cluster.engine_core import Step
 from coserve.cluster.failover import Failover, reset_for_reroute, split_requests
+from coserve.cluster.fault_isolation import PieceKind, plan_pieces
 from coserve.cluster.jobs import ClusterJobs, RolloutService
 from coserve.cluster.member import EngineMember
 from coserve.cluster.routing import RouteChoice, RoutingWeights, route
@@ -274,15 +275,30 @@ class ClusterScheduler:
     def in_flight(self, engine_id: str) -> IterationPlan | None:
         return self._members[engine_id].core.in_flight
 
-    def apply(self, engine_id: str, result: IterationResult | EngineFailure) -> Step:
+    def apply(self, engine_id: str, result: IterationResult | EngineFailure) -> Step | None:
         """Apply the engine's answer to its plan in flight (`EngineCore.apply`), then the cluster's
-        bookkeeping: finished requests, jobs' checkpoints, publications and events.
+        bookkeeping: finished requests, requests that failed alone (aborted here: the caller ends their
+        streams with `step.result.faults`), jobs' checkpoints, publications and events. None while a
+        failed plan is retried in pieces.
 
         Raises:
-            PlanMismatch, StepFailed: as `EngineCore.apply` (abort the failed plan's requests here).
+            PlanMismatch, StepFailed: as `EngineCore.apply` (then `fail_plan`).
         """
         member = self._members[engine_id]
-        return self._after(member, member.core.apply(result))
+        step = member.core.apply(result)
+        return None if step is None else self._after(member, step)
+
+    def fail_plan(self, engine_id: str, plan: IterationPlan, message: str) -> list[str]:
+        """A plan of the engine failed whole (`StepFailed`): its requests are aborted (their ids returned:
+        the caller ends their streams), and its jobs' work fails with `message` (a driven run's call;
+        any other job; `FinetuneJob.fault`)."""
+        member = self._members[engine_id]
+        aborted = [p.key for p in plan_pieces(plan) if p.kind is PieceKind.REQUEST and self.abort(p.key)]
+        for piece in plan_pieces(plan):
+            job = member.jobs.get(piece.key) if piece.kind is PieceKind.JOB else None
+            if job is not None:
+                job.fault(message)
+        return aborted
 
     def step(self, engine_id: str, executor: StepExecutor) -> Step:
         """Plan, execute on `executor` in this process, and apply (`EngineCore.step`)."""
@@ -306,6 +322,8 @@ class ClusterScheduler:
 
     def _after(self, member: EngineMember, step: Step) -> Step:
         member.sent(step.plan)
+        for fault in step.result.faults:
+            self.abort(fault.request_id)
         for request in member.after_step(step):
             self._owner.pop(request.request_id, None)
             self._pinned.discard(request.request_id)

@@ -13,6 +13,7 @@ backend (vLLM next) implements `Engine` (`layout` and `step`) and the scheduler 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -87,10 +88,34 @@ class EngineStartError(RuntimeError):
 
 @dataclass(slots=True)
 class EngineFailure:
-    """An engine step raised: the requests of that plan fail, the engine goes on."""
+    """An engine step raised. `isolatable`: it raised `PlanFault`, so the scheduler retries the plan's
+    pieces without the one at fault (`coserve.cluster.fault_isolation`); otherwise the plan's work fails
+    with a generic error and the engine goes on. `message` is the engine's own text (`fault_text`): logged,
+    and shown to a tenant only once isolation found that tenant's work alone at fault."""
 
     step_id: int
     message: str
+    isolatable: bool = False
+
+
+class PlanFault(Exception):
+    """Raised by `Engine.step` when the fused part of a plan failed (its forward and sampling, where the
+    pieces of every tenant run together), leaving the engine as if that part had not run: the plan's
+    control applied (adapter changes, frees, new sequences, job and sequence starts), no token committed,
+    no window recorded, no gradient touched. Any plan made of whole pieces of it may run next (new
+    sequences and job and sequence starts sent again, `coserve.cluster.fault_isolation`). Its message is
+    the original error's `fault_text`."""
+
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][\w.@+~-]+){2,}[/\\]?")
+FAULT_TEXT_CHARS = 300
+
+
+def fault_text(error: BaseException) -> str:
+    """An error as the tenant whose work raised it may read it: its type and message, every file path
+    replaced by `<path>`, at most `FAULT_TEXT_CHARS` characters."""
+    text = _PATH.sub("<path>", f"{type(error).__name__}: {error}".strip())
+    return text if len(text) <= FAULT_TEXT_CHARS else text[:FAULT_TEXT_CHARS - 3] + "..."
 
 
 class StepExecutor(Protocol):
@@ -101,7 +126,9 @@ class StepExecutor(Protocol):
         """Execute `plan` and report what was done (sampled tokens, timings, training reports).
 
         Raises:
-            Exception: any failure of the step; the plan's requests are then failed by the caller.
+            PlanFault: the plan's fused part failed and the engine is as if it had not run (the caller
+                retries the plan's pieces apart, `coserve.cluster.fault_isolation`).
+            Exception: any other failure of the step; the plan's work then fails with a generic error.
         """
         ...
 

@@ -109,6 +109,16 @@ class SampledToken:
 
 
 @dataclass(slots=True)
+class RequestFault:
+    """A request of the plan that could not run, and why (`contract.engine.fault_text` of its own error):
+    the engine ran the rest of the plan without it (no token is sampled for it), and the scheduler ends
+    it alone with this message."""
+
+    request_id: str
+    message: str
+
+
+@dataclass(slots=True)
 class StepTimings:
     """Measured wall time of an iteration and its parts, in seconds (feeds the latency model)."""
 
@@ -128,3 +138,4 @@ class IterationResult:
     num_tokens: int = 0
     timings: StepTimings = field(default_factory=StepTimings)
     training: TrainingReport = field(default_factory=TrainingReport)
+    faults: list[RequestFault] = field(default_factory=list)  # requests that failed alone (no token)

@@ -25,7 +25,13 @@ Work of one training sequence (`sequence_id`, one example of one batch of one jo
 The engine runs a plan's fine-tuning work in this order: job stops, job starts, sequence drops,
 sequence starts, the fused forward (inference chunks + forward windows), backward tasklets in list
 order, optimizer steps, saves. A failure (a NaN/inf loss or gradient) fails the job, not the engine:
-it is reported in `TrainingReport.failures` and the engine drops the job's state.
+it is reported in `TrainingReport.failures` and the engine drops the job's state. An error in one
+sequence's work (its tokens, a window, a tasklet) is that job's alone: the engine drops the sequence
+(its gradient restored) and reports a `JobFault`; the scheduler then ends the job, or a driven run's
+call (`gradient_rollbacks` puts the gradient back as it was before the call's first sequence).
+
+A sequence's id is its job's id, `/`, and a name without `/` (`sequence_job`): the scheduler tells
+whose a window or a tasklet is by it (`coserve.cluster.fault_isolation`).
 """
 
 from __future__ import annotations
@@ -92,6 +98,14 @@ class SequenceStart:
     # the job's), and whether its windows report the log-prob of every token (`WindowReport.logprobs`).
     loss: LossSpec | None = None
     report_logprobs: bool = False
+    # The job's gradient before this sequence is kept (until its next mark): `gradient_rollbacks` puts it
+    # back (a driven run's call that failed leaves no gradient behind).
+    marks_gradient: bool = False
+
+
+def sequence_job(sequence_id: str) -> str:
+    """The job a training sequence belongs to (its id is `<job id>/<name>`)."""
+    return sequence_id.rpartition("/")[0]
 
 
 @dataclass(slots=True)
@@ -142,6 +156,9 @@ class TrainingWork:
     job_stops: list[str] = field(default_factory=list)
     job_starts: list[JobStart] = field(default_factory=list)
     sequence_drops: list[str] = field(default_factory=list)  # state dropped: the sequence is redone
+    # sequences that `marks_gradient` (a driven call's first): their job's sequences are dropped, and its
+    # gradient put back as it was before that sequence (when the engine started it)
+    gradient_rollbacks: list[str] = field(default_factory=list)
     sequence_starts: list[SequenceStart] = field(default_factory=list)
     forward_windows: list[ForwardWindow] = field(default_factory=list)
     backward_tasklets: list[BackwardTasklet] = field(default_factory=list)
@@ -150,7 +167,8 @@ class TrainingWork:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.job_stops or self.job_starts or self.sequence_drops or self.sequence_starts
+        return not (self.job_stops or self.job_starts or self.sequence_drops or self.gradient_rollbacks
+                    or self.sequence_starts
                     or self.forward_windows or self.backward_tasklets or self.optimizer_steps
                     or self.saves)
 
@@ -193,6 +211,17 @@ class JobFailure:
 
 
 @dataclass(slots=True)
+class JobFault:
+    """Work of a job in the plan that could not run (on sequence `sequence_id`, "" when on none), and why
+    (`contract.engine.fault_text` of its own error). Unlike `JobFailure` the engine keeps the job (it
+    dropped that sequence, its gradient restored): the scheduler ends the job, or a driven run's call."""
+
+    job_id: str
+    sequence_id: str
+    message: str
+
+
+@dataclass(slots=True)
 class SavedAdapter:
     job_id: str
     path: str
@@ -207,3 +236,4 @@ class TrainingReport:
     steps: list[StepReport] = field(default_factory=list)
     saved: list[SavedAdapter] = field(default_factory=list)
     failures: list[JobFailure] = field(default_factory=list)
+    faults: list[JobFault] = field(default_factory=list)

@@ -106,6 +106,20 @@ class DrivenOps:
     def pending(self) -> list[DrivenOp]:
         return ([self._current] if self._current is not None else []) + list(self._queue)
 
+    def fail_current(self, message: str) -> str | None:
+        """The current call's work could not run: it fails with `message` (its own error). Returns the
+        first sequence of a failed `forward_backward` (its gradient is to be put back: "" when none was
+        started), "" for a failed `optim_step` or save (they change nothing when they fail); None when a
+        load or nothing was current (the run's state is not known: the run fails)."""
+        op = self._current
+        if op is None or isinstance(op.call, ResolvedLoad):
+            return None
+        op.outcome = CallFailure("engine_error", f"the engine could not run this call: {message}")
+        if isinstance(op.call, ForwardBackwardCall) and op.call.backward and self._waiting_on is not None:
+            self._gradient_tokens -= sum(len(d.token_ids) - 1 for d in op.call.data)  # `batch_planned` counted it
+        self._current, self._waiting_on = None, None
+        return op.sequences[0] if isinstance(op.call, ForwardBackwardCall) and op.sequences else ""
+
     def fail_all(self, failure: CallFailure) -> None:
         """The job ended: every call not done gets `failure`."""
         for op in self.pending():
@@ -137,7 +151,8 @@ class DrivenOps:
             ids = list(datum.token_ids)
             seq = SequenceProgress(f"{self._job_id}/c{self._count}.{k}", k, len(ids), self._num_layers,
                                    group=k, example=TrainingExample(ids, [False] + [True] * (len(ids) - 1)),
-                                   inputs=datum.inputs, loss=call.loss, report_logprobs=True)
+                                   inputs=datum.inputs, loss=call.loss, report_logprobs=True,
+                                   marks_gradient=k == 0 and call.backward)
             seq.reset()
             sequences.append(seq)
             op.sequences.append(seq.sequence_id)

@@ -89,6 +89,7 @@ class FinetuneJob:
         self.hold_finish = False  # a reinforcement job's final evaluation is still sampling its weights
         self._progress = KeptProgress()  # the watchdog's marker
         self._failure: tuple[str, str] | None = None  # (code, message) to fail with in the next plan
+        self._rollback: str | None = None  # a failed call's first sequence: its gradient is put back next plan
         start_step = spec.start_position.step if spec.start_position is not None else 0
         # A run driven by its client's calls (`driven_ops`); None: a job with data of its own.
         self.driven = DrivenOps(spec.job_id, spec.output_dir, spec.num_layers, start_step) if spec.driven else None
@@ -211,8 +212,27 @@ class FinetuneJob:
         if not self.state.is_finished and self._failure is None:
             self._failure = (code, message)
 
+    def fault(self, message: str) -> None:
+        """Its work in a plan could not run (a `JobFault`, or a plan that failed whole): a driven run's
+        call fails with `message` and the run goes on (a `forward_backward`'s gradient is put back in the
+        next plan, `apply_failure`); any other job fails in its next plan."""
+        if self.state.is_finished:
+            return
+        driven = self.driven
+        failed = driven.fail_current(message) if driven is not None else None
+        if failed is None:
+            self.fail("engine_error", f"the engine could not run the job's work: {message}")
+            return
+        self._kv.free_all(self._current())
+        self._batch = None
+        self._rollback = failed or None
+
     def apply_failure(self, plan: IterationPlan) -> JobEvent | None:
-        """End a job `fail` was called on; returns its event (None: no failure asked)."""
+        """End a job `fail` was called on; returns its event (None: no failure asked). A driven run whose
+        call failed has its gradient put back here (`fault`)."""
+        if self._rollback is not None and not self.state.is_finished:
+            plan.training.gradient_rollbacks.append(self._rollback)
+            self._rollback = None
         if self._failure is None or self.state.is_finished:
             return None
         code, message = self._failure
@@ -415,7 +435,8 @@ class FinetuneJob:
         plan.training.sequence_starts.append(SequenceStart(
             seq.sequence_id, self.job_id, seq.example_index, normalizer, evaluate=batch.evaluation,
             rejected=seq.rejected, reference=seq.reference, pair=pair, example=seq.example,
-            inputs=seq.inputs, loss=seq.loss, report_logprobs=seq.report_logprobs))
+            inputs=seq.inputs, loss=seq.loss, report_logprobs=seq.report_logprobs,
+            marks_gradient=seq.marks_gradient))
         seq.started = True
         return True
 
@@ -480,6 +501,9 @@ class FinetuneJob:
         events, self._pending = self._pending, []
         self._kv.free_done()
         report = result.training
+        fault = next((f for f in report.faults if f.job_id == self.job_id), None)
+        if fault is not None:
+            self.fault(fault.message)  # before `driven.update`, which would end the call as done
         for failure in report.failures:
             if failure.job_id == self.job_id and not self.state.is_finished:
                 self._end(None, JobState.FAILED)  # the engine has dropped the job already

@@ -37,6 +37,7 @@ class SequenceProgress:
     # A driven run's datum: its own loss, and its windows report every token's log-prob.
     loss: LossSpec | None = None
     report_logprobs: bool = False
+    marks_gradient: bool = False  # a driven call's first: the engine keeps the gradient before it
 
     def reset(self) -> None:
         """Back to the start (before its forward): a sequence redone after its KV was released."""

@@ -309,6 +309,9 @@ class LLM:
     def _iteration(self, by_id: dict[str, _Run]) -> None:
         """One iteration: inference first, fine-tuning in what is left, then the outputs."""
         step = self.core.step(self.engine)
+        for fault in step.result.faults:  # a request the engine could not run ends alone (aborted)
+            logger.warning("request %s failed: %s", fault.request_id, fault.message)
+            self.policy.abort(fault.request_id)
         logprobs = step.logprobs()
         for request in step.advanced:
             item = by_id.get(request.request_id)

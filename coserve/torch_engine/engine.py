@@ -5,6 +5,13 @@ which slot, and when state is dropped all come from the plan. What it keeps betw
 the minimum to execute plans: each sequence's token ids (the newest sampled token is the next
 decode's input), its sampling settings, its adapter slot and, for structured output, its grammar
 matcher (`coserve.torch_engine.grammar`).
+
+Faults stay with the work that caused them. A request whose data the engine cannot take (a token id
+outside the vocabulary, a `logit_bias` key outside it, a grammar or an adapter that does not load) fails
+alone (`RequestFault`) and the step runs without it; a job's likewise (`trainer.runtime`). An error in
+the fused forward or the sampling, where every piece of the plan runs together, raises `PlanFault` with
+nothing committed (sampled tokens are appended only once the whole batch is sampled; K/V writes of the
+same positions are redone identically), so the scheduler can retry the plan's pieces apart.
 """
 
 from __future__ import annotations
@@ -18,9 +25,18 @@ import llguidance
 import torch
 
 from coserve.contract import defaults
-from coserve.contract.engine import EngineKind, RuntimeLayout
+from coserve.contract.engine import EngineKind, PlanFault, RuntimeLayout, fault_text
 from coserve.contract.engine_config import EngineConfig
-from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, SampledToken, ScheduledChunk, StepTimings
+from coserve.contract.plan import (
+    IterationPlan,
+    IterationResult,
+    NewSequence,
+    RequestFault,
+    SampledToken,
+    ScheduledChunk,
+    StepTimings,
+    TokenLogprobs,
+)
 from coserve.contract.sampling import SamplingParams
 from coserve.forward.attention import ChunkSpan, attends_row_wise, build_metadata
 from coserve.forward.kv_cache import KVCache
@@ -58,6 +74,17 @@ class _Sequence:
     adapter_slot: int
     num_outputs: int
     grammar: llguidance.LLMatcher | None = None  # structured output: advanced with every sampled token
+
+
+@dataclass(slots=True)
+class _Sampled:
+    """A token sampled for a sequence, not yet appended to it."""
+
+    request_id: str
+    seq: _Sequence
+    token_id: int
+    logprobs: TokenLogprobs | None
+    stuck: bool  # its grammar allowed no token (the token is the EOS put in its place)
 
 
 class TorchEngine:
@@ -115,26 +142,55 @@ class TorchEngine:
 
     def step(self, plan: IterationPlan) -> IterationResult:
         """Execute one plan: adapter changes, frees, one fused forward (inference chunks and
-        fine-tuning forward windows) and sampling, then backward tasklets, optimizer steps, saves."""
+        fine-tuning forward windows) and sampling, then backward tasklets, optimizer steps, saves.
+
+        Raises:
+            PlanFault: the fused forward or the sampling failed (module docstring); the engine is as if
+                they had not run.
+        """
         t0 = time.perf_counter()
         for slot in plan.adapter_unloads:
             self.bank.unload(slot)
-        for load in plan.adapter_loads:
-            self.bank.load(load.slot, load.adapter_id, load.path)
         for request_id in plan.freed:
             self._seqs.pop(request_id, None)
-        for new in plan.new_sequences:
-            self._seqs[new.request_id] = self._new_sequence(new)
         result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
+        failed = self._admit(plan, result)
         self.training.apply_control(plan.training, result.training)
-        windows = self.training.window_rows(plan.training)
-        if plan.chunks or windows:
-            self._run(plan.chunks, windows, result, t0)
+        windows = self.training.window_rows(plan.training, result.training)
+        chunks = [c for c in plan.chunks if c.request_id not in failed] if failed else plan.chunks
+        if chunks or windows:
+            self._run(chunks, windows, result, t0)
         t_backward = time.perf_counter()
         self.training.run_after_forward(plan.training, result.training)
         result.timings.backward_s = time.perf_counter() - t_backward
         result.timings.total_s = time.perf_counter() - t0
         return result
+
+    def _admit(self, plan: IterationPlan, result: IterationResult) -> set[str]:
+        """Adapter loads and new sequences, each request's alone: one that cannot be taken (its adapter
+        does not load, its data is refused) fails (`RequestFault`). Returns the failed request ids."""
+        failed: set[str] = set()
+        for load in plan.adapter_loads:
+            try:
+                self.bank.load(load.slot, load.adapter_id, load.path)
+            except Exception as error:  # noqa: BLE001 - the requests of this adapter fail, not the step
+                self.bank.unload(load.slot)
+                users = [n.request_id for n in plan.new_sequences if n.adapter_slot == load.slot]
+                if not users:
+                    raise
+                failed.update(users)
+                result.faults.extend(RequestFault(r, f"its adapter could not be loaded: {fault_text(error)}")
+                                     for r in users)
+        for new in plan.new_sequences:
+            self._seqs.pop(new.request_id, None)
+            if new.request_id in failed:
+                continue
+            try:
+                self._seqs[new.request_id] = self._new_sequence(new)
+            except Exception as error:  # noqa: BLE001 - this request's alone: the step goes on without it
+                failed.add(new.request_id)
+                result.faults.append(RequestFault(new.request_id, fault_text(error)))
+        return failed
 
     def _rows(self, chunks: list[ScheduledChunk], windows: list[WindowRows]) -> list[_Rows]:
         """Every piece of the fused batch: decodes (and chunks short enough to attend row by row,
@@ -158,8 +214,25 @@ class TorchEngine:
 
     def _run(self, chunks: list[ScheduledChunk], windows: list[WindowRows], result: IterationResult,
              t0: float) -> None:
+        try:
+            hidden, placed, sampled, t1, t2 = self._forward(chunks, windows)
+        except Exception as error:  # noqa: BLE001 - whose it is, the scheduler finds out (`PlanFault`)
+            if not self._device_alive():
+                raise  # no retry can run (a CUDA context lost to a device-side assert): a plain failure
+            raise PlanFault(fault_text(error)) from error
+        t3 = time.perf_counter()
+        self._commit(sampled, result)
+        if placed:
+            self.training.record_windows(placed, hidden, result.training)
+        result.timings = StepTimings(prepare_s=t1 - t0, forward_s=t2 - t1 + time.perf_counter() - t3,
+                                     sample_s=t3 - t2)
+
+    def _forward(self, chunks: list[ScheduledChunk], windows: list[WindowRows]) -> tuple[
+            torch.Tensor, list[tuple[int, WindowRows]], list[_Sampled], float, float]:
+        """The fused forward and the sampling, committing nothing: (last hidden rows, windows' rows, the
+        sampled tokens, when the forward started, when the sampling started)."""
         order = self._rows(chunks, windows)
-        spans, token_ids, sample_rows, sampled, placed = [], [], [], [], []
+        spans, token_ids, sample_rows, to_sample, placed = [], [], [], [], []
         segments: list[LoRASegment] = []
         row = 0
         for piece in order:
@@ -171,7 +244,7 @@ class TorchEngine:
             row += piece.num_tokens
             if piece.chunk is not None and piece.chunk.sample:
                 sample_rows.append(row - 1)
-                sampled.append(piece.chunk)
+                to_sample.append(piece.chunk)
         meta = build_metadata(spans, self.cache.block_size, self.device, self._decode_kernel)
         ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
         batch = self.model.make_batch(ids, meta, segments)
@@ -179,16 +252,11 @@ class TorchEngine:
         keep = (lambda i, h: self.training.keep_layer_input(placed, i, h)) if placed else None
         hidden = self.model.forward(batch, self.cache, self.bank, keep)
         logits = self.model.logits(hidden[sample_rows]) if sample_rows else None
-        if placed:
-            self.training.record_windows(placed, hidden, result.training)
         t2 = time.perf_counter()
-        if logits is not None:
-            self._sample(sampled, logits, result)
-        t3 = time.perf_counter()
-        result.timings = StepTimings(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2)
+        sampled = self._sample(to_sample, logits) if logits is not None else []
+        return hidden, placed, sampled, t1, t2
 
-    def _sample(self, chunks: list[ScheduledChunk], logits: torch.Tensor,
-                result: IterationResult) -> None:
+    def _sample(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> list[_Sampled]:
         seqs = [self._seqs[c.request_id] for c in chunks]
         rows = [_row_sampling(s) for s in seqs]
         constrained = {i: s.grammar for i, s in enumerate(seqs) if s.grammar is not None}  # row -> matcher
@@ -201,14 +269,38 @@ class TorchEngine:
             for i, is_stuck in zip(constrained, fill.stuck):
                 stuck[i] = is_stuck
         token_ids, logprobs = self.sampler(logits, rows, mask)
-        for chunk, seq, token, lp, is_stuck in zip(chunks, seqs, token_ids, logprobs, stuck):
-            seq.tokens.append(token)
+        return [_Sampled(chunk.request_id, seq, token, lp, is_stuck)
+                for chunk, seq, token, lp, is_stuck in zip(chunks, seqs, token_ids, logprobs, stuck, strict=True)]
+
+    def _device_alive(self) -> bool:
+        """Whether the device still runs work (a CUDA error such as a device-side assert ends the context)."""
+        if self.device.type != "cuda":
+            return True
+        try:
+            torch.cuda.synchronize(self.device)
+        except RuntimeError:
+            return False
+        return True
+
+    @staticmethod
+    def _commit(sampled: list[_Sampled], result: IterationResult) -> None:
+        """Append the sampled tokens to their sequences (once the whole batch is sampled)."""
+        for s in sampled:
+            seq = s.seq
+            seq.tokens.append(s.token_id)
             seq.num_outputs += 1
-            if seq.grammar is not None and not is_stuck:
-                seq.grammar.consume_token(token)  # allowed by the mask, so it parses
-            result.sampled.append(SampledToken(chunk.request_id, token, lp, grammar_error=is_stuck))
+            if seq.grammar is not None and not s.stuck:
+                seq.grammar.consume_token(s.token_id)  # allowed by the mask, so it parses
+            result.sampled.append(SampledToken(s.request_id, s.token_id, s.logprobs, grammar_error=s.stuck))
 
     def _new_sequence(self, new: NewSequence) -> _Sequence:
+        """The engine's state of a new sequence. Raises ValueError: a token id (or a `logit_bias` key)
+        outside the vocabulary; what the grammar compiler raises for its spec."""
+        vocab = self.model_config.vocab_size
+        bias = new.sampling.logit_bias or {}
+        for token in (min(new.token_ids, default=0), max(new.token_ids, default=0), *bias):
+            if not 0 <= token < vocab:
+                raise ValueError(f"token id {token} is outside the model's vocabulary (0..{vocab - 1})")
         seq = _Sequence(tokens=list(new.token_ids), sampling=new.sampling, adapter_slot=new.adapter_slot,
                         num_outputs=new.num_output_tokens)
         spec = new.sampling.structured_output

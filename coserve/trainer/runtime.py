@@ -8,28 +8,34 @@ through `keep_layer_input` and `record_windows`. An engine that owns no coserve 
 in the sequence's dense buffers). Everything else (backward tasklets, optimizer steps, saves) runs here
 after the forward.
 
-A job's failure (a NaN/inf loss or gradient, an unreadable checkpoint, settings the engine cannot
-hold) is reported and the job's state dropped; the engine keeps serving.
+A job's failure (a NaN/inf loss or gradient, an unreadable checkpoint, settings or data the engine
+cannot hold, an error in its optimizer step or save) is reported and the job's state dropped; the engine
+keeps serving. An error in one sequence's work (its tokens, a window, a tasklet) is reported as a
+`JobFault` and only that sequence is dropped, its gradient restored (`job_state`): nothing of another
+job's or request's work in the step is touched. What stays shared is the fused forward
+(`keep_layer_input`): an error there is the engine's to report (`PlanFault`).
 """
 
 from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from coserve.contract.data_position import DataPosition
-from coserve.contract.loss_spec import LossKind, LossSpec
-from coserve.contract.preference import DpoPair, PairLogprobs, dpo_metrics, dpo_pair
+from coserve.contract.engine import fault_text
+from coserve.contract.preference import dpo_metrics
 from coserve.contract.training_plan import (
     ForwardWindow,
     JobFailure,
+    JobFault,
     JobStart,
     OptimizerStep,
-    PairStart,
     SaveAdapter,
     SavedAdapter,
     SequenceStart,
@@ -38,72 +44,25 @@ from coserve.contract.training_plan import (
     TrainingReport,
     TrainingWork,
     WindowReport,
+    sequence_job,
 )
 from coserve.forward.kv_cache import KVCache
 from coserve.forward.lora import LoRABank
 from coserve.forward.transformer import Transformer
 from coserve.trainer.checkpoint import save_checkpoint
-from coserve.trainer.lora_params import TrainableLoRA
-from coserve.trainer.optimizer import LoRAOptimizer, NonFiniteGradientError
+from coserve.trainer.job_state import (
+    JobError,
+    TrainingJobState,
+    TrainingSequence,
+    check_token_ids,
+    restore_gradient,
+    scale_pair,
+    sequence_loss,
+    snapshot_gradient,
+)
+from coserve.trainer.optimizer import NonFiniteGradientError
 from coserve.trainer.setup import build_trainable
-from coserve.trainer.token_losses import SequenceLogprob, TokenLoss, token_loss
-from coserve.trainer.windowed import SequenceState, WindowedTrainer
-
-
-class JobError(Exception):
-    """A job cannot go on; `code` goes into the job's error."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-Tensors = list[tuple[torch.Tensor, torch.Tensor]]  # (token ids, trained mask) per example
-
-
-@dataclass(slots=True)
-class _Job:
-    lora: TrainableLoRA
-    optimizer: LoRAOptimizer
-    trainer: WindowedTrainer
-    slot: int
-    examples: Tensors
-    validation: Tensors
-    base_model_name_or_path: str | None
-    loss: LossSpec
-    rejected: Tensors  # a DPO job's rejected answers (per example), and its validation pairs'
-    validation_rejected: Tensors
-    batch_loss_sum: float = 0.0  # token losses of the batch's completed sequences
-    batch_pairs: list[tuple[DpoPair, PairLogprobs]] = field(default_factory=list)  # a DPO batch's
-
-    def example(self, start: SequenceStart) -> tuple[torch.Tensor, torch.Tensor]:
-        if start.example is not None:  # made while the job runs (a graded rollout)
-            device = self.trainer.model.device
-            return (torch.tensor(start.example.token_ids, dtype=torch.int64, device=device),
-                    torch.tensor(start.example.trained, dtype=torch.bool, device=device))
-        if start.evaluate:
-            return (self.validation_rejected if start.rejected else self.validation)[start.example_index]
-        return (self.rejected if start.rejected else self.examples)[start.example_index]
-
-
-def _sequence_loss(spec: LossSpec, start: SequenceStart, device: torch.device) -> TokenLoss | None:
-    """The token loss of a sequence: DPO's summed log-probs, a policy-gradient loss over the sequence's
-    per-token inputs, or None (cross-entropy on its trained tokens)."""
-    if spec.kind == LossKind.DPO:
-        return SequenceLogprob()
-    if start.inputs is None:
-        return None
-    return token_loss(spec, start.inputs, device)
-
-
-@dataclass(slots=True)
-class _Sequence:
-    job_id: str
-    state: SequenceState
-    grad_before: list[torch.Tensor | None] | None  # the job's .grad when it started (None: forward only)
-    pair: PairStart | None = None  # a DPO pair's trained sequence
-    dpo: tuple[DpoPair, PairLogprobs] | None = None  # its pair's loss, once both forwards are done
-    report_logprobs: bool = False  # its last window reports every token's log-prob
+from coserve.trainer.windowed import WindowedTrainer
 
 
 @dataclass(slots=True)
@@ -123,40 +82,52 @@ class TrainingRuntime:
     cache: KVCache | None  # None: forward windows run standalone (`run_windows`)
     bank: LoRABank | None  # None: no bank to install the job's adapter in (the trainer keeps it)
     max_lora_rank: int = 0  # the largest rank a job may have, when there is no bank
-    jobs: dict[str, _Job] = field(default_factory=dict)
-    sequences: dict[str, _Sequence] = field(default_factory=dict)
+    jobs: dict[str, TrainingJobState] = field(default_factory=dict)
+    sequences: dict[str, TrainingSequence] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------ before the forward
 
     def apply_control(self, work: TrainingWork, report: TrainingReport) -> None:
-        """Job stops and starts, sequence drops and starts (before the fused forward)."""
+        """Job stops and starts, gradient rollbacks, sequence drops and starts (before the fused forward).
+        A job that cannot start fails (`JobFailure`); a sequence that cannot start is that job's fault."""
         for job_id in work.job_stops:
             self._drop_job(job_id)
         for start in work.job_starts:
             try:
                 self.jobs[start.job_id] = self._build_job(start)
+                self._install(start.job_id)
             except JobError as err:
-                report.failures.append(JobFailure(start.job_id, err.code, str(err)))
-                continue
-            self._install(start.job_id)
+                self._fail(start.job_id, err.code, str(err), report)
+            except Exception as err:  # noqa: BLE001 - this job's alone: the step goes on without it
+                self._fail(start.job_id, "engine_error", f"the engine could not start the job: "
+                           f"{fault_text(err)}", report)
+        for sequence_id in work.gradient_rollbacks:
+            self._roll_back(sequence_id)
         for sequence_id in work.sequence_drops:
             self._drop_sequence(sequence_id)
         for seq in work.sequence_starts:
             job = self.jobs.get(seq.job_id)
             if job is None:
                 continue  # the job failed in this plan; its work is skipped
-            ids, trained = job.example(seq)
-            forward_only = seq.evaluate or seq.reference
-            loss = _sequence_loss(seq.loss or job.loss, seq, ids.device)
-            state = job.trainer.start_sequence(ids, trained, seq.loss_normalizer,
-                                               paged=self.cache is not None, keep_inputs=not forward_only,
-                                               loss=loss, adapter=not seq.reference)
-            grads = None if forward_only else [None if p.grad is None else p.grad.clone()
-                                               for p in job.lora.parameters()]
-            self.sequences[seq.sequence_id] = _Sequence(seq.job_id, state, grads, seq.pair,
-                                                        report_logprobs=seq.report_logprobs)
+            try:
+                self._start_sequence(job, seq)
+            except Exception as err:  # noqa: BLE001 - this job's alone (its tokens, its loss inputs)
+                self._fault(seq.job_id, seq.sequence_id, err, report)
 
-    def _build_job(self, start: JobStart) -> _Job:
+    def _start_sequence(self, job: TrainingJobState, seq: SequenceStart) -> None:
+        ids, trained = job.example(seq, self.model.cfg.vocab_size)
+        forward_only = seq.evaluate or seq.reference
+        loss = sequence_loss(seq.loss or job.loss, seq, ids.device)
+        state = job.trainer.start_sequence(ids, trained, seq.loss_normalizer,
+                                           paged=self.cache is not None, keep_inputs=not forward_only,
+                                           loss=loss, adapter=not seq.reference)
+        if seq.marks_gradient:
+            job.set_mark(seq.sequence_id)
+        grads = None if forward_only else snapshot_gradient(job.lora)
+        self.sequences[seq.sequence_id] = TrainingSequence(seq.job_id, state, grads, seq.pair,
+                                                           report_logprobs=seq.report_logprobs)
+
+    def _build_job(self, start: JobStart) -> TrainingJobState:
         cfg = self.model.cfg
         try:
             lora, optimizer = build_trainable(cfg, self.model.device, start.lora, start.optimizer, start.seed,
@@ -168,14 +139,21 @@ class TrainingRuntime:
             raise JobError("invalid_job", f"LoRA rank {lora.config.r} is above the engine's "
                            f"max_lora_rank {max_rank}")
         device = self.model.device
+
         def tensors(examples: list[TrainingExample]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            return [(torch.tensor(e.token_ids, dtype=torch.int64, device=device),
-                     torch.tensor(e.trained, dtype=torch.bool, device=device)) for e in examples]
+            pairs = [(torch.tensor(e.token_ids, dtype=torch.int64, device=device),
+                      torch.tensor(e.trained, dtype=torch.bool, device=device)) for e in examples]
+            for ids, _ in pairs:
+                try:
+                    check_token_ids(ids, cfg.vocab_size)
+                except ValueError as err:
+                    raise JobError("invalid_job", f"the job's data cannot be trained: {err}") from err
+            return pairs
 
         trainer = WindowedTrainer(self.model, lora, cache=self.cache)
-        return _Job(lora, optimizer, trainer, start.adapter_slot, tensors(start.examples),
-                    tensors(start.validation_examples), start.base_model_name_or_path, start.loss,
-                    tensors(start.rejected_examples), tensors(start.validation_rejected))
+        return TrainingJobState(lora, optimizer, trainer, start.adapter_slot, tensors(start.examples),
+                                tensors(start.validation_examples), start.base_model_name_or_path, start.loss,
+                                tensors(start.rejected_examples), tensors(start.validation_rejected))
 
     def _install(self, job_id: str) -> None:
         """Put the job's current weights into its bank slot (forward windows run through them)."""
@@ -191,8 +169,23 @@ class TrainingRuntime:
         job = self.jobs.get(seq.job_id) if seq is not None else None
         if seq is None or job is None or seq.grad_before is None:
             return
-        for param, before in zip(job.lora.parameters(), seq.grad_before):
-            param.grad = before
+        restore_gradient(job.lora, seq.grad_before)
+
+    def _roll_back(self, first: str) -> None:
+        """A driven call that starts with sequence `first` failed: drop its job's sequences and put the
+        job's gradient back as it was before `first`."""
+        job_id = sequence_job(first)
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        for sequence_id in [s for s, seq in self.sequences.items() if seq.job_id == job_id]:
+            del self.sequences[sequence_id]
+        job.roll_back(first)
+
+    def _fault(self, job_id: str, sequence_id: str, error: BaseException, report: TrainingReport) -> None:
+        """An error in one sequence's work: drop the sequence (its gradient restored) and report it."""
+        self._drop_sequence(sequence_id)
+        report.faults.append(JobFault(job_id, sequence_id, fault_text(error)))
 
     def export_adapter(self, slot: int, path: Path) -> str | None:
         """Write the current weights of the job training in bank slot `slot` as a PEFT folder at `path`
@@ -226,8 +219,9 @@ class TrainingRuntime:
 
     # ------------------------------------------------------------------------ the fused forward
 
-    def window_rows(self, work: TrainingWork) -> list[WindowRows]:
-        """The forward windows whose job and sequence are alive, with their tokens and slot."""
+    def window_rows(self, work: TrainingWork, report: TrainingReport) -> list[WindowRows]:
+        """The forward windows whose job and sequence are alive, with their tokens and slot; a window that
+        does not continue its sequence's forward is that job's fault (the sequence is dropped)."""
         rows = []
         for window in work.forward_windows:
             seq = self.sequences.get(window.sequence_id)
@@ -235,8 +229,10 @@ class TrainingRuntime:
                 continue
             state, end = seq.state, window.start + window.num_tokens
             if window.start != state.forward_end or end > state.length:
-                raise RuntimeError(f"window [{window.start}, {end}) of {window.sequence_id} does not "
-                                   f"continue its forward at {state.forward_end}")
+                self._fault(seq.job_id, window.sequence_id, RuntimeError(
+                    f"window [{window.start}, {end}) does not continue the sequence's forward at "
+                    f"{state.forward_end}"), report)
+                continue
             kv_slots = state.kv_slots
             # Fused windows only come with the engine's paged cache, and their sequences are paged.
             assert self.cache is not None and kv_slots is not None
@@ -266,10 +262,13 @@ class TrainingRuntime:
             seq = self.sequences.get(w.sequence_id)
             if seq is None:
                 continue  # its job failed earlier in this loop
-            rows = hidden[row:row + w.num_tokens].clone()  # a normal tensor: autograd may use it
-            job = self.jobs[seq.job_id]
-            result = job.trainer.record_window(seq.state, w.start, w.start + w.num_tokens, rows)
-            self._window_done(w, seq, result.loss_sum, result.num_tokens, report)
+            try:
+                rows = hidden[row:row + w.num_tokens].clone()  # a normal tensor: autograd may use it
+                job = self.jobs[seq.job_id]
+                result = job.trainer.record_window(seq.state, w.start, w.start + w.num_tokens, rows)
+                self._window_done(w, seq, result.loss_sum, result.num_tokens, report)
+            except Exception as err:  # noqa: BLE001 - this job's alone: the other windows go on
+                self._fault(seq.job_id, w.sequence_id, err, report)
 
     def run_windows(self, work: TrainingWork, report: TrainingReport) -> None:
         """Run the plan's forward windows with the trainer's own forward (an engine without a coserve
@@ -278,13 +277,16 @@ class TrainingRuntime:
             seq = self.sequences.get(w.sequence_id)
             if seq is None:
                 continue  # its job failed or stopped
-            if w.start != seq.state.forward_end:
-                raise RuntimeError(f"window [{w.start}, {w.start + w.num_tokens}) of {w.sequence_id} does "
-                                   f"not continue its forward at {seq.state.forward_end}")
-            result = self.jobs[seq.job_id].trainer.forward_window(seq.state, w.num_tokens)
-            self._window_done(w, seq, result.loss_sum, result.num_tokens, report)
+            try:
+                if w.start != seq.state.forward_end:
+                    raise RuntimeError(f"window [{w.start}, {w.start + w.num_tokens}) does not continue the "
+                                       f"sequence's forward at {seq.state.forward_end}")
+                result = self.jobs[seq.job_id].trainer.forward_window(seq.state, w.num_tokens)
+                self._window_done(w, seq, result.loss_sum, result.num_tokens, report)
+            except Exception as err:  # noqa: BLE001 - this job's alone: the other windows go on
+                self._fault(seq.job_id, w.sequence_id, err, report)
 
-    def _window_done(self, w: ForwardWindow, seq: _Sequence, loss_sum: float, num_tokens: int,
+    def _window_done(self, w: ForwardWindow, seq: TrainingSequence, loss_sum: float, num_tokens: int,
                      report: TrainingReport) -> None:
         """Report a window's loss; a non-finite loss fails its job; an evaluated sequence is done."""
         if not math.isfinite(loss_sum):
@@ -301,56 +303,58 @@ class TrainingRuntime:
         elif seq.pair is not None and seq.state.forward_done:
             self._scale_pair(seq)
 
-    def _scale_pair(self, seq: _Sequence) -> None:
+    def _scale_pair(self, seq: TrainingSequence) -> None:
         """Both forwards of a DPO pair are done: scale each sequence's gradient by the pair's
         coefficient (before either backward: `SequenceState.scale_gradient`)."""
         assert seq.pair is not None
         partner = self.sequences.get(seq.pair.partner_id)
-        if partner is None or not partner.state.forward_done:
-            return  # the partner's forward finishes later (it scales both then)
-        chosen, rejected = (seq, partner) if seq.pair.chosen else (partner, seq)
-        pair = seq.pair
-        logprobs = PairLogprobs(chosen.state.loss_sum, rejected.state.loss_sum, pair.reference_chosen,
-                                pair.reference_rejected)
-        result = dpo_pair(logprobs, self.jobs[seq.job_id].loss.beta, pair.pairs_in_batch)
-        chosen.state.scale_gradient(result.chosen_coefficient)
-        rejected.state.scale_gradient(result.rejected_coefficient)
-        chosen.dpo = (result, logprobs)
+        if partner is not None and partner.state.forward_done:  # else it finishes later (and scales both)
+            scale_pair(seq, partner, self.jobs[seq.job_id].loss.beta)
 
     # ------------------------------------------------------------------------ after the forward
 
     def run_after_forward(self, work: TrainingWork, report: TrainingReport) -> None:
-        """Backward tasklets, optimizer steps and saves, in that order."""
+        """Backward tasklets, optimizer steps and saves, in that order. An error in a tasklet is its
+        sequence's (`_fault`); in an optimizer step or a save, the job's (it fails)."""
         for tasklet in work.backward_tasklets:
             seq = self.sequences.get(tasklet.sequence_id)
             if seq is None:
                 continue
-            trainer = self.jobs[seq.job_id].trainer
-            for layer in reversed(range(tasklet.layer_start, tasklet.layer_end)):
-                if seq.state.backward_end[layer] != tasklet.end:
-                    raise RuntimeError(f"tasklet {tasklet} does not continue layer {layer} of its "
-                                       f"sequence, pending up to {seq.state.backward_end[layer]}")
-                trainer.backward_tasklet(seq.state, layer, tasklet.end - tasklet.start)
+            try:
+                self.jobs[seq.job_id].backward(seq.state, tasklet.layer_start, tasklet.layer_end,
+                                               tasklet.start, tasklet.end)
+            except Exception as err:  # noqa: BLE001 - this job's alone: the other tasklets go on
+                self._fault(seq.job_id, tasklet.sequence_id, err, report)
+                continue
             if seq.state.backward_done:
                 self._sequence_done(tasklet.sequence_id)
+        faulted = {f.job_id for f in report.faults}  # their steps and saves wait: the scheduler ends them
         for step in work.optimizer_steps:
-            if step.job_id in self.jobs:
-                self._step(step, report)
+            if step.job_id in self.jobs and step.job_id not in faulted:
+                self._guarded(step.job_id, "optimizer step", report, partial(self._step, step, report))
         for save in work.saves:
             job = self.jobs.get(save.job_id)
-            if job is not None and self._save(job, save, report) and save.final:
+            if job is None or save.job_id in faulted:
+                continue
+            if self._guarded(save.job_id, "save", report, partial(self._save, job, save, report)) and save.final:
                 self._drop_job(save.job_id)
 
-    def _sequence_done(self, sequence_id: str) -> None:
-        """A trained sequence's backward is complete: its loss (a DPO pair's, with its chosen answer)
-        joins the batch's, and its state goes."""
-        seq = self.sequences.pop(sequence_id)
-        job = self.jobs[seq.job_id]
-        job.batch_loss_sum += seq.state.loss_sum
-        if seq.dpo is not None:
-            job.batch_pairs.append(seq.dpo)
+    def _guarded(self, job_id: str, what: str, report: TrainingReport, run: Callable[[], bool | None]) -> bool:
+        """Run a job's optimizer step or save; an unexpected error fails the job (its weights may be half
+        written), not the step. Returns what `run` did (False on an error)."""
+        try:
+            return run() is not False
+        except Exception as err:  # noqa: BLE001 - this job's alone: the others' work goes on
+            self._fail(job_id, "engine_error", f"the engine failed in the job's {what}: {fault_text(err)}; "
+                       "the job stopped (its last checkpoint is kept)", report)
+            return False
 
-    def _save(self, job: _Job, save: SaveAdapter, report: TrainingReport) -> bool:
+    def _sequence_done(self, sequence_id: str) -> None:
+        """A trained sequence's backward is complete: its loss joins the batch's, and its state goes."""
+        seq = self.sequences.pop(sequence_id)
+        self.jobs[seq.job_id].sequence_done(seq)
+
+    def _save(self, job: TrainingJobState, save: SaveAdapter, report: TrainingReport) -> bool:
         """Write a checkpoint or the final adapter; a failed write (disk full, permissions) fails the job
         with the reason, never the iteration: the requests batched with it are not the job's fault.
         A checkpoint is written atomically (the previous one stays); a partial final adapter is removed."""

@@ -23,6 +23,12 @@ coserve's engine does (documented in docs/vllm.md): after a preemption a sequenc
 outputs as prompt (its grammar replayed through them), so a seeded request's tokens and the
 frequency/presence penalties (output tokens only) may differ from an uninterrupted run; logprobs
 under a grammar are vLLM's, after the grammar's mask.
+
+Faults: a request vLLM cannot take (a token id outside the vocabulary, an adapter that does not load,
+what vLLM's own checks refuse) fails alone (`RequestFault`) and the step goes on without it; a job's
+likewise (`trainer.runtime`). A failure inside vLLM's step cannot be told apart by request (vLLM's
+scheduler has moved on), so it raises as is: the scheduler fails that plan's work with a generic error,
+and the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -32,9 +38,17 @@ import time
 import torch
 
 from coserve.contract import defaults
-from coserve.contract.engine import EngineKind, RuntimeLayout
+from coserve.contract.engine import EngineKind, RuntimeLayout, fault_text
 from coserve.contract.engine_config import EngineConfig
-from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
+from coserve.contract.plan import (
+    IterationPlan,
+    IterationResult,
+    NewSequence,
+    RequestFault,
+    SampledToken,
+    ScheduledChunk,
+    StepTimings,
+)
 from coserve.forward.transformer import Transformer
 from coserve.model.config import ModelConfig, dtype_name
 from coserve.model.memory import DTYPE_BYTES, WorkingSizes, trainer_reserve_bytes
@@ -117,21 +131,19 @@ class VllmEngine:
         t0 = time.perf_counter()
         for slot in plan.adapter_unloads:
             self._slots.pop(slot, None)
-        for load in plan.adapter_loads:
-            self._slots[load.slot] = self.runtime.lora(load.path)
+        result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
+        failed = self._load_adapters(plan, result)
         for start in plan.training.job_starts:  # the slot now holds the trainer's weights, not a folder's
             self._slots.pop(start.adapter_slot, None)
         self.runtime.abort(plan.freed)
         for new in plan.new_sequences:
-            lora = None if new.adapter_slot < 0 else self._slots.get(new.adapter_slot)
-            if lora is None and new.adapter_slot >= 0:  # a rollout of a job's adapter being trained
-                lora = self.training_adapters.lora(new.adapter_slot)
-            self.runtime.add(new.request_id, new.token_ids, new.sampling, new.num_output_tokens, lora)
-        result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
+            if new.request_id not in failed and not self._add(new, result):
+                failed.add(new.request_id)
         self.training.apply_control(plan.training, result.training)
         t1 = time.perf_counter()
-        if plan.chunks:
-            self._infer(plan, result)
+        chunks = [c for c in plan.chunks if c.request_id not in failed]
+        if chunks:
+            self._infer(chunks, result)
         self.training.run_windows(plan.training, result.training)
         t3 = time.perf_counter()
         self.training.run_after_forward(plan.training, result.training)
@@ -143,14 +155,48 @@ class VllmEngine:
                                      backward_s=t4 - t3)
         return result
 
-    def _infer(self, plan: IterationPlan, result: IterationResult) -> None:
-        """One vLLM step over the plan's chunks; a token for every chunk that samples, and none other."""
-        for chunk in plan.chunks:
+    def _load_adapters(self, plan: IterationPlan, result: IterationResult) -> set[str]:
+        """The plan's adapter loads; the requests of one that does not load fail (returned)."""
+        failed: set[str] = set()
+        for load in plan.adapter_loads:
+            try:
+                self._slots[load.slot] = self.runtime.lora(load.path)
+            except Exception as error:  # noqa: BLE001 - the requests of this adapter fail, not the step
+                self._slots.pop(load.slot, None)
+                users = [n.request_id for n in plan.new_sequences if n.adapter_slot == load.slot]
+                if not users:
+                    raise
+                failed.update(users)
+                result.faults.extend(RequestFault(r, f"its adapter could not be loaded: {fault_text(error)}")
+                                     for r in users)
+        return failed
+
+    def _add(self, new: NewSequence, result: IterationResult) -> bool:
+        """Hand a new sequence to vLLM; False (a `RequestFault`) when it is refused."""
+        vocab = self.model_config.vocab_size
+        try:
+            for token in (min(new.token_ids, default=0), max(new.token_ids, default=0),
+                          *(new.sampling.logit_bias or {})):
+                if not 0 <= token < vocab:
+                    raise ValueError(f"token id {token} is outside the model's vocabulary (0..{vocab - 1})")
+            lora = None if new.adapter_slot < 0 else self._slots.get(new.adapter_slot)
+            if lora is None and new.adapter_slot >= 0:  # a rollout of a job's adapter being trained
+                lora = self.training_adapters.lora(new.adapter_slot)
+            self.runtime.add(new.request_id, new.token_ids, new.sampling, new.num_output_tokens, lora)
+        except Exception as error:  # noqa: BLE001 - this request's alone: the step goes on without it
+            self.runtime.abort([new.request_id])
+            result.faults.append(RequestFault(new.request_id, fault_text(error)))
+            return False
+        return True
+
+    def _infer(self, chunks: list[ScheduledChunk], result: IterationResult) -> None:
+        """One vLLM step over the chunks; a token for every chunk that samples, and none other."""
+        for chunk in chunks:
             if not self.runtime.has(chunk.request_id):
                 raise RuntimeError(f"plan schedules {chunk.request_id}, which vLLM does not hold")
         sampled = {s.request_id: s for s in self.runtime.run(
-            {c.request_id: c.start + c.num_tokens for c in plan.chunks})}
-        for chunk in (c for c in plan.chunks if c.sample):
+            {c.request_id: c.start + c.num_tokens for c in chunks})}
+        for chunk in (c for c in chunks if c.sample):
             token = sampled.pop(chunk.request_id, None)
             if token is None:
                 raise RuntimeError(f"vLLM sampled no token for {chunk.request_id} at position "
