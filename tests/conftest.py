@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,9 @@ import torch
 pytest_plugins = ["suite_guards", "tiers"]  # derandomized hypothesis, memory cap, peak RSS; test tiers
 
 # The models under test are tiny: a second OpenMP thread gains nothing, and on a busy 2-core machine
-# its barrier waits turn a microsecond matmul into a scheduler time slice.
-torch.set_num_threads(1)
+# its barrier waits turn a microsecond matmul into a scheduler time slice. COSERVE_TEST_THREADS sets
+# another count: `make test-kernels` reruns the numerical tests with 2 threads (other summation orders).
+torch.set_num_threads(int(os.environ.get("COSERVE_TEST_THREADS", "1")))
 
 # Unusual shapes on purpose: one KV head, q/k/v bias, q/k norm with head_dim != hidden/heads,
 # tied and untied embeddings, Llama-3 rope scaling, MHA (kv heads == heads).

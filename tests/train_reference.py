@@ -11,8 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
 from coserve.trainer import IGNORE_INDEX, TrainingSequence
-
-MAX_REL_ERR = 1e-4
+from numerics import GRAD_REL_ERR as MAX_REL_ERR  # the derivation: tests/numerics.py
 
 
 @dataclass

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -48,14 +49,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coserve.bench.calibration import TTFT_MULTIPLE, LatencyFit, SweepSettings
+from coserve.bench.calibration import TTFT_MULTIPLE, SweepSettings
 from coserve.bench.coserving_rl import (
     DEFAULT_ROLLOUT_TOKENS,
     reinforcement_metrics,
     reinforcement_spec,
     rollout_setup,
 )
-from coserve.bench.coserving_rows import bound_line, gap_rows, pacing_line, run_line
+from coserve.bench.coserving_rows import bound_line, calibration_lines, gap_rows, pacing_line, run_line
 from coserve.bench.coserving_setup import MAX_BATCH_TOKENS, calibrate, run_policy
 from coserve.bench.gap_breakdown import gap_breakdown, work_per_token_s, work_tokens_per_s
 from coserve.bench.headroom import best_baseline, headroom
@@ -299,18 +300,6 @@ def _setup_settings(setup: PolicySetup) -> dict[str, Any]:
             "max_stall_ms": setup.max_stall_ms, "burst_margin": setup.burst_margin}
 
 
-def _calibration_lines(fit: LatencyFit, setup: PolicySetup, seconds: float) -> str:
-    """The calibration's fit and the policies' settings it gave, and a warning when the fit says the
-    machine's speed moved during it (`LatencyFit.warning`)."""
-    slo = setup.slo
-    line = (f"latency model: held-out MAPE {fit.heldout_mape:.1f}%, mean measured/predicted "
-            f"{fit.heldout_mean_ratio:.2f} ({seconds:.0f} s calibration); "
-            f"SLO: TPOT {slo.tpot_s * 1000:.1f} ms, TTFT {slo.ttft_s * 1000:.0f} ms; "
-            f"max_num_seqs {setup.scheduler.max_num_seqs}, safety margin {setup.safety_margin:.2f} "
-            f"(coserve-strict {setup.strict_safety_margin:.2f}), coserve's longest stall {setup.max_stall_ms:.0f} ms")
-    return line if fit.warning is None else f"{line}\nWARNING: {fit.warning}"
-
-
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """Run everything (module docstring); returns the JSON document (and the bursty run's record under
     the private key ``_bursty``, for the plots)."""
@@ -329,7 +318,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         setup, fit, overrun = calibrate(engine, job.calibration_spec, rates[len(rates) // 2], args.seed, sweep,
                                          min(WARMUP_S, window), args.stall_multiple, _given_slo(args))
         slo = setup.slo
-        print(_calibration_lines(fit, setup, time.monotonic() - t0), flush=True)
+        print(calibration_lines(fit, setup, time.monotonic() - t0, os.getloadavg()[0]), flush=True)
+        load_start = os.getloadavg()[0]
         limits = RunLimits(window, drain_s=max(slo.ttft_s, 2.0))
         solo = run_policy(engine, setup, job_spec, "coserve", 0.0, [], RunLimits(window, 0.0), "solo", rollouts)
         solo_metrics = summarize(solo, slo)
@@ -358,6 +348,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                      **_setup_settings(setup), "threads": torch.get_num_threads(),
                      "finetune_tokens": list(finetune_tokens(args.finetune_tokens)),
                      "method": args.method, "seed": args.seed,
+                     "loadavg_1m": [load_start, os.getloadavg()[0]], "cpus": len(os.sched_getaffinity(0)),
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "latency_model": {"heldout_mape_percent": fit.heldout_mape, "warmup_overrun": overrun,
                           "heldout_mean_ratio": fit.heldout_mean_ratio, "warning": fit.warning,

@@ -16,12 +16,25 @@ import torch
 
 def set_environment(device: str) -> None:
     """vLLM reads these at import and engine start: the engine core in this process (the trainer shares
-    its tensors), no hub access, OpenMP threads not pinned to a core subset on CPU."""
+    its tensors), no hub access, OpenMP threads not pinned to a core subset on CPU.
+
+    On CPU, torch.compile's kernel cache (vLLM's sampler compiles) is kept per kernel set: its key leaves
+    out `ATEN_CPU_CAPABILITY`, so a kernel generated for AVX-512 and found again under `default` does not
+    compile (`at::vec has not been declared`)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        _inductor_cache_per_kernel_set()
+
+
+def _inductor_cache_per_kernel_set() -> None:
+    """torch's default kernel cache folder, suffixed with the kernel set (a folder the operator chose is
+    kept). torch writes its default into the environment the first time it asks, so compare with it."""
+    default = importlib.import_module("torch._inductor.runtime.cache_dir_utils").default_cache_dir()
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) == default:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}_{torch.backends.cpu.get_cpu_capability().lower()}"
 
 
 def keep_cpu_weights() -> None:

@@ -11,6 +11,7 @@ from test_simulator import FP, SHAPE, _job
 
 from coserve.bench.gap_breakdown import (
     WINDOW_EDGES,
+    GapBreakdown,
     gap_breakdown,
     measured_over_predicted,
     split_window,
@@ -90,3 +91,15 @@ def test_a_simulated_run_records_why_fine_tuning_sat_iterations_out() -> None:
     assert gap.tokens_per_s(gap.gap_s) == pytest.approx(gap.bound_tokens_per_s - gap.trained_tokens_per_s)
     assert gap.terms_s["iterations without fine-tuning: not_banked"] > 0
     assert gap.trained_tokens_per_s < gap.bound_tokens_per_s
+
+
+def test_a_loaded_machine_s_zero_bound_is_reported_not_divided_by() -> None:
+    """Under load (inference alone took the whole window), the bound is 0: the gap's console lines say so
+    and print every share as n/a, where they once raised ZeroDivisionError and lost the whole run."""
+    from coserve.bench.coserving_rows import gap_rows
+
+    gap = GapBreakdown(rate=4.0, window_s=10.0, finetune_alone_tokens_per_s=0.0, bound_tokens_per_s=0.0,
+                       trained_tokens_per_s=0.0, work_tokens_per_s=0.0, terms_s={"idle (no iteration)": 0.0},
+                       speed={"fine-tuning alone": None})
+    text = gap_rows(gap, best_baseline_work=0.0, slo_bound=0.0)
+    assert "(n/a of the bound)" in text and "WARNING: the bound is 0" in text

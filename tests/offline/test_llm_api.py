@@ -97,7 +97,7 @@ def test_logprobs_shape(llm: LLM) -> None:
         assert len(entry) == 5
         ranks = sorted(lp.rank for lp in entry.values())
         assert ranks == [1, 2, 3, 4, 5]
-    assert completion.cumulative_logprob == pytest.approx(
+    assert completion.cumulative_logprob == pytest.approx(  # the same 4 floats summed: approx's 1e-6
         sum(e[t].logprob for t, e in zip(completion.token_ids, completion.logprobs)))
 
 
@@ -140,4 +140,6 @@ def test_half_precision_runs_close_to_float32(llama_dir: Path, llm: LLM, dtype: 
         shared = set(first_full) & set(first_low)
         assert shared, "the top-4 candidates of the first token should overlap"
         for token_id in shared:
+            # bf16 (u = 2^-8) / fp16 (2^-11) rounding of logits spanning ~+-100: up to ~0.4 per logit, both
+            # sides of a log-prob (the logit and the log-sum-exp) plus the layers before: 1.5
             assert first_low[token_id].logprob == pytest.approx(first_full[token_id].logprob, abs=1.5)

@@ -63,6 +63,8 @@ def test_rollouts_sample_from_the_adapter_being_trained(llama_dir: Path, tmp_pat
     for model, batch in ((base, fed[0]), (tuned, fed[1])):
         for rollout in batch.rollouts:
             expected = _completion_logprobs(model, rollout.prompt_token_ids, rollout.completion_token_ids)
+            # a sampled token's log-prob, decode against transformers' full forward: the parity bound
+            # (test_parity: 1e-5 of the logits' span, ~10 here) per token
             torch.testing.assert_close(torch.tensor(rollout.sampling_logprobs), expected, rtol=1e-4, atol=1e-4)
     for rollout in fed[1].rollouts:  # step 2 sampled from weights that are not the base model's
         on_base = _completion_logprobs(base, rollout.prompt_token_ids, rollout.completion_token_ids)

@@ -96,6 +96,7 @@ def assert_shares_after(driver: Driver, shares: dict[str, float], steps: int) ->
         driver.step()
     total = sum(driver.ledger.service.values())
     for tenant, share in shares.items():
+        # VTC's lag bound (a few requests' tokens) against `steps` iterations of service: under 5%
         assert driver.ledger.service[tenant] / total == pytest.approx(share / sum(shares.values()),
                                                                       rel=0.05)
 

@@ -105,6 +105,8 @@ def test_fit_recovers_known_coefficients_and_heldout_mape_is_small() -> None:
     model.fit(_samples(TRUE, 400, seed=1))
     fitted = model.coefficients
     for name, value in TRUE.items():
+        # 1% noise on 400 samples: a coefficient's standard error is ~1% / sqrt(400 / features) ~ 0.2%, and
+        # correlated features (shared by every iteration) widen it; 10% is many standard errors
         assert fitted[name] == pytest.approx(value, rel=0.1), name
     for name in ("ft_forward_tokens", "ft_backward_token_layers", "adapter_loads"):
         assert fitted[name] == 0.0  # never exercised: no made-up cost
@@ -166,7 +168,7 @@ def test_rls_learns_from_scratch_and_never_winds_up() -> None:
     for _ in range(2000):
         model.observe(features, truth)
     assert all(math.isfinite(c) and c >= 0 for c in model.coefficients.values())
-    assert model.predict(features) == pytest.approx(truth, rel=1e-3)
+    assert model.predict(features) == pytest.approx(truth, rel=1e-3)  # noise-free: RLS converges to float64
 
 
 def test_rls_stays_non_negative_when_a_cost_drifts_to_zero(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -109,6 +109,7 @@ def test_mixed_batch_gives_each_row_its_result_alone_and_raw_logprobs() -> None:
     assert tokens == alone
     assert tokens[0] != int(x[0].argmax()) and tokens[3] == 3
     raw = torch.log_softmax(x[0], dim=-1)
+    # one log-softmax of the same logits, batched against alone: (4 + log2 V) u of |logits| <~ 10
     assert logprobs[0] is not None and logprobs[0].logprob == pytest.approx(float(raw[tokens[0]]), abs=1e-5)
 
 

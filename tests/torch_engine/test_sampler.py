@@ -178,6 +178,7 @@ def test_logprobs_are_raw_log_softmax_with_ranks_and_top_lists() -> None:
     for i in (0, 2, 3, 4):
         lp = logprobs[i]
         assert lp is not None and lp.token_id == tokens[i]
+        # the sampler's log-softmax of the same logits against torch's: (4 + log2 V) u of |logits| <~ 10
         assert math.isclose(lp.logprob, reference[i, tokens[i]].item(), abs_tol=1e-5)
         order = reference[i].argsort(descending=True).tolist()  # distinct values: ranks are unique
         assert lp.rank == order.index(tokens[i]) + 1

@@ -158,7 +158,7 @@ def test_fused_training_steps_equal_peft(model_dirs: dict[str, Path], tmp_path: 
     steps = [e for e in events if e.kind.value == "step"]
     assert [e.step for e in steps] == [1, 2]
     for event, ref in zip(steps, reference):
-        assert event.grad_norm == pytest.approx(ref.norm, rel=1e-4)
+        assert event.grad_norm == pytest.approx(ref.norm, rel=1e-4)  # GRAD_REL_ERR, in the 2-norm (numerics)
     noisy = {k: g.abs() < 1e-4 * g.abs().max() for k, g in reference[-1].grads.items()}
     check_weights(_weights(engine), reference[-1].weights, noisy, bound=6 * OPTIMIZER.learning_rate)
     assert min(rel_errs(init, reference[-1].weights).values()) > 5 * MAX_REL_ERR  # it did move

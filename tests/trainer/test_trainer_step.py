@@ -110,7 +110,7 @@ def test_optimizer_steps_equal_peft_adamw(model: Transformer, llama_dir: Path, c
     for step, (batch, ref) in enumerate(zip(batches, reference), start=1):
         stats = train_batch(trainer, optimizer, batch)
         assert (stats.step, stats.clipped) == (step, expect_clipped)
-        assert stats.grad_norm == pytest.approx(ref.norm, rel=1e-4)
+        assert stats.grad_norm == pytest.approx(ref.norm, rel=1e-4)  # GRAD_REL_ERR, in the 2-norm (numerics)
         assert stats.num_tokens == sum(seq.num_trained for seq in batch)
         for name, g in ref.grads.items():
             noisy[name] |= g.abs() < NOISY_GRAD * g.abs().max()

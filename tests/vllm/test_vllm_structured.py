@@ -181,7 +181,7 @@ def test_logprobs_under_a_grammar_are_after_its_mask(vllm_llm: LLM) -> None:
     out = vllm_llm.generate(_prompts(1, 6), SamplingParams(temperature=0.0, max_tokens=40, logprobs=3,
                                                           structured_output=spec))[0].outputs[0]
     assert out.text.startswith('{"name": "')
-    first = out.logprobs[0]  # only "{" can start the object
+    first = out.logprobs[0]  # only "{" can start the object: the log-softmax of one allowed logit, 0 to ~u
     assert list(first) == [out.token_ids[0]] and first[out.token_ids[0]].logprob == pytest.approx(0.0, abs=1e-6)
     assert all(math.isfinite(lp.logprob) for step in out.logprobs for lp in step.values())
     assert any(len(step) > 1 for step in out.logprobs)  # where the grammar allows several tokens
