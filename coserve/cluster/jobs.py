@@ -14,13 +14,15 @@ resume, events) over its engines, one or many:
 * a lost engine's jobs are placed again and resume from their last checkpoint (`engine_lost`);
 * a reinforcement job's rollout loop (`finetune.rollouts`) lives beside it, its rollouts pinned to the
   job's engine (the adapter being trained is in that engine's bank), graded by `RolloutGrading` (set
-  with `serve_rollouts`; without it a reinforcement job fails, saying so).
+  with `serve_rollouts`; without it a reinforcement job fails, saying so). A loop that raises fails its
+  own job (`rollouts_failed`), never the step whose outputs it was given.
 
 A job keeps its id across a move; its `FinetuneJob` object does not (ask `get` for the current one).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -40,7 +42,10 @@ from coserve.finetune.rollouts import RolloutDriver
 from coserve.inference.request import Request
 from coserve.tenancy.vtc import VirtualTokenCounter
 
+logger = logging.getLogger(__name__)
+
 _ENDS = (JobEventKind.SUCCEEDED, JobEventKind.FAILED, JobEventKind.CANCELLED)
+ROLLOUTS_FAILED = "rollouts_failed"  # the code of a reinforcement job whose rollout loop raised
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,11 +234,27 @@ class ClusterJobs:
         for job_id, driver in list(self._drivers.items()):
             if self._engine.get(job_id) != member.engine_id:
                 continue
-            driver.advance(step)
+            try:
+                driver.advance(step)
+            except Exception as err:  # noqa: BLE001 - a job's failure is the job's: the step served others too
+                self._rollouts_failed(job_id, driver, err)
+                continue
             self._events.extend(driver.pop_events())
             for message in driver.notices:
                 self._notices.append(JobNotice(job_id, member.engine_id, message))
             driver.notices.clear()
+
+    def _rollouts_failed(self, job_id: str, driver: RolloutDriver, err: Exception) -> None:
+        """A rollout loop raised (sampling, grading or feeding a batch): its job fails in its next plan, and
+        what it has in flight is aborted; the other jobs' loops and the step's requests go on."""
+        logger.error("reinforcement job %s: its rollout loop failed", job_id, exc_info=err)
+        del self._drivers[job_id]
+        try:
+            driver.stop()
+        except Exception:  # noqa: BLE001 - the job fails whatever is left in flight
+            logger.exception("reinforcement job %s: aborting its rollouts failed", job_id)
+        driver.job.fail(ROLLOUTS_FAILED, f"its rollouts failed on an internal error ({type(err).__name__}); "
+                                         "the server's log has the details")
 
     def place_waiting(self) -> list[str]:
         """Try to place the waiting jobs, oldest first; returns those placed."""

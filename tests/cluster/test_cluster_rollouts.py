@@ -38,28 +38,33 @@ class HeldGrading:
     """Grades when the test says so: reward = index of the sample in its batch, or errors for all."""
 
     def __init__(self) -> None:
-        self.pending: list[tuple[Future[list[GradedSample]], int]] = []
+        self.pending: list[tuple[Future[list[GradedSample]], int, str]] = []
         self.fail_all = False
+        self.raise_for: set[str] = set()  # tenants whose grading raises as a whole (a bug in the pool)
 
     def grade(self, tenant: str, grader: Grader, items: Sequence[Mapping[str, Any]],
               completions: Sequence[Sequence[int]]) -> Future[list[GradedSample]]:
         future: Future[list[GradedSample]] = Future()
-        self.pending.append((future, len(completions)))
+        self.pending.append((future, len(completions), tenant))
         return future
 
     def release(self) -> None:
-        for future, count in self.pending:
+        for future, count, tenant in self.pending:
+            if tenant in self.raise_for:
+                future.set_exception(RuntimeError("the grading pool broke"))
+                continue
             grades = [GradedSample(0.0, {}, "boom") if self.fail_all else GradedSample(float(i % 2))
                       for i in range(count)]
             future.set_result(grades)
         self.pending.clear()
 
 
-def rl_spec(job_id: str = "rl", n_epochs: int = 1, evaluate: bool = False) -> FinetuneJobSpec:
+def rl_spec(job_id: str = "rl", n_epochs: int = 1, evaluate: bool = False, tenant: str = "a",
+            adapter_id: int = 300) -> FinetuneJobSpec:
     prompts = [[1, 2, 3, 4 + i] for i in range(4)]
     rollouts = RolloutSpec(GRADER, [{"i": i} for i in range(4)], samples=2, max_tokens=3,
                            eval_prompts=[[5, 6, 7]] if evaluate else [], eval_items=[{}] if evaluate else [])
-    return FinetuneJobSpec(job_id=job_id, tenant="a", adapter_id=300, n_epochs=n_epochs, batch_size=2, seed=1,
+    return FinetuneJobSpec(job_id=job_id, tenant=tenant, adapter_id=adapter_id, n_epochs=n_epochs, batch_size=2, seed=1,
                            examples=[TrainingExample(p, [False] * len(p)) for p in prompts], num_layers=4,
                            output_dir=f"/out/{job_id}", min_tasklet_tokens=1,
                            loss=LossSpec(LossKind.IMPORTANCE_SAMPLING), rollouts=rollouts)
@@ -116,6 +121,27 @@ def test_a_batch_no_sample_of_which_could_be_graded_fails_the_job() -> None:
     (failed,) = [e for e in c.jobs.pop_events() if e.kind is JobEventKind.FAILED]
     assert failed.code == "grader_failed" and "boom" in failed.message and "none of the 4 samples" in failed.message
     assert c.jobs.get("rl") is None and not c.has_unfinished()
+
+
+def test_a_rollout_loop_that_raises_fails_its_own_job_only() -> None:
+    """Grading that raises as a whole (not one sample's grader: that sample scores 0) fails that job with
+    `rollouts_failed`; the step it came with, and another tenant's job beside it, go on to the end."""
+    c, grading = rl_cluster()
+    c.jobs.start(rl_spec("bad", tenant="attacker"))
+    c.jobs.start(rl_spec("good", tenant="victim", adapter_id=301))
+    grading.raise_for.add("attacker")
+    events = []
+    for _ in range(300):
+        step_all(c)
+        grading.release()
+        events += c.jobs.pop_events()
+        if c.jobs.get("bad") is None and c.jobs.get("good") is None:
+            break
+    ends = {e.job_id: e for e in events if e.kind in (JobEventKind.FAILED, JobEventKind.SUCCEEDED)}
+    assert ends["bad"].kind is JobEventKind.FAILED and ends["bad"].code == "rollouts_failed"
+    assert "RuntimeError" in ends["bad"].message and "pool broke" not in ends["bad"].message
+    assert ends["good"].kind is JobEventKind.SUCCEEDED
+    assert not c.has_unfinished()
 
 
 def test_rollouts_stay_on_their_engine_and_are_dropped_with_it() -> None:
