@@ -30,12 +30,15 @@ DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 # that holds KV blocks and a batch slot, so one request could take the whole engine. `coserve serve
 # --max-n` raises it (up to the protocol's 128).
 DEFAULT_MAX_N = 16
-GRADING_THREADS = 4  # `graders/run`'s grading threads, shared fairly between tenants
-GRADINGS_QUEUED = 8  # a tenant's `graders/run` calls waiting for one of them; more: a 429
+# `graders/run`'s grading threads, shared fairly between tenants, one at a time per tenant: metrics are
+# pure Python under the GIL (a second thread of a tenant's would not grade faster, only slow everyone's
+# requests), python graders hold one sandbox slot per tenant anyway.
+GRADING_THREADS = 4
+GRADINGS_QUEUED = 8  # a tenant's `graders/run` calls waiting for a thread; more: a 429
 
 
 def _grading_pool() -> FairPool:
-    return FairPool(GRADING_THREADS, max_queued=GRADINGS_QUEUED, name="coserve-http-grading")
+    return FairPool(GRADING_THREADS, per_tenant=1, max_queued=GRADINGS_QUEUED, name="coserve-http-grading")
 
 
 @dataclass(frozen=True, slots=True)
