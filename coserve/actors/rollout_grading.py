@@ -14,12 +14,14 @@ from coserve.graders.python_grader import PythonGraderRunner
 from coserve.graders.rollout_grading import Judge, RolloutGrader
 
 GRADING_THREADS = 8  # a python grader's sample waits for a runner slot, a model grader's for its judge, on its thread
+# A tenant's samples take at most half of them at once: metrics hold the GIL in the scheduler's process, so
+# one job's CPU-bound grading may not crowd the others' (nor the scheduler's loop) out.
 FIRST_UID = 60500  # the scheduler's python grader sandboxes run as uids 60500.. (the gateway's: 60000..)
 
 
 def grading_pool() -> FairPool:
     """The scheduler's grading threads (started when first used; shut down with the scheduler)."""
-    return FairPool(GRADING_THREADS, name="coserve-grading")
+    return FairPool(GRADING_THREADS, per_tenant=GRADING_THREADS // 2, name="coserve-grading")
 
 
 def rollout_grading(tokenizer: Tokenizer, eos: EosIds, python_graders: bool, wake: Callable[[], None],

@@ -9,9 +9,11 @@ import time
 
 import pytest
 
+from coserve.contract.grader import parse_grader
 from coserve.graders.fair_pool import FairPool
 from coserve.graders.fair_queue import FairQueue
 from coserve.graders.fair_slots import FairSlots, GradersBusy
+from coserve.graders.rollout_grading import RolloutGrader
 
 
 def test_the_queue_serves_the_least_served_tenant_under_its_cap() -> None:
@@ -121,3 +123,27 @@ def test_the_pool_bounds_a_tenants_queue_and_reports_failures_on_the_future() ->
     pool.shutdown(cancel_futures=True)
     with pytest.raises(RuntimeError, match="shut down"):
         pool.submit("a", int)
+
+
+def test_a_reinforcement_jobs_big_batch_does_not_hold_another_tenants_samples_behind_it() -> None:
+    """Rollout grading on the scheduler's fair pool: the attacker's 8 slow samples were submitted first,
+    the victim's 2 are graded on the next free thread, not after the batch."""
+
+    def decode(ids: list[int] | tuple[int, ...]) -> str:
+        if ids[0] == 1:
+            time.sleep(0.25)  # the attacker's sample: slow to grade
+        return "x"
+
+    grader = parse_grader({"type": "string_check", "name": "s", "input": "{{ sample.output_text }}",
+                           "reference": "x", "operation": "eq"})
+    pool = FairPool(2, name="test-rollouts")
+    rollouts = RolloutGrader(decode, executor=pool)
+    start = time.monotonic()
+    batch = rollouts.grade("attacker", grader, [{}] * 8, [[1]] * 8)
+    time.sleep(0.05)
+    victim = rollouts.grade("victim", grader, [{}] * 2, [[2]] * 2)
+    assert [s.reward for s in victim.result(timeout=5)] == [1.0, 1.0]
+    victim_s = time.monotonic() - start
+    assert [s.reward for s in batch.result(timeout=10)] == [1.0] * 8
+    assert victim_s < 0.6 < time.monotonic() - start, victim_s  # FIFO: after the batch's 8 x 0.25 s / 2 threads
+    pool.shutdown()
