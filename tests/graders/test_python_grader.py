@@ -4,10 +4,13 @@ The same escapes through the real server: tests/security/test_python_grader_sand
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,3 +133,34 @@ def test_a_tenant_holds_at_most_its_share_of_the_slots() -> None:
     assert runner.run(EXACT, SAMPLE, {"answer": "Paris"}, tenant="b", wait=False).reward == 1.0
     assert runner.run(EXACT, SAMPLE, {"answer": "Paris"}, tenant="a").reward == 1.0  # waiting, it gets one
     busy.join()
+
+
+def test_an_unprivileged_server_gets_the_same_sandbox() -> None:
+    """The server as uid 65534 (the system's interpreter of this version, which that uid can read): bubblewrap
+    adds a user namespace; the grader runs without capabilities, cannot make namespaces, meets its limits."""
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    if os.geteuid() != 0 or not os.path.exists(system):
+        pytest.skip(f"needs root (to become uid 65534) and {system}")
+    import subprocess
+    import sysconfig
+
+    env = {"PATH": "/usr/bin:/bin",
+           "PYTHONPATH": f"{Path(__file__).resolve().parents[2]}:{sysconfig.get_paths()['purelib']}"}
+    nobody: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": [], "env": env, "cwd": "/",
+                              "capture_output": True, "text": True, "timeout": 60}
+    probe = subprocess.run([system, "-c", "import coserve.graders.python_grader"], **nobody)
+    if probe.returncode != 0:
+        pytest.skip(f"uid 65534 cannot import coserve from this checkout: {probe.stderr[-300:]}")
+    program = ("import json\nfrom coserve.graders.python_grader import PythonGraderRunner, PythonLimits\n"
+               "runner = PythonGraderRunner(PythonLimits(timeout_s=5.0, cpu_s=1.0))\n"
+               "source = open(0).read()\n"
+               "print(json.dumps([runner.run(source, {}, {}).reward,\n"
+               "                  runner.run('def grade(s, i):\\n    while True: pass\\n', {}, {}).error_type]))\n")
+    source = ("import ctypes, os\ndef grade(sample, item):\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+              "    status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines())\n"
+              "    assert int(status['CapEff'], 16) == 0 and status['NoNewPrivs'].strip() == '1', status\n"
+              "    assert libc.unshare(0x10000000) == -1 and not os.path.exists('/etc/passwd')\n"
+              "    return os.getuid()\n")
+    ran = subprocess.run([system, "-c", program], input=source, **nobody)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert json.loads(ran.stdout) == [65534.0, "cpu_time"], ran.stdout
