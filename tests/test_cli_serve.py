@@ -61,6 +61,16 @@ def test_bad_settings_exit_nonzero_with_message(llama_dir: Path, tenants_file: P
     assert code == 2 and message in capsys.readouterr().err
 
 
+def test_python_graders_refuse_to_start_without_their_sandbox_naming_the_package(
+        llama_dir: Path, tenants_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    code = main(["serve", "--model", str(llama_dir), "--tenants", str(tenants_file), "--local",
+                 "--enable-python-graders"])
+    assert code == 2 and "--enable-python-graders:" in (err := capsys.readouterr().err)
+    assert "apt-get install bubblewrap" in err
+
+
 def test_more_engines_than_cores_fail_at_start(llama_dir: Path, tenants_file: Path,
                                                capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
