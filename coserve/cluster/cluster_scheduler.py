@@ -297,7 +297,7 @@ class ClusterScheduler:
         for piece in plan_pieces(plan):
             job = member.jobs.get(piece.key) if piece.kind is PieceKind.JOB else None
             if job is not None:
-                job.fault(message)
+                job.fault(message, own=False)
         return aborted
 
     def step(self, engine_id: str, executor: StepExecutor) -> Step:

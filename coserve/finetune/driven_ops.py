@@ -106,15 +106,16 @@ class DrivenOps:
     def pending(self) -> list[DrivenOp]:
         return ([self._current] if self._current is not None else []) + list(self._queue)
 
-    def fail_current(self, message: str) -> str | None:
-        """The current call's work could not run: it fails with `message` (its own error). Returns the
-        first sequence of a failed `forward_backward` (its gradient is to be put back: "" when none was
-        started), "" for a failed `optim_step` or save (they change nothing when they fail); None when a
-        load or nothing was current (the run's state is not known: the run fails)."""
+    def fail_current(self, message: str, own: bool = True) -> str | None:
+        """The current call's work could not run: it fails with `message` (`own`: its own error, else a
+        generic one, Tinker's "server" category). Returns the first sequence of a failed
+        `forward_backward` (its gradient is to be put back), "" for a failed `optim_step` or save (they
+        change nothing when they fail); None when a load or nothing was current (the run's state is not
+        known: the run fails)."""
         op = self._current
         if op is None or isinstance(op.call, ResolvedLoad):
             return None
-        op.outcome = CallFailure("engine_error", f"the engine could not run this call: {message}")
+        op.outcome = CallFailure("engine_error", f"the engine could not run this call: {message}", user=own)
         if isinstance(op.call, ForwardBackwardCall) and op.call.backward and self._waiting_on is not None:
             self._gradient_tokens -= sum(len(d.token_ids) - 1 for d in op.call.data)  # `batch_planned` counted it
         self._current, self._waiting_on = None, None

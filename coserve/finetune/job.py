@@ -212,14 +212,15 @@ class FinetuneJob:
         if not self.state.is_finished and self._failure is None:
             self._failure = (code, message)
 
-    def fault(self, message: str) -> None:
-        """Its work in a plan could not run (a `JobFault`, or a plan that failed whole): a driven run's
-        call fails with `message` and the run goes on (a `forward_backward`'s gradient is put back in the
-        next plan, `apply_failure`); any other job fails in its next plan."""
+    def fault(self, message: str, own: bool = True) -> None:
+        """Its work in a plan could not run (a `JobFault`: `own`, its own error; or a plan that failed
+        whole, a generic one): a driven run's call fails with `message` and the run goes on (a
+        `forward_backward`'s gradient is put back in the next plan, `apply_failure`); any other job fails
+        in its next plan."""
         if self.state.is_finished:
             return
         driven = self.driven
-        failed = driven.fail_current(message) if driven is not None else None
+        failed = driven.fail_current(message, own) if driven is not None else None
         if failed is None:
             self.fail("engine_error", f"the engine could not run the job's work: {message}")
             return
