@@ -102,6 +102,7 @@ class SubmissionState:
     def take(self) -> TokenBatch:
         """Everything pending, as one batch."""
         self.changed.clear()
-        batch = TokenBatch(deltas=self._pending, done=self.done, error=self.error)
+        batch = TokenBatch(deltas=self._pending, done=self.done, error=self.error,
+                           cached_tokens=self.children[0].num_cached_tokens or 0)
         self._pending = []
         return batch

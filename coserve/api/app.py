@@ -19,7 +19,8 @@ from coserve.api.errors import MULTIPART_OVERHEAD_BYTES, BodySizeLimit, install_
 from coserve.api.protocol import strict
 from coserve.api.protocol.models import ModelServing
 from coserve.api.protocol.sampling import MAX_N
-from coserve.api.routers import chat, completions, files, fine_tuning, graders, metrics, models, tinker
+from coserve.api.routers import chat, completions, files, fine_tuning, graders, metrics, models, responses, tinker
+from coserve.api.serving.response_runs import ResponseRuns
 from coserve.api.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_UPLOAD_BYTES, GatewayState
 from coserve.store import MetadataStore
 from coserve.tenancy.tenants import TenantsConfig
@@ -28,7 +29,8 @@ UPLOAD_PATH = "/v1/files"  # the one endpoint whose body is a file (multipart), 
 TELEMETRY_PATH = "/tinker/api/v1/telemetry"  # the Tinker SDK's own reports: logged, never needed large
 TELEMETRY_MAX_BYTES = 2**20  # 100 events (the SDK's batch) with their tracebacks
 ROUTERS: tuple[APIRouter, ...] = (metrics.router, files.router, models.router, chat.router,
-                                  completions.router, fine_tuning.router, graders.router, tinker.router)
+                                  completions.router, responses.router, fine_tuning.router, graders.router,
+                                  tinker.router)
 
 
 class LenientParams:
@@ -114,6 +116,7 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
                                      public_metrics=public_metrics, max_n=max_n, dedicated=dedicated,
                                      python_graders=python_graders, lenient_params=lenient_params,
                                      serving=serving)
+    app.state.response_runs = ResponseRuns()  # the Responses API's background responses
     install_error_handlers(app)
     if lenient_params:
         app.add_middleware(LenientParams)

@@ -89,3 +89,4 @@ class TokenBatch:
     deltas: list[TokenDelta] = field(default_factory=list)
     done: bool = False
     error: str | None = None  # the request failed (after it was admitted)
+    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache held when it was first admitted

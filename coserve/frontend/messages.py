@@ -90,3 +90,4 @@ class StreamBatch:
     error: str | None = None  # the request failed (after it was admitted)
     prompt_tokens: int = 0
     completion_tokens: int = 0  # totals so far, over all choices
+    cached_tokens: int = 0  # prompt tokens whose KV was already cached (OpenAI's `cached_tokens`)

@@ -50,7 +50,7 @@ class TextStream:
                 deltas.append(out)
         completion = sum(len(tracker.token_ids) for tracker in self._trackers)
         return StreamBatch(deltas=deltas, done=batch.done, error=batch.error, prompt_tokens=self.prompt_tokens,
-                           completion_tokens=completion), stopped
+                           completion_tokens=completion, cached_tokens=batch.cached_tokens), stopped
 
     def _take(self, delta: TokenDelta) -> tuple[OutputDelta | None, bool]:
         """One choice's new tokens as text; True when a stop string ended it here."""

@@ -60,6 +60,8 @@ class Request:
     parent_id: str | None = None
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
+    # Prompt tokens the prefix cache held at its first admission (usage's `cached_tokens`); None before it.
+    num_cached_tokens: int | None = None
     _output_token_ids: list[int] = field(default_factory=list)
     # Prompt + output length, kept as a field: the planner reads it for every running request in
     # every iteration, and a property costs 10x an attribute there.

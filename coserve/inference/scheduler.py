@@ -309,6 +309,8 @@ class InferenceScheduler:
                 self._kv.free(request_id)  # give back the matched prefix blocks
                 request.num_computed_tokens = 0
                 return False
+        if request.num_cached_tokens is None:  # a preempted request's recompute is not the client's reuse
+            request.num_cached_tokens = request.num_computed_tokens
         adapter_slot = self._acquire_adapter(request, plan)
         plan.new_sequences.append(NewSequence(
             request_id=request_id,

@@ -87,7 +87,29 @@ ALTER TABLE events ADD COLUMN dedup_key TEXT;
 CREATE UNIQUE INDEX events_job_dedup ON events (job_id, dedup_key);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# Stored Responses API responses (`coserve.store.responses`): the response object and its own input items as
+# JSON; a removed one keeps its row without them (`removed`: deleted, evicted, expired, not_stored), so its id
+# answers a 404 that says what happened to it.
+_V3 = """
+CREATE TABLE responses (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    tenant TEXT NOT NULL,
+    previous_response_id TEXT,
+    status TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    last_used_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    body TEXT,
+    input_items TEXT,
+    removed TEXT,
+    removed_at INTEGER
+);
+CREATE INDEX responses_tenant ON responses (tenant, removed, last_used_at)
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 """MIGRATIONS[i] takes the schema from version i to version i + 1."""
 
 SCHEMA_VERSION = len(MIGRATIONS)

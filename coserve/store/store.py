@@ -1,4 +1,5 @@
-"""`MetadataStore`: the data dir's SQLite file (files, jobs, events, checkpoints, models) and upload bytes."""
+"""`MetadataStore`: the data dir's SQLite file (files, jobs, events, checkpoints, models, stored responses) and
+upload bytes."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from coserve.store.events import EventTable
 from coserve.store.files import FileTable
 from coserve.store.jobs import JobTable
 from coserve.store.models import ModelTable
+from coserve.store.responses import ResponseTable
 from coserve.store.usage import UsageTable
 
 
 class MetadataStore:
     """Durable metadata of the platform in `<data_dir>/metadata.sqlite3`, upload bytes in `<data_dir>/files/`.
 
-    One object per table (`files`, `jobs`, `events`, `checkpoints`, `models`) over one `Database`, and
+    One object per table (`files`, `jobs`, `events`, `checkpoints`, `models`, `responses`) over one `Database`, and
     `usage`: what each tenant stores (for the storage quotas). Every
     method is safe to call from many threads, and from several processes on the data dir's host: the
     gateway and the scheduler's job manager each open the store (SQLite's file lock serialises their writes,
@@ -44,6 +46,7 @@ class MetadataStore:
         self.checkpoints = CheckpointTable(self.db)
         self.usage = UsageTable(self.db)
         self.models = ModelTable(self.db, self.usage)
+        self.responses = ResponseTable(self.db)
         # A crash between writing an upload's bytes and its row (or between a delete's row and its bytes)
         # leaves bytes that no row reaches; nothing can serve them, and this reclaims the space.
         self.orphans_removed = self.db.blobs.sweep(self.files.live_ids())

@@ -159,6 +159,9 @@ class TenantLimits:
             fine-tuning.
         tinker_requests_per_minute: calls to the Tinker API's endpoints per minute, every endpoint
             (sessions, heartbeats, telemetry, training calls, samples, futures) counted (token bucket).
+        max_stored_responses / max_stored_response_bytes: the Responses API's stored responses the tenant
+            keeps, and the bytes of their JSON; past either, its least recently used ones are evicted.
+        stored_response_ttl_s: seconds a stored response is kept after it was created or last continued.
 
     The tenants file fills the limits a tenant leaves out from `DEFAULT_LIMITS` (finite), so `None`
     (unlimited) is only what a tenants file says explicitly (`null`).
@@ -175,6 +178,9 @@ class TenantLimits:
     max_stored_bytes: int | None = None
     max_fine_tuned_models: int | None = None
     tinker_requests_per_minute: int | None = None
+    max_stored_responses: int | None = None
+    max_stored_response_bytes: int | None = None
+    stored_response_ttl_s: int | None = None
 
     def __post_init__(self) -> None:
         _check_limit("requests_per_minute", self.requests_per_minute, 1)
@@ -184,6 +190,9 @@ class TenantLimits:
         _check_limit("max_stored_bytes", self.max_stored_bytes, 0)
         _check_limit("max_fine_tuned_models", self.max_fine_tuned_models, 0)
         _check_limit("tinker_requests_per_minute", self.tinker_requests_per_minute, 1)
+        _check_limit("max_stored_responses", self.max_stored_responses, 0)
+        _check_limit("max_stored_response_bytes", self.max_stored_response_bytes, 0)
+        _check_limit("stored_response_ttl_s", self.stored_response_ttl_s, 1)
 
 
 # What a tenant of the tenants file gets for a limit it does not set (docs/tenants.md): finite, so that a
@@ -192,7 +201,9 @@ class TenantLimits:
 # replaces them; `null` for a limit means unlimited.
 DEFAULT_LIMITS = TenantLimits(requests_per_minute=30_000, tokens_per_minute=50_000_000, max_concurrent_jobs=8,
                               max_training_tokens_per_job=100_000_000, max_stored_bytes=20 * 2**30,
-                              max_fine_tuned_models=1000, tinker_requests_per_minute=6000)
+                              max_fine_tuned_models=1000, tinker_requests_per_minute=6000,
+                              max_stored_responses=10_000, max_stored_response_bytes=64 * 2**20,
+                              stored_response_ttl_s=30 * 86_400)
 
 
 class TenantQuota:

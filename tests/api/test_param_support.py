@@ -16,11 +16,13 @@ import pytest
 from openai.types import completion_create_params, file_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.fine_tuning import job_create_params
+from openai.types.responses import response_create_params
 
 from coserve.api.protocol import param_support
 from coserve.api.protocol.chat import ChatCompletionRequest
 from coserve.api.protocol.completions import CompletionRequest
 from coserve.api.protocol.param_support import EndpointParams, Support
+from coserve.api.protocol.responses import ResponseCreateRequest
 from local_server import LocalServer, local_server
 
 KEY = "sk-params-0123456789"
@@ -35,6 +37,8 @@ CLIENT_TYPES: list[tuple[EndpointParams, tuple[type, ...]]] = [
                                       chat_create_params.CompletionCreateParamsStreaming)),
     (param_support.COMPLETIONS, (completion_create_params.CompletionCreateParamsBase,
                                  completion_create_params.CompletionCreateParamsStreaming)),
+    (param_support.RESPONSES, (response_create_params.ResponseCreateParamsBase,
+                               response_create_params.ResponseCreateParamsStreaming)),
     (param_support.FILES, (file_create_params.FileCreateParams,)),
     (param_support.FINE_TUNING_JOBS, (job_create_params.JobCreateParams,)),
 ]
@@ -79,8 +83,9 @@ def _restricted(endpoint: EndpointParams) -> list[str]:
 @pytest.mark.parametrize(("path", "endpoint", "base"), [
     ("chat/completions", param_support.CHAT_COMPLETIONS, {"messages": [{"role": "user", "content": "Hi"}]}),
     ("completions", param_support.COMPLETIONS, {"prompt": "Hi"}),
+    ("responses", param_support.RESPONSES, {"input": "Hi"}),
     ("fine_tuning/jobs", param_support.FINE_TUNING_JOBS, {"training_file": "file-x"}),
-], ids=["chat", "completions", "fine_tuning"])
+], ids=["chat", "completions", "responses", "fine_tuning"])
 def test_each_refused_value_is_a_400_naming_it(server: LocalServer, path: str, endpoint: EndpointParams,
                                                base: dict[str, Any]) -> None:
     names = _restricted(endpoint)
@@ -240,7 +245,8 @@ def test_the_docs_name_every_extension_and_message_field() -> None:
     the `messages` row names every message field coserve knows without reading."""
     text = PARAMS_DOC.read_text().split(BEGIN)[0]
     for model, endpoint in ((ChatCompletionRequest, param_support.CHAT_COMPLETIONS),
-                            (CompletionRequest, param_support.COMPLETIONS)):
+                            (CompletionRequest, param_support.COMPLETIONS),
+                            (ResponseCreateRequest, param_support.RESPONSES)):
         for name in set(model.model_fields) - set(endpoint.params):
             assert f"`{name}`" in text, name
     for name in param_support.CHAT_MESSAGE.params:

@@ -204,6 +204,67 @@ COMPLETIONS = EndpointParams("`POST /v1/completions` (`client.completions.create
     "user": differs(_IGNORED),
 })
 
+def _empty(value: Any) -> bool:
+    """Null, or an object that sets nothing (`{"effort": null}`)."""
+    return value is None or (isinstance(value, dict) and all(v is None for v in value.values()))
+
+
+_PREFIX_CACHE = "accepted and not used: prefix caching is automatic, and a stored response's KV is kept for its " \
+                "continuation (see [responses](responses.md#the-conversations-kv))"
+
+RESPONSES = EndpointParams("`POST /v1/responses` (`client.responses.create`, `.stream`, `.parse`)", {
+    "model": supported("the base model or one of the tenant's fine-tuned models / checkpoints"),
+    "input": differs("a string, or items: `message` (roles `user`, `assistant`, `system`, `developer`; parts "
+                     "`input_text`, `output_text`, `refusal`), `function_call`, `function_call_output`, "
+                     "`reasoning` (taken and left out of the prompt); `item_reference`, images, files, audio and "
+                     "hosted tools' items are a 400 naming them"),
+    "instructions": supported("the first, system, message; not carried over by `previous_response_id`"),
+    "tools": differs("`function` tools (as chat's `tools`: rendered by the chat template, calls read in its "
+                     "family's format); hosted tools (`web_search`, `file_search`, `code_interpreter`, `mcp`, "
+                     "...) are a 400 naming `tools[i].type`"),
+    "tool_choice": differs("`none`, `auto`, `required`, a named function (as chat's: `required` and a named "
+                           "function enforced by a grammar); `allowed_tools` and hosted tools' choices are a 400"),
+    "parallel_tool_calls": differs("as chat's: enforced when `tool_choice` forces calls"),
+    "text": differs("`format` `text`, `json_object`, `json_schema` (chat's structured output); `verbosity` is a 400"),
+    "max_output_tokens": supported("when hit, `status: incomplete` with `incomplete_details.reason` "
+                                   "`max_output_tokens`"),
+    "temperature": supported(),
+    "top_p": supported(),
+    "top_logprobs": supported("returned with `include: [\"message.output_text.logprobs\"]`"),
+    "include": differs("`message.output_text.logprobs`; `reasoning.encrypted_content` is accepted (no "
+                       "reasoning items are made); hosted tools' and images' outputs are a 400"),
+    "store": supported("default true: kept in the tenant's store, bounded and expiring (see "
+                       "[responses](responses.md#the-store))"),
+    "metadata": supported("stored and returned with the response"),
+    "previous_response_id": supported("replays the earlier responses' input and output items, tool calls and "
+                                      "their outputs included"),
+    "background": supported("runs like any request; retrieve, stream from `starting_after`, cancel"),
+    "stream": supported(),
+    "stream_options": differs("`include_obfuscation` is accepted and not used"),
+    "truncation": differs("`disabled` only: a conversation longer than the context is a 400",
+                          _is(None, "disabled")),
+    "user": differs(_IGNORED),
+    "safety_identifier": differs(_IGNORED),
+    "prompt_cache_key": differs(_PREFIX_CACHE),
+    "prompt_cache_options": differs(_PREFIX_CACHE),
+    "prompt_cache_retention": differs(_PREFIX_CACHE),
+    "max_tool_calls": differs("accepted: it bounds hosted tools' calls, and none are run"),
+    "service_tier": differs("one tier: `auto` or `default`", _is(None, "auto", "default")),
+    "reasoning": refused("no model served reasons", _empty),
+    "prompt": refused("stored prompt templates are not supported"),
+    "conversation": refused("`/v1/conversations` is not served: use `previous_response_id`"),
+    "context_management": refused("compaction is not supported"),
+    "moderation": refused("no moderation is run"),
+    "background_options": refused("completion windows are not offered", _empty),
+    "access_programs": refused("no access programs"),
+    "image": refused("images are not supported"),
+})
+
+# `text` of `POST /v1/responses` (not a docs table: the `text` row above says this).
+RESPONSES_TEXT = EndpointParams("`text` of `POST /v1/responses`", {
+    "verbosity": refused("no model served takes a verbosity"),
+})
+
 FILES = EndpointParams("`POST /v1/files` (`client.files.create`)", {
     "file": supported("fine-tuning JSONL is checked at upload (see Training files)"),
     "purpose": differs("`fine-tune` only"),
@@ -227,7 +288,7 @@ FINE_TUNING_JOBS = EndpointParams("`POST /v1/fine_tuning/jobs` (`client.fine_tun
     "validation_file": supported(),
 })
 
-ENDPOINTS: tuple[EndpointParams, ...] = (CHAT_COMPLETIONS, COMPLETIONS, FILES, FINE_TUNING_JOBS)
+ENDPOINTS: tuple[EndpointParams, ...] = (CHAT_COMPLETIONS, COMPLETIONS, RESPONSES, FILES, FINE_TUNING_JOBS)
 
 
 def markdown() -> str:
