@@ -197,16 +197,16 @@ class SchedulerActor:
         Each engine has its own plan in flight and its own call here.
 
         Returns:
-            The next plan, or None when the scheduler is shut down (the engine loop ends).
+            The next plan, or None when the scheduler is shut down or the engine was lost (its loop ends).
         """
         if engine_id not in self._cluster.engines:
             raise ValueError(f"unknown engine {engine_id!r}")
+        generation = self._generations[engine_id]
         if result is not None:
             self._apply(engine_id, result)
             if len(self._cluster.engines) > 1:
                 self._work.set()  # the others may take work this step left waiting (late binding)
         self._start_job_loop()
-        generation = self._generations[engine_id]
         return await next_plan_when_ready(
             self._cluster, engine_id, self._work,
             lambda: not self._closed and generation == self._generations[engine_id])

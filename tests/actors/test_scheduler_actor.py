@@ -12,7 +12,7 @@ import pytest
 from coserve.actors.client import LocalSchedulerClient
 from coserve.actors.engine_actor import EngineActor
 from coserve.actors.scheduler_actor import SchedulerActor, SchedulerSettings
-from coserve.actors.step_faults import GENERIC_MESSAGE
+from coserve.actors.step_faults import ENGINE_BROKEN_AFTER, GENERIC_MESSAGE
 from coserve.cluster.policy_factory import CoServingPolicyFactory, PolicyFactory
 from coserve.contract.engine_config import EngineConfig
 from coserve.contract.messages import TokenSubmission
@@ -173,6 +173,34 @@ def test_a_failed_engine_step_fails_its_requests_and_the_loop_goes_on(llama_dir:
         _, after = await collect(gateway.stream("next"))
         assert after.done and after.error is None and after.completion_tokens == 4
         assert 'coserve_requests_total{outcome="error",tenant="t"} 1.0' in await gateway.metrics_text()
+
+    run(llama_dir, engine_config, body)
+
+
+def test_an_engine_whose_steps_keep_failing_whole_is_given_up(llama_dir: Path, engine_config: EngineConfig) -> None:
+    """Steps that fail whole `ENGINE_BROKEN_AFTER` times in a row (a GPU context lost to a device-side assert
+    fails every step so, the plans that only free the failed requests' state too): the engine goes to the
+    engine-lost path, new requests are a 503."""
+    async def body(gateway: SchedulerFrontend) -> None:
+        engine = gateway.scheduler.engine.engine
+        steps: list[int] = []
+
+        def broken(plan: IterationPlan) -> IterationResult:
+            steps.append(plan.step_id)
+            raise RuntimeError("CUDA error: device-side assert triggered")
+
+        engine.step = broken  # type: ignore[method-assign]
+        for i in range(ENGINE_BROKEN_AFTER + 1):
+            admission = await gateway.submit(submission(f"r{i}", max_tokens=4))
+            if admission.rejection is not None:
+                break
+            _, last = await collect(gateway.stream(f"r{i}"))
+            assert last.error is not None and "CUDA" not in last.error, last.error
+        assert admission.rejection is not None and admission.rejection.status == 503
+        assert await gateway.scheduler.health() is not None  # /health says so
+        assert len(steps) == ENGINE_BROKEN_AFTER
+        text = await gateway.metrics_text()
+        assert f'coserve_engine_failed_steps_total{{engine="engine-0"}} {ENGINE_BROKEN_AFTER}.0' in text
 
     run(llama_dir, engine_config, body)
 
