@@ -8,7 +8,6 @@ quota, the tenant's storage, and where the job trains (the shared engines or Ray
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from coserve.actors.job_failures import JobRefused
 from coserve.actors.job_storage import JobStorage
 from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S
 from coserve.contract.job_request import JobRequest
+from coserve.contract.training_jsonl import RowError, read_rows
 from coserve.contract.training_settings import LoRASettings
 from coserve.finetune.dedicated import DedicatedSettings
 from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
@@ -67,19 +67,12 @@ class JobPreparation:
 
         Raises:
             ValueError: the job cannot run (`JobRefused` with its OpenAI code and param, or the
-                tokenizer's reason); `job_failures.failure` maps it to the job's error.
+                tokenizer's reason); `job_failures.failure` maps it to the job's error (and anything else
+                to an internal error).
         """
-        content = self._store.files.content(record.tenant, record.training_file)
-        if content is None:
-            raise ValueError(f"the training file {record.training_file} no longer exists")
-        examples = _jsonl(content)
-        validation = []
-        if record.validation_file is not None:
-            raw = self._store.files.content(record.tenant, record.validation_file)
-            if raw is None:
-                raise JobRefused(f"the validation file {record.validation_file} no longer exists",
-                                 "invalid_validation_file", "validation_file")
-            validation = _jsonl(raw)
+        examples = self._rows(record, record.training_file, "training_file")
+        validation = [] if record.validation_file is None else \
+            self._rows(record, record.validation_file, "validation_file")
         request = JobRequest.from_row(record.hyperparameters, record.method, record.extensions)
         init_adapter = None
         if record.model != self._settings.base_model_id:
@@ -118,11 +111,19 @@ class JobPreparation:
                 self._store.events.add(record.id, warning, level="warn")
         return prepared
 
+    def _rows(self, record: JobRecord, file_id: str, param: str) -> list[Any]:
+        """The rows of one of the job's files, read as strictly as at upload (a file stored before a check
+        existed fails the job naming the line)."""
+        code = f"invalid_{param}"
+        content = self._store.files.content(record.tenant, file_id)
+        if content is None:
+            raise JobRefused(f"the {param.replace('_', ' ')} {file_id} no longer exists", code, param)
+        try:
+            return read_rows(content)
+        except RowError as err:
+            raise JobRefused(f"the {param.replace('_', ' ')} {file_id} cannot be read: {err}", code, param) from None
+
     def _allocate_adapter_id(self) -> int:
         self._next_adapter_id += 1
         return self._next_adapter_id
 
-
-def _jsonl(content: bytes) -> list[Any]:
-    """The examples of a fine-tuning JSONL file (checked at upload)."""
-    return [json.loads(line) for line in content.decode("utf-8").splitlines() if line.strip()]

@@ -19,7 +19,7 @@ from typing import Any
 from coserve.contract.job_spec import trained_tokens
 from coserve.contract.training_plan import TrainingExample
 from coserve.frontend.chat_render import TemplateError
-from coserve.frontend.training_data import TrainingData, encode_conversation, indices_text
+from coserve.frontend.training_data import TrainingData, encode_conversation, indices_text, unencodable
 
 
 @dataclass(slots=True)
@@ -41,7 +41,8 @@ def prepare_preference_data(tokenizer: Any, rows: Sequence[Mapping[str, Any]], m
     """Encode every preference row (checked at upload: `api/protocol/preference_rows.py`).
 
     Raises:
-        TemplateError: as `encode_conversation`, its message naming `what` and the row's 1-based index.
+        TemplateError: as `encode_conversation`, or text the tokenizer cannot encode, its message naming
+            `what` and the row's 1-based index.
         ValueError: as `encode_conversation`.
     """
     chosen: list[TrainingExample] = []
@@ -56,6 +57,8 @@ def prepare_preference_data(tokenizer: Any, rows: Sequence[Mapping[str, Any]], m
                      for key in ("preferred_output", "non_preferred_output")]
         except TemplateError as err:
             raise TemplateError(f"{what} {index + 1}: {err}") from err
+        except TypeError as err:
+            raise TemplateError(f"{what} {index + 1}: {unencodable(err)}") from err
         if any(side.truncated for side in sides):
             truncated.append(index)
         if any(side.skipped for side in sides):

@@ -21,7 +21,7 @@ from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.reinforcement import ReinforcementRequest, RolloutSpec
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings, SettingsError
-from coserve.frontend.chat_template import encode_chat
+from coserve.frontend.chat_template import chat_template_refusal, encode_chat
 from coserve.frontend.job_prep import PreparedJob, ValidationFileError
 from coserve.frontend.training_data import TrainingData
 from coserve.graders.checks import check_grader
@@ -36,7 +36,10 @@ def _prompts(tokenizer: Any, rows: Sequence[Mapping[str, Any]], max_len: int, ma
         if not isinstance(messages, list) or not messages or not isinstance(messages[-1], Mapping) \
                 or messages[-1].get("role") != "user":
             raise SettingsError(param, f"row {i + 1}: `messages` must end with a user turn")
-        _, ids = encode_chat(tokenizer, messages)
+        try:
+            _, ids = encode_chat(tokenizer, messages)
+        except Exception as err:  # noqa: BLE001 - whatever the template or tokenizer raises is the row's fault
+            raise SettingsError(param, f"row {i + 1}: {chat_template_refusal(err)}") from err
         if len(ids) + max_tokens > max_len:
             raise SettingsError(param, f"row {i + 1}: its prompt ({len(ids)} tokens) and {max_tokens} sampled "
                                 f"tokens exceed the context of {max_len}")

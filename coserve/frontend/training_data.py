@@ -196,6 +196,12 @@ class TrainingData:
     warnings: list[str] = field(default_factory=list)
 
 
+def unencodable(err: TypeError) -> str:
+    """Why the tokenizer could not encode a conversation's text: it raises TypeError on text no UTF-8 holds
+    (a lone surrogate, in tool-call arguments or a file stored before uploads refused them)."""
+    return f"the tokenizer cannot encode its text ({err}); text must be valid Unicode"
+
+
 def indices_text(indices: list[int]) -> str:
     shown = ", ".join(str(i) for i in indices[:MAX_WARNED_INDICES])
     more = len(indices) - MAX_WARNED_INDICES
@@ -213,8 +219,8 @@ def prepare_training_data(tokenizer: Any, examples: Sequence[Example], max_len: 
     counted and warned about. Indices in warnings are 0-based positions in `examples`.
 
     Raises:
-        TemplateError: as `encode_conversation`, its message starting with `what` and the example's
-            1-based position ("training example 4: ...").
+        TemplateError: as `encode_conversation`, or text the tokenizer cannot encode, its message starting
+            with `what` and the example's 1-based position ("training example 4: ...").
         ValueError: as `encode_conversation`.
     """
     encoded_examples: list[TrainingExample] = []
@@ -228,6 +234,8 @@ def prepare_training_data(tokenizer: Any, examples: Sequence[Example], max_len: 
             encoded = encode_conversation(tokenizer, messages, max_len, tools)
         except TemplateError as err:  # name the example: the file may hold thousands
             raise TemplateError(f"{what} {index + 1}: {err}") from err
+        except TypeError as err:
+            raise TemplateError(f"{what} {index + 1}: {unencodable(err)}") from err
         if encoded.truncated:
             truncated.append(index)
         if encoded.skipped:

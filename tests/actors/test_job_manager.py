@@ -4,8 +4,11 @@ resumed, cancelled, and resumed after a restart to the same adapter as an uninte
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from coserve.actors.job_manager import FineTuningSettings, JobManager
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate
 from coserve.api.serving.fine_tuning import FineTuningService
+from coserve.contract.job_spec import JobState
 from coserve.contract.trainer_state import STATE_FILE
 from coserve.store import MetadataStore
 from coserve.store.records import JobStatus
@@ -34,11 +38,11 @@ def _llm(model_dir: Path) -> LLM:
                max_model_len=256, max_lora_rank=16)
 
 
-def _manager(store: MetadataStore, llm: LLM, data_dir: Path) -> JobManager:
+def _manager(store: MetadataStore, llm: LLM, data_dir: Path, tokenizer: Any = None) -> JobManager:
     settings = FineTuningSettings(base_model_id=BASE, base_model_path=llm.engine.config.model,
                                   data_dir=data_dir, num_layers=llm.engine.model_config.num_layers,
                                   max_model_len=256)
-    return JobManager(store, llm.jobs.host, llm.get_tokenizer(), settings,
+    return JobManager(store, llm.jobs.host, tokenizer or llm.get_tokenizer(), settings,
                       {name: t.limits for name, t in TENANTS.tenants.items()})
 
 
@@ -259,3 +263,147 @@ def test_a_job_row_written_before_the_typed_settings_loads(llama_dir: Path, stor
     assert spec.lora == LoRASettings(r=4, target_modules=("q_proj", "v_proj"))
     assert spec.optimizer == OptimizerSettings(learning_rate_multiplier=2.0)
     assert store.jobs.get("acme", record.id).extensions["lora"]["lora_alpha"] is None  # row unchanged
+
+
+# ---------------------------------------------------------------------- a job's failure is the job's (issue 45)
+
+class _Poisoned:
+    """The job manager's real tokenizer, except on a conversation that holds `POISON`: it raises `error` like
+    a library bug would, after waiting for `release` when one is given (a file that takes long to tokenize)."""
+
+    def __init__(self, tokenizer: Any, error: Exception | None = None, release: threading.Event | None = None) -> None:
+        self._tokenizer, self._error, self._release = tokenizer, error, release
+        self.waiting = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tokenizer(*args, **kwargs)
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+        if any("POISON" in str(message.get("content")) for message in conversation):
+            if self._release is not None:
+                self.waiting.set()
+                assert self._release.wait(60)
+            if self._error is not None:
+                raise self._error
+        return self._tokenizer.apply_chat_template(conversation, *args, **kwargs)
+
+
+def _stored_job(store: MetadataStore, tenant: str, data: bytes, **fields: Any) -> str:
+    """A job over a file stored as it is, as before uploads refused it (the store takes any bytes)."""
+    file = store.files.create(tenant, "train.jsonl", "fine-tune", data)
+    return store.jobs.create(tenant, BASE, file.id, hyperparameters={"n_epochs": 1, "batch_size": 4}, **fields).id
+
+
+def _pair(i: int, text: str = "x") -> str:
+    return json.dumps({"input": {"messages": [{"role": "user", "content": f"{text} {i}"}]},
+                       "preferred_output": [{"role": "assistant", "content": "yes"}],
+                       "non_preferred_output": [{"role": "assistant", "content": "no"}]})
+
+
+def _chat_lines(poison: str = "") -> bytes:
+    lines = [json.dumps(x) for x in LINES]
+    if poison:
+        lines[3] = json.dumps({"messages": [{"role": "user", "content": poison},
+                                            {"role": "assistant", "content": "a"}]})
+    return "\n".join(lines).encode()
+
+
+def test_a_job_whose_preparation_raises_fails_alone_and_the_pass_goes_on(llama_dir: Path, store: MetadataStore,
+                                                                      tmp_path: Path) -> None:
+    """Files that make a job's preparation raise, whatever the exception: a DPO pair with a lone surrogate
+    (the issue's case: TypeError out of the pass, every tenant's jobs stalled), a line nested 100,000 deep,
+    and a library bug (RuntimeError). Each fails its own job with OpenAI's `error`, and in the same pass
+    another tenant's running job is paused and a third cancelled; a job created after them succeeds."""
+    llm = _llm(llama_dir)
+    manager = _manager(store, llm, tmp_path / "data", _Poisoned(llm.get_tokenizer(), RuntimeError("/srv/secret")))
+    service = FineTuningService(store, TENANTS, (BASE,))
+    paused = _create(service, store, hyperparameters={"n_epochs": 30, "batch_size": 2})
+    _run(manager, llm, until={JobStatus.RUNNING}, store=store, job_id=paused)
+    surrogate = "\n".join([_pair(0, "x\ud800"), *(_pair(i) for i in range(1, 12))]).encode()
+    attacks = {
+        _stored_job(store, "globex", surrogate, method={"type": "dpo"}): ("invalid_training_file", "lone surrogate"),
+        _stored_job(store, "globex", _chat_lines() + b"\n" + b"[" * 100_000 + b"]" * 100_000):
+            ("invalid_training_file", "line 13: nested deeper than 100 levels"),
+        _stored_job(store, "globex", _chat_lines(poison="POISON")):
+            ("internal_error", "an internal error (RuntimeError) stopped the job while validating its files"),
+    }
+    cancelled = _create(service, store, hyperparameters={"n_epochs": 30, "batch_size": 2})
+    service.pause("acme", paused)
+    service.cancel("acme", cancelled)
+    manager.reconcile()  # one pass: the poisoned jobs fail, the pause and the cancel are applied
+    for job_id, (code, text) in attacks.items():
+        job = store.jobs.get("globex", job_id)
+        assert job.status == JobStatus.FAILED and job.error is not None and job.error["code"] == code, job.error
+        assert text in job.error["message"] and "/srv/secret" not in job.error["message"]
+        events, _ = store.events.page("globex", job_id, limit=10)
+        assert events[0].level == "error" and events[0].message == f"Job failed: {job.error['message']}"
+    llm.step()
+    assert llm.jobs.host.get(paused).state is JobState.PAUSED
+    manager.record_events()
+    assert store.jobs.get("acme", cancelled).status == JobStatus.CANCELLED
+
+    victim = _create(service, store, hyperparameters={"n_epochs": 1, "batch_size": 4})
+    _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=victim)
+    job = store.jobs.get("acme", victim)
+    assert job.status == JobStatus.SUCCEEDED and job.error is None
+
+
+def test_a_checkpoint_unreadable_on_resume_fails_its_job_alone(llama_dir: Path, store: MetadataStore,
+                                                               tmp_path: Path) -> None:
+    """After a restart, a running job whose last checkpoint lost its state file (FileNotFoundError used to
+    abort every pass) fails with `checkpoint_unreadable`; a job queued beside it runs to the end."""
+    llm = _llm(llama_dir)
+    manager = _manager(store, llm, tmp_path / "data")
+    service = FineTuningService(store, TENANTS, (BASE,))
+    broken = _create(service, store, hyperparameters={"n_epochs": 3, "batch_size": 4})
+    while not store.checkpoints.page("acme", broken)[0]:
+        _run(manager, llm, iterations=1)
+    (Path(store.checkpoints.page("acme", broken)[0][0].adapter_path) / STATE_FILE).unlink()
+    other = _create(service, store, hyperparameters={"n_epochs": 1, "batch_size": 4})
+    llm = _llm(llama_dir)  # the restart: a new engine and manager over the same store
+    manager = _manager(store, llm, tmp_path / "data")
+    _run(manager, llm, until={JobStatus.SUCCEEDED, JobStatus.FAILED}, store=store, job_id=other)
+    assert store.jobs.get("acme", other).status == JobStatus.SUCCEEDED
+    error = store.jobs.get("acme", broken).error
+    assert error is not None and error["code"] == "checkpoint_unreadable" and "FileNotFoundError" in error["message"]
+
+
+def test_pauses_and_cancels_are_applied_while_a_big_file_is_prepared(llama_dir: Path, store: MetadataStore,
+                                                                    tmp_path: Path) -> None:
+    """The job loop (`JobManager.run`) prepares jobs beside its passes, one per tenant: while one tenant's
+    file is still being tokenized, another tenant's job is prepared, started and paused, and a third job
+    cancelled; when the big file is done, its job runs too."""
+    llm = _llm(llama_dir)
+    release = threading.Event()
+    poisoned = _Poisoned(llm.get_tokenizer(), release=release)
+    manager = _manager(store, llm, tmp_path / "data", poisoned)
+    service = FineTuningService(store, TENANTS, (BASE,))
+    slow = _stored_job(store, "globex", _chat_lines(poison="POISON is slow to tokenize"))
+    victim = _create(service, store, hyperparameters={"n_epochs": 30, "batch_size": 2})
+    cancelled = _create(service, store, hyperparameters={"n_epochs": 30, "batch_size": 2})
+    status = lambda job_id, tenant="acme": store.jobs.get(tenant, job_id).status  # noqa: E731
+
+    async def drive() -> None:
+        loop = asyncio.create_task(manager.run(lambda: None, lambda: status(slow, "globex").is_terminal))
+        steps = [(lambda: status(victim) == JobStatus.RUNNING and status(cancelled) == JobStatus.RUNNING,
+                  lambda: (service.pause("acme", victim), service.cancel("acme", cancelled))),
+                 (lambda: llm.jobs.host.get(victim).state is JobState.PAUSED and llm.jobs.host.get(cancelled) is None,
+                  release.set)]
+        for _ in range(2000):
+            llm.step()
+            manager.record_events()
+            if steps and steps[0][0]():
+                assert poisoned.waiting.is_set() and not release.is_set()  # the big file is still being read
+                steps.pop(0)[1]()
+            await asyncio.sleep(0.01)
+            if loop.done():
+                break
+        await loop
+        assert not steps
+
+    asyncio.run(drive())
+    assert status(cancelled) == JobStatus.CANCELLED and status(victim) == JobStatus.PAUSED
+    assert status(slow, "globex") == JobStatus.SUCCEEDED
