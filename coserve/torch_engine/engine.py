@@ -78,13 +78,13 @@ class _Sequence:
 
 @dataclass(slots=True)
 class _Sampled:
-    """A token sampled for a sequence, not yet appended to it."""
+    """The tokens sampled for a batch's sequences, in its order, not yet appended to them."""
 
-    request_id: str
-    seq: _Sequence
-    token_id: int
-    logprobs: TokenLogprobs | None
-    stuck: bool  # its grammar allowed no token (the token is the EOS put in its place)
+    chunks: list[ScheduledChunk]
+    seqs: list[_Sequence]
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+    stuck: list[bool]  # its grammar allowed no token (the token is the EOS put in its place)
 
 
 class TorchEngine:
@@ -228,7 +228,7 @@ class TorchEngine:
                                      sample_s=t3 - t2)
 
     def _forward(self, chunks: list[ScheduledChunk], windows: list[WindowRows]) -> tuple[
-            torch.Tensor, list[tuple[int, WindowRows]], list[_Sampled], float, float]:
+            torch.Tensor, list[tuple[int, WindowRows]], _Sampled | None, float, float]:
         """The fused forward and the sampling, committing nothing: (last hidden rows, windows' rows, the
         sampled tokens, when the forward started, when the sampling started)."""
         order = self._rows(chunks, windows)
@@ -253,10 +253,10 @@ class TorchEngine:
         hidden = self.model.forward(batch, self.cache, self.bank, keep)
         logits = self.model.logits(hidden[sample_rows]) if sample_rows else None
         t2 = time.perf_counter()
-        sampled = self._sample(to_sample, logits) if logits is not None else []
+        sampled = self._sample(to_sample, logits) if logits is not None else None
         return hidden, placed, sampled, t1, t2
 
-    def _sample(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> list[_Sampled]:
+    def _sample(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> _Sampled:
         seqs = [self._seqs[c.request_id] for c in chunks]
         rows = [_row_sampling(s) for s in seqs]
         constrained = {i: s.grammar for i, s in enumerate(seqs) if s.grammar is not None}  # row -> matcher
@@ -269,8 +269,7 @@ class TorchEngine:
             for i, is_stuck in zip(constrained, fill.stuck):
                 stuck[i] = is_stuck
         token_ids, logprobs = self.sampler(logits, rows, mask)
-        return [_Sampled(chunk.request_id, seq, token, lp, is_stuck)
-                for chunk, seq, token, lp, is_stuck in zip(chunks, seqs, token_ids, logprobs, stuck, strict=True)]
+        return _Sampled(chunks, seqs, token_ids, logprobs, stuck)
 
     def _device_alive(self) -> bool:
         """Whether the device still runs work (a CUDA error such as a device-side assert ends the context)."""
@@ -283,15 +282,17 @@ class TorchEngine:
         return True
 
     @staticmethod
-    def _commit(sampled: list[_Sampled], result: IterationResult) -> None:
+    def _commit(sampled: _Sampled | None, result: IterationResult) -> None:
         """Append the sampled tokens to their sequences (once the whole batch is sampled)."""
-        for s in sampled:
-            seq = s.seq
-            seq.tokens.append(s.token_id)
+        if sampled is None:
+            return
+        for chunk, seq, token, lp, is_stuck in zip(sampled.chunks, sampled.seqs, sampled.token_ids,
+                                                   sampled.logprobs, sampled.stuck):
+            seq.tokens.append(token)
             seq.num_outputs += 1
-            if seq.grammar is not None and not s.stuck:
-                seq.grammar.consume_token(s.token_id)  # allowed by the mask, so it parses
-            result.sampled.append(SampledToken(s.request_id, s.token_id, s.logprobs, grammar_error=s.stuck))
+            if seq.grammar is not None and not is_stuck:
+                seq.grammar.consume_token(token)  # allowed by the mask, so it parses
+            result.sampled.append(SampledToken(chunk.request_id, token, lp, grammar_error=is_stuck))
 
     def _new_sequence(self, new: NewSequence) -> _Sequence:
         """The engine's state of a new sequence. Raises ValueError: a token id (or a `logit_bias` key)
