@@ -214,3 +214,67 @@ def test_a_fault_that_follows_every_piece_is_reported_generically(n: int) -> Non
     assert isolation.engine_broken
     assert {f.message for f in isolation.result().faults} == {GENERIC_FAULT}
     assert len(isolation.result().faults) == n and isolation.retries <= retry_limit(n)
+
+
+def _driven_run(engine: TorchEngine, tmp: Path, calls: list[Any]) -> tuple[list[Any], dict[str, torch.Tensor]]:
+    """A driven run (Tinker's) on one engine: its calls one after the other, then a sampler save; returns the
+    calls' outcomes and the saved weights. Calls go to the job as the run's own queue hands them over, so
+    what the edge checks does not apply (the engine is the line of defence here)."""
+    from coserve.contract.training_calls import SaveCall
+    from coserve.finetune.driven_ops import DrivenOp
+
+    cfg = config(scheduler={"max_model_len": 64, "max_batch_tokens": 48, "max_num_seqs": 8}, tpot_slo_ms=1000.0)
+    c = ClusterScheduler()
+    c.add_engine("e0", builder(cfg, num_blocks=engine.layout.num_kv_blocks, kind=ShareKind.STATIC_SPLIT))
+    spec = FinetuneJobSpec(job_id="run", tenant="attacker", adapter_id=91, examples=[], n_epochs=1, batch_size=1,
+                           seed=5, num_layers=engine.model_config.num_layers, output_dir=str(tmp),
+                           lora=LoRASettings(r=4, lora_alpha=8), min_tasklet_tokens=1, driven=True)
+    c.jobs.start(spec)
+    job = c.jobs.get("run")
+    assert job is not None and job.driven is not None
+    ops = [DrivenOp(f"c{i}", call, 0.0) for i, call in enumerate([*calls, SaveCall("w", resumable=False)])]
+    for op in ops:
+        job.driven.submit(op)
+        c.jobs.work_arrived("run")
+        for _ in range(200):
+            if op.done:
+                break
+            c.step("e0", engine)
+        assert op.done, op.call_id
+    return [op.outcome for op in ops], load_file(str(tmp / "sampler_weights" / "w" / "adapter_model.safetensors"))
+
+
+def test_a_driven_call_with_out_of_vocabulary_ids_fails_alone_and_leaves_no_gradient(llama_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    """The issue's case below the edge: a forward_backward whose second datum has ids past the vocabulary,
+    after its first datum trained. The call fails with its own error; the run's next calls train as if it
+    had never been made (the gradient before the call is put back), and the run is not wedged."""
+    from coserve.contract.loss_spec import LossSpec, TokenInputs
+    from coserve.contract.training_calls import (
+        CallFailure,
+        ForwardBackwardCall,
+        ForwardBackwardOutcome,
+        OptimStepCall,
+        TrainingDatum,
+    )
+    from coserve.contract.training_settings import AdamStep
+
+    engine = _engine(llama_dir)
+    vocab = engine.model_config.vocab_size
+
+    def fb(*data: list[int]) -> ForwardBackwardCall:
+        return ForwardBackwardCall([TrainingDatum(ids, TokenInputs()) for ids in data], LossSpec())
+
+    good, other = list(range(100, 130)), list(range(140, 160))
+    step = OptimStepCall(AdamStep(learning_rate=5e-2))
+    clean, want = _driven_run(engine, tmp_path / "clean", [fb(good), fb(other), step])
+    hit, got = _driven_run(engine, tmp_path / "hit", [fb(good), fb(other, [5, 6, vocab + 11, 7]), fb(other), step])
+    assert isinstance(hit[1], CallFailure) and hit[1].code == "engine_error" and hit[1].user
+    assert hit[1].message == (f"the engine could not run this call: ValueError: token id {vocab + 11} is outside "
+                              f"the model's vocabulary (0..{vocab - 1})")
+    assert all(isinstance(o, ForwardBackwardOutcome) for o in (hit[0], hit[2], clean[0], clean[1]))
+    assert hit[2].loss_sum == pytest.approx(clean[1].loss_sum, rel=1e-6)  # type: ignore[union-attr]
+    assert want.keys() == got.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-7)
+    assert not engine.training.sequences  # the failed call's sequences are gone from the engine
