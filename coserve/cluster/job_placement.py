@@ -5,7 +5,9 @@ that engine's adapter bank and KV cache. `place_job` keeps the engines that can 
 
 * memory: its longest sequence (training or validation) fits the KV blocks jobs may use there (a
   sequence's blocks are allocated window by window, and a sequence longer than the range never fits);
-* an adapter slot: fewer jobs there than adapter slots (each job pins one for its adapter);
+* an adapter slot: fewer jobs claiming one there than adapter slots (each job pins one for its adapter;
+  a training run driven by its client claims one only while it has a call to do, `slot_claims`, and is
+  placed whatever the slots: it takes one for each call, or its call waits saying why, `run_parking`);
 
 and picks the one with the least fine-tuning on it (the VTC weights of its jobs' tenants, summed: each
 engine's leftover capacity is shared by the jobs there in counter order), then the lowest inference
@@ -15,7 +17,7 @@ the job, the answer says why, so the job waits with that reason instead of silen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,8 +68,10 @@ def longest_sequence(spec: FinetuneJobSpec) -> int:
     return max((len(e.token_ids) for e in [*spec.examples, *spec.validation_examples]), default=2)
 
 
-def place_job(spec: FinetuneJobSpec, candidates: Sequence[PlacementCandidate]) -> Placement | Unplaced:
-    """The engine for the job `spec` among `candidates` (module docstring)."""
+def place_job(spec: FinetuneJobSpec, candidates: Sequence[PlacementCandidate],
+              slot_claims: Mapping[str, int] | None = None) -> Placement | Unplaced:
+    """The engine for the job `spec` among `candidates` (module docstring); `slot_claims`: the jobs claiming
+    an adapter slot on each engine (None: every job placed there)."""
     if not candidates:
         return Unplaced("no engine is running")
     hosting = [c for c in candidates if c.hosts_jobs]
@@ -80,10 +84,12 @@ def place_job(spec: FinetuneJobSpec, candidates: Sequence[PlacementCandidate]) -
         return Unplaced(f"a sequence of {longest} tokens needs more KV memory than any engine gives "
                         f"fine-tuning (at most {most} tokens)")
     loads = {c.engine_id: c.load() for c in fits}
-    free = [c for c in fits if loads[c.engine_id].num_jobs < c.num_adapter_slots]
+    claims = {c.engine_id: loads[c.engine_id].num_jobs if slot_claims is None else slot_claims.get(c.engine_id, 0)
+              for c in fits}
+    free = fits if spec.driven else [c for c in fits if claims[c.engine_id] < c.num_adapter_slots]
     if not free:
-        return Unplaced("every engine that fits the job has all its adapter slots taken by jobs; it "
-                        "starts when a job ends")
+        return Unplaced("every engine that fits the job has all its adapter slots taken by fine-tuning jobs "
+                        "and training runs with calls to do; it starts when one of them is done with its slot")
     best = min(free, key=lambda c: (loads[c.engine_id].job_weight, loads[c.engine_id].pressure,
                                     -loads[c.engine_id].free_kv_blocks, c.engine_id))
     return Placement(best.engine_id)

@@ -211,7 +211,6 @@ class ClusterJobs:
         host = member.policy.jobs
         if host is None:
             return
-        ended = False
         for event in host.pop_events():
             self._events.append(event)
             if event.path is not None and event.kind in (JobEventKind.CHECKPOINT, JobEventKind.SUCCEEDED):
@@ -220,8 +219,7 @@ class ClusterJobs:
             if event.kind in _ENDS:
                 member.drop_job(event.job_id)
                 self._end(event.job_id)
-                ended = True
-        if ended and self._waiting:
+        if self._waiting:  # a job ended, or a run finished its call: a slot may be free
             self.place_waiting()
 
     def before_plan(self, member: EngineMember) -> None:
@@ -293,7 +291,9 @@ class ClusterJobs:
 
     def _place(self, spec: FinetuneJobSpec, moved_from: str | None = None) -> str | None:
         job_id = spec.job_id
-        answer = place_job(spec, list(self._members.values()))
+        claims = {engine_id: sum(1 for job in member.jobs.values() if job.claims_slot)
+                  for engine_id, member in self._members.items()}
+        answer = place_job(spec, list(self._members.values()), claims)
         if not isinstance(answer, Placement):
             if self._waiting.get(job_id) != answer.reason:
                 self._notices.append(JobNotice(job_id, None, f"waiting for an engine: {answer.reason}"))

@@ -206,9 +206,14 @@ class TrainingRuns:
         op = entry[1]
         if op.outcome is not None:
             return op.outcome
-        run = next((r for r in self._runs.values() if op in r.unplaced), None)
-        reason = None if run is None else self._jobs.waiting_reason(run.info.run_id)
-        return CallPending(None if reason is None else f"the training run waits for an engine: {reason}")
+        run_id = self._run_of.get(call_id, "")
+        run = self._runs.get(run_id)
+        if run is not None and op in run.unplaced:
+            reason = self._jobs.waiting_reason(run_id)
+            return CallPending(None if reason is None else f"the training run waits for an engine: {reason}")
+        job = self._jobs.get(run_id)
+        waits = None if job is None or job.parking is None else job.parking.wait_reason
+        return CallPending(None if waits is None else f"the training run waits for an adapter slot: {waits}")
 
     def forget(self, call_id: str) -> None:
         """The call's outcome was delivered: it is not kept."""

@@ -22,13 +22,18 @@ Work of one training sequence (`sequence_id`, one example of one batch of one jo
 * `SaveAdapter`: write the job's adapter (PEFT format, servable); with `position`, a resumable
   checkpoint (optimizer state + data position); `final` ends the job (the engine drops its state).
 
-The engine runs a plan's fine-tuning work in this order: job stops, job starts, sequence drops,
-sequence starts, the fused forward (inference chunks + forward windows), backward tasklets in list
-order, optimizer steps, saves. A failure (a NaN/inf loss or gradient) fails the job, not the engine:
-it is reported in `TrainingReport.failures` and the engine drops the job's state. An error in one
-sequence's work (its tokens, a window, a tasklet) is that job's alone: the engine drops the sequence
-(its gradient restored) and reports a `JobFault`; the scheduler then ends the job, or a driven run's
-call (`gradient_rollbacks` puts the gradient back as it was before the call's first sequence).
+A driven run between its client's calls gives its bank slot back (`job_parks`: the engine keeps its
+adapter, gradient and optimizer state in host memory, nothing lost) and takes one again for its next
+call (`JobUnpark`: the state goes back to the device, into the new slot), `finetune.run_parking`.
+
+The engine runs a plan's fine-tuning work in this order: job parks, job unparks (a slot given back may be
+taken again in the same plan), job stops, job starts, gradient rollbacks, sequence drops, sequence
+starts, the fused forward (inference chunks + forward windows), backward tasklets in list order,
+optimizer steps, saves. A failure (a NaN/inf loss or gradient) fails the job, not the engine: it is
+reported in `TrainingReport.failures` and the engine drops the job's state. An error in one sequence's
+work (its tokens, a window, a tasklet) is that job's alone: the engine drops the sequence (its gradient
+restored) and reports a `JobFault`; the scheduler then ends the job, or a driven run's call
+(`gradient_rollbacks` puts the gradient back as it was before the call's first sequence).
 
 A sequence's id is its job's id, `/`, and a name without `/` (`sequence_job`): the scheduler tells
 whose a window or a tasklet is by it (`coserve.cluster.fault_isolation`).
@@ -150,9 +155,19 @@ class SaveAdapter:
 
 
 @dataclass(slots=True)
+class JobUnpark:
+    """Put a parked job's state (`TrainingWork.job_parks`) back on the device, its adapter in `adapter_slot`."""
+
+    job_id: str
+    adapter_slot: int
+
+
+@dataclass(slots=True)
 class TrainingWork:
     """The fine-tuning part of one `IterationPlan`."""
 
+    job_unparks: list[JobUnpark] = field(default_factory=list)
+    job_parks: list[str] = field(default_factory=list)  # idle driven runs: state to host memory, slot emptied
     job_stops: list[str] = field(default_factory=list)
     job_starts: list[JobStart] = field(default_factory=list)
     sequence_drops: list[str] = field(default_factory=list)  # state dropped: the sequence is redone
@@ -167,8 +182,8 @@ class TrainingWork:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.job_stops or self.job_starts or self.sequence_drops or self.gradient_rollbacks
-                    or self.sequence_starts
+        return not (self.job_unparks or self.job_parks or self.job_stops or self.job_starts or self.sequence_drops
+                    or self.gradient_rollbacks or self.sequence_starts
                     or self.forward_windows or self.backward_tasklets or self.optimizer_steps
                     or self.saves)
 

@@ -38,16 +38,19 @@ from coserve.contract.training_calls import CallFailure, ForwardBackwardCall, Op
 from coserve.contract.training_plan import (
     ForwardWindow,
     JobStart,
+    JobUnpark,
     OptimizerStep,
     SaveAdapter,
     SequenceStart,
     TrainingExample,
+    sequence_job,
 )
 from coserve.finetune.driven_ops import DrivenOps, ResolvedLoad
 from coserve.finetune.kept_progress import KeptProgress
 from coserve.finetune.preference_batches import ReferenceSums, pair_start, preference_batch
 from coserve.finetune.progress import BatchProgress, SequenceProgress, supervised_batch
 from coserve.finetune.rollout_batches import FedBatch, fed_batch_progress
+from coserve.finetune.run_parking import RunParking
 from coserve.finetune.sequence_kv import SequenceKV
 from coserve.finetune.validation_pass import ValidationPass
 from coserve.inference.adapter_slots import AdapterSlots
@@ -93,6 +96,7 @@ class FinetuneJob:
         start_step = spec.start_position.step if spec.start_position is not None else 0
         # A run driven by its client's calls (`driven_ops`); None: a job with data of its own.
         self.driven = DrivenOps(spec.job_id, spec.output_dir, spec.num_layers, start_step) if spec.driven else None
+        self.parking = RunParking(adapters) if spec.driven else None  # a driven run's slot between its calls
 
     # ------------------------------------------------------------------------------ properties
 
@@ -256,6 +260,26 @@ class FinetuneJob:
         if self.driven is not None:
             self.driven.fail_all(CallFailure("run_ended", f"the training run ended ({state.value})", user=False))
 
+    def settle(self, plan: IterationPlan) -> None:
+        """A driven run between its calls gives its slot back when something waits for one, or after a while
+        (`run_parking`); the engine keeps its state in host memory."""
+        parking, driven = self.parking, self.driven
+        if parking is None or driven is None or self._slot is None or not self._started or self.state.is_finished:
+            return
+        rolling_back = any(sequence_job(s) == self.job_id for s in plan.training.gradient_rollbacks)
+        if parking.should_park(driven.idle and self._batch is None and self._rollback is None and not rolling_back):
+            self._adapters.release(self.spec.adapter_id)
+            self._adapters.forget(self.spec.adapter_id)
+            self._slot, parking.parked = None, True
+            plan.training.job_parks.append(self.job_id)
+
+    @property
+    def claims_slot(self) -> bool:
+        """Whether it counts against its engine's adapter slots when jobs are placed: a job does; a driven
+        run only while it holds one for a call (an idle one gives its slot to whoever asks)."""
+        driven = self.driven
+        return driven is None or (self._slot is not None and not (driven.idle and self._batch is None))
+
     def release_kv(self, plan: IterationPlan) -> int:
         """Drop the sequences in flight to free their KV blocks; returns the blocks freed.
 
@@ -310,13 +334,20 @@ class FinetuneJob:
     def _ensure_started(self, plan: IterationPlan) -> bool:
         """Pin a bank slot for the trainable adapter and send the job to the engine (once)."""
         if self._slot is None:
-            ref = AdapterRef(self.spec.adapter_id, f"training:{self.job_id}", f"training:{self.job_id}")
-            grant = self._adapters.acquire(ref)
+            if self.job_id in plan.training.job_parks:  # parked in this very plan: it comes back in the next
+                return False
+            ref, parking = AdapterRef(self.spec.adapter_id, f"training:{self.job_id}", f"training:{self.job_id}"), \
+                self.parking
+            grant = self._adapters.acquire(ref, keep_free=0 if parking is None else parking.keep_free)
             if grant is None:
+                if parking is not None:
+                    parking.missed()
                 return False
             if grant.evicted_slot is not None:
                 plan.adapter_unloads.append(grant.evicted_slot)
-            self._slot = grant.slot  # the AdapterLoad is not sent: JobStart installs the weights
+            self._slot = grant.slot  # the AdapterLoad is not sent: JobStart (or JobUnpark) installs the weights
+            if parking is not None and parking.took_slot():
+                plan.training.job_unparks.append(JobUnpark(self.job_id, grant.slot))
         if not self._started:
             plan.training.job_starts.append(self._start_message(self._slot))
             self._started = True

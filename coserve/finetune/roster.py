@@ -72,6 +72,9 @@ class TrainingJob(Protocol):
 
     def resume(self) -> None: ...
 
+    def settle(self, plan: IterationPlan) -> None:
+        """Give back what it holds and does not use now (a driven run between calls: its adapter slot)."""
+
     def update(self, plan: IterationPlan, result: IterationResult) -> list[JobEvent]: ...
 
 
@@ -154,8 +157,8 @@ class JobRoster:
         return True
 
     def apply_control(self, plan: IterationPlan) -> None:
-        """Carry out the pauses, cancellations and failures asked since the last plan; cancelled and failed
-        jobs leave."""
+        """Carry out the pauses, cancellations and failures asked since the last plan (cancelled and failed
+        jobs leave), then let jobs give back what they hold idle (`TrainingJob.settle`)."""
         self.last_plan_step = plan.step_id
         for job_id, failing in list(self._jobs.items()):
             failed = failing.apply_failure(plan)
@@ -177,6 +180,8 @@ class JobRoster:
                 self._events.append(event)
             self._on_change(job.tenant)
         self._cancels.clear()
+        for job in self._jobs.values():
+            job.settle(plan)
 
     def pop_events(self) -> list[JobEvent]:
         """Job events (steps, checkpoints, ends) since the last call, oldest first."""

@@ -3,6 +3,11 @@
 The engine has a fixed number of bank slots. A running request pins its adapter so the slot cannot
 be reused under it; an unpinned resident adapter stays loaded (a later request reuses it without a
 reload) until its slot is needed, least recently used first.
+
+Every time a slot was asked for and none could be given, `misses` counts one: the sign that someone
+waits for a slot, which idle holders read to give theirs back (a Tinker run between its calls:
+`finetune.run_parking`). An acquire may ask to leave `keep_free` slots available to others (empty, or
+holding an adapter no one pins): a Tinker run leaves one for inference requests.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class AdapterSlots:
         self._resident: dict[int, tuple[int, AdapterRef]] = {}  # adapter id -> (slot, ref)
         self._pins: dict[int, int] = {}  # adapter id -> pin count (absent: unpinned)
         self._lru: OrderedDict[int, None] = OrderedDict()  # resident adapter ids, least recent first
+        self.misses = 0  # slots asked for and not given (module docstring)
 
     @property
     def num_slots(self) -> int:
@@ -62,21 +68,32 @@ class AdapterSlots:
         return self._pins.get(adapter_id, 0)
 
     def can_acquire(self, adapter: AdapterRef) -> bool:
-        """Whether `acquire` would succeed now (changes nothing)."""
-        if adapter.adapter_id in self._resident or self._empty_slots:
+        """Whether `acquire` would succeed now (changes nothing but `misses`, counted when it would not)."""
+        if adapter.adapter_id in self._resident or self._empty_slots or self._lru_unpinned() is not None:
             return True
-        return self._lru_unpinned() is not None
+        self.misses += 1
+        return False
 
-    def acquire(self, adapter: AdapterRef) -> SlotGrant | None:
-        """Pin the adapter into a slot, loading it (and evicting the LRU unpinned one) if needed.
+    @property
+    def available(self) -> int:
+        """Slots an adapter could take now: empty, or holding one no one pins."""
+        return len(self._empty_slots) + sum(1 for a in self._resident if a not in self._pins)
+
+    def acquire(self, adapter: AdapterRef, keep_free: int = 0) -> SlotGrant | None:
+        """Pin the adapter into a slot, loading it (and evicting the LRU unpinned one) if needed; a new
+        slot only when `keep_free` others stay available after it.
 
         Returns:
-            The grant, or None when every slot holds a pinned adapter (the caller waits).
+            The grant, or None when every slot holds a pinned adapter, or too few are available (the
+            caller waits; `misses` counts one).
 
         Raises:
             ValueError: the adapter id is resident with a different path.
         """
         adapter_id = adapter.adapter_id
+        if adapter_id not in self._resident and self.available - 1 < keep_free:
+            self.misses += 1
+            return None
         entry = self._resident.get(adapter_id)
         if entry is not None:
             slot, resident = entry
@@ -91,6 +108,7 @@ class AdapterSlots:
         else:
             victim = self._lru_unpinned()
             if victim is None:
+                self.misses += 1
                 return None
             slot = self._resident.pop(victim)[0]
             del self._lru[victim]

@@ -94,6 +94,10 @@ class LoRAOptimizer:
         """Drop the accumulated gradients (set to None, so the next batch starts from nothing)."""
         self.lora.zero_grad()
 
+    def state_tensors(self) -> list[dict[str, Any]]:
+        """AdamW's state of each parameter that has one (its moments and step), to move with it."""
+        return [self._adamw.state[p] for p in self.params if p in self._adamw.state]
+
     def step(self, loss: float | None = None, num_sequences: int = 0,
              num_tokens: int = 0, adam: AdamStep | None = None) -> StepStats:
         """Clip the accumulated gradient to `max_grad_norm`, take one AdamW step, clear the grads.

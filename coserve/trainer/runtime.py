@@ -61,6 +61,7 @@ from coserve.trainer.job_state import (
     snapshot_gradient,
 )
 from coserve.trainer.optimizer import NonFiniteGradientError
+from coserve.trainer.parking import park_job, unpark_job
 from coserve.trainer.setup import build_trainable
 from coserve.trainer.windowed import WindowedTrainer
 
@@ -84,12 +85,19 @@ class TrainingRuntime:
     max_lora_rank: int = 0  # the largest rank a job may have, when there is no bank
     jobs: dict[str, TrainingJobState] = field(default_factory=dict)
     sequences: dict[str, TrainingSequence] = field(default_factory=dict)
+    parked: dict[str, TrainingJobState] = field(default_factory=dict)  # in host memory, no slot (`parking`)
 
     # ------------------------------------------------------------------------ before the forward
 
     def apply_control(self, work: TrainingWork, report: TrainingReport) -> None:
         """Job stops and starts, gradient rollbacks, sequence drops and starts (before the fused forward).
-        A job that cannot start fails (`JobFailure`); a sequence that cannot start is that job's fault."""
+        A job that cannot start fails (`JobFailure`); a sequence that cannot start is that job's fault.
+        Idle jobs park first, then parked ones come back (maybe into a slot just given back: `parking`)."""
+        for job_id in work.job_parks:
+            park_job(self.jobs, self.parked, job_id, self._drop_job)
+        for unpark in work.job_unparks:
+            if unpark_job(self.jobs, self.parked, unpark, self.model.device):
+                self._install(unpark.job_id)
         for job_id in work.job_stops:
             self._drop_job(job_id)
         for start in work.job_starts:
@@ -203,6 +211,7 @@ class TrainingRuntime:
         return None if job is None else job.slot
 
     def _drop_job(self, job_id: str) -> None:
+        self.parked.pop(job_id, None)
         job = self.jobs.pop(job_id, None)
         if job is None:
             return

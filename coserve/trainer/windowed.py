@@ -191,6 +191,11 @@ class WindowedTrainer:
         """Snapshot the master weights for forward windows; call after every optimizer step."""
         self._forward_adapter = self.lora.adapter_weights(adapter_id=-1, dtype=self.model.dtype)
 
+    def drop_snapshot(self) -> None:
+        """Free the snapshot and the bank's adapter (the job is parked); remade when a sequence starts."""
+        self._forward_adapter = None
+        self._bank.unload(_SLOT)
+
     def start_sequence(self, token_ids: torch.Tensor | list[int], trained: torch.Tensor | list[bool],
                        loss_normalizer: int | None = None, paged: bool = False,
                        keep_inputs: bool = True, loss: TokenLoss | None = None,

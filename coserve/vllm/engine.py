@@ -133,8 +133,9 @@ class VllmEngine:
             self._slots.pop(slot, None)
         result = IterationResult(step_id=plan.step_id, num_tokens=plan.num_tokens)
         failed = self._load_adapters(plan, result)
-        for start in plan.training.job_starts:  # the slot now holds the trainer's weights, not a folder's
-            self._slots.pop(start.adapter_slot, None)
+        taken = [s.adapter_slot for s in plan.training.job_starts] + [u.adapter_slot for u in plan.training.job_unparks]
+        for slot in taken:  # the slot now holds the trainer's weights, not a folder's
+            self._slots.pop(slot, None)
         self.runtime.abort(plan.freed)
         for new in plan.new_sequences:
             if new.request_id not in failed and not self._add(new, result):

@@ -277,36 +277,23 @@ def test_what_coserve_cannot_train_is_refused(server: LocalServer, sc: Any) -> N
     assert httpx.post(f"{server.url}/tinker/api/v1/get_info", json={"model_id": tc.model_id}).status_code == 401
 
 
-def test_a_run_waiting_for_an_adapter_slot_says_why_and_runs_when_one_frees(server: LocalServer) -> None:
-    """Four runs hold the engine's four adapter slots; a fifth run's call waits, its future answering
-    try_again with the reason, until the first session finishes and frees its runs' slots."""
-    import httpx
-    from tinker.proto.request_conv import forward_backward_request_to_proto
-
-    api, headers = f"{server.url}/tinker/api/v1", {"X-API-Key": KEY}
-    with service(server) as holder:
-        holding = [holder.create_lora_training_client(base_model=server.base, rank=2).result() for _ in range(4)]
-        session = httpx.post(f"{api}/create_session", headers=headers, json={"tags": [], "sdk_version": "t"})
-        session_id = session.json()["session_id"]
-        created = httpx.post(f"{api}/create_model", headers=headers, json={
-            "session_id": session_id, "model_seq_id": 0, "base_model": server.base, "lora_config": {"rank": 2}})
-        run_id = httpx.post(f"{api}/retrieve_future", headers=headers,
-                            json={"request_id": created.json()["request_id"]}).json()["model_id"]
-        request = types.ForwardBackwardRequest(forward_backward_input=types.ForwardBackwardInput(
-            data=[datum(TOKENS[:8])], loss_fn="cross_entropy"), model_id=run_id, seq_id=1)
-        body = forward_backward_request_to_proto(request).SerializeToString()
-        sent = httpx.post(f"{api}/forward_backward", headers={**headers, "content-type": "application/x-protobuf"},
-                          content=body)
-        raw = httpx.post(f"{api}/retrieve_future", headers=headers, timeout=60,
-                         json={"request_id": sent.json()["request_id"]})
-        waiting = raw.json()
-        assert waiting["type"] == "try_again" and waiting["queue_state"] == "paused_capacity"
-        assert "adapter slots" in waiting["queue_state_reason"], waiting
-        assert len(holding) == 4
-    done = httpx.post(f"{api}/retrieve_future", headers=headers, timeout=60,
-                      json={"request_id": sent.json()["request_id"]})
-    assert done.headers["content-type"] == "application/x-protobuf", done.text
-    httpx.post(f"{api}/sessions/{session_id}/finish", headers=headers, json={"reason": {"type": "success"}})
+def test_runs_hold_adapter_slots_only_for_their_calls(server: LocalServer) -> None:
+    """Six runs against the engine's four adapter slots, each doing calls in turn: every call is done (a
+    run between calls gives its slot back, its state kept, and takes one again for its next call), and
+    another tenant's chat with a sampler's weights is served meanwhile."""
+    with service(server) as holder, service(server, OTHER) as other:
+        runs = [holder.create_lora_training_client(base_model=server.base, rank=2).result() for _ in range(6)]
+        mine = other.create_lora_training_client(base_model=server.base, rank=2).result()
+        mine.forward_backward([datum(TOKENS[:8])], "cross_entropy").result()
+        model = "tinker:" + mine.save_weights_for_sampler("served").result().path.removeprefix(
+            "tinker://").replace("/sampler_weights/", ":")
+        for _ in range(2):
+            for run in runs:
+                run.forward_backward([datum(TOKENS[:8])], "cross_entropy").result()
+            reply = server.client(OTHER).completions.create(model=model, prompt="hi", max_tokens=2, temperature=0)
+            assert reply.choices[0].text is not None
+        for run in runs:  # each run's gradient came back with it: two calls' worth, one step
+            assert run.optim_step(types.AdamParams(learning_rate=1e-3)).result().metrics["step:max"] == 1
 
 
 def test_a_tenants_quotas_apply_to_its_runs(server: LocalServer, root: Path) -> None:

@@ -123,22 +123,70 @@ def test_what_a_run_cannot_do_is_a_failure_not_a_hang(tmp_path: Path) -> None:
         assert isinstance(refused, CallFailure) and refused.code == code
 
 
-def test_a_run_waiting_for_a_slot_says_why_and_runs_once_a_session_ends(tmp_path: Path) -> None:
+def test_a_run_waiting_for_a_slot_says_why_and_runs_once_one_is_free(tmp_path: Path) -> None:
+    """One slot: a run doing a long call holds it; another run's call waits, saying why, and runs once the
+    first is idle (it parks: something waited). A silent session's runs end."""
     c, r, clock, engine = runs(tmp_path, slots=1)
     first = create(r)
     waiting = create(r, "b", OTHER_SESSION)
+    long = ticket(r.submit("a", first, fb(200, 200, 200)))
+    for engine_id in c.engines:
+        c.step(engine_id, engine)
     call = ticket(r.submit("b", waiting, fb(4)))
-    run_until(c, r, engine, 5)
+    for engine_id in c.engines:
+        c.step(engine_id, engine)
     pending = r.outcome("b", call)
-    assert isinstance(pending, CallPending) and "adapter slots" in (pending.reason or "")
+    assert isinstance(pending, CallPending) and "adapter slots" in (pending.reason or ""), pending
+    run_until(c, r, engine)
+    assert isinstance(r.outcome("a", long), ForwardBackwardOutcome)
+    assert isinstance(r.outcome("b", call), ForwardBackwardOutcome)
     clock.now += 45.0
     r.session_alive("b", OTHER_SESSION)
-    clock.now += 30.0  # the first session is silent for 75 s: its run ends and gives its slot back
+    clock.now += 30.0  # the first session is silent for 75 s: its run ends
     run_until(c, r, engine)
-    assert isinstance(r.outcome("b", call), ForwardBackwardOutcome)
     closed = r.submit("a", first, fb(4))
     assert isinstance(closed, CallFailure) and closed.code == "run_closed" and "heartbeat" in closed.message
     assert r.live_runs("a") == 0 and r.live_runs("b") == 1
+
+
+class Recorder(WindowEngine):
+    """A `WindowEngine` that keeps the plans it ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plans: list[IterationPlan] = []
+
+    def step(self, plan: IterationPlan) -> IterationResult:
+        self.plans.append(plan)
+        return super().step(plan)
+
+
+def test_runs_give_their_slot_back_between_calls(tmp_path: Path) -> None:
+    """Four slots, eight runs of one tenant, each doing calls in turn: every call is done (a run holds a
+    slot only for its call; between calls it parks, its state kept by the engine, and takes a slot again:
+    JobUnpark), and runs never hold the bank's last slot (one stays for inference requests)."""
+    c, r, _, engine = runs(tmp_path, slots=4)
+    engine = Recorder()
+    ids = [create(r, n=n) for n in range(8)]
+    for _ in range(2):
+        tickets = [ticket(r.submit("a", run, fb(6))) for run in ids]
+        run_until(c, r, engine)
+        assert all(isinstance(r.outcome("a", t), ForwardBackwardOutcome) for t in tickets)
+    holding: set[str] = set()
+    parked: set[str] = set()
+    for plan in engine.plans:  # runs in the bank after each plan: at most 3 of its 4 slots
+        work = plan.training
+        assert {u.job_id for u in work.job_unparks} <= parked
+        parked -= {u.job_id for u in work.job_unparks}
+        holding |= {s.job_id for s in work.job_starts} | {u.job_id for u in work.job_unparks}
+        holding -= set(work.job_parks)
+        parked |= set(work.job_parks)
+        assert len(holding) <= 3, holding
+    assert len({job for plan in engine.plans for job in plan.training.job_parks}) >= 5
+    assert any(plan.training.job_unparks for plan in engine.plans)
+    stepped = ticket(r.submit("a", ids[0], OptimStepCall(AdamStep(1e-3))))  # its gradient came back with it
+    run_until(c, r, engine)
+    assert isinstance(r.outcome("a", stepped), OptimStepOutcome)
 
 
 def test_a_run_whose_engine_is_lost_ends_and_its_calls_fail(tmp_path: Path) -> None:

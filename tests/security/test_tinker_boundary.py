@@ -31,6 +31,8 @@ ATTACKER, VICTIM = "tml-attacker-0123456789", "tml-victim-0123456789"
 VICTIM_OPENAI = "sk-victim-0123456789"
 FLOOD = "tml-flood-0123456789"  # a tenant with a small Tinker rate (6 calls a minute)
 HOARDER = "tml-hoarder-0123456789"  # a tenant with little storage (150 kB: two saves of rank 4)
+HOG = "tml-hog-0123456789"  # a tenant with the default limits: 8 runs, against the engine's 4 adapter slots
+CHAT_BOUND_S = 20.0  # the victim's chat with its own fine-tuned weights (it timed out at 45-60 s before)
 TOKENS = list(range(5, 37))
 HEALTH_BOUND_S = 1.0
 RSS_BOUND_MB = 400  # growth of the server's process (the test's too: one process) over a case
@@ -53,7 +55,8 @@ def server(llama_dir: Path, root: Path) -> Iterator[LocalServer]:
                                                               "max_training_tokens_per_job": 400}},
                "victim": {"api_keys": [VICTIM, VICTIM_OPENAI]},
                "flood": {"api_keys": [FLOOD], "limits": {"tinker_requests_per_minute": 6}},
-               "hoarder": {"api_keys": [HOARDER], "limits": {"max_stored_bytes": 150_000}}}
+               "hoarder": {"api_keys": [HOARDER], "limits": {"max_stored_bytes": 150_000}},
+               "hog": {"api_keys": [HOG]}}
     with local_server(llama_dir, root, tenants) as srv:
         yield srv
 
@@ -315,3 +318,49 @@ def test_every_tinker_endpoint_is_rate_limited_per_tenant(server: LocalServer, v
         "events": [{}] * 101, "platform": "x", "sdk_version": "x", "session_id": "s", "process_uuid": "p"})
     assert many.status_code == 400 and "events" in many.text
 
+
+
+def timed_chat(server: LocalServer, model: str) -> float:
+    started = time.monotonic()
+    reply = server.client(VICTIM_OPENAI).completions.create(model=model, prompt="hello", max_tokens=3, temperature=0)
+    assert reply.choices[0].text is not None
+    return time.monotonic() - started
+
+
+def test_more_runs_than_slots_leave_the_victim_its_fine_tuned_chat(server: LocalServer,
+                                                                   victim: tuple[Any, Any]) -> None:
+    """The issue's case: one tenant's 8 runs against the engine's 4 adapter slots, heartbeating idle, then
+    all doing calls at once. The victim's chat with its own fine-tuned weights finishes within 20 s each
+    time (it timed out before), and its own run and a new one train meanwhile."""
+    sc, tc = victim
+    tc.forward_backward([shifted(TOKENS)], "cross_entropy").result()
+    saved = tc.save_weights_for_sampler("mine").result().path
+    model = "tinker:" + saved.removeprefix("tinker://").replace("/sampler_weights/", ":")
+    with service(server, HOG) as hog, watched(server):
+        runs = [hog.create_lora_training_client(base_model=server.base, rank=4).result() for _ in range(8)]
+        for run in runs:  # each takes a slot for its call, then holds none while it heartbeats
+            run.forward_backward([shifted(TOKENS)], "cross_entropy").result()
+        assert timed_chat(server, model) < CHAT_BOUND_S
+        stop, errors = threading.Event(), []
+
+        def busy(run: Any) -> None:
+            try:
+                while not stop.is_set():
+                    run.forward_backward([shifted(TOKENS)], "cross_entropy").result()
+            except Exception as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=busy, args=(run,), daemon=True) for run in runs]
+        for thread in threads:
+            thread.start()
+        try:
+            times = [timed_chat(server, model) for _ in range(3)]
+            victim_works(server, sc, tc, model)
+            fresh = sc.create_lora_training_client(base_model=server.base, rank=4).result()
+            fresh.forward_backward([shifted(TOKENS)], "cross_entropy").result()
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+        assert max(times) < CHAT_BOUND_S, times
+        assert not errors, errors
