@@ -164,13 +164,16 @@ class ClusterJobs:
         return self._waiting.get(job_id)
 
     def held_back(self, job_id: str) -> str | None:
-        """Why the job got no work lately: it waits for an engine, or its engine's last plan held
-        fine-tuning back (`JobHost.finetune_held_back`); None: neither."""
+        """Why the job got no work lately: it waits for an engine, its rollouts or an adapter slot, or its
+        engine's last plan held fine-tuning back (`JobHost.finetune_held_back`); None: none of these."""
         if job_id in self._waiting:
             return self._waiting[job_id]
         driver = self._drivers.get(job_id)
         if driver is not None and driver.waiting_for is not None:
             return f"it waits for its rollouts: {driver.waiting_for}"
+        job = self.get(job_id)
+        if job is not None and job.slot_wait is not None:
+            return f"it waits for an adapter slot: {job.slot_wait}"
         host = self._host(job_id)
         return None if host is None else host.finetune_held_back
 

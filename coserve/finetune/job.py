@@ -97,6 +97,7 @@ class FinetuneJob:
         # A run driven by its client's calls (`driven_ops`); None: a job with data of its own.
         self.driven = DrivenOps(spec.job_id, spec.output_dir, spec.num_layers, start_step) if spec.driven else None
         self.parking = RunParking(adapters) if spec.driven else None  # a driven run's slot between its calls
+        self.slot_wait: str | None = None  # why its last attempt to take an adapter slot failed (None: it did not)
 
     # ------------------------------------------------------------------------------ properties
 
@@ -342,7 +343,10 @@ class FinetuneJob:
             if grant is None:
                 if parking is not None:
                     parking.missed()
+                self.slot_wait = (f"all {self._adapters.num_slots} adapter slots of its engine are pinned by "
+                                  "requests and other jobs; it starts when one is free")
                 return False
+            self.slot_wait = None
             if grant.evicted_slot is not None:
                 plan.adapter_unloads.append(grant.evicted_slot)
             self._slot = grant.slot  # the AdapterLoad is not sent: JobStart (or JobUnpark) installs the weights

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cluster_sim import builder, cluster
+from cluster_sim import builder, cluster, job_spec
 from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.cluster.training_runs import TrainingRuns
 from coserve.contract.loss_spec import LossSpec, TokenInputs
 from coserve.contract.plan import IterationPlan, IterationResult
+from coserve.contract.sampling import AdapterRef
 from coserve.contract.training_calls import (
     CallFailure,
     CallPending,
@@ -217,3 +218,18 @@ def test_a_run_waiting_for_its_client_is_not_backlogged(tmp_path: Path) -> None:
     assert "a" in c.vtc.backlogged
     run_until(c, r, engine)
     assert "a" not in c.vtc.backlogged
+
+
+def test_a_job_waiting_for_an_adapter_slot_says_why(tmp_path: Path) -> None:
+    """A placed job whose engine has every slot pinned (here by a request's adapter) waits, and the reason
+    the watchdog reports says it waits for an adapter slot; it trains once the slot is free."""
+    c, _, _, engine = runs(tmp_path, slots=1)
+    adapters = c.member("e0").policy.adapters
+    assert adapters.acquire(AdapterRef(7, "tenant-model", "/adapters/7")) is not None  # a request's pin
+    c.jobs.start(job_spec("job", "t"))
+    for _ in range(3):
+        c.step("e0", engine)
+    assert "adapter slot" in (c.jobs.held_back("job") or "")
+    adapters.release(7)
+    c.step("e0", engine)
+    assert c.jobs.held_back("job") is None or "adapter slot" not in c.jobs.held_back("job")
