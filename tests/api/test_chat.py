@@ -298,7 +298,8 @@ def test_engine_failure_mid_stream_sends_error_event(server: Server, monkeypatch
     with pytest.raises(openai.APIError) as info:
         for chunk in stream:
             received.append(chunk)
-    assert "injected device fault" in info.value.message and len(received) >= 2
+    # A step that failed whole (not a `PlanFault`: its work not told apart): a generic error, not the engine's.
+    assert "internal error" in info.value.message and "injected" not in info.value.message and len(received) >= 2
     monkeypatch.setattr(engine, "step", real_step)
     # The engine goes on serving.
     out = client(server).chat.completions.create(model=server.base, messages=HELLO, max_tokens=3)
