@@ -17,11 +17,12 @@ from typing import Any
 
 import httpx
 import numpy as np
+import openai
 import psutil
 import pytest
 import zstandard
 
-from local_server import LocalServer, local_server
+from local_server import LocalServer, local_server, upload_jsonl
 
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
@@ -254,6 +255,11 @@ def test_runs_count_as_jobs_and_forward_tokens_are_metered(server: LocalServer) 
         with pytest.raises(tinker.APIStatusError, match="max_concurrent_jobs|at once") as refused:
             attacker.create_lora_training_client(base_model=server.base, rank=2).result()
         assert refused.value.status_code == 403
+        oa = server.client(ATTACKER)  # and a fine-tuning job counts the open runs too
+        rows = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "hello"}]}
+                for i in range(10)]
+        with pytest.raises(openai.RateLimitError, match="max_concurrent_jobs"):
+            oa.fine_tuning.jobs.create(model=server.base, training_file=upload_jsonl(oa, rows))
         done = 0
         with pytest.raises(tinker.APIStatusError, match="max_training_tokens_per_job"):
             while True:

@@ -28,7 +28,8 @@ router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 def get_service(state: Annotated[GatewayState, Depends(get_state)]) -> FineTuningService:
     """FastAPI dependency: the fine-tuning service over the app's store."""
     return FineTuningService(state.store, state.tenants, state.base_models, state.max_lora_rank,
-                             dedicated=state.dedicated, python_graders=state.python_graders is not None)
+                             dedicated=state.dedicated, python_graders=state.python_graders is not None,
+                             live_runs=state.tinker.live_runs)
 
 
 Service = Annotated[FineTuningService, Depends(get_service)]

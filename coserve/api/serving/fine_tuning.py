@@ -13,6 +13,7 @@ the grader reads (else a 400 naming the variable, the file and the row).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from coserve.api.auth import Caller
 from coserve.api.protocol.base import ProtocolError
@@ -119,13 +120,16 @@ class FineTuningService:
         dedicated: the Ray cluster's room for dedicated runs (None: no Ray; asking for one is a 400).
         python_graders: the server runs `python` graders (`--enable-python-graders`); else a
             reinforcement job graded by one is a 400.
+        live_runs: the tenant's open Tinker training runs, which count against `max_concurrent_jobs`
+            with its jobs (`TinkerFutures.live_runs`).
     """
 
     def __init__(self, store: MetadataStore, tenants: TenantsConfig, base_models: tuple[str, ...],
                  max_lora_rank: int | None = None, dedicated: DedicatedCapacity | None = None,
-                 python_graders: bool = False) -> None:
+                 python_graders: bool = False, live_runs: Callable[[str], int] = lambda tenant: 0) -> None:
         self.store, self.tenants, self.base_models = store, tenants, base_models
         self.max_lora_rank, self.dedicated, self.python_graders = max_lora_rank, dedicated, python_graders
+        self.live_runs = live_runs
 
     def create(self, tenant: str, body: FineTuningJobCreate) -> FineTuningJob:
         """Check the model, the files and the tenant's job limit, then record the job.
@@ -222,7 +226,7 @@ class FineTuningService:
         config = self.tenants.tenants.get(tenant)
         if config is None:
             return
-        active = sum(1 for job in self.store.jobs.active() if job.tenant == tenant)
+        active = sum(1 for job in self.store.jobs.active() if job.tenant == tenant) + self.live_runs(tenant)
         refusal = TenantQuota(config.limits).admit_job(active, 0)
         if refusal is None:
             return
@@ -232,7 +236,8 @@ class FineTuningService:
             raise ProtocolError(f"{refusal.reason}. Ask the operator to raise the tenant's "
                                 f"{refusal.limit}.", status=403, type="insufficient_quota",
                                 param=None, code="quota_exceeded")
-        raise ProtocolError(f"{refusal.reason}. Retry when one of your jobs ends.", status=429,
+        raise ProtocolError(f"{refusal.reason} (Tinker training runs included). Retry when one of your jobs or "
+                            "runs ends.", status=429,
                             type="rate_limit_error", code="rate_limit_exceeded",
                             headers={"retry-after": str(math.ceil(retry))})
 

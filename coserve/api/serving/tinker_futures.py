@@ -66,6 +66,7 @@ class TinkerFutures:
 
     def __init__(self) -> None:
         self._sessions: dict[str, tuple[str, float]] = {}  # session id -> (tenant, last seen)
+        self._runs: dict[str, set[str]] = {}  # session id -> its runs (they end with it)
         self._sampling: dict[str, SamplingSession] = {}  # oldest first
         self._futures: dict[str, tuple[str, Future]] = {}
 
@@ -76,6 +77,7 @@ class TinkerFutures:
         for session_id, (_, seen) in list(self._sessions.items()):
             if now - seen > SESSION_TIMEOUT_S:
                 del self._sessions[session_id]
+                self._runs.pop(session_id, None)
         if sum(1 for owner, _ in self._sessions.values() if owner == tenant) >= MAX_SESSIONS:
             raise ProtocolError(f"You have {MAX_SESSIONS} Tinker sessions open, the most a tenant may: close one "
                                 f"(ServiceClient.close()) or let it time out ({SESSION_TIMEOUT_S:g} s without a "
@@ -96,6 +98,20 @@ class TinkerFutures:
     def close_session(self, tenant: str, session_id: str) -> None:
         if self.has_session(tenant, session_id):
             del self._sessions[session_id]
+            self._runs.pop(session_id, None)
+
+    def add_run(self, session_id: str, run_id: str) -> None:
+        """A run of the session was created (it ends with the session)."""
+        self._runs.setdefault(session_id, set()).add(run_id)
+
+    def live_runs(self, tenant: str) -> int:
+        """The tenant's runs in its open sessions (what the fine-tuning endpoints count against
+        `max_concurrent_jobs`; read from the endpoints' threads: one snapshot of each dict)."""
+        now = time.monotonic()
+        sessions = dict(self._sessions)
+        return sum(len(runs) for session_id, runs in dict(self._runs).items()
+                   if session_id in sessions and sessions[session_id][0] == tenant
+                   and now - sessions[session_id][1] <= SESSION_TIMEOUT_S)
 
     def open_sampling(self, session: SamplingSession) -> str:
         """A sampling session; the tenant's oldest goes when it has `MAX_SAMPLING` already."""

@@ -115,6 +115,7 @@ class TinkerTraining:
         if isinstance(info, CallFailure):
             raise _refused(info)
         assert isinstance(info, RunInfo)
+        self._futures.add_run(request.session_id, info.run_id)
         return self._futures.add(tenant, ReadyFuture({"model_id": info.run_id, "type": "create_model"}))
 
     def _run_id(self, tenant: str, session_id: str, model_seq_id: int) -> str:
@@ -202,6 +203,7 @@ class TinkerTraining:
             if isinstance(info, CallFailure):
                 raise _refused(info)
             assert isinstance(info, RunInfo)
+            self._futures.add_run(request.session_id, info.run_id)
             run_id = info.run_id
         call = LoadCall(request.path, request.optimizer)
         return await self.submit(tenant, run_id, call), run_id
