@@ -19,6 +19,7 @@ from typing import Any
 from coserve.contract.job_spec import trained_tokens
 from coserve.contract.training_plan import TrainingExample
 from coserve.frontend.chat_render import TemplateError
+from coserve.frontend.prompt_encoder import longest_token_chars
 from coserve.frontend.training_data import TrainingData, encode_conversation, indices_text, unencodable
 
 
@@ -50,10 +51,11 @@ def prepare_preference_data(tokenizer: Any, rows: Sequence[Mapping[str, Any]], m
     kept: list[int] = []
     truncated: list[int] = []
     dropped: list[int] = []
+    longest = longest_token_chars(tokenizer)
     for index, row in enumerate(rows):
         tools = row["input"].get("tools")
         try:
-            sides = [encode_conversation(tokenizer, _answer(row, key), max_len, tools)
+            sides = [encode_conversation(tokenizer, _answer(row, key), max_len, tools, longest)
                      for key in ("preferred_output", "non_preferred_output")]
         except TemplateError as err:
             raise TemplateError(f"{what} {index + 1}: {err}") from err

@@ -3,7 +3,8 @@
 
 Rows are OpenAI's reinforcement rows: `messages` (the prompt, ending with a user turn) plus any fields the
 grader reads as `{{ item.<field> }}`. Each prompt is its messages through the chat template with the
-generation prompt. A prompt with `max_completion_tokens` more must fit the context.
+generation prompt. A prompt with `max_completion_tokens` more must fit the context (a prompt whose text
+certainly does not, at `longest_token_chars` characters a token, is refused without being tokenized).
 
 "auto" hyperparameters resolve as for supervised jobs (`HyperparameterRequest.resolve`), counting as a
 job's trained tokens the most its rollouts can train: prompts x samples x `max_completion_tokens` per
@@ -23,6 +24,7 @@ from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings, SettingsError
 from coserve.frontend.chat_template import chat_template_refusal, encode_chat
 from coserve.frontend.job_prep import PreparedJob, ValidationFileError
+from coserve.frontend.prompt_encoder import longest_token_chars
 from coserve.frontend.training_data import TrainingData
 from coserve.graders.checks import check_grader
 from coserve.graders.item_fields import missing_item_field
@@ -31,11 +33,16 @@ from coserve.graders.item_fields import missing_item_field
 def _prompts(tokenizer: Any, rows: Sequence[Mapping[str, Any]], max_len: int, max_tokens: int,
              param: str) -> list[list[int]]:
     prompts = []
+    longest = longest_token_chars(tokenizer)
     for i, row in enumerate(rows):
         messages = row.get("messages") if isinstance(row, Mapping) else None
         if not isinstance(messages, list) or not messages or not isinstance(messages[-1], Mapping) \
                 or messages[-1].get("role") != "user":
             raise SettingsError(param, f"row {i + 1}: `messages` must end with a user turn")
+        chars = sum(len(m["content"]) for m in messages if isinstance(m, Mapping) and isinstance(m.get("content"), str))
+        if -(-chars // longest) + max_tokens > max_len:  # too long for certain: not even tokenized
+            raise SettingsError(param, f"row {i + 1}: its prompt (at least {-(-chars // longest)} tokens) and "
+                                f"{max_tokens} sampled tokens exceed the context of {max_len}")
         try:
             _, ids = encode_chat(tokenizer, messages)
         except Exception as err:  # noqa: BLE001 - whatever the template or tokenizer raises is the row's fault

@@ -34,6 +34,14 @@ newlines) is trained: every content character is then learned, at the cost of on
 
 Bad input (issue 3): an example longer than `max_len` is truncated to its first `max_len` tokens
 (OpenAI's behaviour) and flagged; an example with no trained target left is skipped and counted.
+
+Cut before tokenizing (issue 45): a token stands for at most `longest_token_chars` characters, so text past
+`(max_len + CUT_MARGIN_TOKENS) x longest` characters of message content lies past the context for certain.
+Such a conversation is rendered and tokenized only up to there (the message that reaches it cut, the later
+ones left out): what it trains is the same, at the cost of the context rather than of the row (tokenizing
+2 MB of text took 16 s and 800 MB; a row may hold 2 MiB). The cut's encoding must still run past the
+context by half the margin, or the whole conversation is tokenized after all (a normalizer that shortens
+text could make the bound loose).
 """
 
 from __future__ import annotations
@@ -55,9 +63,12 @@ from coserve.frontend.chat_render import (
     template_messages,
     tool_calls,
 )
+from coserve.frontend.prompt_encoder import longest_token_chars
 from coserve.frontend.template_family import call_id_rule
 
 MAX_WARNED_INDICES = 20  # a warning names at most this many example indices
+# Tokens kept past the context when a conversation is cut before tokenizing (module docstring).
+CUT_MARGIN_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +78,7 @@ class EncodedConversation:
     token_ids: list[int]  # L <= max_len
     trained: list[bool]  # token p is an assistant token (the target of position p - 1)
     truncated: bool  # the rendering had more than max_len tokens; the tail was cut
-    full_length: int  # tokens before truncation
+    full_length: int  # tokens before truncation (of the cut text, when it was cut before tokenizing)
 
     @property
     def num_trained(self) -> int:
@@ -154,19 +165,46 @@ def trained_char_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]], to
     return full, spans
 
 
+def cut_past_context(messages: Sequence[Mapping[str, Any]], max_len: int,
+                     longest: int) -> list[Mapping[str, Any]] | None:
+    """The messages up to the one whose text certainly reaches `max_len + CUT_MARGIN_TOKENS` tokens (a token
+    stands for at most `longest` characters), that one's content cut there; None when none does."""
+    budget = (max_len + CUT_MARGIN_TOKENS) * longest
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, str):
+            continue
+        if len(content) >= budget:
+            return [*messages[:i], {**message, "content": content[:budget]}]
+        budget -= len(content)
+    return None
+
+
 def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, Any]], max_len: int,
-                        tools: Tools | None = None) -> EncodedConversation:
+                        tools: Tools | None = None, longest: int | None = None) -> EncodedConversation:
     """Tokenize one conversation with the chat template and mask it to its trained assistant tokens.
 
     `tools` is the row's `tools` list (OpenAI's format), passed to the template. Returns an
     `EncodedConversation`; `.skipped` is true when no trained target is left (all assistant messages have
-    weight 0, or truncation cut them off), and the caller counts it.
+    weight 0, or truncation cut them off), and the caller counts it. A conversation far longer than the
+    context is cut before it is tokenized (module docstring); `longest`: the tokenizer's
+    `longest_token_chars`, when the caller has it.
 
     Raises:
         TemplateError, ValueError: see `trained_char_spans`; also a tokenizer without offsets.
     """
     if max_len < 2:
         raise ValueError(f"max_len must be >= 2 (a target needs a preceding token), got {max_len}")
+    cut = cut_past_context(messages, max_len, longest or longest_token_chars(tokenizer))
+    if cut is not None:
+        encoded = _encode(tokenizer, cut, max_len, tools)
+        if encoded.full_length > max_len + CUT_MARGIN_TOKENS // 2:  # the cut lies past the context, as bounded
+            return encoded
+    return _encode(tokenizer, messages, max_len, tools)
+
+
+def _encode(tokenizer: Any, messages: Sequence[Mapping[str, Any]], max_len: int,
+            tools: Tools | None) -> EncodedConversation:
     call_id = call_id_rule(tokenizer, messages)
     full, spans = trained_char_spans(tokenizer, messages, tools, call_id)
     encoding = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -227,11 +265,12 @@ def prepare_training_data(tokenizer: Any, examples: Sequence[Example], max_len: 
     kept: list[int] = []
     truncated: list[int] = []
     skipped: list[int] = []
+    longest = longest_token_chars(tokenizer)
     for index, example in enumerate(examples):
         messages = example["messages"] if isinstance(example, Mapping) else example
         tools = example.get("tools") if isinstance(example, Mapping) else None
         try:
-            encoded = encode_conversation(tokenizer, messages, max_len, tools)
+            encoded = encode_conversation(tokenizer, messages, max_len, tools, longest)
         except TemplateError as err:  # name the example: the file may hold thousands
             raise TemplateError(f"{what} {index + 1}: {err}") from err
         except TypeError as err:
