@@ -22,8 +22,8 @@ from coserve.api.state import GatewayState
 from coserve.contract.messages import AdapterSpec
 from coserve.contract.sampling import SamplingParams
 
-_SAMPLER_PATH = re.compile(r"^tinker://(session-[0-9a-f]{24}:train:[0-9]{1,9})/sampler_weights/"
-                           r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})$")
+_SAMPLER_PATH = re.compile(r"tinker://(session-[0-9a-f]{24}:train:[0-9]{1,9})/sampler_weights/"
+                           r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})")  # matched whole: no trailing newline
 # What a sample request may ask that coserve does not compute: refused unless left at its default.
 _UNSUPPORTED = ("prompt_logprobs", "topk_prompt_logprobs", "topk_sample_logprobs", "target_prompt_logprobs",
                 "prompt_alt_tokens_k", "prompt_logprobs_last_n")
@@ -37,7 +37,7 @@ class TinkerSampling:
     def adapter(self, tenant: str, base_model: str | None, model_path: str | None) -> AdapterSpec | None:
         """The weights to sample: a sampler's saved weights of the tenant's runs, or a served base model."""
         if model_path is not None:
-            match = _SAMPLER_PATH.match(model_path)
+            match = _SAMPLER_PATH.fullmatch(model_path)
             if match is None:
                 raise ProtocolError(f"model_path must be tinker://<run id>/sampler_weights/<name> "
                                     f"(save_weights_for_sampler's path), got {model_path!r}.", param="model_path")
