@@ -13,27 +13,31 @@ started, a worker failed) go to the job's events as they are. A run paused longe
 timeout is released: its workers save a checkpoint and end, giving their resources back, and resuming the
 job starts a new run from that checkpoint. A run whose actor died, or that was released, is `gone`: the
 job manager forgets it and starts it again from its last checkpoint (a released one once it is resumed),
-as after a server restart.
+as after a server restart. A run that cannot be launched, polled or heard (its actor raising, a report the
+store refuses) fails its own job with an internal error; the other runs are launched and polled as usual.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coserve.actors.job_failures import JobRefused
+from coserve.actors.dedicated_job import DedicatedJob
+from coserve.actors.job_failures import INTERNAL_ERROR, JobRefused
 from coserve.actors.leftover_groups import LeftoverGroups
 from coserve.contract.dedicated_run import Command, RunSpec
 from coserve.contract.job_request import TRAINING_KEY, JobRequest, TrainingMode, TrainingRequest
-from coserve.contract.job_runner import JobNotice, SequenceRestarts
+from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.finetune.dedicated import DedicatedSettings, Route, capacity, route
 from coserve.finetune.dedicated_queue import RunQueue
 from coserve.store import JobRecord, MetadataStore
+
+logger = logging.getLogger(__name__)
 
 RUN_NAMESPACE = "coserve"
 PLACEMENT_GROUP_KEY = "ray_placement_group"  # the job row's extension: its latest run's placement group
@@ -75,77 +79,6 @@ def route_job(store: MetadataStore, record: JobRecord, trained_tokens: int, sett
         store.events.add(record.id, f"Routed to a dedicated Ray Train run on {decision.workers} worker(s): "
                                     f"{decision.reason}")
     return decision
-
-
-@dataclass(slots=True)
-class DedicatedJob:
-    """A dedicated job as the job manager sees it (what it reads of a running job: `spec`, `total_steps`,
-    `trained_tokens`, `runnable`, `last_planned_step`)."""
-
-    spec: FinetuneJobSpec
-    tenant: str
-    run: RunSpec | None  # to launch once the cluster has its workers free (None: launched or adopted)
-    handle: Any  # the DedicatedRun actor (None until launched)
-    workers: int
-    trained_tokens: int
-    started: bool = False  # the workers are up
-    paused: bool = False
-    ended: bool = False
-    progress: int = 0  # moves with every report: the watchdog's marker
-    last_step: int = 0
-    waiting: str = ""  # why the run is not launched or its workers not up yet (for the watchdog)
-    placement_group: str | None = None  # the run's Ray placement group (hex id), once its workers are up
-    checkpoints: set[int] = field(default_factory=set)  # steps whose checkpoint was reported
-    paused_at: float | None = None  # when it was paused (the clock of `DedicatedJobs`); None: not paused
-    releasing: bool = False  # paused too long: told to save a checkpoint and give its workers back
-
-    @property
-    def total_steps(self) -> int:
-        return -(-len(self.spec.examples) // self.spec.batch_size) * self.spec.n_epochs
-
-    @property
-    def runnable(self) -> bool:
-        return not self.paused and not self.ended
-
-    @property
-    def last_planned_step(self) -> int:
-        return self.progress
-
-    @property
-    def progress_marker(self) -> int:
-        return self.progress
-
-    @property
-    def sequence_restarts(self) -> SequenceRestarts:
-        return SequenceRestarts()  # its workers hold their own memory: nothing reclaims it
-
-    def held_back(self) -> str:
-        if not self.started:
-            return self.waiting or f"Ray Train is starting {self.workers} worker(s)"
-        return f"its Ray Train run ({self.workers} workers) is on step {self.last_step + 1}/{self.total_steps}"
-
-    def release_due(self, now: float, timeout_s: float) -> bool:
-        """Whether its launched run has been paused `timeout_s` or longer and is not released yet."""
-        return (self.handle is not None and self.paused_at is not None and not self.releasing
-                and not self.ended and now - self.paused_at >= timeout_s)
-
-    def resume_point(self) -> str:
-        """Where a new run of the job starts: its last checkpoint's step, or the start."""
-        if self.checkpoints:
-            return f"its checkpoint at step {max(self.checkpoints)}"
-        start = self.spec.start_position
-        return f"its checkpoint at step {start.step}" if self.spec.resume_from and start else "the start"
-
-    def keep(self, event: JobEvent) -> bool:
-        """Whether to record `event`: a checkpoint reported again (its steps redone after a worker
-        failure) is registered once."""
-        if event.kind == JobEventKind.STEP:
-            self.last_step = max(self.last_step, event.step)
-        if event.kind != JobEventKind.CHECKPOINT:
-            return True
-        fresh = event.step not in self.checkpoints
-        self.checkpoints.add(event.step)
-        return fresh
 
 
 class DedicatedJobs:
@@ -298,7 +231,32 @@ class DedicatedJobs:
                 with self._lock:
                     self._gone.append(job_id)
                 continue
-            self._absorb(job_id, job, update, trained)
+            except Exception as err:  # noqa: BLE001 - a job's failure is the job's: the other runs are polled
+                self._fail_run(job_id, job, err)
+                continue
+            try:
+                self._absorb(job_id, job, update, trained)
+            except Exception as err:  # noqa: BLE001 - a report that cannot be taken in ends its own run only
+                self._fail_run(job_id, job, err)
+
+    def _fail_run(self, job_id: str, job: DedicatedJob, err: Exception) -> None:
+        """A run that could not be launched, polled or heard: it is stopped and its job fails with an internal
+        error (the job manager records it); the other runs go on."""
+        import ray
+
+        logger.error("dedicated job %s: its Ray Train run failed", job_id, exc_info=err)
+        self._jobs.pop(job_id, None)
+        job.ended = True
+        if job.handle is not None:
+            try:
+                ray.kill(job.handle)
+            except Exception:  # noqa: BLE001 - the job fails whatever is left of its run
+                logger.exception("dedicated job %s: stopping its run failed", job_id)
+        self._leftovers.add(job.placement_group)
+        with self._lock:
+            self._events.append(JobEvent(job_id, JobEventKind.FAILED, job.last_step, code=INTERNAL_ERROR,
+                                         message=f"its Ray Train run failed on an internal error "
+                                                 f"({type(err).__name__}); the server's log has the details"))
 
     def _launch_queued(self) -> None:
         """First come, first served: launch queued runs while the cluster has their workers free; the
@@ -317,7 +275,12 @@ class DedicatedJobs:
                     waiting.append(job_id)
                     continue
                 assert job.run is not None  # queued: not launched yet
-                job.handle, job.run, job.waiting = launch(job.run, _run_name(job_id), self._namespace), None, ""
+                try:
+                    job.handle = launch(job.run, _run_name(job_id), self._namespace)
+                except Exception as err:  # noqa: BLE001 - a job's failure is the job's: the others launch
+                    self._fail_run(job_id, job, err)
+                    continue
+                job.run, job.waiting = None, ""
                 free = {k: v - per_worker.get(k, 0.0) * job.workers for k, v in free.items()}
             if waiting:
                 self._wait_first(waiting[0], free, total)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coserve.actors.dedicated_jobs import DedicatedJob
+from coserve.actors.dedicated_job import DedicatedJob
 from coserve.contract.data_position import DataPosition
 from coserve.contract.dedicated_run import Command, RunSpec
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
