@@ -190,7 +190,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         dedicated_min_tokens=args.dedicated_min_tokens, dedicated_workers=args.dedicated_workers,
                         lenient_params=args.lenient_params, kv_cache_memory_gb=args.kv_cache_memory_gb,
                         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-                        dedicated_pause_timeout_s=args.dedicated_pause_timeout_s)
+                        dedicated_pause_timeout_s=args.dedicated_pause_timeout_s, chat_template=args.chat_template)
     try:
         opts.validate()
     except ValueError as error:
@@ -304,6 +304,9 @@ def _register_serve(subparsers: Subparsers) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     serve.add_argument("--local", action="store_true", help="one process, no Ray")
+    serve.add_argument("--chat-template", metavar="FILE",
+                       help="a Jinja chat template that replaces the model's for chat and responses (vLLM's flag), "
+                            "e.g. one that renders tools: docs/responses.md (default: the model's own)")
     _serve_engine_args(serve.add_argument_group("engines and memory", "the engine, its device and its memory"))
     _serve_scheduling_args(serve.add_argument_group("scheduling",
                                                     "batches, latency objectives and fine-tuning's share"))

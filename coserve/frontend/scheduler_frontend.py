@@ -16,6 +16,7 @@ It has the surface the endpoints call (`GatewayState.scheduler`): `start`, `clos
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 from coserve.contract.engine import RuntimeLayout
@@ -64,16 +65,19 @@ class SchedulerFrontend:
         self._texts: dict[str, TextStream] = {}  # admitted, stream not read yet
 
     @classmethod
-    def for_engine(cls, model: str, scheduler: SchedulerClient, layout: RuntimeLayout) -> SchedulerFrontend:
+    def for_engine(cls, model: str, scheduler: SchedulerClient, layout: RuntimeLayout,
+                   chat_template: str | None = None) -> SchedulerFrontend:
         """The frontend of the engine serving the model folder `model`: the engine's tokenizer (its
-        layout's `TokenizerSpec`), the folder's config (read torch-free), the engine's limits.
+        layout's `TokenizerSpec`; `chat_template` replaces its template: `--chat-template`), the folder's
+        config (read torch-free), the engine's limits.
 
         Raises:
             ValueError: the engine reported no tokenizer.
         """
         if layout.tokenizer is None:
             raise ValueError("the engine reported no tokenizer; the gateway needs it")
-        return cls(scheduler, Tokenizer.from_spec(layout.tokenizer), ModelConfig.from_pretrained(model),
+        spec = layout.tokenizer if chat_template is None else replace(layout.tokenizer, chat_template=chat_template)
+        return cls(scheduler, Tokenizer.from_spec(spec), ModelConfig.from_pretrained(model),
                    layout.max_model_len, layout.max_lora_rank, layout.structured_output)
 
     async def start(self) -> None:

@@ -12,7 +12,8 @@ decides, once at start:
   (`coserve.tools.system_prompt`);
 * the template's tool-call family (`template_family`, `coserve.tools.family`): needed to read calls
   back (`auto`), to force them with a grammar (`required`, a named function, else a 400 naming
-  `tool_choice`) and to write the conversation's call ids as the template takes them.
+  `tool_choice`) and to write the conversation's call ids as the template takes them; with `auto` and a
+  structured output the grammar lets the reply be calls or that output (`calls_or_output_grammar`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from coserve.contract.sampling import SamplingParams
 from coserve.frontend.chat_render import TemplateError, require_tool_support, template_messages
 from coserve.frontend.messages import ChatSubmission
 from coserve.frontend.template_family import template_family
-from coserve.tools.call_grammar import tool_call_grammar
+from coserve.tools.call_grammar import calls_or_output_grammar, tool_call_grammar
 from coserve.tools.call_ids import keep_id
 from coserve.tools.family import ToolFamily
 from coserve.tools.spec import ToolChoiceMode, ToolSpec
@@ -99,6 +100,8 @@ class ToolSupport:
         if not self.renders_tools:
             return _described(messages, spec, sub.sampling)
         sampling = sub.sampling
+        if spec.mode is ToolChoiceMode.AUTO and sampling.structured_output is not None and self.family is not None:
+            return self._calls_or_output(messages, spec, sampling, self.family)
         if spec.constrained:
             if self.family is None:
                 return Rejection(400, _NO_FAMILY.format(choice=_choice(spec)), param="tool_choice",
@@ -109,6 +112,25 @@ class ToolSupport:
             sampling = forced
         family = None if spec.mode is ToolChoiceMode.NONE else self.family
         return PreparedChat(messages, spec.tools, sampling, family)
+
+    @staticmethod
+    def _calls_or_output(messages: list[dict[str, Any]], spec: ToolSpec, sampling: SamplingParams,
+                         family: ToolFamily) -> PreparedChat | Rejection:
+        """`auto` with a structured output: the reply is calls or that output (`calls_or_output_grammar`)."""
+        both = _calls_or_output_sampling(family, spec, sampling)
+        if isinstance(both, Rejection):
+            return both
+        return PreparedChat(messages, spec.tools, both, family)
+
+
+def _calls_or_output_sampling(family: ToolFamily, spec: ToolSpec,
+                              sampling: SamplingParams) -> SamplingParams | Rejection:
+    assert sampling.structured_output is not None
+    try:
+        return replace(sampling, structured_output=calls_or_output_grammar(family, spec, sampling.structured_output))
+    except ValueError as error:
+        return Rejection(400, f"'tools' with a structured output cannot be enforced: {error}", param="tools",
+                         code="invalid_value")
 
 
 def _described(messages: list[dict[str, Any]], spec: ToolSpec, sampling: SamplingParams) -> PreparedChat | Rejection:

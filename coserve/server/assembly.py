@@ -65,7 +65,7 @@ def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, la
     from coserve.frontend.scheduler_frontend import SchedulerFrontend
     from coserve.graders.python_grader import PythonGraderRunner
 
-    frontend = SchedulerFrontend.for_engine(opts.model, scheduler, layout)
+    frontend = SchedulerFrontend.for_engine(opts.model, scheduler, layout, chat_template=opts.chat_template_text())
     serving = ModelServing(engine=layout.engine, dtype=layout.dtype)
     logger.info("coserve: %s is served by %s", opts.base_model_id, serving_words(serving.engine, serving.dtype))
     return build_app(store, tenants, [opts.base_model_id], scheduler=frontend, max_lora_rank=layout.max_lora_rank,

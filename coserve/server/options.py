@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # What `http_options` (host, port) and `coserve serve --local` decide: not application arguments.
 NOT_ARGS = frozenset({"host", "port", "local"})
+MAX_CHAT_TEMPLATE_BYTES = 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,23 @@ class ServeOptions:
     max_model_len: int | None = None  # the context length (None: the model's)
     # a paused dedicated run keeps its workers this long, then gives them back (finetune.dedicated)
     dedicated_pause_timeout_s: float = defaults.DEDICATED_PAUSE_TIMEOUT_S
+    chat_template: str | None = None  # a Jinja file that replaces the model's chat template when serving
+
+    def chat_template_text(self) -> str | None:
+        """The `--chat-template` file's text (None: the model's own template).
+
+        Raises:
+            ValueError: the file cannot be read, is over `MAX_CHAT_TEMPLATE_BYTES`, or is not UTF-8.
+        """
+        if self.chat_template is None:
+            return None
+        path = Path(self.chat_template)
+        try:
+            if path.stat().st_size > MAX_CHAT_TEMPLATE_BYTES:
+                raise ValueError(f"--chat-template {path}: larger than {MAX_CHAT_TEMPLATE_BYTES} bytes")
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"--chat-template {path}: cannot be read ({error})") from None
 
     @property
     def base_model_id(self) -> str:
@@ -120,6 +138,7 @@ class ServeOptions:
                 PythonGraderRunner().check()
             except SandboxUnavailable as error:
                 raise ValueError(f"--enable-python-graders: {error}") from None
+        self._check_chat_template()
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"--model {self.model}: not a model folder (no config.json)")
         from coserve.model.config import ModelConfig
@@ -128,6 +147,18 @@ class ServeOptions:
         tenants = self.load_tenants()
         if self.latency_profile is not None:  # another model's or machine's profile is refused here
             self.policy_factory(tenants).latency_model()
+
+    def _check_chat_template(self) -> None:
+        """`--chat-template` is a readable Jinja template (its rendering is checked on the first request)."""
+        text = self.chat_template_text()
+        if text is None:
+            return
+        import jinja2
+
+        try:
+            jinja2.Environment().parse(text)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(f"--chat-template {self.chat_template}: not a Jinja template: {error}") from None
 
     def _check_memory_flags(self) -> None:
         """The KV cache's size, the GPU's share and the context length, as numbers and for this device."""

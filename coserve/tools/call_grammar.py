@@ -6,6 +6,10 @@ callable function and carrying arguments valid against that function's JSON sche
 grammar in llguidance's dialect with each schema embedded by `%json`, so llguidance enforces it token
 by token like any `response_format`, in the same fixed JSON layout (`structured_output.JSON_LAYOUT`).
 Once the calls are complete only EOS is allowed.
+
+`tool_choice` `auto` with a structured output (chat's `response_format`, the Responses API's `text.format`:
+the Agents SDK's `output_type` beside its tools) is the union: calls as above, or the output asked for
+(`calls_or_output_grammar`).
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import json
 from typing import Any
 
 from coserve.contract.schema_limits import schemas_violation
-from coserve.contract.structured_output import JSON_LAYOUT, StructuredOutput, StructuredOutputError
+from coserve.contract.structured_output import JSON_LAYOUT, OutputFormat, StructuredOutput, StructuredOutputError
 from coserve.tools.call_layout import MAX_PARALLEL_CALLS, CallLayout
 from coserve.tools.family import ToolFamily
-from coserve.tools.spec import ToolSpec
+from coserve.tools.spec import ToolChoiceMode, ToolSpec
 
-__all__ = ["MAX_PARALLEL_CALLS", "arguments_schema", "tool_call_grammar"]
+__all__ = ["MAX_PARALLEL_CALLS", "arguments_schema", "calls_or_output_grammar", "tool_call_grammar"]
 
 # OpenAI: "Omitting parameters defines a function with an empty parameter list."
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -61,6 +65,24 @@ def tool_call_grammar(family: ToolFamily, spec: ToolSpec) -> StructuredOutput:
         alternatives.append(f"fn_{index}")
     return StructuredOutput.lark("\n".join([_start(layout, spec.parallel), f"call: {' | '.join(alternatives)}",
                                             *rules]) + "\n")
+
+
+def calls_or_output_grammar(family: ToolFamily, spec: ToolSpec, output: StructuredOutput) -> StructuredOutput:
+    """`tool_choice` `auto` with a structured output (`response_format`, `text.format`): the reply is
+    either calls, as a forced reply's (`tool_call_grammar`), or the output `output` asks for (a JSON object,
+    or JSON valid against its schema). So a model may call the tools, or answer in the format asked for.
+
+    Raises:
+        ValueError, StructuredOutputError: as `tool_call_grammar`; a Lark `output` (only coserve writes one).
+    """
+    if output.format is OutputFormat.LARK:
+        raise ValueError("a grammar cannot be combined with tool calls")
+    schema: dict[str, Any] = {"type": "object"} if output.format is OutputFormat.JSON_OBJECT else \
+        json.loads(output.schema_json)
+    calls = tool_call_grammar(family, ToolSpec(spec.tools, ToolChoiceMode.REQUIRED, None, spec.parallel))
+    grammar = calls.schema_json.replace("start:", "calls:", 1)
+    both = f"start: calls | output\noutput: %json {json.dumps({**schema, 'x-guidance': JSON_LAYOUT})}\n{grammar}"
+    return StructuredOutput.lark(both)
 
 
 def _start(layout: CallLayout, parallel: bool) -> str:

@@ -206,3 +206,23 @@ def test_a_model_other_tenants_own_or_unknown_is_404(qwen: LocalServer) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         qwen.client(KEY).responses.create(model="ft:nope", input="Hi")
     assert info.value.body["code"] == "model_not_found"
+
+
+def test_auto_tools_with_a_text_format_reply_calls_or_that_format(qwen: LocalServer) -> None:
+    """The Agents SDK sends its tools with its `output_type`'s `text.format`: each reply is valid calls or
+    valid JSON of the format (a grammar of both), and a forcing `tool_choice` beside a format is a call."""
+    oa = qwen.client(KEY)
+    fmt = {"format": {"type": "json_schema", "name": "w", "strict": True, "schema": Weather.model_json_schema()}}
+    kinds = set()
+    for seed in range(4):
+        reply = oa.responses.create(model=qwen.base, input="Weather?", tools=TOOLS, text=fmt, max_output_tokens=300,
+                                    parallel_tool_calls=False, extra_body={"seed": seed})
+        assert reply.status == "completed", reply
+        calls = _calls(reply)
+        if not calls:
+            Weather.model_validate_json(reply.output_text)
+        kinds.add("calls" if calls else "json")
+    assert kinds  # which one a noise model picks is its own business; both are valid
+    forced = oa.responses.create(model=qwen.base, input="Weather?", tools=TOOLS, text=fmt, tool_choice="required",
+                                 parallel_tool_calls=False, max_output_tokens=100, extra_body={"seed": 1})
+    assert [item.type for item in forced.output] == ["function_call"]

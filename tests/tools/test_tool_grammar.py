@@ -109,3 +109,28 @@ def test_mistral_calls_are_one_bare_array(tool_model_dirs: dict[str, Path]) -> N
     assert accepts(single, _mistral(("now", "{}")))
     assert not accepts(single, _mistral(("now", "{}"), ("now", "{}")))
     assert not accepts(single, _mistral(("get_weather", '{"city": "Oslo"}')))
+
+
+def test_auto_with_a_structured_output_is_calls_or_that_output(model_dirs: dict[str, Path]) -> None:
+    """`tool_choice` auto beside a JSON schema output (the Agents SDK's `output_type` with tools): the reply
+    is the calls of a forced reply, or JSON valid against the schema; nothing else."""
+    from coserve.contract.structured_output import StructuredOutput
+    from coserve.tools.call_grammar import calls_or_output_grammar
+
+    hf = AutoTokenizer.from_pretrained(model_dirs["qwen2"])
+    tokenizer = llguidance.hf.from_tokenizer(hf, eos_token=[hf.eos_token_id])
+    output = StructuredOutput.json_schema({"type": "object", "additionalProperties": False, "required": ["answer"],
+                                           "properties": {"answer": {"type": "integer"}}})
+    grammar = grammar_text(calls_or_output_grammar(HERMES, ToolSpec([WEATHER, NOW], ToolChoiceMode.AUTO), output))
+
+    def accepts(text: str) -> bool:
+        matcher = llguidance.LLMatcher(tokenizer, grammar)
+        ids = hf.encode(text, add_special_tokens=False)
+        return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+    assert accepts(_call("now", "{}"))
+    assert accepts(_call("now", "{}") + "\n" + _call("get_weather", '{"city": "Oslo"}'))
+    assert accepts('{"answer": 42}')
+    assert not accepts('{"answer": "42"}') and not accepts("42") and not accepts(_call("get_time", "{}"))
+    with pytest.raises(ValueError):
+        calls_or_output_grammar(HERMES, ToolSpec([NOW], ToolChoiceMode.AUTO), StructuredOutput.lark('start: "x"\n'))

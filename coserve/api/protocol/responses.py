@@ -142,10 +142,7 @@ class ResponseCreateRequest(RequestBody):
 
     @model_validator(mode="after")
     def _check(self) -> ResponseCreateRequest:
-        spec = self._spec = _responses_tool_spec(self.chat_tools(), self.tool_choice, self.parallel_tool_calls)
-        if spec is not None and spec.constrained and self.text_format() is not None:
-            raise param_error("text.format", "'text.format' other than 'text' cannot be combined with a "
-                                             "'tool_choice' that forces a call: the reply is the call")
+        self._spec = _responses_tool_spec(self.chat_tools(), self.tool_choice, self.parallel_tool_calls)
         if self.stream_options is not None and not self.stream:
             raise param_error("stream_options", "'stream_options' is only allowed when 'stream' is true")
         if self.background and self.store is False:
@@ -163,8 +160,9 @@ class ResponseCreateRequest(RequestBody):
         return LOGPROBS_INCLUDE in (self.include or ())
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
-        """The function tools in chat's shape (`{"type": "function", "function": {...}}`)."""
-        if self.tools is None:
+        """The function tools in chat's shape (`{"type": "function", "function": {...}}`); none for an empty
+        list (the Agents SDK sends `tools: []` once its tools are disabled)."""
+        if not self.tools:
             return None
         return [{"type": "function", "function": {k: v for k, v in tool.items() if k in _TOOL_KEYS - {"type"}
                                                   and v is not None}}
@@ -176,8 +174,9 @@ class ResponseCreateRequest(RequestBody):
         return self._spec
 
     def text_format(self) -> StructuredOutput | None:
-        """The structured output `text.format` asks for (None: plain text)."""
-        if self.text is None or self.text.format is None:
+        """The structured output `text.format` asks for (None: plain text, or a `tool_choice` that forces
+        calls: the reply is calls then, no text the format could apply to; the Agents SDK sends both)."""
+        if self.text is None or self.text.format is None or (self._spec is not None and self._spec.constrained):
             return None
         return self.text.format.as_response_format().to_structured_output()
 
