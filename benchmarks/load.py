@@ -109,15 +109,16 @@ def ensure_model(model: Path) -> None:
 
 
 def start_server(root: Path, model: Path, port: int, ray: bool,
-                 tenants_file: dict[str, object] | None = None, engines: int | None = None) -> subprocess.Popen:
+                 tenants_file: dict[str, object] | None = None, engines: int | None = None,
+                 flags: list[str] | None = None) -> subprocess.Popen:
     """`coserve serve` in its own process group; returns once /health answers. `tenants_file` is the
-    tenants file's content (default: the one tenant `load`, key `KEY`)."""
+    tenants file's content (default: the one tenant `load`, key `KEY`); `flags` more `serve` flags."""
     tenants = root / "tenants.yaml"
     tenants.write_text(json.dumps(tenants_file or {"tenants": {"load": {"api_keys": [KEY]}},
                                                    "admin_api_keys": [ADMIN_KEY]}))
     cmd = [sys.executable, "-m", "coserve.cli", "serve", "--model", str(model), "--tenants", str(tenants),
            "--data-dir", str(root / "data"), "--port", str(port), *([] if ray else ["--local"]),
-           *([] if engines is None else ["--engines", str(engines)])]
+           *([] if engines is None else ["--engines", str(engines)]), *(flags or [])]
     log = open(root / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 180
