@@ -224,7 +224,7 @@ class SchedulerActor:
             self.metrics.finished(sub.tenant, "rejected", None)
             return Admission(rejection=charge)
         children = expand_request(sub.request_id, sub.prompt_token_ids, sub.sampling, sub.eos, charge.adapter,
-                                  sub.tenant)
+                                  sub.tenant, retain_kv_s=sub.retain_kv_s)
         self._streams.drop_unread()
         state = SubmissionState(sub.tenant, children, len(sub.prompt_token_ids), charge.estimate, time.monotonic(),
                                 self._streams.notifier(sub.origin), sub.origin)

@@ -18,7 +18,8 @@ from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan
 from coserve.contract.sampling import AdapterRef
 from coserve.finetune.job import FinetuneJob
-from coserve.inference.kv_blocks import KVBlockManager, PrefixHashes
+from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.prefix_hashes import PrefixHashes
 from coserve.inference.request import Request
 from coserve.share.policy import CoServingPolicy
 

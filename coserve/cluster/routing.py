@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from coserve.contract.sampling import AdapterRef
-from coserve.inference.kv_blocks import PrefixHashes
+from coserve.inference.prefix_hashes import PrefixHashes
 from coserve.inference.request import Request
 from coserve.inference.request_rules import prefix_salt
 

@@ -38,6 +38,8 @@ class TokenSubmission:
             estimate needs.
         origin: the gateway replica that submitted it: `poll(origin)` returns its batches.
         counts_request: False for a later prompt of one completions request (counted once).
+        retain_kv_s: keep the KV of its prompt and output this long once it ends (a stored response whose
+            conversation may be continued: `coserve.inference.kv_retention`); 0: the ordinary prefix cache.
     """
 
     request_id: str
@@ -49,6 +51,7 @@ class TokenSubmission:
     client_max_tokens: int | None = None
     origin: str = ""
     counts_request: bool = True
+    retain_kv_s: float = 0.0
 
 
 @dataclass(slots=True)

@@ -45,6 +45,7 @@ class ChatSubmission:
     tools: ToolSpec | None = None  # the request's tools (rendered by the chat template)
     raw: RawPrompt | None = None
     counts_request: bool = True  # False: a later prompt of one completions request (counted once)
+    retain_kv_s: float = 0.0  # keep the conversation's KV this long once it ends (a stored response)
 
 
 @dataclass(slots=True)

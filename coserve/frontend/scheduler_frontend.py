@@ -95,7 +95,7 @@ class SchedulerFrontend:
         admission = await self.scheduler.submit(TokenSubmission(
             request_id=sub.request_id, tenant=sub.tenant, prompt_token_ids=intake.prompt, sampling=intake.sampling,
             eos=self._eos, adapter=intake.adapter, client_max_tokens=sub.sampling.max_tokens,
-            counts_request=sub.counts_request))
+            counts_request=sub.counts_request, retain_kv_s=sub.retain_kv_s))
         if admission.rejection is not None:
             return ChatAdmission(rejection=admission.rejection)
         self._texts[sub.request_id] = TextStream(intake.sampling, self._tokenizer, admission.prompt_tokens)

@@ -5,52 +5,13 @@ The engine owns the K/V tensors; this module only decides block ids. It never im
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-# Parent hash of a sequence's first block (any fixed int works; it only seeds the chain).
-_ROOT_HASH = 0
-
-
-def hash_block(parent_hash: int, block_tokens: tuple[int, ...], salt: int) -> int:
-    """Chained hash of one full block: it depends on every token before it and on the salt.
-
-    Python's hash of a tuple of ints is deterministic across processes (no hash randomisation for
-    ints), so the same prompt gives the same chain everywhere.
-    """
-    return hash((parent_hash, block_tokens, salt))
-
-
-class PrefixHashes:
-    """The chained hashes of a prompt's full blocks, computed only as far as they are asked for.
-
-    A router probes several engines' caches with one prompt (`KVBlockManager.cached_prefix_blocks`);
-    most miss at the first block, so the chain is not hashed further than the longest hit.
-
-    Args:
-        token_ids: the prompt.
-        salt: its prefix salt (`request_rules.prefix_salt`).
-        block_size: tokens per block of the caches probed.
-    """
-
-    def __init__(self, token_ids: list[int], salt: int, block_size: int) -> None:
-        self._tokens, self._salt, self._block_size = token_ids, salt, block_size
-        # As `match_prefix`: the last token is always computed, so (len - 1) // block_size at most.
-        self.max_blocks = max(0, len(token_ids) - 1) // block_size
-        self._hashes: list[int] = []
-
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    def __getitem__(self, index: int) -> int:
-        hashes, size = self._hashes, self._block_size
-        while len(hashes) <= index:
-            k = len(hashes)
-            parent = hashes[-1] if hashes else _ROOT_HASH
-            hashes.append(hash_block(parent, tuple(self._tokens[k * size:(k + 1) * size]), self._salt))
-        return hashes[index]
+from coserve.inference.kv_retention import RetainedBlocks
+from coserve.inference.prefix_hashes import ROOT_HASH, PrefixHashes, hash_block
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,13 +65,17 @@ class KVBlockManager:
             registers nothing.
         first_block: the pool is blocks ``[first_block, first_block + num_blocks)`` of the engine's
             cache, so that managers over disjoint ranges split one cache (the static-split baseline).
+        max_retained_fraction: the most of the pool that freed blocks a request asked to keep
+            (``free(..., retain_s)``, `kv_retention`) may hold at once (0: retention off).
+        clock: monotonic seconds (retention deadlines).
 
     Raises:
         ValueError: ``num_blocks`` or ``block_size`` is < 1, or ``first_block`` < 0.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 first_block: int = 0) -> None:
+                 first_block: int = 0, max_retained_fraction: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -126,6 +91,9 @@ class KVBlockManager:
             (b, None) for b in range(first_block, first_block + num_blocks))
         # Cached blocks with ref count 0, least recently used first.
         self._evictable: OrderedDict[int, None] = OrderedDict()
+        # Cached blocks with ref count 0 that their request asked to keep: taken after `_evictable`.
+        self._retained = RetainedBlocks(int(num_blocks * max_retained_fraction) if enable_prefix_caching else 0)
+        self._clock = clock
         self._hash_to_block: dict[int, int] = {}
         self._block_hash: dict[int, int] = {}
         self._block_key: dict[int, _BlockKey] = {}
@@ -148,13 +116,18 @@ class KVBlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks an allocation may take now: plain free ones plus evictable cached ones."""
-        return len(self._free_plain) + len(self._evictable)
+        """Blocks an allocation may take now: plain free ones plus cached ones (retained ones included)."""
+        return len(self._free_plain) + len(self._evictable) + len(self._retained)
 
     @property
     def num_cached_free_blocks(self) -> int:
-        """Free blocks that still hold a reusable prefix."""
-        return len(self._evictable)
+        """Free blocks that still hold a reusable prefix (retained ones included)."""
+        return len(self._evictable) + len(self._retained)
+
+    @property
+    def num_retained_blocks(self) -> int:
+        """Free cached blocks kept for a continuation (`free(..., retain_s)`)."""
+        return len(self._retained)
 
     @property
     def usage(self) -> float:
@@ -236,29 +209,48 @@ class KVBlockManager:
         snapshot = self._snapshots[request_id] = tuple(self._tables[request_id])
         return snapshot
 
-    def free(self, request_id: str) -> None:
+    def free(self, request_id: str, retain_s: float = 0.0) -> None:
         """Release the request's blocks; unknown ids are ignored (freeing twice is harmless).
 
         Blocks are released tail first, so among one request's cached blocks the later ones are
         evicted before the prefix that other requests are most likely to share (as in vLLM).
+        With `retain_s` > 0 its cached blocks are retained for that long (`kv_retention`): taken by an
+        allocation only once no other free block is left.
         """
         table = self._tables.pop(request_id, [])
         self._req_hashes.pop(request_id, None)
         self._snapshots.pop(request_id, None)
+        now = self._clock()
+        self._demote(self._retained.expired(now))
+        retained: list[int] = []
         for block in reversed(table):
             self._ref_counts[block] -= 1
             if self._ref_counts[block] > 0:
                 continue
-            if block in self._block_hash:
-                self._evictable[block] = None
-            else:
+            if block not in self._block_hash:
                 self._free_plain[block] = None
+            elif retain_s > 0:
+                retained.append(block)
+            else:
+                self._evictable[block] = None
+        for block in retained:  # tail first: over the bound its tail goes before its prefix
+            self._demote(self._retained.add(block, now + retain_s))
+
+    def _demote(self, blocks: list[int]) -> None:
+        """Retained blocks past their deadline or the bound: ordinary cached blocks now, the first evicted
+        (they were freed before every other cached block)."""
+        for block in reversed(blocks):
+            self._evictable[block] = None
+            self._evictable.move_to_end(block, last=False)
 
     def _take_free_block(self) -> int:
         if self._free_plain:
             block, _ = self._free_plain.popitem(last=False)
             return block
-        block, _ = self._evictable.popitem(last=False)
+        if self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+        else:
+            block = self._retained.pop_oldest()
         self._forget_hash(block)
         return block
 
@@ -299,7 +291,10 @@ class KVBlockManager:
         matched, hashes = self._lookup_chain(token_ids, salt)
         for block in matched:
             if self._ref_counts[block] == 0:
-                del self._evictable[block]
+                if block in self._retained:
+                    self._retained.remove(block)
+                else:
+                    del self._evictable[block]
             self._ref_counts[block] += 1
         self._tables[request_id] = matched
         self._req_hashes[request_id] = hashes
@@ -327,7 +322,7 @@ class KVBlockManager:
         max_blocks = max(0, len(token_ids) - 1) // self._block_size
         matched: list[int] = []
         hashes: list[int] = []
-        parent = _ROOT_HASH
+        parent = ROOT_HASH
         for index in range(max_blocks):
             tokens = tuple(token_ids[index * self._block_size:(index + 1) * self._block_size])
             block_hash = hash_block(parent, tokens, salt)
@@ -366,7 +361,7 @@ class KVBlockManager:
         hashes = self._req_hashes[request_id]
         num_full = num_computed_tokens // self._block_size
         for index in range(len(hashes), num_full):
-            parent = hashes[-1] if hashes else _ROOT_HASH
+            parent = hashes[-1] if hashes else ROOT_HASH
             tokens = tuple(token_ids[index * self._block_size:(index + 1) * self._block_size])
             block_hash = hash_block(parent, tokens, salt)
             hashes.append(block_hash)

@@ -62,6 +62,7 @@ class Request:
     num_computed_tokens: int = 0
     # Prompt tokens the prefix cache held at its first admission (usage's `cached_tokens`); None before it.
     num_cached_tokens: int | None = None
+    retain_kv_s: float = 0.0  # keep its KV this long once it ends normally (`kv_retention`)
     _output_token_ids: list[int] = field(default_factory=list)
     # Prompt + output length, kept as a field: the planner reads it for every running request in
     # every iteration, and a property costs 10x an attribute there.
@@ -101,7 +102,7 @@ class Request:
 
 def expand_request(request_id: str, prompt_token_ids: list[int], params: SamplingParams, eos: EosIds,
                    adapter: AdapterRef | None = None, tenant: str = "default",
-                   arrival_time: float | None = None) -> list[Request]:
+                   arrival_time: float | None = None, retain_kv_s: float = 0.0) -> list[Request]:
     """The `params.n` scheduler requests of one prompt, ids `{request_id}-{i}`.
 
     Child i samples with `seed + i` (a seeded request with n > 1 gives n different, reproducible
@@ -116,5 +117,6 @@ def expand_request(request_id: str, prompt_token_ids: list[int], params: Samplin
             child.stop_token_ids = list(child.stop_token_ids or ()) + list(eos.extra)
         children.append(Request(request_id=f"{request_id}-{index}", prompt_token_ids=list(prompt_token_ids),
                                 sampling=child, eos_token_id=eos.eos, adapter=adapter, tenant=tenant,
-                                arrival_time=arrival, parent_id=request_id if params.n > 1 else None))
+                                arrival_time=arrival, parent_id=request_id if params.n > 1 else None,
+                                retain_kv_s=retain_kv_s))
     return children

@@ -409,7 +409,9 @@ class InferenceScheduler:
             self._running.remove(request)
         elif request in self._waiting:
             self._waiting.remove(request)
-        self._release_resources(request)
+        # An aborted request (a client gone, a cancelled response) frees its KV at once.
+        ended = status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+        self._release_resources(request, request.retain_kv_s if ended else 0.0)
         del self._requests[request.request_id]
         if request.request_id in self._in_engine:
             self._in_engine.discard(request.request_id)
@@ -417,8 +419,8 @@ class InferenceScheduler:
         self._order.finished(request)
         self._on_finished(request)
 
-    def _release_resources(self, request: Request) -> None:
-        self._kv.free(request.request_id)
+    def _release_resources(self, request: Request, retain_s: float = 0.0) -> None:
+        self._kv.free(request.request_id, retain_s)
         self._running_adapters.released(request.request_id)
         if request.request_id in self._pinned:
             self._pinned.discard(request.request_id)

@@ -157,3 +157,38 @@ def test_the_store_survives_a_restart(model_dirs: dict[str, Path], tmp_path: Pat
         second = oa.responses.create(model=srv.base, input="Again", previous_response_id=first.id,
                                      max_output_tokens=2)
         assert second.usage.input_tokens > first.usage.input_tokens
+
+
+@pytest.fixture(scope="module")
+def small(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    """A KV cache of 2,048 tokens (2 MiB of the tiny qwen2's 1 KiB a token), so other traffic churns it."""
+    with local_server(model_dirs["qwen2"], tmp_path_factory.mktemp("retention"),
+                      {"s": {"api_keys": [KEY]}, "o": {"api_keys": ["sk-other-0123456789"]}},
+                      max_model_len=512, kv_cache_memory_gb=2 / 1024, max_batch_tokens=512) as srv:
+        yield srv
+
+
+def _words(seed: int, count: int) -> str:
+    return " ".join(f"w{seed}x{n}" for n in range(count))
+
+
+def test_a_stored_responses_kv_outlives_the_churn(small: LocalServer) -> None:
+    """Turn 2 of a stored response reuses turn 1's prompt and output from the cache although other tenants'
+    traffic went through the whole KV cache meanwhile; the same conversation sent statelessly (nothing
+    stored, so nothing retained) after the same traffic computes it all again."""
+    oa = small.client(KEY)
+    turn1 = oa.responses.create(model=small.base, input=_words(1, 15), max_output_tokens=24, temperature=0)
+    stateless = oa.responses.create(model=small.base, input=_words(2, 15), max_output_tokens=24, temperature=0,
+                                    store=False)
+    other = small.client("sk-other-0123456789")
+    for n in range(8):  # 8 x ~320 tokens through a 2,048-token cache
+        other.chat.completions.create(model=small.base, messages=[{"role": "user", "content": _words(10 + n, 50)}],
+                                      max_completion_tokens=8, temperature=0)
+    turn2 = oa.responses.create(model=small.base, input="And then?", previous_response_id=turn1.id,
+                                max_output_tokens=2)
+    earlier = turn1.usage.input_tokens + turn1.usage.output_tokens
+    assert turn2.usage.input_tokens_details.cached_tokens >= earlier - 2 * 16, (turn2.usage, earlier)
+    items = [{"role": "user", "content": _words(2, 15)}, stateless.output[0].model_dump(exclude_none=True),
+             {"role": "user", "content": "And then?"}]
+    again = oa.responses.create(model=small.base, input=items, max_output_tokens=2, store=False)
+    assert again.usage.input_tokens_details.cached_tokens == 0, again.usage

@@ -6,7 +6,9 @@ the request's own, `instructions`) is `response_conversation`'s; it goes to the 
 check), and the reply is read into output items and events by a `ResponseBuilder` (`response_events`),
 so streamed and whole answers are one response. A response is stored when it ends (`store`, default true)
 in the tenant's bounded store; a background one is stored at once (status `queued`) and runs as a task of
-this gateway (`response_runs`), under the scheduler's fairness like any request.
+this gateway (`response_runs`), under the scheduler's fairness like any request. A stored response's
+submission asks the scheduler to keep its conversation's KV (`KV_RETENTION_S`), so a continuation with
+`previous_response_id` prefills only its new tokens.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from coserve.frontend.messages import ChatSubmission, StreamBatch
 from coserve.store.responses import ResponseBounds
 
 logger = logging.getLogger(__name__)
+# How long the KV of a stored response's conversation is kept for its continuation (within the tenant's
+# stored_response_ttl_s; bounded in memory by the KV cache: `coserve.inference.kv_retention`).
+KV_RETENTION_S = 600.0
 
 
 def _sampling(request: ResponseCreateRequest) -> SamplingParams:
@@ -99,9 +104,11 @@ class ResponsesService:
         convo = await conversation(self.state.store, tenant, request, self.bounds(tenant).ttl_s)
         sampling = self.generation.sampling(lambda: _sampling(request))
         response = _response_object(request, new_id("resp"))
+        ttl = self.bounds(tenant).ttl_s
+        retain = min(KV_RETENTION_S, float(ttl if ttl is not None else KV_RETENTION_S)) if request.stores else 0.0
         admission = await self.generation.submit(ChatSubmission(
             request_id=response.id, tenant=tenant, messages=convo.messages, sampling=sampling, adapter=adapter,
-            tools=request.tool_spec()))
+            tools=request.tool_spec(), retain_kv_s=retain))
         builder = ResponseBuilder(response, admission.tool_family, request.wants_logprobs)
         run = ResponseRun(tenant, builder, convo.own, request.stores, background=bool(request.background))
         builder.start()
