@@ -188,7 +188,9 @@ class JobManager:
     def _start_intent(self, record: JobRecord) -> list[Intent]:
         """A prepared job's start, resuming from its last checkpoint when it has one (a checkpoint that
         cannot be read fails the job)."""
-        prepared = self._prepared.pop(record.id)
+        prepared = self._prepared.pop(record.id, None)
+        if prepared is None:  # dropped by its preparing thread meanwhile (cancelled): nothing to start
+            return []
         try:
             prepared.spec = resume_spec(self._store, record, prepared.spec)
         except Exception as err:  # noqa: BLE001 - a job's failure is the job's
