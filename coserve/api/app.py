@@ -108,6 +108,7 @@ def build_app(store: MetadataStore, tenants: TenantsConfig, base_models: Sequenc
     _check_limits(max_upload_bytes, max_request_bytes, max_n)
     for model_id in base_models:
         store.models.ensure_base(model_id)
+    store.responses.fail_interrupted()  # background responses of a server that stopped: they ran in it
     app = FastAPI(title="coserve", summary="OpenAI-compatible co-serving of inference and LoRA fine-tuning",
                   lifespan=_lifespan(scheduler))
     app.state.gateway = GatewayState(store=store, tenants=tenants, base_models=tuple(base_models),

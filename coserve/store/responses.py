@@ -138,6 +138,16 @@ class ResponseTable:
             self._remove(conn, tenant, [response_id], "deleted", self._db.now())
         return True
 
+    def fail_interrupted(self) -> int:
+        """Mark every response still queued or running as failed (the server that ran them stopped: a
+        background response runs in its gateway's process); returns how many. Call it when a server starts
+        on the data dir (one server per data dir: its lock)."""
+        error = json.dumps({"code": "server_error", "message": "The server stopped while this response ran."})
+        with self._db.write() as conn:
+            return int(conn.execute(
+                "UPDATE responses SET status = 'failed', body = json_set(body, '$.status', 'failed', '$.error', "
+                "json(?)) WHERE removed IS NULL AND status IN (?, ?)", (error, *RUNNING)).rowcount)
+
     def usage(self, tenant: str) -> tuple[int, int]:
         """The tenant's live stored responses and their bytes."""
         with self._db.read() as conn:

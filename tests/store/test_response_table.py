@@ -100,3 +100,16 @@ def test_removed_rows_are_bounded_per_tenant(tmp_path: Path, monkeypatch: pytest
             rows = conn.execute("SELECT COUNT(*) FROM responses WHERE tenant = 'a'").fetchone()[0]
         assert rows == 1 + 5
     assert TOMBSTONES_PER_TENANT >= 1000
+
+
+def test_responses_running_when_the_server_stopped_are_failed(tmp_path: Path) -> None:
+    with MetadataStore(tmp_path) as store:
+        store.responses.put("a", _body("resp_run", status="in_progress"), _items(), UNBOUNDED)
+        store.responses.put("a", _body("resp_done"), _items(), UNBOUNDED)
+    with MetadataStore(tmp_path) as store:
+        assert store.responses.fail_interrupted() == 1
+        failed = store.responses.get("a", "resp_run")
+        assert isinstance(failed, StoredResponse) and failed.status == "failed"
+        assert failed.body["status"] == "failed" and failed.body["error"]["code"] == "server_error"
+        done = store.responses.get("a", "resp_done")
+        assert isinstance(done, StoredResponse) and done.body["status"] == "completed"
