@@ -45,7 +45,7 @@ def main() -> None:
     from coserve.contract.job_spec import JobEventKind
     from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
     from coserve.dedicated.run import launch
-    from coserve.frontend.job_prep import prepare_job
+    from coserve.jobs.prepared_job import prepare_job
     from coserve.model.config import ModelConfig
 
     root = Path(tempfile.mkdtemp(prefix="dedicated-agreement-"))

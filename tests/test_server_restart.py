@@ -16,8 +16,8 @@ from openai.types.fine_tuning import FineTuningJob
 from transformers import AutoTokenizer
 
 from coserve.model.config import ModelConfig
-from coserve.trainer.data import prepare_dataset
 from local_server import TERMINAL, poll_job, serve_subprocess
+from trainer_data import prepare_dataset
 
 KEY = "sk-restart-tenant-0123"
 # Long enough answers that an epoch takes seconds on the tiny model: the kill lands between two epochs.

@@ -26,15 +26,11 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
-from pathlib import Path
 
 from coserve.actors.admission import AdmissionControl
 from coserve.actors.data_dir_lock import DataDirLock
-from coserve.actors.job_manager import JobManager, open_job_manager
-from coserve.actors.job_preparation import FineTuningSettings
+from coserve.actors.fine_tuning import SchedulerLoop, open_fine_tuning
 from coserve.actors.metrics import QueueState, SchedulerMetrics
-from coserve.actors.rollout_grading import grading_pool, rollout_grading
-from coserve.actors.rollout_judges import RolloutJudges
 from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.step_faults import StepFaults
 from coserve.actors.stream_hub import StreamHub
@@ -44,14 +40,13 @@ from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.cluster.engine_core import Step, StepFailed
 from coserve.cluster.plan_wait import next_plan_when_ready
 from coserve.cluster.policy_factory import EngineLayout, PolicyFactory
-from coserve.cluster.training_runs import TrainingRuns
 from coserve.contract.engine import EngineFailure
 from coserve.contract.messages import Admission, Rejection, TokenBatch, TokenSubmission
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.contract.sampling import EosIds
 from coserve.contract.training_calls import CallFailure, RunAnswer, RunQuery
-from coserve.frontend.tokenizer import Tokenizer
+from coserve.graders.rollout_grading import grading_pool
 from coserve.inference.request import RequestStatus, expand_request
+from coserve.jobs.manager import JobManager
 from coserve.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -82,8 +77,7 @@ class SchedulerActor:
         self._data_lock = data_lock
         self._settings = settings
         self._policy_factory = policy_factory
-        config = ModelConfig.from_pretrained(settings.model)
-        self._num_layers, self._eos_ids = config.num_layers, config.eos_token_ids
+        self._model = ModelConfig.from_pretrained(settings.model)
         self._loop: asyncio.AbstractEventLoop | None = None  # the actor's, once it runs (`_wake`)
         self._grading_pool = grading_pool()  # reinforcement jobs' graders (threads start when first used)
         self._admission = AdmissionControl(settings.tenant_limits)
@@ -120,23 +114,12 @@ class SchedulerActor:
         member = self._cluster.add_engine(engine_id, lambda shared: self._policy_factory(config, layout, shared))
         self._generations.setdefault(engine_id, 0)
         if self._settings.data_dir is not None and member.policy.jobs is not None and self._jobs is None:
-            settings = FineTuningSettings(
-                base_model_id=self._settings.base_model_id, base_model_path=self._settings.model,
-                data_dir=Path(self._settings.data_dir), num_layers=self._num_layers,
-                max_model_len=layout.max_model_len, dedicated=self._settings.dedicated,
-                python_graders=self._settings.enable_python_graders)
             assert layout.tokenizer is not None  # refused above when fine-tuning jobs run (`data_dir`)
-            tokenizer = Tokenizer.from_spec(layout.tokenizer)
-            self._jobs = open_job_manager(settings, self._cluster.jobs, tokenizer, self._settings.tenant_limits,
-                                          self._count_finetune)
-            eos = EosIds.resolve(tokenizer, self._eos_ids)
-            judges = RolloutJudges(self.submit, self.stream, tokenizer, eos, self._jobs.adapter_of, lambda: self._loop)
-            grading = rollout_grading(tokenizer, eos, self._settings.enable_python_graders, self._wake, judges.judge,
-                                      self._grading_pool)
-            self._cluster.jobs.serve_rollouts(grading, eos)
-            runs = TrainingRuns(self._cluster.jobs, (self._settings.base_model_id, self._settings.model),
-                                Path(self._settings.data_dir) / "runs", self._num_layers)
-            self._runs = TrainingService(runs, self._jobs.store, self._settings.tenant_limits, self._work.set)
+            side = open_fine_tuning(self._settings, self._cluster, layout.tokenizer, layout.max_model_len,
+                                    self._model, SchedulerLoop(
+                                        self.submit, self.stream, lambda: self._loop, self._wake,
+                                        self._count_finetune, self._work.set), self._grading_pool)
+            self._jobs, self._runs = side.jobs, side.runs
         self._work.set()  # held requests or waiting jobs may have been placed on it
 
     def engine_lost(self, engine_id: str, reason: str) -> None:

@@ -212,7 +212,7 @@ def bench_job_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir: Pa
                    rollout_tokens: int = DEFAULT_ROLLOUT_TOKENS) -> FinetuneJobSpec:
     """The benchmark's fine-tuning job (module docstring) as a `FinetuneJobSpec`; `lengths` is the
     examples' range of templated tokens (each answer of a DPO pair, with its question)."""
-    from coserve.frontend.job_prep import prepare_job
+    from coserve.jobs.prepared_job import prepare_job
 
     if method == FineTuningMethod.REINFORCEMENT:
         return reinforcement_spec(tokenizer, num_layers, max_len, output_dir, seed, lengths, TRAINING_ADAPTER_ID,

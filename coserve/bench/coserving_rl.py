@@ -38,7 +38,7 @@ def reinforcement_spec(tokenizer: Any, num_layers: int, max_len: int, output_dir
                        rollout_tokens: int = DEFAULT_ROLLOUT_TOKENS) -> FinetuneJobSpec:
     """The benchmark's reinforcement job (module docstring); `lengths`: the conversations' range, whose
     questions (about a third) are the prompts."""
-    from coserve.frontend.reinforcement_prep import prepare_reinforcement_job
+    from coserve.jobs.reinforcement_data import prepare_reinforcement_job
 
     rows = synthetic_reinforcement_rows(tokenizer, 64, seed, lengths[0], lengths[1])
     request = ReinforcementRequest(GRADER, compute_multiplier=1.0, max_completion_tokens=rollout_tokens)

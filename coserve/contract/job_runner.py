@@ -3,7 +3,7 @@
 The job manager (the store's jobs -> where they run) speaks to three runners the same way:
 `finetune.host.JobHost` (one engine's jobs: the offline `LLM`, and inside every engine's policy),
 `cluster.jobs.ClusterJobs` (the server's co-served jobs, placed on one of its engines, one engine or
-many) and `actors.dedicated_jobs.DedicatedJobs` (jobs on Ray Train runs of their own). Each starts a
+many) and `jobs.dedicated_jobs.DedicatedJobs` (jobs on Ray Train runs of their own). Each starts a
 job from its spec, cancels, pauses and resumes it, hands out its events (steps, checkpoints, ends) and
 its notices (what the runner did with a job that its events do not say: placed, waiting, moved), and
 says why a job got no work lately.

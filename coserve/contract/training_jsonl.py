@@ -1,7 +1,7 @@
 """The JSON of training files, read one strict way at upload and again when a job is prepared.
 
 The gateway checks an upload with it (`api/protocol/files.py`: a 400 naming the line) and the job manager
-reads the rows back with it (`actors/job_preparation.py`), so a file either side accepts, the other reads
+reads the rows back with it (`jobs/preparation.py`), so a file either side accepts, the other reads
 the same: lines split on "\\n" only (not on the other line breaks `str.splitlines` knows, such as U+2028
 inside a string), a byte-order mark allowed on the first line, blank lines skipped but counted.
 

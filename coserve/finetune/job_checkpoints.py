@@ -4,7 +4,7 @@ A job whose engine is lost resumes on another engine from its last checkpoint (`
 failover). A checkpoint counts once the engine confirmed the save (`IterationResult.training.saved`);
 what it holds comes from the plan's `SaveAdapter`: the data position after its step and the trained
 tokens up to it, so the resumed job takes the same batches next and its count goes on from there (as
-a job resumed after a server restart does, `actors/job_resume.py`).
+a job resumed after a server restart does, `jobs/resume.py`).
 """
 
 from __future__ import annotations

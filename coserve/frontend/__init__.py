@@ -1,5 +1,4 @@
 """The tokenizer side, in the gateway's process (and the offline `LLM`'s): the `SchedulerFrontend` in
 front of the scheduler, prompts in (the torch-free `Tokenizer`, chat templates, tools, tokenization off
 the event loop, the admission checks that need a tokenizer), text out (`TextStream`: incremental
-detokenization, stop strings, decoded logprobs), and a fine-tuning job's data (`training_data`,
-`job_prep`, which the scheduler's job manager runs). Nothing here imports torch."""
+detokenization, stop strings, decoded logprobs). Nothing here imports torch."""

@@ -5,11 +5,12 @@ On a server each sample is graded on a worker thread of the grader's `FairPool`,
 never waits for a metric or a python grader's sandbox; the pool takes tenants' samples least grading time
 first (a job's big batch does not hold another tenant's samples behind it), and a python grader's sample
 waits on its thread for a sandbox slot, which `PythonGraderRunner` also shares between tenants by time.
-`on_done` is called, on a worker thread, when a batch's last
-sample is graded (the scheduler wakes its loop with it). Without an executor (offline), grading runs on
-the caller's thread and the future is done when `grade` returns. A grader that raises is a sample scored
-0 with its error, never a failed future. Model graders (`score_model`) are judged by `judges` (the
-server's: `actors.rollout_judges`), asked as the job's tenant on the sample's worker thread.
+`on_done` is called, on a worker thread, when a batch's last sample is graded (the scheduler wakes its
+loop with it). The scheduler's grader (`scheduler_grader`) runs on `grading_pool`'s threads, its python
+graders in sandboxes of uids of their own. Without an executor (offline), grading runs on the caller's
+thread and the future is done when `grade` returns. A grader that raises is a sample scored 0 with its
+error, never a failed future. Model graders (`score_model`) are judged by `judges` (the
+server's: `graders.rollout_judges`), asked as the job's tenant on the sample's worker thread.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ from coserve.graders.python_grader import PythonGraderRunner
 
 # (tenant, model grader, row, sample text) -> the judge's verdict (None: a template could not be rendered)
 Judge = Callable[[str, ModelGrader, Mapping[str, Any], str], Judgement | None]
+
+GRADING_THREADS = 8  # a python grader's sample waits for a runner slot, a model grader's for its judge, on its thread
+# A tenant's samples take at most half of them at once: metrics hold the GIL in the scheduler's process, so
+# one job's CPU-bound grading may not crowd the others' (nor the scheduler's loop) out.
+FIRST_UID = 60500  # the scheduler's python grader sandboxes run as uids 60500.. (the gateway's: 60000..)
 
 
 class RolloutGrader:
@@ -88,3 +94,17 @@ class RolloutGrader:
         if result.errors.any:
             error = "; ".join(result.errors.details) or "the grader flagged an error"
         return GradedSample(result.reward, dict(result.sub_rewards), error)
+
+
+def grading_pool() -> FairPool:
+    """The scheduler's grading threads (started when first used; shut down with the scheduler)."""
+    return FairPool(GRADING_THREADS, per_tenant=GRADING_THREADS // 2, name="coserve-grading")
+
+
+def scheduler_grader(decode: Callable[[Sequence[int]], str], python_graders: bool, wake: Callable[[], None],
+                     judges: Judge, executor: FairPool) -> RolloutGrader:
+    """The grader of the scheduler's rollouts on `executor`; `wake` is called from a worker thread when a
+    batch is graded; `judges` asks model graders' judges (`graders.rollout_judges`); python graders run only
+    when the operator turned them on (`--enable-python-graders`)."""
+    python = PythonGraderRunner(first_uid=FIRST_UID) if python_graders else None
+    return RolloutGrader(decode, python, executor, on_done=wake, judges=judges)

@@ -1,4 +1,4 @@
-"""Fine-tuning jobs run offline next to `LLM` (their spec: `coserve.frontend.job_prep`).
+"""Fine-tuning jobs run offline next to `LLM` (their spec: `coserve.jobs.prepared_job`).
 
     from coserve import LLM
     llm = LLM(model="path/to/hf-folder", dtype="float32")
@@ -21,9 +21,9 @@ from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.finetune.host import JobHost
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobEvent, JobEventKind, JobState
 from coserve.finetune.roster import whole_iteration_allowance
-from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.jobs.prepared_job import FIRST_TRAINING_ADAPTER_ID
 from coserve.tenancy.vtc import VirtualTokenCounter, VTCWeights
 
 

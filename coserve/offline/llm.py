@@ -29,13 +29,13 @@ from coserve.contract.training_settings import HyperparameterRequest, LoRASettin
 from coserve.finetune.rollouts import RolloutDriver
 from coserve.frontend.adapter_check import AdapterChecker
 from coserve.frontend.chat_template import encode_chat
-from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, prepare_job
 from coserve.frontend.output_tracker import OutputTracker
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request, RequestStatus, expand_request
 from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.scheduler_config import SchedulerConfig
+from coserve.jobs.prepared_job import FIRST_TRAINING_ADAPTER_ID, prepare_job
 from coserve.offline.finetune import FineTuneResult, OfflineJobs
 from coserve.offline.lora_request import LoRARequest
 from coserve.offline.outputs import CompletionOutput, RequestOutput

@@ -1,5 +1,5 @@
 """Offline reinforcement fine-tuning (`LLM.start_reinforcement`): the job, prepared as the server prepares
-one (`frontend.reinforcement_prep`), and its grading on the caller's thread.
+one (`jobs.reinforcement_data`), and its grading on the caller's thread.
 
 This process is the user's own, so python graders run here without an operator's switch (each still in
 its bubblewrap sandbox, `graders.python_grader`; without bubblewrap a python grader's samples score 0
@@ -14,10 +14,10 @@ from typing import Any
 from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.reinforcement import BASE_SAMPLES, ReinforcementRequest
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
-from coserve.frontend.job_prep import PreparedJob
-from coserve.frontend.reinforcement_prep import prepare_reinforcement_job
 from coserve.graders.python_grader import PythonGraderRunner
 from coserve.graders.rollout_grading import RolloutGrader
+from coserve.jobs.prepared_job import PreparedJob
+from coserve.jobs.reinforcement_data import prepare_reinforcement_job
 
 
 def prepare_reinforcement(tokenizer: Any, rows: Sequence[Mapping[str, Any]], grader: Mapping[str, Any],

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coserve.actors.job_watchdog import JobWatchdog
+from coserve.jobs.watchdog import JobWatchdog
 from local_server import local_server, poll_job, upload_jsonl
 
 KEY = "sk-live"

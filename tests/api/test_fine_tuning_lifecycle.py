@@ -24,7 +24,7 @@ import torch
 from openai.types.fine_tuning import FineTuningJob
 from safetensors.torch import load
 
-from coserve.actors.job_manager import RECONCILE_INTERVAL_S
+from coserve.jobs.manager import RECONCILE_INTERVAL_S
 from local_server import TERMINAL, LocalServer, local_server, poll_job, scrape, upload_jsonl
 
 ACME, GLOBEX = "sk-acme-life-0123456789", "sk-globex-life-0123456789"

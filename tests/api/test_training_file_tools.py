@@ -21,8 +21,8 @@ from transformers import AutoTokenizer
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.files import validate_finetune_jsonl
 from coserve.model.chat_templates import CHATML_TEMPLATE
-from coserve.trainer import encode_example
 from local_server import LocalServer, local_server, poll_job, upload_jsonl
+from trainer_data import encode_example
 
 KEY = "sk-tools-0123456789"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",

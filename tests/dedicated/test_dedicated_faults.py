@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from coserve.actors.dedicated_jobs import DedicatedJobs
 from coserve.contract.dedicated_run import RunUpdate
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.contract.training_plan import TrainingExample
 from coserve.finetune.dedicated import DedicatedSettings
+from coserve.jobs.dedicated_jobs import DedicatedJobs
 from coserve.store import MetadataStore
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

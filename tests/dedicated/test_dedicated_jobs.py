@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from coserve import LLM
-from coserve.actors.dedicated_jobs import DedicatedJobs
-from coserve.actors.job_manager import FineTuningSettings, JobManager
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate, TrainingParams
 from coserve.api.serving.fine_tuning import FineTuningService
 from coserve.dedicated.capacity import ClusterCapacity
 from coserve.finetune.dedicated import DedicatedSettings
+from coserve.jobs.dedicated_jobs import DedicatedJobs
+from coserve.jobs.manager import FineTuningSettings, JobManager
 from coserve.store import MetadataStore
 from coserve.store.records import JobStatus
 from coserve.tenancy.tenants import parse_tenants
@@ -178,7 +178,7 @@ def test_queued_runs_know_their_place_and_a_paused_run_gives_its_workers_back(
 
 
 def _trained_tokens_per_epoch(llm: LLM) -> int:
-    from coserve.trainer import prepare_dataset
+    from trainer_data import prepare_dataset
 
     return prepare_dataset(llm.get_tokenizer(), LINES, 256).trained_tokens
 

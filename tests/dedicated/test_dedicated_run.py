@@ -23,7 +23,7 @@ from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.trainer_state import read_trainer_state
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
 from coserve.dedicated.run import launch
-from coserve.frontend.job_prep import prepare_job
+from coserve.jobs.prepared_job import prepare_job
 from coserve.offline.finetune import FineTuneResult
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

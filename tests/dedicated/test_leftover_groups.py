@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from coserve.actors.leftover_groups import LeftoverGroups, group_idle
+from coserve.jobs.leftover_groups import LeftoverGroups, group_idle
 
 pytestmark = pytest.mark.ray
 

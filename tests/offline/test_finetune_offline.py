@@ -132,7 +132,7 @@ def test_bad_fine_tuning_input_is_refused_with_the_setting_named(llama_dir: Path
 
 
 def test_validation_loss_each_epoch_equals_peft_on_the_checkpoint(llama_dir: Path, tmp_path: Path) -> None:
-    from coserve.trainer import prepare_dataset
+    from trainer_data import prepare_dataset
 
     llm = _llm(llama_dir)
     held_out = [{"messages": [{"role": "user", "content": f"What is {i} times two?"},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from coserve.actors.job_storage import JobStorage
+from coserve.jobs.storage import JobStorage
 from coserve.store import JobStatus, MetadataStore, StorageLimitError
 from coserve.store.usage import RESERVED_MODELS_KEY
 from coserve.tenancy.quotas import TenantLimits

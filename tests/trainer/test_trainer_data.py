@@ -24,14 +24,12 @@ from coserve.model.weights import load_weights
 from coserve.trainer import (
     IGNORE_INDEX,
     LoRAOptimizer,
-    TemplateError,
     TrainableLoRA,
     WindowedTrainer,
-    encode_example,
-    prepare_dataset,
     train_batch,
 )
 from numerics import sum_rel
+from trainer_data import TemplateError, encode_example, prepare_dataset
 
 Messages = list[dict[str, Any]]
 

@@ -17,7 +17,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from coserve.model.chat_templates import CHATML_TEMPLATE, QWEN_TOOLS_TEMPLATE
-from coserve.trainer import TemplateError, encode_example, prepare_dataset
+from trainer_data import TemplateError, encode_example, prepare_dataset
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from coserve.contract.grader import ModelGrader
 from coserve.contract.messages import AdapterSpec, Admission, TokenBatch, TokenSubmission
 from coserve.contract.sampling import EosIds, SamplingParams
 from coserve.contract.structured_output import StructuredOutput
-from coserve.frontend.chat_template import encode_chat
-from coserve.frontend.tokenizer import Tokenizer
 from coserve.graders.judging import Judgement, judge_schema, read_judgement
 from coserve.graders.templates import Sample, SampleParseError, VariableError, render
 
@@ -29,6 +27,10 @@ JUDGE_TIMEOUT_S = 600.0  # a judgement queued behind this long is reported as fa
 
 # (tenant, model id) -> the model's adapter (None: the base model); LookupError when it is not one
 ResolveModel = Callable[[str, str], AdapterSpec | None]
+# the judge's messages -> its prompt's token ids (the chat template, with the generation prompt)
+EncodeChat = Callable[[list[dict[str, Any]]], list[int]]
+# the judge's reply's token ids -> its text (special tokens skipped)
+Decode = Callable[[Sequence[int]], str]
 
 
 class RolloutJudges:
@@ -36,16 +38,16 @@ class RolloutJudges:
 
     Args:
         submit / stream: the scheduler's own (`SchedulerActor.submit`, `.stream`).
-        tokenizer: renders the judge's messages with the chat template.
+        encode / decode: the judge's messages to its prompt's ids (the chat template), its reply's ids to text.
         eos: the ids the judge's reply ends at.
         resolve: a model id to its adapter, for the tenant.
         loop: the scheduler's event loop, once it runs (the judge's request runs there).
     """
 
     def __init__(self, submit: Callable[[TokenSubmission], Awaitable[Admission]],
-                 stream: Callable[[str], AsyncIterator[TokenBatch]], tokenizer: Tokenizer, eos: EosIds,
-                 resolve: ResolveModel, loop: Callable[[], asyncio.AbstractEventLoop | None]) -> None:
-        self._submit, self._stream, self._tokenizer, self._eos = submit, stream, tokenizer, eos
+                 stream: Callable[[str], AsyncIterator[TokenBatch]], encode: EncodeChat, decode: Decode,
+                 eos: EosIds, resolve: ResolveModel, loop: Callable[[], asyncio.AbstractEventLoop | None]) -> None:
+        self._submit, self._stream, self._encode, self._decode, self._eos = submit, stream, encode, decode, eos
         self._resolve, self._loop = resolve, loop
         self._ids = itertools.count()
 
@@ -61,7 +63,7 @@ class RolloutJudges:
             adapter = self._resolve(tenant, grader.model)
         except LookupError as err:
             return Judgement(None, server_error=str(err))
-        _, prompt = encode_chat(self._tokenizer, messages)
+        prompt = self._encode(messages)
         sampling = SamplingParams(
             temperature=1.0 if grader.sampling.temperature is None else grader.sampling.temperature,
             top_p=1.0 if grader.sampling.top_p is None else grader.sampling.top_p, seed=grader.sampling.seed,
@@ -80,7 +82,7 @@ class RolloutJudges:
             return Judgement(None, len(prompt), server_error=f"no judgement within {JUDGE_TIMEOUT_S:.0f} s")
         if error is not None:
             return Judgement(None, len(prompt), server_error=error)
-        return read_judgement(grader, self._tokenizer.decode(reply, skip_special_tokens=True),
+        return read_judgement(grader, self._decode(reply),
                               len(prompt) + len(reply))
 
     async def _ask(self, submission: TokenSubmission) -> tuple[list[int], str | None]:

@@ -26,15 +26,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coserve.actors.dedicated_job import DedicatedJob
-from coserve.actors.job_failures import INTERNAL_ERROR, JobRefused
-from coserve.actors.leftover_groups import LeftoverGroups
 from coserve.contract.dedicated_run import Command, RunSpec
 from coserve.contract.job_request import TRAINING_KEY, JobRequest, TrainingMode, TrainingRequest
 from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.finetune.dedicated import DedicatedSettings, Route, capacity, route
 from coserve.finetune.dedicated_queue import RunQueue
+from coserve.jobs.dedicated_job import DedicatedJob
+from coserve.jobs.failures import INTERNAL_ERROR, JobRefused
+from coserve.jobs.leftover_groups import LeftoverGroups
 from coserve.store import JobRecord, MetadataStore
 
 logger = logging.getLogger(__name__)

@@ -3,9 +3,9 @@ That such a job's progress marker stays put while it redoes its windows: tests/s
 
 from __future__ import annotations
 
-from coserve.actors.job_watchdog import JobWatchdog
 from coserve.contract.job_runner import SequenceRestarts
 from coserve.finetune.sequence_kv import MAX_DROPS
+from coserve.jobs.watchdog import JobWatchdog
 
 
 class _Clock:

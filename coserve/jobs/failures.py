@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coserve.contract.training_settings import SettingsError, TooFewExamplesError
-from coserve.frontend.job_prep import ValidationFileError
+from coserve.jobs.prepared_job import ValidationFileError
 from coserve.store import MetadataStore
 from coserve.store.records import JobStatus
 

@@ -14,7 +14,7 @@ import pytest
 
 from coserve.frontend.prompt_encoder import longest_token_chars
 from coserve.frontend.tokenizer import Tokenizer
-from coserve.frontend.training_data import _encode, cut_past_context, encode_conversation
+from coserve.jobs.training_data import _encode, cut_past_context, encode_conversation
 
 MAX_LEN = 64
 WORDS = ["alpha", "beta", "gamma", "δέλτα", "epsilon", "\u00e9t\u00e9", "42", "x" * 30, "\n", "!?", "日本語"]

@@ -15,12 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 from coserve import LLM, LoRARequest, SamplingParams
-from coserve.actors.job_manager import FineTuningSettings, JobManager
 from coserve.api.protocol.base import ProtocolError
 from coserve.api.protocol.fine_tuning import FineTuningJobCreate
 from coserve.api.serving.fine_tuning import FineTuningService
 from coserve.contract.job_spec import JobState
 from coserve.contract.trainer_state import STATE_FILE
+from coserve.jobs.manager import FineTuningSettings, JobManager
 from coserve.store import MetadataStore
 from coserve.store.records import JobStatus
 from coserve.tenancy.tenants import parse_tenants

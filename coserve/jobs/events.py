@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from coserve.actors.job_failures import JobError, JobStage, failure, record_failure, storable, update_terminal
-from coserve.actors.job_storage import JobStorage
 from coserve.contract.data_position import DataPosition
 from coserve.contract.job_runner import JobRunner, RunningJob
 from coserve.contract.job_spec import JobEvent, JobEventKind
+from coserve.jobs.failures import JobError, JobStage, failure, record_failure, storable, update_terminal
+from coserve.jobs.storage import JobStorage
 from coserve.store import MetadataStore
 from coserve.store.records import JobRecord, JobStatus
 from coserve.tenancy.storage_quota import QUOTA_CODES

@@ -12,7 +12,7 @@ import pytest
 
 from coserve.frontend.chat_render import TemplateError
 from coserve.frontend.tokenizer import Tokenizer
-from coserve.frontend.training_data import encode_conversation, prepare_training_data
+from coserve.jobs.training_data import encode_conversation, prepare_training_data
 from coserve.tools.call_ids import nine_char_id
 
 TOOLS = [{"type": "function", "function": {

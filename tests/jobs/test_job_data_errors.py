@@ -13,9 +13,9 @@ import pytest
 from coserve.contract.reinforcement import ReinforcementRequest
 from coserve.contract.training_settings import SettingsError
 from coserve.frontend.chat_render import TemplateError
-from coserve.frontend.reinforcement_prep import prepare_reinforcement_job
 from coserve.frontend.tokenizer import Tokenizer
-from coserve.frontend.training_data import prepare_training_data
+from coserve.jobs.reinforcement_data import prepare_reinforcement_job
+from coserve.jobs.training_data import prepare_training_data
 
 GRADER = {"type": "string_check", "name": "s", "input": "{{ sample.output_text }}", "reference": "4",
           "operation": "eq"}

@@ -5,11 +5,11 @@ The gateway only writes intents into the store (a new job in `validating_files`,
 line with them: it validates and tokenizes new jobs, starts queued ones, pauses, resumes and cancels,
 and after a restart resumes `running` jobs from their last checkpoint. The store is the source of
 truth, so a restart and a normal start take the same path. `JobManager.record_events` writes what the
-jobs did back (`job_events.py`).
+jobs did back (`events.py`).
 
 A job's failure is the job's. Whatever raises while one job is prepared, resumed, started, paused,
 resumed or cancelled, or while its events are recorded, fails that job with an error saying so
-(`job_failures.py`), never the loop's pass: the other jobs' intents are applied in the same pass.
+(`failures.py`), never the loop's pass: the other jobs' intents are applied in the same pass.
 Preparing a job (reading and tokenizing its files: seconds for a big file) runs beside the passes, on
 threads of its own, at most one job per tenant at a time and `MAX_PREPARING` in all, so one tenant's
 file delays neither another tenant's preparation nor anyone's cancels and pauses.
@@ -25,16 +25,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from coserve.actors.dedicated_jobs import DedicatedJobs, is_dedicated
-from coserve.actors.job_events import JobEvents, Running
-from coserve.actors.job_failures import JobStage, failure, record_failure
-from coserve.actors.job_preparation import FineTuningSettings, JobPreparation
-from coserve.actors.job_resume import resume_spec
-from coserve.actors.job_storage import JobStorage
-from coserve.actors.job_watchdog import JobWatchdog
 from coserve.contract.job_runner import JobRunner
 from coserve.contract.messages import AdapterSpec
-from coserve.frontend.job_prep import PreparedJob
+from coserve.jobs.dedicated_jobs import DedicatedJobs, is_dedicated
+from coserve.jobs.events import JobEvents, Running
+from coserve.jobs.failures import JobStage, failure, record_failure
+from coserve.jobs.preparation import FineTuningSettings, JobPreparation
+from coserve.jobs.prepared_job import PreparedJob
+from coserve.jobs.resume import resume_spec
+from coserve.jobs.storage import JobStorage
+from coserve.jobs.watchdog import JobWatchdog
 from coserve.store import MetadataStore
 from coserve.store.records import JobRecord, JobStatus
 from coserve.tenancy.quotas import TenantLimits
@@ -169,7 +169,7 @@ class JobManager:
     def prepare(self, record: JobRecord) -> None:
         """Validate and tokenize a job (`JobPreparation`), kept for its start: a new job is `queued` then,
         one resumed after a restart keeps its status. Any thread; never raises: a job that cannot be
-        prepared fails saying why (`job_failures.failure`)."""
+        prepared fails saying why (`failures.failure`)."""
         current = None
         try:
             current = self._store.jobs.get(record.tenant, record.id)

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings, ResolvedHyperparameters
-from coserve.finetune.job import FinetuneJobSpec
-from coserve.frontend.preference_data import prepare_preference_data
-from coserve.frontend.training_data import TrainingData, prepare_training_data
+from coserve.jobs.preference_data import prepare_preference_data
+from coserve.jobs.training_data import TrainingData, prepare_training_data
 
 # Offline fine-tuning adapters take ids from here down, far from users' LoRARequest ids.
 FIRST_TRAINING_ADAPTER_ID = 2**40
@@ -44,7 +44,7 @@ def prepare_job(tokenizer: Any, examples: Sequence[Mapping[str, Any] | Sequence[
     """Tokenize the examples with the chat template and resolve every "auto" setting.
 
     `hyperparameters` None is all "auto"; `lora` None trains `LoRASettings()`; `loss` None is
-    cross-entropy (a DPO loss takes preference rows: `frontend.preference_data`).
+    cross-entropy (a DPO loss takes preference rows: `jobs.preference_data`).
 
     Raises:
         TooFewExamplesError: fewer than 10 usable examples.

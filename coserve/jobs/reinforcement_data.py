@@ -23,11 +23,11 @@ from coserve.contract.reinforcement import ReinforcementRequest, RolloutSpec
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings, SettingsError
 from coserve.frontend.chat_template import chat_template_refusal, encode_chat
-from coserve.frontend.job_prep import PreparedJob, ValidationFileError
 from coserve.frontend.prompt_encoder import longest_token_chars
-from coserve.frontend.training_data import TrainingData
 from coserve.graders.checks import check_grader
 from coserve.graders.item_fields import missing_item_field
+from coserve.jobs.prepared_job import PreparedJob, ValidationFileError
+from coserve.jobs.training_data import TrainingData
 
 
 def _prompts(tokenizer: Any, rows: Sequence[Mapping[str, Any]], max_len: int, max_tokens: int,

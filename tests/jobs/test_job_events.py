@@ -10,12 +10,12 @@ import math
 import time
 from pathlib import Path
 
-from coserve.actors.dedicated_job import DedicatedJob
-from coserve.actors.job_events import JobEvents, Running
-from coserve.actors.job_storage import JobStorage
 from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.contract.training_plan import TrainingExample
+from coserve.jobs.dedicated_job import DedicatedJob
+from coserve.jobs.events import JobEvents, Running
+from coserve.jobs.storage import JobStorage
 from coserve.store import MetadataStore
 from coserve.store.records import JobStatus
 

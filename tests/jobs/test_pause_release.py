@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from coserve.actors.dedicated_job import DedicatedJob
 from coserve.contract.data_position import DataPosition
 from coserve.contract.dedicated_run import Command, RunSpec
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.contract.training_plan import TrainingExample
 from coserve.dedicated.run import DedicatedRun
+from coserve.jobs.dedicated_job import DedicatedJob
 
 
 def _spec(**changes: Any) -> FinetuneJobSpec:

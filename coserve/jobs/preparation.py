@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coserve.actors.dedicated_jobs import route_job
-from coserve.actors.job_failures import JobRefused
-from coserve.actors.job_storage import JobStorage
-from coserve.actors.job_watchdog import DEFAULT_STALL_AFTER_S
 from coserve.contract.job_request import JobRequest
 from coserve.contract.training_jsonl import RowError, read_rows
 from coserve.contract.training_settings import LoRASettings
 from coserve.finetune.dedicated import DedicatedSettings
-from coserve.frontend.job_prep import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
-from coserve.frontend.reinforcement_prep import prepare_reinforcement_job
+from coserve.jobs.dedicated_jobs import route_job
+from coserve.jobs.failures import JobRefused
+from coserve.jobs.prepared_job import FIRST_TRAINING_ADAPTER_ID, PreparedJob, prepare_job
+from coserve.jobs.reinforcement_data import prepare_reinforcement_job
+from coserve.jobs.storage import JobStorage
+from coserve.jobs.watchdog import DEFAULT_STALL_AFTER_S
 from coserve.store import MetadataStore
 from coserve.store.records import JobRecord
 from coserve.tenancy.quotas import TenantLimits, TenantQuota
@@ -67,7 +67,7 @@ class JobPreparation:
 
         Raises:
             ValueError: the job cannot run (`JobRefused` with its OpenAI code and param, or the
-                tokenizer's reason); `job_failures.failure` maps it to the job's error (and anything else
+                tokenizer's reason); `failures.failure` maps it to the job's error (and anything else
                 to an internal error).
         """
         examples = self._rows(record, record.training_file, "training_file")

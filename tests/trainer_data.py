@@ -1,5 +1,5 @@
-"""Training data in the trainer's form: the torch-free loss-masked encoding
-(`coserve.frontend.training_data`, where the mask rules are written) as tensors and `TrainingSequence`s.
+"""Training data in the trainer's form, for tests: the torch-free loss-masked encoding
+(`coserve.jobs.training_data`, where the mask rules are written) as tensors and `TrainingSequence`s.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from coserve.frontend.chat_render import TemplateError, Tools
-from coserve.frontend.training_data import (
+from coserve.jobs.training_data import (
     EncodedConversation,
     Example,
     TrainingData,
@@ -54,7 +54,7 @@ class EncodedExample:
 
 def encode_example(tokenizer: Any, messages: Sequence[Mapping[str, Any]], max_len: int,
                    tools: Tools | None = None) -> EncodedExample:
-    """`coserve.frontend.training_data.encode_conversation` as tensors (same errors)."""
+    """`coserve.jobs.training_data.encode_conversation` as tensors (same errors)."""
     encoded = encode_conversation(tokenizer, messages, max_len, tools)
     return EncodedExample(token_ids=torch.tensor(encoded.token_ids, dtype=torch.long),
                           trained=torch.tensor(encoded.trained, dtype=torch.bool), conversation=encoded)
@@ -74,7 +74,7 @@ class PreparedDataset:
 
 def prepare_dataset(tokenizer: Any, examples: Sequence[Example], max_len: int,
                     what: str = "training example") -> PreparedDataset:
-    """`coserve.frontend.training_data.prepare_training_data` as `TrainingSequence`s (same errors)."""
+    """`coserve.jobs.training_data.prepare_training_data` as `TrainingSequence`s (same errors)."""
     data = prepare_training_data(tokenizer, examples, max_len, what)
     sequences = [TrainingSequence(torch.tensor(e.token_ids, dtype=torch.long),
                                   torch.tensor(e.trained, dtype=torch.bool)) for e in data.examples]

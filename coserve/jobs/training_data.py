@@ -16,7 +16,7 @@ message whose `weight` is not 0:
   template writes after the generation prompt: its content if any, the call text (Qwen's
   `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`) and the end-of-turn marker (or the
   turn's text to its end when it has none). The row's `tools` list is passed to the template; a
-  template that drops tools, calls or tool results is refused (`chat_render.py`). Llama 3.x templates
+  template that drops tools, calls or tool results is refused (`frontend/chat_render.py`). Llama 3.x templates
   write the call as `{"name": ..., "parameters": ...}` and Mistral's as `[TOOL_CALLS][{...}]`, each
   closed by its eos (`<|eot_id|>`, `</s>`); the call ids are written as the template's family takes
   them (Mistral's 9 characters, `coserve.tools.call_ids`).
@@ -119,7 +119,7 @@ def trained_char_spans(tokenizer: Any, messages: Sequence[Mapping[str, Any]], to
                        call_id: Callable[[str], str] | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The full rendering and the [start, end) character spans to train (module docstring: the rule).
     Call ids are written by `call_id` (default: as the template's tool-call family takes them,
-    `template_family.call_id_rule`).
+    `frontend.template_family.call_id_rule`).
 
     Raises:
         TemplateError: a prefix rendering is not a prefix of the full one, an assistant content

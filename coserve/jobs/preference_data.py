@@ -20,7 +20,7 @@ from coserve.contract.job_spec import trained_tokens
 from coserve.contract.training_plan import TrainingExample
 from coserve.frontend.chat_render import TemplateError
 from coserve.frontend.prompt_encoder import longest_token_chars
-from coserve.frontend.training_data import TrainingData, encode_conversation, indices_text, unencodable
+from coserve.jobs.training_data import TrainingData, encode_conversation, indices_text, unencodable
 
 
 @dataclass(slots=True)
