@@ -113,8 +113,8 @@ class EngineActor:
     def _main(self, config: Any) -> None:
         """The engine thread: build the engine, then run the loop once `start` hands over a link."""
         try:
+            from coserve.backends.registry import build_engine
             from coserve.model.tokenizer_spec import read_tokenizer_spec
-            from coserve.torch_engine.builders import build_engine
 
             self.engine = build_engine(config)  # the backend `config.engine` names
             # The tokenizer as this process loads it (either backend loads the model folder's with

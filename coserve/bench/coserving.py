@@ -173,9 +173,9 @@ def bench_job(args: argparse.Namespace, workdir: Path) -> BenchJob:
     """The engine and the jobs of a run (`BenchJob`)."""
     from transformers import AutoTokenizer
 
+    from coserve.backends.registry import build_engine
     from coserve.bench.trainer import ensure_model
     from coserve.contract.engine_config import EngineConfig
-    from coserve.torch_engine.builders import build_engine
 
     model_dir, origin = ensure_model(args.model_dir)
     engine = build_engine(EngineConfig(model=str(model_dir), dtype=args.dtype, device=args.device,

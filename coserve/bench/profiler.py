@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from coserve.backends.registry import BuiltEngine
 from coserve.cluster.engine_core import EngineCore, Step
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.contract.sampling import AdapterRef, SamplingParams
@@ -40,7 +41,6 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request
 from coserve.share.latency import LatencyModel, ModelFingerprint, Sample, plan_features
-from coserve.torch_engine.builders import BuiltEngine
 
 if TYPE_CHECKING:
     import torch

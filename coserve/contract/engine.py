@@ -22,7 +22,7 @@ from coserve.contract.plan import IterationPlan, IterationResult
 
 class EngineKind(enum.Enum):
     """Which backend executes the plans (`coserve serve --engine`, `LLM(engine=...)`); each kind has its
-    builder in `coserve.torch_engine.builders`."""
+    builder in `coserve.backends.registry`."""
 
     NATIVE = "native"  # coserve's own torch engine (coserve.torch_engine.engine)
     VLLM = "vllm"  # vLLM's engine, co-serving on its weights (coserve.vllm.engine)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from coserve.backends.registry import build_engine
 from coserve.cluster.engine_core import EngineCore
 from coserve.contract import defaults
 from coserve.contract.engine import EngineKind
@@ -40,7 +41,6 @@ from coserve.offline.finetune import FineTuneResult, OfflineJobs
 from coserve.offline.lora_request import LoRARequest
 from coserve.offline.outputs import CompletionOutput, RequestOutput
 from coserve.structured.guarded_check import GrammarCheck
-from coserve.torch_engine.builders import build_engine
 
 logger = logging.getLogger(__name__)
 

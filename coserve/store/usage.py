@@ -17,9 +17,9 @@ import os
 import shutil
 from pathlib import Path
 
+from coserve.contract.storage_usage import StorageUsage
 from coserve.store._base import Database
 from coserve.store.records import JobStatus, is_generated_id
-from coserve.tenancy.storage_quota import StorageUsage
 
 logger = logging.getLogger(__name__)
 

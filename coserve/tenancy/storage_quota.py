@@ -1,8 +1,8 @@
 """Per-tenant storage quotas: bytes stored (`max_stored_bytes`) and fine-tuned models held
 (`max_fine_tuned_models`, checkpoints included).
 
-Pure: the caller measures what the tenant stores (`StorageUsage`, from the metadata store and the disk,
-so it survives restarts) and asks here whether one more upload, job or saved adapter fits. A storage
+Pure: the caller measures what the tenant stores (`contract.storage_usage.StorageUsage`, from the metadata
+store and the disk, so it survives restarts) and asks here whether one more upload, job or saved adapter fits. A storage
 limit only clears when the tenant deletes something, so every refusal has `retry_after_s=None`: the API
 answers 403 (`insufficient_quota`), which clients do not retry.
 
@@ -16,35 +16,12 @@ removed and fails its job with `storage_quota_exceeded` (`check_saved_adapter`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from coserve.contract.storage_usage import StorageUsage
 from coserve.tenancy.quotas import Refusal, TenantLimits
 
 # The `error.code` of each storage limit's refusals (at the API and on a failed job).
 QUOTA_CODES = {"max_stored_bytes": "storage_quota_exceeded",
                "max_fine_tuned_models": "model_quota_exceeded"}
-
-
-@dataclass(frozen=True, slots=True)
-class StorageUsage:
-    """What one tenant stores now.
-
-    Args:
-        file_bytes: bytes of its live uploaded files.
-        adapter_bytes: bytes of its jobs' adapter folders on disk (checkpoints, final models).
-        fine_tuned_models: its live fine-tuned models, checkpoints included.
-        reserved_models: models its active jobs are still to write (reserved at creation).
-    """
-
-    file_bytes: int = 0
-    adapter_bytes: int = 0
-    fine_tuned_models: int = 0
-    reserved_models: int = 0
-
-    @property
-    def stored_bytes(self) -> int:
-        """Everything counted against `max_stored_bytes`."""
-        return self.file_bytes + self.adapter_bytes
 
 
 def has_storage_limits(limits: TenantLimits) -> bool:

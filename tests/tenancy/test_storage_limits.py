@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from coserve.contract.storage_usage import StorageUsage
 from coserve.tenancy.quotas import DEFAULT_LIMITS, TenantLimits
 from coserve.tenancy.storage_quota import (
     QUOTA_CODES,
-    StorageUsage,
     admit_job,
     admit_upload,
     check_saved_adapter,

@@ -1,6 +1,7 @@
 """The engine registry: `EngineKind` -> the builder of that backend (`build_engine(config)`).
 
-Each builder imports its backend when called, so choosing coserve's engine never imports vLLM.
+It sits above both backends, so neither engine imports the other; each builder imports its backend when
+called, so choosing coserve's engine never imports vLLM.
 """
 
 from __future__ import annotations
