@@ -61,7 +61,7 @@ test-slow: venv sandbox
 
 # The inner loop (< 2 minutes on 2 cores): the pure packages, the contract and the engine math on tiny
 # models; no server, Ray, real model, vLLM or GPU (the tiers: tests/tiers.py).
-FAST_TESTS := tests/contract tests/inference tests/finetune tests/share tests/cluster tests/tenancy tests/jobs \
+FAST_TESTS := tests/contract tests/inference tests/finetune tests/planner tests/cluster tests/tenancy tests/jobs \
 	tests/structured tests/tools tests/forward tests/torch_engine tests/trainer tests/model tests/frontend tests/graders \
 	tests/test_package_graph.py tests/test_import_cycles.py tests/test_suite_guards.py
 test-fast: venv

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import torch
 
-import coserve.share.hybrid as hybrid
+import coserve.planner.hybrid as hybrid
 from coserve.bench import coserving
 from coserve.bench.calibration import SweepSettings
 from coserve.bench.coserving_setup import calibrate, run_policy
 from coserve.bench.replay import RunLimits
 from coserve.bench.run_metrics import summarize
 from coserve.bench.traces import make_trace, poisson_arrivals
-from coserve.share.backward_layers import backward_within
-from coserve.share.latency import LatencyModel, PlanFeatures
+from coserve.planner.backward_layers import backward_within
+from coserve.planner.latency import LatencyModel, PlanFeatures
 
 
 def one_piece(latency: LatencyModel, base: PlanFeatures, planned: tuple[int, int, int], budget_s: float,

@@ -37,7 +37,7 @@ from coserve.bench.simulator import EngineShape, simulate
 from coserve.bench.traces import make_trace, poisson_arrivals
 from coserve.bench.trainer import ensure_model
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.planner.latency import LatencyModel, ModelFingerprint
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 4096  # the small preset's max_position_embeddings, the engine's limit

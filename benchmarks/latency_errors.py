@@ -56,7 +56,7 @@ def kind(features: Any) -> str:
 
 def cross_validated(samples: list[tuple[Any, float]], fingerprint: Any, folds: int, seed: int) -> list[float]:
     """Each sample's prediction by a model fitted on the other folds."""
-    from coserve.share.latency import LatencyModel
+    from coserve.planner.latency import LatencyModel
 
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
@@ -86,7 +86,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 def analyse(runs: list[list[tuple[tuple[Any, float], bool]]], fingerprint: Any, settings: Any,
             pairs_by_time: dict[float, int]) -> dict[str, Any]:
     from coserve.bench.profiler import fit_report
-    from coserve.share.latency_features import FEATURE_NAMES
+    from coserve.planner.latency_features import FEATURE_NAMES
 
     fastest = [min(r, key=lambda run: run[0][1]) for r in runs]
     report = fit_report(fastest, fingerprint, settings)
@@ -199,7 +199,7 @@ def main() -> int:
     from coserve.bench.profiler import SweepSettings, scenario_runs
     from coserve.contract.engine_config import EngineConfig
     from coserve.model.tiny_model import create_random_adapter
-    from coserve.share.latency import ModelFingerprint, machine_id, model_id_from_config
+    from coserve.planner.latency import ModelFingerprint, machine_id, model_id_from_config
     from coserve.torch_engine.engine import TorchEngine
 
     contexts = tuple(c for c in (16, 128, 512, 2048) if c <= args.max_context)

@@ -28,10 +28,10 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.hybrid import HybridShare
-from coserve.share.latency import LatencyModel, ModelFingerprint, machine_id
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
+from coserve.planner.hybrid import HybridShare
+from coserve.planner.latency import LatencyModel, ModelFingerprint, machine_id
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import CoServingConfig
 
 NUM_TENANTS, NUM_RUNNING, NUM_LAYERS = 100, 256, 32
 # A plausible fitted model (seconds per unit) of an 8B model on one GPU.

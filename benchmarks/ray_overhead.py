@@ -33,8 +33,8 @@ from coserve.contract.engine_config import EngineConfig  # noqa: E402
 from coserve.contract.sampling import SamplingParams  # noqa: E402
 from coserve.frontend.messages import ChatSubmission  # noqa: E402
 from coserve.frontend.scheduler_frontend import SchedulerFrontend  # noqa: E402
-from coserve.share.latency import ModelFingerprint  # noqa: E402
-from coserve.share.share_kinds import ShareKind  # noqa: E402
+from coserve.planner.latency import ModelFingerprint  # noqa: E402
+from coserve.planner.share_kinds import ShareKind  # noqa: E402
 
 # Inference only, as before one engine was a cluster of one (FCFS then, VTC order now: one tenant).
 INFERENCE_ONLY = CoServingPolicyFactory(ModelFingerprint("bench", "cpu", "float32"), share=ShareKind.NONE)

@@ -12,10 +12,10 @@ from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.training_plan import TrainingExample
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
-from coserve.share.share_kinds import ShareKind, build_policy
+from coserve.planner.latency import LatencyModel
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import CoServingConfig
+from coserve.planner.share_kinds import ShareKind, build_policy
 from coserve.tenancy.shared_vtc import SharedVtc
 from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, execute
 

@@ -12,10 +12,10 @@ from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.request import Request
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
-from coserve.share.share_kinds import ShareKind, build_policy
+from coserve.planner.latency import LatencyModel, ModelFingerprint
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import CoServingConfig
+from coserve.planner.share_kinds import ShareKind, build_policy
 
 BS = 4
 TOKEN = 50

@@ -184,8 +184,8 @@ def test_serve_loads_a_latency_profile_fitted_here_and_refuses_another(
     from dataclasses import replace
 
     from coserve.inference.scheduler_config import SchedulerConfig
+    from coserve.planner.latency import LatencyModel
     from coserve.server.options import ServeOptions
-    from coserve.share.latency import LatencyModel
 
     opts = ServeOptions(model=str(llama_dir), tenants=str(tenants_file), dtype="float32")
     fingerprint = opts.policy_factory(opts.load_tenants()).fingerprint  # this model, machine and dtype

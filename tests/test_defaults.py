@@ -15,8 +15,8 @@ from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.finetune.dedicated import DedicatedSettings
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.offline.llm import LLM
+from coserve.planner.settings import CoServingConfig
 from coserve.server.options import ServeOptions
-from coserve.share.settings import CoServingConfig
 
 
 def _field_defaults(cls: type) -> dict[str, object]:

@@ -10,7 +10,7 @@ from test_import_cycles import find_cycle, import_graph
 
 
 def package_of(module: str) -> str:
-    """`coserve.share.hybrid` -> `share`; a module at the top (`coserve.cli`) is its own node."""
+    """`coserve.planner.hybrid` -> `share`; a module at the top (`coserve.cli`) is its own node."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

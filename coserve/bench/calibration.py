@@ -48,8 +48,8 @@ from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request
 from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint, Sample
-from coserve.share.latency_features import PlanFeatures
+from coserve.planner.latency import LatencyModel, ModelFingerprint, Sample
+from coserve.planner.latency_features import PlanFeatures
 
 TPOT_MULTIPLE = 3.0
 TTFT_MULTIPLE = 40.0

@@ -52,7 +52,7 @@ from coserve.bench.simulator import EngineShape, SimSettings, gpu_latency_model,
 from coserve.bench.tenant_traces import TenantMix, diurnal_arrivals, job_mix, tenant_names, tenant_trace
 from coserve.bench.traces import LengthDistribution, sharegpt_lengths
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.planner.latency import LatencyModel, ModelFingerprint
 
 ACTOR_TOKEN_S = 1e-4  # the SchedulerActor's output processing per sampled token (module docstring)
 COSTS = {"decisions": SchedulerCost(measured=True),
@@ -206,7 +206,7 @@ def run_projection(args: argparse.Namespace) -> dict[str, Any]:
                   f"fine-tuning {row['finetune_tokens_per_s']:8.0f} tok/s  scheduler {row['decide_us_p50']:.0f} "
                   f"us/iteration, utilization {row['scheduler_utilization']:.2f}, engines waiting "
                   f"{row['engine_wait_fraction']:.3f}  ({row['wall_s']:.0f} s wall)", flush=True)
-    from coserve.share.latency import machine_id
+    from coserve.planner.latency import machine_id
 
     return {"engine_model": kind.name, "machine": machine_id("cpu"), "rate_per_engine": rate,
             "window_s": args.window_s, "tenants": args.tenants,

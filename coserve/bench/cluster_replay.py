@@ -28,8 +28,8 @@ from coserve.contract.engine import EngineFailure
 from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.share.latency_features import PlanFeatures
-from coserve.share.policy import CoServingPolicy
+from coserve.planner.latency_features import PlanFeatures
+from coserve.planner.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 

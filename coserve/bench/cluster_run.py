@@ -27,7 +27,7 @@ from coserve.bench.traces import RequestSpec
 from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.cluster.engine_core import Step
 from coserve.contract.plan import IterationPlan
-from coserve.share.latency_features import PlanFeatures
+from coserve.planner.latency_features import PlanFeatures
 
 
 @dataclass(slots=True)

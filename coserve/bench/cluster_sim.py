@@ -37,7 +37,7 @@ from coserve.cluster.cluster_scheduler import ClusterScheduler
 from coserve.contract.engine import StepExecutor
 from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.share.latency_features import PlanFeatures
+from coserve.planner.latency_features import PlanFeatures
 
 _WAKE, _DONE = 0, 1
 

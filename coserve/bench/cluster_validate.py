@@ -48,7 +48,7 @@ from coserve.bench.simulator import (
 )
 from coserve.bench.traces import RequestSpec, make_trace, poisson_arrivals
 from coserve.contract.job_spec import FinetuneJobSpec
-from coserve.share.latency import LatencyModel
+from coserve.planner.latency import LatencyModel
 
 COMPARED = ("inference_tokens_per_s", "finetune_tokens_per_s", "finetune_steady_tokens_per_s",
             "slo_attainment", "ttft_p50_ms", "tpot_mean_ms")
@@ -191,7 +191,7 @@ def run_validation(args: argparse.Namespace) -> dict[str, Any]:
     from coserve.bench.coserving import QUICK_SWEEP, STALL_MULTIPLE, WARMUP_S, engine_and_job
     from coserve.bench.coserving_setup import calibrate
     from coserve.contract.engine_config import EngineConfig
-    from coserve.share.latency import machine_id
+    from coserve.planner.latency import machine_id
 
     torch.set_num_threads(1)  # one per engine: every engine thread runs with one
     rates = [float(r) for r in args.rates.split(",")] if args.rates else ([0.5] if args.quick else [0.5, 1.0])

@@ -305,7 +305,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     the private key ``_bursty``, for the plots)."""
     import torch
 
-    from coserve.share.latency import machine_id
+    from coserve.planner.latency import machine_id
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -360,7 +360,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 def check_policy_names(names: list[str]) -> None:
     """Raise ValueError naming the first unknown policy (the factories parse the names)."""
     from coserve.inference.scheduler_config import SchedulerConfig
-    from coserve.share.latency import LatencyModel, ModelFingerprint
+    from coserve.planner.latency import LatencyModel, ModelFingerprint
 
     setup = PolicySetup(scheduler=SchedulerConfig(max_model_len=64, max_num_seqs=1, max_batch_tokens=64),
                         slo=SLO(1.0, 1.0), latency=LatencyModel(ModelFingerprint("", "", "")))

@@ -21,7 +21,7 @@ from coserve.bench.policy_set import PolicySetup, make_factory
 from coserve.bench.replay import RolloutSetup, RunLimits, RunRecord, replay
 from coserve.bench.run_metrics import SLO
 from coserve.bench.traces import RequestSpec, make_trace, poisson_arrivals
-from coserve.share.latency import LatencyModel
+from coserve.planner.latency import LatencyModel
 
 MAX_BATCH_TOKENS = 512
 REALIZED_TARGET = 0.9  # of the TPOT SLO: where the margin aims co-served iterations to land
@@ -91,7 +91,7 @@ def calibrate(engine: Any, job_spec: Any, rate: float, seed: int, sweep: SweepSe
     setup, the fit and k. A given `slo` (the command's --tpot-slo-ms/--ttft-slo-ms, e.g. the papers' 50
     ms for an 8B model on a GPU) replaces the calibrated one.
     """
-    from coserve.share.latency import ModelFingerprint, machine_id, model_id_from_config
+    from coserve.planner.latency import ModelFingerprint, machine_id, model_id_from_config
 
     samples = profile_engine(engine, dataclasses.replace(job_spec, job_id="calibration"), sweep)
     fingerprint = ModelFingerprint(model_id_from_config(dataclasses.asdict(engine.model_config)),

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from coserve.bench.headroom import INFERENCE_FEATURES
 from coserve.bench.replay import IterationRecord, RunRecord
-from coserve.share.latency import LatencyModel
+from coserve.planner.latency import LatencyModel
 
 FINETUNE_FEATURES = ("ft_forward_tokens", "ft_backward_token_layers")
 PIECE_FEATURES = ("ft_pieces",)

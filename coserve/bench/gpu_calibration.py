@@ -32,7 +32,7 @@ from coserve.contract.engine import RuntimeLayout
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.finetune.job import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.planner.latency import LatencyModel, ModelFingerprint
 
 GPU_SWEEP = SweepSettings(decode_batches=(1, 8, 32, 64, 128), prompt_lens=(256, 1024), decode_steps=6,
                           forward_windows=(32, 128, 512, 1024), backward_budgets=(1024, 4096, 8192),

@@ -63,8 +63,8 @@ from coserve.bench.simulator import EngineShape, simulate
 from coserve.bench.traces import make_trace, poisson_arrivals, sharegpt_lengths, synthetic_training_examples
 from coserve.finetune.job import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint, machine_id
-from coserve.share.latency_features import PlanFeatures
+from coserve.planner.latency import LatencyModel, ModelFingerprint, machine_id
+from coserve.planner.latency_features import PlanFeatures
 
 SLO_FLEXLLM = SLO(ttft_s=5.0, tpot_s=0.050)
 POLICIES = ("coserve", "coserve-strict", "temporal-n1", "temporal-n2", "temporal-n4", "temporal-n16", "temporal-n128",

@@ -32,7 +32,7 @@ from typing import Any
 
 from coserve.bench.replay import RunRecord
 from coserve.bench.slo_bound import ForcedConstants, slo_bound_tokens_per_s
-from coserve.share.latency import LatencyModel
+from coserve.planner.latency import LatencyModel
 
 # The features that scale with the inference work served (not with how it is batched into iterations).
 INFERENCE_FEATURES = ("prefill_tokens", "decode_tokens", "prefill_attention", "decode_context",

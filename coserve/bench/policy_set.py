@@ -26,10 +26,10 @@ from coserve.bench.replay import PolicyFactory
 from coserve.bench.run_metrics import SLO
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import DEFAULT_BURST_MARGIN, CoServingConfig
-from coserve.share.share_kinds import ShareKind, ShareOptions, build_policy
+from coserve.planner.latency import LatencyModel
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import DEFAULT_BURST_MARGIN, CoServingConfig
+from coserve.planner.share_kinds import ShareKind, ShareOptions, build_policy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 

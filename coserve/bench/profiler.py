@@ -40,7 +40,7 @@ from coserve.finetune.pieces import JobPieces
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request
-from coserve.share.latency import LatencyModel, ModelFingerprint, Sample, plan_features
+from coserve.planner.latency import LatencyModel, ModelFingerprint, Sample, plan_features
 
 if TYPE_CHECKING:
     import torch

@@ -54,7 +54,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from coserve.contract.engine import EngineStartError
     from coserve.contract.engine_config import EngineConfig
     from coserve.model.tiny_model import create_random_adapter
-    from coserve.share.latency import ModelFingerprint, engine_machine_id, model_id_from_config
+    from coserve.planner.latency import ModelFingerprint, engine_machine_id, model_id_from_config
 
     if (args.adapters < 0 or args.iterations < 4 or args.max_context < 16 or args.repeats < 1
             or (args.threads is not None and args.threads < 1)):

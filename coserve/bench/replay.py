@@ -38,9 +38,9 @@ from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
 from coserve.finetune.rollouts import RolloutDriver
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.request import Request
-from coserve.share.hold_kind import HoldKind
-from coserve.share.latency_features import PlanFeatures, plan_features
-from coserve.share.policy import CoServingPolicy
+from coserve.planner.hold_kind import HoldKind
+from coserve.planner.latency_features import PlanFeatures, plan_features
+from coserve.planner.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 if TYPE_CHECKING:  # torch only where a real engine runs; the simulator imports this module too

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coserve.share.latency_features import PlanFeatures
+from coserve.planner.latency_features import PlanFeatures
 
 BF16_BYTES = 2
 

@@ -35,8 +35,8 @@ from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, 
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingReport
 from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
 from coserve.inference.adapter_slots import AdapterSlots
-from coserve.share.latency import LatencyModel, ModelFingerprint, PlanFeatures
-from coserve.share.policy import CoServingPolicy
+from coserve.planner.latency import LatencyModel, ModelFingerprint, PlanFeatures
+from coserve.planner.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 SIMULATED_TOKEN = 17  # the token every simulated sample returns (requests ignore EOS)

@@ -39,7 +39,7 @@ from coserve.cluster.work_stealing import can_steal, plan_steals
 from coserve.contract.engine import EngineFailure, StepExecutor
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.inference.request import Request, RequestStatus
-from coserve.share.policy import CoServingPolicy
+from coserve.planner.policy import CoServingPolicy
 from coserve.tenancy.shared_vtc import SharedVtc
 from coserve.tenancy.vtc import VirtualTokenCounter, VTCWeights
 

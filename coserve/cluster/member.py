@@ -21,7 +21,7 @@ from coserve.finetune.job import FinetuneJob
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.prefix_hashes import PrefixHashes
 from coserve.inference.request import Request
-from coserve.share.policy import CoServingPolicy
+from coserve.planner.policy import CoServingPolicy
 
 
 class EngineMember:

@@ -19,10 +19,10 @@ from coserve.contract import defaults
 from coserve.contract.engine import TokenizerSpec
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, CoServingConfig
-from coserve.share.share_kinds import ShareKind, ShareOptions, build_policy
+from coserve.planner.latency import LatencyModel, ModelFingerprint
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, CoServingConfig
+from coserve.planner.share_kinds import ShareKind, ShareOptions, build_policy
 from coserve.tenancy.shared_vtc import SharedVtc
 
 

@@ -1,6 +1,6 @@
 """The fine-tuning watchdog: a running job that has not moved for a while gets an event saying why.
 
-Liveness is a rule (`coserve.share.liveness`): while a job is runnable, fine-tuning gets its minimum
+Liveness is a rule (`coserve.planner.liveness`): while a job is runnable, fine-tuning gets its minimum
 share of the engine's time, or the policy records why it did not (`finetune_held_back`: no free KV
 block, ...). What the rule cannot promise is that a job moves when memory is held by inference, or when
 the machine is so slow that a job's next piece is minutes away. So the scheduler watches each job's

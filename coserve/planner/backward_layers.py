@@ -9,7 +9,7 @@ under-counts those fixed costs: on SmolLM2 (30 layers, short sequences, a piece 
 
 from __future__ import annotations
 
-from coserve.share.latency import LatencyModel, PlanFeatures
+from coserve.planner.latency import LatencyModel, PlanFeatures
 
 _TOKEN_LAYER = PlanFeatures(ft_backward_token_layers=1.0)
 

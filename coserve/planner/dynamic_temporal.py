@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from coserve.inference.request import Request
-from coserve.share.strategy import ShareContext
-from coserve.share.temporal import TurnTakingShare
+from coserve.planner.strategy import ShareContext
+from coserve.planner.temporal import TurnTakingShare
 
 MIN_INTERVAL, MAX_INTERVAL = 64, 512
 

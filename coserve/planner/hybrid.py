@@ -41,10 +41,10 @@ from coserve.contract.plan import IterationPlan
 from coserve.finetune.job import JobPhase
 from coserve.finetune.roster import Allowance, TrainingJob, fixed_allowance, whole_iteration_allowance
 from coserve.inference.request import Request
-from coserve.share.backward_layers import backward_within
-from coserve.share.hold_kind import HoldKind
-from coserve.share.latency import PlanFeatures
-from coserve.share.strategy import RequestWatcher, ShareContext
+from coserve.planner.backward_layers import backward_within
+from coserve.planner.hold_kind import HoldKind
+from coserve.planner.latency import PlanFeatures
+from coserve.planner.strategy import RequestWatcher, ShareContext
 
 __all__ = ["HybridShare", "MIN_BURST"]
 

@@ -41,14 +41,14 @@ from typing import Any
 import numpy as np
 
 from coserve.contract.engine import EngineKind
-from coserve.share.latency_features import (
+from coserve.planner.latency_features import (
     CONSTANT,
     FEATURE_NAMES,
     PlanFeatures,
     plan_features,
 )
-from coserve.share.nonnegative import nnls, nonnegative_quadratic
-from coserve.share.sample_guard import SampleGuard
+from coserve.planner.nonnegative import nnls, nonnegative_quadratic
+from coserve.planner.sample_guard import SampleGuard
 
 __all__ = [
     "FEATURE_NAMES", "LatencyModel", "ModelFingerprint", "PlanFeatures",

@@ -25,7 +25,7 @@ the rule that forbids it:
   whole layers by the job's `layer_tokens`), or half of what a window owes if that is less: a slow
   machine's least piece is given anyway, and the next waits until the surplus is paid off. So on
   average fine-tuning gets exactly its share, a job trains about as fast as `min_share` of its speed
-  alone, and it finishes within 1.5 / `min_share` times its time alone (tests/share/test_min_share.py;
+  alone, and it finishes within 1.5 / `min_share` times its time alone (tests/planner/test_min_share.py;
   measured on SmolLM2: benchmarks/RESULTS.md).
 - **Forward room.** A forward window shares the iteration's token budget with inference: when a
   forward piece is due, its tokens (at most half the budget) are kept from inference before it is
@@ -49,9 +49,9 @@ from coserve.contract.plan import IterationPlan, StepTimings
 from coserve.contract.training_plan import TrainingWork
 from coserve.finetune.job import JobPhase
 from coserve.finetune.roster import Allowance, TrainingJob
-from coserve.share.hold_kind import HoldKind
-from coserve.share.latency import LatencyModel, PlanFeatures
-from coserve.share.share_account import PlannedSplit, ShareAccount
+from coserve.planner.hold_kind import HoldKind
+from coserve.planner.latency import LatencyModel, PlanFeatures
+from coserve.planner.share_account import PlannedSplit, ShareAccount
 
 NO_MEMORY = "held back: no free KV block or adapter slot for its next piece (inference holds them)"
 MIN_SHARE_WINDOW_S = 1.0

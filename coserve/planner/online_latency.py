@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.share.latency import LatencyModel, PlanFeatures
-from coserve.share.settings import CoServingConfig
+from coserve.planner.latency import LatencyModel, PlanFeatures
+from coserve.planner.settings import CoServingConfig
 
 logger = logging.getLogger(__name__)
 

@@ -35,12 +35,12 @@ from coserve.inference.plan_checks import check_sequences
 from coserve.inference.request import Request, RequestStatus
 from coserve.inference.request_rules import Budget
 from coserve.inference.scheduler import InferenceScheduler
-from coserve.share.hold_kind import HoldKind
-from coserve.share.latency import LatencyModel, PlanFeatures, plan_features
-from coserve.share.liveness import FinetuneFloor, at_least
-from coserve.share.online_latency import OnlineLatency
-from coserve.share.settings import CoServingConfig
-from coserve.share.strategy import FinetuneShare
+from coserve.planner.hold_kind import HoldKind
+from coserve.planner.latency import LatencyModel, PlanFeatures, plan_features
+from coserve.planner.liveness import FinetuneFloor, at_least
+from coserve.planner.online_latency import OnlineLatency
+from coserve.planner.settings import CoServingConfig
+from coserve.planner.strategy import FinetuneShare
 from coserve.tenancy.shared_vtc import SharedVtc
 from coserve.tenancy.vtc import VirtualTokenCounter
 

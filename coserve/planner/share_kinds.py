@@ -17,14 +17,14 @@ from types import MappingProxyType
 
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.share.dynamic_temporal import dynamic_temporal_share
-from coserve.share.hybrid import HybridShare
-from coserve.share.latency import LatencyModel
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
-from coserve.share.static_split import DEFAULT_FINETUNE_FRACTION, StaticSplitShare, split_kv
-from coserve.share.strategy import FinetuneShare, NoFinetuneShare
-from coserve.share.temporal import DEFAULT_INFERENCE_ITERATIONS, temporal_share
+from coserve.planner.dynamic_temporal import dynamic_temporal_share
+from coserve.planner.hybrid import HybridShare
+from coserve.planner.latency import LatencyModel
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import CoServingConfig
+from coserve.planner.static_split import DEFAULT_FINETUNE_FRACTION, StaticSplitShare, split_kv
+from coserve.planner.strategy import FinetuneShare, NoFinetuneShare
+from coserve.planner.temporal import DEFAULT_INFERENCE_ITERATIONS, temporal_share
 from coserve.tenancy.shared_vtc import SharedVtc
 
 

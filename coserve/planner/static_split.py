@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from coserve.finetune.roster import Allowance, fixed_allowance
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.share.latency import PlanFeatures
-from coserve.share.settings import CoServingConfig
-from coserve.share.strategy import IGNORE_REQUESTS, ShareContext
+from coserve.planner.latency import PlanFeatures
+from coserve.planner.settings import CoServingConfig
+from coserve.planner.strategy import IGNORE_REQUESTS, ShareContext
 
 DEFAULT_FINETUNE_FRACTION = 0.3
 

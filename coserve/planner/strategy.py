@@ -20,9 +20,9 @@ from typing import Protocol
 
 from coserve.finetune.roster import Allowance
 from coserve.inference.request import Request
-from coserve.share.latency import LatencyModel, PlanFeatures
-from coserve.share.liveness import FinetuneFloor
-from coserve.share.settings import CoServingConfig
+from coserve.planner.latency import LatencyModel, PlanFeatures
+from coserve.planner.liveness import FinetuneFloor
+from coserve.planner.settings import CoServingConfig
 
 
 class ShareContext(Protocol):

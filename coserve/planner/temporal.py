@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from coserve.finetune.roster import Allowance, fixed_allowance
-from coserve.share.latency import PlanFeatures
-from coserve.share.strategy import IGNORE_REQUESTS, RequestWatcher, ShareContext
+from coserve.planner.latency import PlanFeatures
+from coserve.planner.strategy import IGNORE_REQUESTS, RequestWatcher, ShareContext
 
 DEFAULT_INFERENCE_ITERATIONS = 64  # FlexLLM sweeps 64..512
 

@@ -106,7 +106,7 @@ class ServeOptions:
         if not 0 < self.finetune_min_share < 1:
             raise ValueError(f"--finetune-min-share must be a fraction in (0, 1), got {self.finetune_min_share}")
         if self.max_stall_ms is not None:
-            from coserve.share.settings import DEFAULT_TPOT_SLO_MS
+            from coserve.planner.settings import DEFAULT_TPOT_SLO_MS
 
             tpot = self.tpot_slo_ms if self.tpot_slo_ms is not None else DEFAULT_TPOT_SLO_MS
             if not tpot <= self.max_stall_ms < float("inf"):
@@ -268,7 +268,7 @@ class ServeOptions:
         import json
 
         from coserve.cluster.policy_factory import CoServingPolicyFactory
-        from coserve.share.latency import ModelFingerprint, engine_machine_id, model_id_from_config
+        from coserve.planner.latency import ModelFingerprint, engine_machine_id, model_id_from_config
 
         config = json.loads((Path(self.model) / "config.json").read_text(encoding="utf-8"))
         fingerprint = ModelFingerprint(model_id_from_config(config), engine_machine_id(self.device, self.engine),
@@ -279,7 +279,7 @@ class ServeOptions:
     def scheduler_settings(self, tenants: Any) -> Any:
         """The SchedulerActor's settings."""
         from coserve.actors.scheduler_settings import SchedulerSettings
-        from coserve.share.settings import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
+        from coserve.planner.settings import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
 
         # The SLOs the policy keeps (its defaults when not given): /metrics counts attainment against them.
         ttft_ms = DEFAULT_TTFT_SLO_MS if self.ttft_slo_ms is None else self.ttft_slo_ms

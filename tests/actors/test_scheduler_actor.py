@@ -21,8 +21,8 @@ from coserve.contract.sampling import EosIds, SamplingParams
 from coserve.frontend.messages import ChatSubmission, StreamBatch
 from coserve.frontend.scheduler_frontend import SchedulerFrontend
 from coserve.frontend.tokenizer import Tokenizer
-from coserve.share.latency import ModelFingerprint
-from coserve.share.share_kinds import ShareKind
+from coserve.planner.latency import ModelFingerprint
+from coserve.planner.share_kinds import ShareKind
 from coserve.tenancy.quotas import TenantLimits
 
 HELLO = [{"role": "user", "content": "Hello there"}]

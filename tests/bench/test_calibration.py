@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from coserve.bench.calibration import calibrate_slo, decode_step_s, fit_latency_model, measure_decode_step_s
-from coserve.share.latency import LatencyModel, ModelFingerprint
-from coserve.share.latency_features import PlanFeatures
+from coserve.planner.latency import LatencyModel, ModelFingerprint
+from coserve.planner.latency_features import PlanFeatures
 
 FP = ModelFingerprint("m", "here", "float32")
 

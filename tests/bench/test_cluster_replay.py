@@ -30,7 +30,7 @@ from coserve.bench.traces import RequestSpec, synthetic_training_examples
 from coserve.contract.training_settings import LoRASettings
 from coserve.finetune.job import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.planner.latency import LatencyModel, ModelFingerprint
 
 NUM_BLOCKS, BLOCK = 256, 16
 FP = ModelFingerprint("tiny", "here", "float32")

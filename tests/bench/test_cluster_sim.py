@@ -20,7 +20,7 @@ from coserve.bench.tenant_traces import TenantMix, diurnal_arrivals, job_mix, te
 from coserve.bench.traces import RequestSpec, prompt_token_ids, sharegpt_lengths, synthetic_training_examples
 from coserve.finetune.job import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import LatencyModel, ModelFingerprint
+from coserve.planner.latency import LatencyModel, ModelFingerprint
 
 FP = ModelFingerprint("m", "sim", "float32")
 SHAPE = EngineShape(num_kv_blocks=512, block_size=16, num_adapter_slots=4, vocab_size=1000, num_layers=4)

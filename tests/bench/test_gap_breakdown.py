@@ -21,8 +21,8 @@ from coserve.bench.headroom import headroom
 from coserve.bench.policy_set import make_factory
 from coserve.bench.replay import IterationRecord, RunLimits, RunRecord
 from coserve.bench.simulator import simulate
-from coserve.share.hold_kind import HoldKind
-from coserve.share.latency import LatencyModel, PlanFeatures
+from coserve.planner.hold_kind import HoldKind
+from coserve.planner.latency import LatencyModel, PlanFeatures
 
 MODEL = {"constant": 0.010, "decode_tokens": 0.001, "num_sequences": 0.001, "ft_forward_tokens": 0.0005,
          "ft_pieces": 0.004}

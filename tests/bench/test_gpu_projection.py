@@ -11,7 +11,7 @@ import pytest
 from coserve.bench.gpu_projection import ProjectionSettings, finetune_bound, project_scenario, served_inference_s
 from coserve.bench.roofline import A100_80GB, H100_80GB, LLAMA_3_1_8B, LLAMA_3_2_1B, RooflineModel
 from coserve.cli import build_parser
-from coserve.share.latency_features import PlanFeatures
+from coserve.planner.latency_features import PlanFeatures
 
 
 def _decode(batch: int, context: int = 512, **finetune: float) -> PlanFeatures:

@@ -13,7 +13,7 @@ from coserve.bench.replay import IterationRecord, RunLimits, RunRecord
 from coserve.bench.run_metrics import summarize
 from coserve.bench.simulator import simulate
 from coserve.bench.traces import RequestSpec, make_trace, poisson_arrivals, sharegpt_lengths
-from coserve.share.latency import LatencyModel, PlanFeatures
+from coserve.planner.latency import LatencyModel, PlanFeatures
 
 # A CPU-like model: fixed costs per iteration, per fine-tuning piece and per prefill chunk.
 CPU_LIKE = {"constant": 0.006, "decode_tokens": 0.0006, "prefill_tokens": 0.0003, "prefill_chunks": 0.003,

@@ -12,7 +12,7 @@ from coserve.bench.policy_set import make_factory
 from coserve.bench.replay import IterationRecord, RequestRecord, RunLimits, RunRecord
 from coserve.bench.run_metrics import summarize
 from coserve.bench.simulator import simulate
-from coserve.share.latency import PlanFeatures
+from coserve.planner.latency import PlanFeatures
 
 
 def _request(request_id: str, token_times: list[float]) -> RequestRecord:

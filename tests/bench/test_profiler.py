@@ -15,7 +15,7 @@ from coserve.bench.profiler import DesignedPlans, Scenario, SweepSettings, _Harn
 from coserve.cli import main
 from coserve.contract.engine_config import EngineConfig
 from coserve.contract.plan import IterationResult
-from coserve.share.latency import COEFFICIENT_NAMES, LatencyModel
+from coserve.planner.latency import COEFFICIENT_NAMES, LatencyModel
 from coserve.torch_engine.engine import TorchEngine
 
 ROOT = Path(__file__).resolve().parents[2]

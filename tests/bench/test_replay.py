@@ -25,7 +25,7 @@ from coserve.bench.traces import RequestSpec, synthetic_training_examples
 from coserve.contract.training_settings import LoRASettings
 from coserve.finetune.job import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.latency import ModelFingerprint
+from coserve.planner.latency import ModelFingerprint
 
 NUM_BLOCKS, BLOCK = 256, 16
 TINY_SWEEP = SweepSettings(decode_batches=(1, 4, 8), prompt_lens=(32,), decode_steps=3,

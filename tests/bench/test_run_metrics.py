@@ -6,7 +6,7 @@ import pytest
 
 from coserve.bench.replay import IterationRecord, RequestRecord, RunRecord
 from coserve.bench.run_metrics import SLO, finetune_tokens_per_s, relative_error, slo_attainment, summarize
-from coserve.share.latency_features import PlanFeatures
+from coserve.planner.latency_features import PlanFeatures
 
 SLO_ = SLO(ttft_s=1.0, tpot_s=0.1)
 

@@ -30,7 +30,7 @@ from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings
 from coserve.inference.request import Request, RequestStatus
-from coserve.share.share_kinds import ShareKind
+from coserve.planner.share_kinds import ShareKind
 from coserve.torch_engine.engine import TorchEngine
 
 POISON = 7  # the attacker's token: the injected fault fires when it is in a forward's batch

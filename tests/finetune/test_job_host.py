@@ -11,7 +11,7 @@ from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.offline.finetune import OfflineJobs
-from coserve.share.share_kinds import ShareKind
+from coserve.planner.share_kinds import ShareKind
 from coserve.tenancy.vtc import VirtualTokenCounter, VTCWeights
 from coserving_sim import BS, make_job, make_policy, make_request, step
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from coserve.contract.sampling import EosIds, SamplingParams
 from coserve.inference.request import Request, expand_request
-from coserve.share.policy import CoServingPolicy
+from coserve.planner.policy import CoServingPolicy
 from coserving_sim import FakeClock, execute, make_policy, make_request
 
 DT = 0.03  # seconds per iteration

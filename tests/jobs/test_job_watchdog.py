@@ -1,5 +1,5 @@
 """The watchdog's events on a job whose sequence KV reclaim keeps restarting (`JobWatchdog.check_restarts`).
-That such a job's progress marker stays put while it redoes its windows: tests/share/test_kv_reclaim.py."""
+That such a job's progress marker stays put while it redoes its windows: tests/planner/test_kv_reclaim.py."""
 
 from __future__ import annotations
 

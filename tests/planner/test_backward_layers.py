@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coserve.share.backward_layers import backward_within
-from coserve.share.latency import LatencyModel, PlanFeatures
+from coserve.planner.backward_layers import backward_within
+from coserve.planner.latency import LatencyModel, PlanFeatures
 from coserving_sim import FP
 
 # 1 ms an iteration, 0.5 ms a piece, 0.01 ms a token-layer.

@@ -7,13 +7,13 @@ import pytest
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.dynamic_temporal import DynamicInterval
-from coserve.share.latency import LatencyModel
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
-from coserve.share.share_kinds import ShareKind
-from coserve.share.static_split import StaticSplitShare, split_kv
-from coserve.share.temporal import temporal_share
+from coserve.planner.dynamic_temporal import DynamicInterval
+from coserve.planner.latency import LatencyModel
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import CoServingConfig
+from coserve.planner.share_kinds import ShareKind
+from coserve.planner.static_split import StaticSplitShare, split_kv
+from coserve.planner.temporal import temporal_share
 from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, make_job, make_policy, make_request, step
 
 

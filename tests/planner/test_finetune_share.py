@@ -13,15 +13,15 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.dynamic_temporal import DynamicTurns
-from coserve.share.hybrid import HybridShare
-from coserve.share.latency import LatencyModel, PlanFeatures
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
-from coserve.share.share_kinds import ShareKind, ShareOptions, build_policy, make_share, share_kind
-from coserve.share.static_split import StaticSplitShare, split_kv
-from coserve.share.strategy import IGNORE_REQUESTS, FinetuneShare, NoFinetuneShare, ShareContext
-from coserve.share.temporal import FixedTurns, TurnTakingShare
+from coserve.planner.dynamic_temporal import DynamicTurns
+from coserve.planner.hybrid import HybridShare
+from coserve.planner.latency import LatencyModel, PlanFeatures
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import CoServingConfig
+from coserve.planner.share_kinds import ShareKind, ShareOptions, build_policy, make_share, share_kind
+from coserve.planner.static_split import StaticSplitShare, split_kv
+from coserve.planner.strategy import IGNORE_REQUESTS, FinetuneShare, NoFinetuneShare, ShareContext
+from coserve.planner.temporal import FixedTurns, TurnTakingShare
 from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, make_job, make_policy, make_request, step
 
 CONFIG = CoServingConfig(scheduler=SchedulerConfig(max_model_len=64, block_size=BS, max_num_seqs=4,

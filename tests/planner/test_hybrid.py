@@ -14,10 +14,10 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import RequestStatus
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.share.hybrid import HybridShare
-from coserve.share.latency import LatencyModel, PlanFeatures, plan_features
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
+from coserve.planner.hybrid import HybridShare
+from coserve.planner.latency import LatencyModel, PlanFeatures, plan_features
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import CoServingConfig
 from coserving_sim import BS, COEFFICIENTS, FP, FakeClock, execute, keep_busy, make_job, make_policy, make_request, step
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.share.policy import CoServingPolicy
+from coserve.planner.policy import CoServingPolicy
 from coserve.tenancy.vtc import VTCWeights
 from coserving_sim import execute, make_job, make_policy, make_request
 

@@ -9,7 +9,7 @@ import pytest
 from coserve.contract.plan import IterationPlan
 from coserve.finetune import sequence_kv
 from coserve.finetune.job import FinetuneJob
-from coserve.share.policy import CoServingPolicy
+from coserve.planner.policy import CoServingPolicy
 from coserving_sim import make_job, make_policy, make_request, step
 
 PROMPT = 100  # tokens: 25 blocks of 4

@@ -15,7 +15,7 @@ import pytest
 from coserve.contract.plan import AdapterLoad, IterationPlan, NewSequence, ScheduledChunk
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import BackwardTasklet, ForwardWindow, TrainingWork
-from coserve.share.latency import (
+from coserve.planner.latency import (
     COEFFICIENT_NAMES,
     LatencyModel,
     ModelFingerprint,
@@ -24,7 +24,7 @@ from coserve.share.latency import (
     model_id_from_config,
     plan_features,
 )
-from coserve.share.nonnegative import nnls, nonnegative_quadratic
+from coserve.planner.nonnegative import nnls, nonnegative_quadratic
 
 FP = ModelFingerprint(model_id="abc123", machine="Linux-x86_64 | test-cpu x2 | cpu", dtype="float32")
 # Plausible CPU costs (seconds per unit); the fine-tuning features stay 0 in these samples.
@@ -172,7 +172,7 @@ def test_rls_learns_from_scratch_and_never_winds_up() -> None:
 
 
 def test_rls_stays_non_negative_when_a_cost_drifts_to_zero(monkeypatch: pytest.MonkeyPatch) -> None:
-    import coserve.share.latency as latency
+    import coserve.planner.latency as latency
 
     calls = []
     monkeypatch.setattr(latency, "nonnegative_quadratic",
@@ -299,6 +299,6 @@ def test_invalid_settings_and_samples_are_rejected_naming_the_setting() -> None:
 
 
 def test_import_pulls_in_neither_torch_nor_ray() -> None:
-    code = "import sys, coserve.share.latency; print(sorted({'torch', 'ray'} & set(sys.modules)))"
+    code = "import sys, coserve.planner.latency; print(sorted({'torch', 'ray'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

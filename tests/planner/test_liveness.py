@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from coserve.contract.plan import IterationPlan
-from coserve.share.latency import LatencyModel, plan_features
-from coserve.share.policy import CoServingPolicy
-from coserve.share.sample_guard import SampleGuard
+from coserve.planner.latency import LatencyModel, plan_features
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.sample_guard import SampleGuard
 from coserving_sim import (
     COEFFICIENTS,
     FP,

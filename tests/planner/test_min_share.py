@@ -8,10 +8,10 @@ import pytest
 
 from coserve.contract.plan import IterationPlan
 from coserve.inference.request import Request
-from coserve.share.latency import LatencyModel, plan_features
-from coserve.share.policy import CoServingPolicy
-from coserve.share.settings import CoServingConfig
-from coserve.share.share_account import PlannedSplit, ShareAccount
+from coserve.planner.latency import LatencyModel, plan_features
+from coserve.planner.policy import CoServingPolicy
+from coserve.planner.settings import CoServingConfig
+from coserve.planner.share_account import PlannedSplit, ShareAccount
 from coserving_sim import FP, FakeClock, execute, make_job, make_policy, make_request
 
 # A CPU-like engine: an iteration's fixed cost, decodes, prefill tokens, and fine-tuning pieces with a

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coserve.share.nonnegative import nnls, nonnegative_quadratic
+from coserve.planner.nonnegative import nnls, nonnegative_quadratic
 
 
 def _problem(seed: int, n: int = 10) -> tuple[np.ndarray, np.ndarray]:

@@ -30,8 +30,8 @@ from coserve.contract.engine import EngineKind  # noqa: E402
 from coserve.contract.engine_config import EngineConfig  # noqa: E402
 from coserve.contract.messages import TokenBatch, TokenSubmission  # noqa: E402
 from coserve.contract.sampling import EosIds, SamplingParams  # noqa: E402
-from coserve.share.latency import ModelFingerprint  # noqa: E402
-from coserve.share.share_kinds import ShareKind  # noqa: E402
+from coserve.planner.latency import ModelFingerprint  # noqa: E402
+from coserve.planner.share_kinds import ShareKind  # noqa: E402
 
 INFERENCE_ONLY = CoServingPolicyFactory(ModelFingerprint("tiny-llama", "cpu", "float32"), share=ShareKind.NONE)
 
