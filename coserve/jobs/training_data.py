@@ -1,6 +1,6 @@
 """Training data of a fine-tuning job: chat examples -> loss-masked token sequences, torch-free (the
-scheduler's job manager prepares jobs in a process without torch; `coserve.trainer.data` makes
-the trainer's tensors from these lists). "auto" hyperparameters: `coserve.contract.training_settings`.
+scheduler's job manager prepares jobs in a process without torch; the engine's trainer makes its tensors
+from these lists). "auto" hyperparameters: `coserve.contract.training_settings`.
 
 Loss mask (issue 3, item 1). An example is rendered with the tokenizer's own chat template, so the
 model trains on exactly the text it will see when served. The trained tokens are, for every assistant
