@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coserve.cluster.cluster_scheduler import ClusterScheduler, PolicyBuilder
+from coserve.cluster.engine_cluster import EngineCluster, PolicyBuilder
 from coserve.cluster.engine_core import Step
 from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult
@@ -39,9 +39,9 @@ def builder(cfg: CoServingConfig | None = None, *, num_blocks: int = 64, num_slo
     return build
 
 
-def cluster(engines: int = 2, build: PolicyBuilder | None = None, **kwargs: Any) -> ClusterScheduler:
+def cluster(engines: int = 2, build: PolicyBuilder | None = None, **kwargs: Any) -> EngineCluster:
     """A cluster of `engines` fake engines e0, e1, ..."""
-    c = ClusterScheduler(**kwargs)
+    c = EngineCluster(**kwargs)
     for i in range(engines):
         c.add_engine(f"e{i}", build or builder())
     return c
@@ -58,7 +58,7 @@ class FakeEngine:
         return execute(plan)
 
 
-def run_all(c: ClusterScheduler, steps: int = 1) -> list[Step]:
+def run_all(c: EngineCluster, steps: int = 1) -> list[Step]:
     """`steps` rounds: every engine with work steps once, in join order."""
     done = []
     for _ in range(steps):
@@ -68,7 +68,7 @@ def run_all(c: ClusterScheduler, steps: int = 1) -> list[Step]:
     return done
 
 
-def drain(c: ClusterScheduler, max_rounds: int = 2000) -> None:
+def drain(c: EngineCluster, max_rounds: int = 2000) -> None:
     """Step every engine until no request is unfinished (jobs may still train)."""
     for _ in range(max_rounds):
         if not c.has_unfinished():

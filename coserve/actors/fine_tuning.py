@@ -13,7 +13,7 @@ from pathlib import Path
 
 from coserve.actors.scheduler_settings import SchedulerSettings
 from coserve.actors.training_service import TrainingService
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.cluster.training_runs import TrainingRuns
 from coserve.contract.engine import TokenizerSpec
 from coserve.contract.messages import Admission, TokenBatch, TokenSubmission
@@ -48,7 +48,7 @@ class FineTuningSide:
     runs: TrainingService
 
 
-def open_fine_tuning(settings: SchedulerSettings, cluster: ClusterScheduler, tokenizer_spec: TokenizerSpec,
+def open_fine_tuning(settings: SchedulerSettings, cluster: EngineCluster, tokenizer_spec: TokenizerSpec,
                      max_model_len: int, model: ModelConfig, actor: SchedulerLoop,
                      grading_pool: FairPool) -> FineTuningSide:
     """The job manager, rollout grading and training runs of a scheduler with a data dir (`model`: the

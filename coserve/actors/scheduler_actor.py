@@ -2,7 +2,7 @@
 
 It composes three parts, each a class of its own with its own tests: admission (`AdmissionControl`:
 request keys, the tenants' quotas, adapter ids), the token streams the gateways read (`StreamHub`),
-and the engines' decisions (a `ClusterScheduler`: one policy and `EngineCore` per engine, each with
+and the engines' decisions (a `EngineCluster`: one policy and `EngineCore` per engine, each with
 its plan in flight; one engine is a cluster of one). Around them: the fine-tuning job manager and the
 metrics. It sees token ids only: the gateway's `SchedulerFrontend` renders and encodes prompts,
 decodes outputs and watches stop strings (`stop` ends a choice whose text reached one). On Ray it also
@@ -36,7 +36,7 @@ from coserve.actors.step_faults import StepFaults
 from coserve.actors.stream_hub import StreamHub
 from coserve.actors.streams import SubmissionState
 from coserve.actors.training_service import TrainingService
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.cluster.engine_core import Step, StepFailed
 from coserve.cluster.plan_wait import next_plan_when_ready
 from coserve.cluster.policy_factory import EngineLayout, PolicyFactory
@@ -82,7 +82,7 @@ class SchedulerActor:
         self._grading_pool = grading_pool()  # reinforcement jobs' graders (threads start when first used)
         self._admission = AdmissionControl(settings.tenant_limits)
         self.metrics = SchedulerMetrics(settings.slo)
-        self._cluster = ClusterScheduler(tenant_weights=policy_factory.tenant_weights)
+        self._cluster = EngineCluster(tenant_weights=policy_factory.tenant_weights)
         self._served_by: dict[str, str] = {}  # child request id -> the engine that produced its tokens
         self._streams = StreamHub()
         self._owner: dict[str, tuple[SubmissionState, int]] = {}  # child request id -> (submission, index)
@@ -127,7 +127,7 @@ class SchedulerActor:
 
         Its requests without a token start over on the other engines, the others' streams end with an
         error that says so, and its jobs resume on another engine from their last checkpoint
-        (`ClusterScheduler.engine_lost`). With no engine left, every live stream ends (new requests are
+        (`EngineCluster.engine_lost`). With no engine left, every live stream ends (new requests are
         a 503 until an engine is back), and the jobs wait for the next engine, with an event saying so.
         """
         if engine_id not in self._cluster.engines:

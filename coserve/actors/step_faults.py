@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from coserve.actors.metrics import SchedulerMetrics
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.cluster.engine_core import Step
 from coserve.cluster.fault_isolation import GENERIC_FAULT
 from coserve.contract.plan import IterationPlan
@@ -53,7 +53,7 @@ class StepFaults:
         engine_lost: gives up an engine that keeps failing, with the reason.
     """
 
-    def __init__(self, cluster: ClusterScheduler, metrics: SchedulerMetrics,
+    def __init__(self, cluster: EngineCluster, metrics: SchedulerMetrics,
                  fail_requests: Callable[[Iterable[str], str], None],
                  engine_lost: Callable[[str, str], None]) -> None:
         self._cluster, self._metrics = cluster, metrics

@@ -45,8 +45,8 @@ from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
 from coserve.finetune.pieces import JobPieces
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.planner import InferencePlanner
 from coserve.inference.request import Request
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.planner.latency import LatencyModel, ModelFingerprint, Sample
 from coserve.planner.latency_features import PlanFeatures
@@ -71,16 +71,16 @@ class SweepSettings:
     max_batch_tokens: int = 512
 
 
-def fcfs_policy(layout: RuntimeLayout, max_batch_tokens: int, max_num_seqs: int) -> InferenceScheduler:
+def fcfs_policy(layout: RuntimeLayout, max_batch_tokens: int, max_num_seqs: int) -> InferencePlanner:
     """A first-come-first-served policy over an engine's blocks and slots (no prefix caching)."""
     config = SchedulerConfig(max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs,
                              max_batch_tokens=max_batch_tokens, block_size=layout.block_size,
                              enable_prefix_caching=False)
     kv = KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching=False)
-    return InferenceScheduler(config, kv, AdapterSlots(layout.num_adapter_slots))
+    return InferencePlanner(config, kv, AdapterSlots(layout.num_adapter_slots))
 
 
-def add_requests(policy: InferenceScheduler, layout: RuntimeLayout, tag: str, count: int, prompt_len: int,
+def add_requests(policy: InferencePlanner, layout: RuntimeLayout, tag: str, count: int, prompt_len: int,
                  output_len: int) -> list[str]:
     """Add `count` greedy requests of random prompts; returns their ids."""
     ids = []
@@ -93,7 +93,7 @@ def add_requests(policy: InferenceScheduler, layout: RuntimeLayout, tag: str, co
     return ids
 
 
-def _abort_and_drain(policy: InferenceScheduler, core: EngineCore, engine: StepExecutor,
+def _abort_and_drain(policy: InferencePlanner, core: EngineCore, engine: StepExecutor,
                      request_ids: list[str]) -> None:
     """Abort `request_ids` and step until the policy has nothing left, so the engine drops every
     sequence; the first step runs whatever else is due (a job's cancel)."""

@@ -4,7 +4,7 @@ central scheduler becomes the bottleneck.
     coserve bench cluster project --from VALIDATION.json --json OUT [--engines 1,2,4,8,16] [--plots DIR]
     coserve bench cluster project --engine-model a100 --json OUT [--engines 1,4,16,32,64]
 
-Engines (each a `LatencyExecutor` under one `ClusterScheduler`, `simulator.simulate_engines`):
+Engines (each a `LatencyExecutor` under one `EngineCluster`, `simulator.simulate_engines`):
 
 * ``measured`` (with ``--from``): the latency model fitted on the measured 1-engine run of a
   `cluster validate` result (its loop overhead and noise too), planned with that run's policy settings

@@ -1,4 +1,4 @@
-"""Replay a trace against N real engines in this process, under one `ClusterScheduler`, on the wall clock.
+"""Replay a trace against N real engines in this process, under one `EngineCluster`, on the wall clock.
 
 Each engine is an `EngineActor` (the server's engine loop, as with `--local`): it builds its engine on a
 thread of its own and steps it there, and between steps it calls `exchange(engine_id, result)` on a
@@ -23,7 +23,7 @@ from typing import Any
 from coserve.bench.cluster_run import ClusterRecorder, ClusterRun, thread_seconds
 from coserve.bench.replay import IDLE_SLEEP_S, PolicyFactory, RunLimits, should_stop
 from coserve.bench.traces import RequestSpec
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.contract.engine import EngineFailure
 from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult
@@ -117,7 +117,7 @@ def replay_engines(engine_configs: Sequence[Any], make_policy: PolicyFactory, tr
     from coserve.actors.engine_actor import EngineActor
 
     actors = [EngineActor(config, engine_id=f"engine-{i}") for i, config in enumerate(engine_configs)]
-    cluster = ClusterScheduler()
+    cluster = EngineCluster()
     t0 = now()
     for actor in actors:
         layout = actor.layout()

@@ -1,4 +1,4 @@
-"""What a run of several engines under one `ClusterScheduler` records, for the real driver
+"""What a run of several engines under one `EngineCluster` records, for the real driver
 (`cluster_replay`) and the simulator (`cluster_sim`) alike.
 
 The records are `replay`'s: one `RequestRecord` per trace entry (arrival, the time of each output
@@ -24,7 +24,7 @@ from coserve.bench.replay import (
     trained_work,
 )
 from coserve.bench.traces import RequestSpec
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.cluster.engine_core import Step
 from coserve.contract.plan import IterationPlan
 from coserve.planner.latency_features import PlanFeatures
@@ -65,7 +65,7 @@ class ClusterRecorder:
         now: the clock.
     """
 
-    def __init__(self, cluster: ClusterScheduler, vocab_size: int, t0: float, now: Callable[[], float]) -> None:
+    def __init__(self, cluster: EngineCluster, vocab_size: int, t0: float, now: Callable[[], float]) -> None:
         self.cluster, self.vocab_size, self.t0, self._now = cluster, vocab_size, t0, now
         self.records: dict[str, RequestRecord] = {}
         self.iterations: list[IterationRecord] = []

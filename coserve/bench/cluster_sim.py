@@ -1,10 +1,10 @@
-"""N simulated engines behind one central scheduler: the `ClusterScheduler`'s own code (routing, late
+"""N simulated engines behind one central scheduler: the `EngineCluster`'s own code (routing, late
 binding, job placement, publication) decides, executors answer plans (the latency model, `simulator`),
 and the scheduler's own time is part of the simulation.
 
 `run_cluster` is a discrete-event loop over three kinds of events, in time order:
 
-* an arrival: the scheduler routes the request (`ClusterScheduler.submit`);
+* an arrival: the scheduler routes the request (`EngineCluster.submit`);
 * a job arrival: the scheduler places the job (`ClusterJobs.start`);
 * an engine's step ends: the scheduler applies its result and hands it its next plan, one exchange as
   the SchedulerActor's `exchange` does (`apply`, then `next_plan`). The engine then executes the plan
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from coserve.bench.cluster_run import ClusterRecorder, ClusterRun, thread_seconds
 from coserve.bench.replay import IDLE_SLEEP_S, Clock, RunLimits, should_stop
 from coserve.bench.traces import RequestSpec
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.contract.engine import StepExecutor
 from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult
@@ -86,7 +86,7 @@ class _InFlight:
 class _Loop:
     """The event loop's state (module docstring)."""
 
-    def __init__(self, cluster: ClusterScheduler, engines: Sequence[SimEngine], cost: SchedulerCost,
+    def __init__(self, cluster: EngineCluster, engines: Sequence[SimEngine], cost: SchedulerCost,
                  recorder: ClusterRecorder) -> None:
         self.cluster, self.cost, self.recorder = cluster, cost, recorder
         self.engines = {e.engine_id: e for e in engines}
@@ -164,7 +164,7 @@ class _Loop:
             self.idle.add(engine_id)
 
 
-def run_cluster(cluster: ClusterScheduler, engines: Sequence[SimEngine], trace: Sequence[RequestSpec],
+def run_cluster(cluster: EngineCluster, engines: Sequence[SimEngine], trace: Sequence[RequestSpec],
                 limits: RunLimits, *, vocab_size: int, num_layers: int, jobs: Sequence[JobArrival] = (),
                 cost: SchedulerCost = SchedulerCost(), policy_name: str = "", rate: float = 0.0) -> ClusterRun:
     """Run the trace and the jobs through `cluster`, whose engines are `engines` (added already, with

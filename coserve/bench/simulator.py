@@ -9,7 +9,7 @@ which a real replay pays on the wall clock but the engine's timer does not see).
 own copy of the model from those times, as it would from measured ones.
 
 `simulate_engines` runs N engines (one policy, KV cache and latency model each) under one
-`ClusterScheduler`, with its routing, late binding and job placement, in `cluster_sim`'s event loop
+`EngineCluster`, with its routing, late binding and job placement, in `cluster_sim`'s event loop
 (where the central scheduler's own time can be simulated too); `simulate_cluster` is its shorthand for
 N engines of one model.
 
@@ -29,7 +29,7 @@ from coserve.bench.cluster_run import ClusterRun
 from coserve.bench.cluster_sim import JobArrival, SchedulerCost, SimEngine, run_cluster
 from coserve.bench.replay import AdapterSlotTracker, EngineLane, PolicyFactory, RunLimits, RunRecord, drive, job_host
 from coserve.bench.traces import RequestSpec
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.cluster.routing import RoutingWeights
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingReport
@@ -158,7 +158,7 @@ def simulate_engines(make_policy: PolicyFactory, trace: Sequence[RequestSpec], l
                      routing: RoutingWeights = RoutingWeights(), policy_name: str = "",
                      rate: float = 0.0) -> ClusterRun:
     """One engine per model in `models` (engine i answered by `models[i]` with `sims[i]`, default no
-    overhead or noise) under one `ClusterScheduler` (`cluster_sim.run_cluster`).
+    overhead or noise) under one `EngineCluster` (`cluster_sim.run_cluster`).
 
     Raises:
         ValueError: no model, or `sims` of another length.
@@ -166,7 +166,7 @@ def simulate_engines(make_policy: PolicyFactory, trace: Sequence[RequestSpec], l
     if not models or (sims and len(sims) != len(models)):
         raise ValueError(f"need one latency model per engine (and one SimSettings each if any), got "
                          f"{len(models)} and {len(sims)}")
-    cluster = ClusterScheduler(routing=routing)
+    cluster = EngineCluster(routing=routing)
     engines = []
     for i, model in enumerate(models):
         clock = VirtualClock()
@@ -187,7 +187,7 @@ def simulate_cluster(make_policy: PolicyFactory, trace: Sequence[RequestSpec], l
                      model: IterationCost, shape: EngineShape, num_engines: int, *,
                      job_specs: Sequence[FinetuneJobSpec] = (), sim: SimSettings | None = None,
                      policy_name: str = "", rate: float = 0.0) -> RunRecord:
-    """N simulated engines of one latency model under one `ClusterScheduler` (`simulate_engines`); the
+    """N simulated engines of one latency model under one `EngineCluster` (`simulate_engines`); the
     jobs of `job_specs` are submitted at the start and placed by the scheduler.
 
     The record merges every engine's requests and iterations (iteration times are per engine;

@@ -8,7 +8,7 @@ figures, not a measurement) with FlexLLM's SLOs for that model (TPOT 50 ms, TTFT
 16 tokens, up to 64 running requests, and its own fine-tuning job (1024-4096-token sequences, batch 1).
 Requests come from 1000 tenants (uniformly), at ShareGPT's full lengths (`traces.sharegpt_lengths`
 with scale 1, prompts up to 2048 and outputs up to 1024 tokens), Poisson at `rate` requests/s, routed
-by the cluster scheduler (`coserve/cluster/cluster_scheduler.py`: load, adapter and prefix affinity, late
+by the cluster scheduler (`coserve/cluster/engine_cluster.py`: load, adapter and prefix affinity, late
 binding; until 2026-11-25 the simulator sent each to the engine with the fewest unfinished requests).
 `coserve bench cluster project` is the fuller projection (many-tenant trace, the scheduler's own time).
 """

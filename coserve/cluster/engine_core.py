@@ -210,7 +210,7 @@ class EngineCore:
 
     def _apply(self, plan: IterationPlan, result: IterationResult) -> Step:
         _check_answers(plan, result)
-        if result.faults:  # no token for them: the driver ends them (`ClusterScheduler`, the `LLM`)
+        if result.faults:  # no token for them: the driver ends them (`EngineCluster`, the `LLM`)
             plan = without_requests(plan, {f.request_id for f in result.faults})
         if self._jobs is not None:
             self._jobs.update(plan, result)

@@ -1,4 +1,4 @@
-"""What happens to a lost engine's work (`ClusterScheduler.engine_lost`), and the record of it.
+"""What happens to a lost engine's work (`EngineCluster.engine_lost`), and the record of it.
 
 * A request that has not produced a token yet is re-routed: nothing of it reached its client, so it
   starts over on another engine (its prompt is not charged twice: `shared_vtc`). The oldest go first.

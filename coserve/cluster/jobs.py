@@ -1,6 +1,6 @@
 """`ClusterJobs`: the fine-tuning jobs of every engine, as those who submit and control them see them.
 
-The job side of a `ClusterScheduler`, a `JobRunner` (`contract.job_runner`: start, cancel, pause,
+The job side of a `EngineCluster`, a `JobRunner` (`contract.job_runner`: start, cancel, pause,
 resume, events) over its engines, one or many:
 
 * `start(spec)` places the job on one engine (`job_placement`: memory, adapter slots, least

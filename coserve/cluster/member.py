@@ -1,4 +1,4 @@
-"""`EngineMember`: one engine of a `ClusterScheduler`: its policy, its iteration loop, what was routed to it.
+"""`EngineMember`: one engine of a `EngineCluster`: its policy, its iteration loop, what was routed to it.
 
 Each engine keeps what is its own: a `CoServingPolicy` over its KV blocks, adapter slots and latency
 model (counting with the cluster's shared counters), and an `EngineCore` with one plan in flight. The

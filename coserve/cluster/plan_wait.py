@@ -2,7 +2,7 @@
 
 Each engine loop (`actors/engine_actor.py`) hands its last result to the scheduler and asks for its next
 plan (`SchedulerActor.exchange`: one round trip per iteration). The plan comes from the engine's
-`EngineCore` through the `ClusterScheduler` (`next_plan`); this is what happens when there is none: with
+`EngineCore` through the `EngineCluster` (`next_plan`); this is what happens when there is none: with
 no work the loop sleeps until something new arrives (`work`: a request, a job, a result that leaves work
 for another engine); with work that cannot run yet (no free KV block), it backs off, up to
 `EMPTY_PLAN_WAIT_S`, unless something new arrives (a job that stays stuck is the watchdog's to report).
@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.contract.plan import IterationPlan
 
 # The longest wait before planning again after an empty plan (work that cannot run yet).
 EMPTY_PLAN_WAIT_S = 0.05
 
 
-async def next_plan_when_ready(cluster: ClusterScheduler, engine_id: str, work: asyncio.Event,
+async def next_plan_when_ready(cluster: EngineCluster, engine_id: str, work: asyncio.Event,
                                serving: Callable[[], bool]) -> IterationPlan | None:
     """The engine's next plan, once it has one; None when `serving()` turns false meanwhile (the
     scheduler shut down, or the engine was lost: its loop's call ends)."""

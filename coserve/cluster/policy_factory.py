@@ -103,7 +103,7 @@ class CoServingPolicyFactory:
     def __call__(self, config: SchedulerConfig, layout: EngineLayout,
                  shared: SharedVtc | None = None) -> CoServingPolicy:
         """The policy of one engine; with `shared`, one of several engines counting with a
-        `ClusterScheduler`'s counters (each engine its own latency model, fitted on its own iterations)."""
+        `EngineCluster`'s counters (each engine its own latency model, fitted on its own iterations)."""
         co = CoServingConfig(scheduler=config, tenant_weights=dict(self.tenant_weights),
                              max_stall_ms=self.max_stall_ms, finetune_min_share=self.finetune_min_share,
                              tpot_slo_ms=DEFAULT_TPOT_SLO_MS if self.tpot_slo_ms is None else self.tpot_slo_ms,

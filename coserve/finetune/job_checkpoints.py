@@ -1,6 +1,6 @@
 """The last confirmed checkpoint of each running job, and the spec that resumes a job from it.
 
-A job whose engine is lost resumes on another engine from its last checkpoint (`ClusterScheduler`'s
+A job whose engine is lost resumes on another engine from its last checkpoint (`EngineCluster`'s
 failover). A checkpoint counts once the engine confirmed the save (`IterationResult.training.saved`);
 what it holds comes from the plan's `SaveAdapter`: the data position after its step and the trained
 tokens up to it, so the resumed job takes the same batches next and its count goes on from there (as

@@ -1,6 +1,6 @@
 """Which waiting request the inference scheduler admits next, and what requests cost their tenants.
 
-The `InferenceScheduler` (`inference.py`) runs requests the same way whatever the order; its
+The `InferencePlanner` (`planner.py`) runs requests the same way whatever the order; its
 `AdmissionOrder` decides who goes next:
 
 * `FifoOrder`: arrival order (preempted requests first again), nothing charged: offline generation.

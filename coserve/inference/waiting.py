@@ -18,7 +18,7 @@ _ARRIVAL = attrgetter("arrival_time")
 
 
 class WaitingQueue(Protocol):
-    """What InferenceScheduler needs of its waiting queue (`FifoQueue`, or `TenantQueues` for VTC order)."""
+    """What InferencePlanner needs of its waiting queue (`FifoQueue`, or `TenantQueues` for VTC order)."""
 
     def head(self) -> Request | None:
         """The request to admit next, or None when the queue is empty."""

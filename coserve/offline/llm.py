@@ -33,8 +33,8 @@ from coserve.frontend.chat_template import encode_chat
 from coserve.frontend.output_tracker import OutputTracker
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.planner import InferencePlanner
 from coserve.inference.request import Request, RequestStatus, expand_request
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.jobs.prepared_job import FIRST_TRAINING_ADAPTER_ID, prepare_job
 from coserve.offline.finetune import FineTuneResult, OfflineJobs
@@ -111,7 +111,7 @@ class LLM:
         self.scheduler_config = SchedulerConfig(
             max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs, max_batch_tokens=batch_tokens,
             block_size=layout.block_size, enable_prefix_caching=enable_prefix_caching)
-        self.policy = InferenceScheduler(
+        self.policy = InferencePlanner(
             self.scheduler_config,
             KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching),
             AdapterSlots(layout.num_adapter_slots))

@@ -3,7 +3,7 @@ the SLO.
 
 One iteration (FlexLLM §6.2, with Algorithm 4's fairness and a latency model instead of a fixed budget):
 
-1. Running requests get their tokens (decodes, then the next prefill chunks), as in `InferenceScheduler`.
+1. Running requests get their tokens (decodes, then the next prefill chunks), as in `InferencePlanner`.
 2. Waiting requests are admitted in VTC order across tenants (`TenantQueues`): the least-counter
    tenant's earliest request first, charged `w_p` per prompt token once (a recompute after a
    preemption is not charged again: the tenant did not ask for it).

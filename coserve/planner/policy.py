@@ -1,7 +1,7 @@
-"""The co-serving policy (`CoServingPolicy`): one inference scheduler in VTC order, fine-tuning jobs in
+"""The co-serving policy (`CoServingPolicy`): one inference planner in VTC order, fine-tuning jobs in
 what it leaves. It is composed of
 
-* an `InferenceScheduler` (`inference.py`) with a `VtcOrder` (`admission_order.py`): continuous
+* an `InferencePlanner` (`inference/planner.py`) with a `VtcOrder` (`admission_order.py`): continuous
   batching, chunked prefill, KV blocks, adapter slots, VTC admission across tenants, the TTFT guard and
   fan-outs;
 * a `JobHost` (`job_host.py`): the fine-tuning jobs, chosen by the same counters (`job_roster.py`);
@@ -32,9 +32,9 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.admission_order import VtcOrder
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.plan_checks import check_sequences
+from coserve.inference.planner import InferencePlanner
 from coserve.inference.request import Request, RequestStatus
 from coserve.inference.request_rules import Budget
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.planner.hold_kind import HoldKind
 from coserve.planner.latency import LatencyModel, PlanFeatures, plan_features
 from coserve.planner.liveness import FinetuneFloor, at_least
@@ -59,7 +59,7 @@ class CoServingPolicy:
         finetune_kv: fine-tuning's own KV range when `share.kv_fraction` is set (a static split,
             `split_kv`); None: `kv`. `build_policy` (`share_kinds`) cuts the cache as the share says.
         clock: seconds on the scale of `Request.arrival_time` (for the TTFT guard).
-        shared: the counters of a `ClusterScheduler`, shared with the other engines' policies
+        shared: the counters of a `EngineCluster`, shared with the other engines' policies
             (`shared_vtc`); None: counters of its own (one engine).
 
     Raises:
@@ -95,7 +95,7 @@ class CoServingPolicy:
         self._order = VtcOrder(self._vtc, config.default_tenant_weight, config.ttft_guard_s,
                                self._jobs.sync_backlog,
                                input_charged=None if shared is None else shared.input_charged)
-        self._inference = InferenceScheduler(config.scheduler, kv, adapters, order=self._order,
+        self._inference = InferencePlanner(config.scheduler, kv, adapters, order=self._order,
                                              reclaim_kv=self._reclaim_kv,
                                              on_finished=share.watcher.on_request_finished,
                                              kv_reserve=self._kv_reserve)
@@ -122,13 +122,13 @@ class CoServingPolicy:
         """Queue a request in its tenant's sub-queue (an unknown tenant gets the default weight).
 
         Raises:
-            ValueError: as `InferenceScheduler.add_request`.
+            ValueError: as `InferencePlanner.add_request`.
         """
         self._inference.add_request(request)
         self._share.watcher.on_request_added(request)
 
     def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool:
-        """Finish a request now (`InferenceScheduler.abort`); False when unknown or finished."""
+        """Finish a request now (`InferencePlanner.abort`); False when unknown or finished."""
         return self._inference.abort(request_id, status)
 
     def get_request(self, request_id: str) -> Request | None:
@@ -136,7 +136,7 @@ class CoServingPolicy:
         return self._inference.get_request(request_id)
 
     def withdraw(self, request_id: str) -> Request | None:
-        """Take out a waiting request never admitted, for another engine (`InferenceScheduler.withdraw`)."""
+        """Take out a waiting request never admitted, for another engine (`InferencePlanner.withdraw`)."""
         return self._inference.withdraw(request_id)
 
     def has_unfinished(self) -> bool:

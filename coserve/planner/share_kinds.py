@@ -90,7 +90,7 @@ def build_policy(kind: ShareKind, config: CoServingConfig, num_blocks: int, adap
                  shared: SharedVtc | None = None) -> CoServingPolicy:
     """A co-serving policy with a fresh share of `kind`, over a KV cache of `num_blocks` blocks (of
     `config.scheduler.block_size` tokens), cut in two when the share keeps a range of its own; with
-    `shared`, counting with the counters of a `ClusterScheduler` (`CoServingPolicy`).
+    `shared`, counting with the counters of a `EngineCluster` (`CoServingPolicy`).
 
     Raises:
         ValueError: `options` out of range for `kind`, or a KV range that would get no block.

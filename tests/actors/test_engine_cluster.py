@@ -1,4 +1,4 @@
-"""A SchedulerActor driving two in-process engines through its `ClusterScheduler` (no Ray, no HTTP): one plan in
+"""A SchedulerActor driving two in-process engines through its `EngineCluster` (no Ray, no HTTP): one plan in
 flight per engine, and what losing an engine does to its requests (the real-Ray version, with a job and a
 killed actor, is tests/actors/test_engines_on_ray.py)."""
 

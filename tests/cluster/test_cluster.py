@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster_sim import FakeEngine, builder, cluster, config, drain, job_spec, run_all
-from coserve.cluster.cluster_scheduler import ClusterScheduler, NoEngine
+from coserve.cluster.engine_cluster import EngineCluster, NoEngine
 from coserve.cluster.routing import RoutingWeights
 from coserve.contract.job_spec import JobEventKind
 from coserve.contract.sampling import AdapterRef
@@ -123,7 +123,7 @@ def test_an_engine_whose_slots_are_all_pinned_is_avoided_for_a_new_adapter() -> 
 
 
 def test_bad_input_and_missing_engines_are_refused() -> None:
-    c = ClusterScheduler()
+    c = EngineCluster()
     with pytest.raises(NoEngine):
         c.submit(make_request("r"))
     c.add_engine("e0", builder())
@@ -182,7 +182,7 @@ def test_jobs_spread_over_engines_and_train() -> None:
 
 
 def test_a_job_goes_where_its_sequences_fit_or_waits_saying_why() -> None:
-    c = ClusterScheduler()
+    c = EngineCluster()
     c.add_engine("small", builder(config(scheduler={"max_model_len": 16}), num_blocks=4))  # 16 tokens
     c.add_engine("big", builder(num_blocks=64))
     assert c.jobs.start(job_spec("long", "a", lengths=(40,))) == "big"
@@ -394,7 +394,7 @@ def test_the_cluster_and_its_simulator_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, coserve.cluster.cluster_scheduler, coserve.bench.cluster_sim, "
+    code = ("import sys, coserve.cluster.engine_cluster, coserve.bench.cluster_sim, "
             "coserve.bench.cluster_projection; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -402,7 +402,7 @@ def test_the_cluster_and_its_simulator_import_no_torch() -> None:
 
 
 def test_engines_with_a_shorter_context_get_only_what_fits() -> None:
-    c = ClusterScheduler()
+    c = EngineCluster()
     c.add_engine("short", builder(config(scheduler={"max_model_len": 16})))
     c.add_engine("long", builder())
     assert c.submit(make_request("big", "t", 30, 4)) == "long"  # "short" is idle but cannot hold it

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster_sim import FakeEngine, builder, cluster, config, job_spec
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.contract.job_spec import JobEventKind
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.sampling import AdapterRef
@@ -68,7 +68,7 @@ class Ledger:
 class Driver:
     """Keeps tenants backlogged cluster-wide and steps the engines in a drawn order."""
 
-    def __init__(self, c: ClusterScheduler, prompt_len: int, max_tokens: int, depth: int,
+    def __init__(self, c: EngineCluster, prompt_len: int, max_tokens: int, depth: int,
                  adapters: dict[str, AdapterRef]) -> None:
         self.c, self.prompt_len, self.max_tokens, self.depth = c, prompt_len, max_tokens, depth
         self.adapters = adapters
@@ -96,7 +96,7 @@ class Driver:
 
 
 def _cluster(engines: int, shares: dict[str, float], weights: VTCWeights, max_num_seqs: int,
-             num_slots: int = 4) -> ClusterScheduler:
+             num_slots: int = 4) -> EngineCluster:
     cfg = config(scheduler={"max_num_seqs": max_num_seqs, "max_batch_tokens": 64}, vtc=weights,
                  tenant_weights=shares, tpot_slo_ms=1000.0)
     return cluster(engines, builder(cfg, num_blocks=256, num_slots=num_slots), weights=weights,

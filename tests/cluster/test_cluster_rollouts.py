@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from cluster_sim import cluster
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.contract.grader import Grader, parse_grader
 from coserve.contract.job_spec import FinetuneJobSpec, JobEventKind
 from coserve.contract.loss_spec import LossKind, LossSpec
@@ -70,14 +70,14 @@ def rl_spec(job_id: str = "rl", n_epochs: int = 1, evaluate: bool = False, tenan
                            loss=LossSpec(LossKind.IMPORTANCE_SAMPLING), rollouts=rollouts)
 
 
-def rl_cluster(engines: int = 1) -> tuple[ClusterScheduler, HeldGrading]:
+def rl_cluster(engines: int = 1) -> tuple[EngineCluster, HeldGrading]:
     c = cluster(engines)
     grading = HeldGrading()
     c.jobs.serve_rollouts(grading, EosIds(eos=None, extra=()))
     return c, grading
 
 
-def step_all(c: ClusterScheduler, rounds: int = 1) -> None:
+def step_all(c: EngineCluster, rounds: int = 1) -> None:
     for _ in range(rounds):
         for engine_id in c.engines:
             if c.has_work(engine_id):

@@ -13,8 +13,8 @@ from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, 
 from coserve.contract.sampling import SamplingParams
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.planner import InferencePlanner
 from coserve.inference.request import Request, RequestStatus
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.scheduler_config import SchedulerConfig
 
 TOKEN = 7
@@ -83,9 +83,9 @@ class LoggingJobs:
         self.log.append(f"jobs update {result.step_id}")
 
 
-def fcfs() -> InferenceScheduler:
+def fcfs() -> InferencePlanner:
     config = SchedulerConfig(max_model_len=64, block_size=4, max_batch_tokens=32)
-    return InferenceScheduler(config, KVBlockManager(64, 4, True), AdapterSlots(2))
+    return InferencePlanner(config, KVBlockManager(64, 4, True), AdapterSlots(2))
 
 
 def engine_of(engine: Engine) -> Engine:

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from cluster_sim import builder, config
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.cluster.fault_isolation import FaultIsolation, retry_limit
 from coserve.contract.engine_config import EngineConfig
 from coserve.contract.job_spec import FinetuneJobSpec, JobEventKind
@@ -94,7 +94,7 @@ def _serve(engine: TorchEngine, tmp: Path, requests: list[Request], job: Finetun
     holds both), until all end."""
     cfg = config(scheduler={"max_model_len": 64, "max_batch_tokens": 48, "max_num_seqs": 8},
                  tpot_slo_ms=1000.0)
-    c = ClusterScheduler()
+    c = EngineCluster()
     c.add_engine("e0", builder(cfg, num_blocks=engine.layout.num_kv_blocks, kind=ShareKind.STATIC_SPLIT))
     c.jobs.start(job)
     for request in requests:
@@ -224,7 +224,7 @@ def _driven_run(engine: TorchEngine, tmp: Path, calls: list[Any]) -> tuple[list[
     from coserve.finetune.driven_ops import DrivenOp
 
     cfg = config(scheduler={"max_model_len": 64, "max_batch_tokens": 48, "max_num_seqs": 8}, tpot_slo_ms=1000.0)
-    c = ClusterScheduler()
+    c = EngineCluster()
     c.add_engine("e0", builder(cfg, num_blocks=engine.layout.num_kv_blocks, kind=ShareKind.STATIC_SPLIT))
     spec = FinetuneJobSpec(job_id="run", tenant="attacker", adapter_id=91, examples=[], n_epochs=1, batch_size=1,
                            seed=5, num_layers=engine.model_config.num_layers, output_dir=str(tmp),

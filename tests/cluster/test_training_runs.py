@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cluster_sim import builder, cluster, job_spec
-from coserve.cluster.cluster_scheduler import ClusterScheduler
+from coserve.cluster.engine_cluster import EngineCluster
 from coserve.cluster.training_runs import TrainingRuns
 from coserve.contract.loss_spec import LossSpec, TokenInputs
 from coserve.contract.plan import IterationPlan, IterationResult
@@ -58,13 +58,13 @@ class WindowEngine:
         return result
 
 
-def runs(tmp_path: Path, slots: int = 2) -> tuple[ClusterScheduler, TrainingRuns, FakeClock, WindowEngine]:
+def runs(tmp_path: Path, slots: int = 2) -> tuple[EngineCluster, TrainingRuns, FakeClock, WindowEngine]:
     c = cluster(1, builder(num_slots=slots))
     clock = FakeClock()
     return c, TrainingRuns(c.jobs, ("base", "/models/base"), tmp_path, 4, 60.0, clock), clock, WindowEngine()
 
 
-def run_until(c: ClusterScheduler, r: TrainingRuns, engine: WindowEngine, rounds: int = 50) -> None:
+def run_until(c: EngineCluster, r: TrainingRuns, engine: WindowEngine, rounds: int = 50) -> None:
     for _ in range(rounds):
         for engine_id in c.engines:
             if c.has_work(engine_id):

@@ -8,7 +8,7 @@ from coserve.finetune.host import JobHost
 from coserve.finetune.job import JobEventKind
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.inference.scheduler import InferenceScheduler
+from coserve.inference.planner import InferencePlanner
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.offline.finetune import OfflineJobs
 from coserve.planner.share_kinds import ShareKind
@@ -61,7 +61,7 @@ def test_the_policy_says_by_its_jobs_attribute_whether_it_runs_jobs() -> None:
     assert isinstance(make_policy(ShareKind.HYBRID).jobs, JobHost)
     assert isinstance(make_policy(ShareKind.STATIC_SPLIT).jobs, JobHost)
     assert make_policy(ShareKind.NONE).jobs is None
-    inference = InferenceScheduler(SchedulerConfig(max_model_len=64, block_size=BS), KVBlockManager(64, BS),
+    inference = InferencePlanner(SchedulerConfig(max_model_len=64, block_size=BS), KVBlockManager(64, BS),
                                    AdapterSlots(1))
     assert inference.jobs is None
 

@@ -9,7 +9,7 @@ from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobState
 from coserve.finetune.pieces import JobPieces
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
-from coserve.inference.scheduler import InferenceScheduler
+from coserve.inference.planner import InferencePlanner
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserving_sim import execute
 
@@ -19,8 +19,8 @@ class Executor:
         return execute(plan)
 
 
-def setup() -> tuple[InferenceScheduler, JobPieces, EngineCore]:
-    policy = InferenceScheduler(SchedulerConfig(max_model_len=256, block_size=4), KVBlockManager(64, 4, True),
+def setup() -> tuple[InferencePlanner, JobPieces, EngineCore]:
+    policy = InferencePlanner(SchedulerConfig(max_model_len=256, block_size=4), KVBlockManager(64, 4, True),
                         AdapterSlots(2))
     examples = [TrainingExample(list(range(1, 41)), [False] + [True] * 39)]
     spec = FinetuneJobSpec(job_id="j", tenant="t", adapter_id=100, examples=examples, n_epochs=100,

@@ -1,4 +1,4 @@
-"""InferenceScheduler against a fake engine: hand-built IterationResults, no torch."""
+"""InferencePlanner against a fake engine: hand-built IterationResults, no torch."""
 
 from __future__ import annotations
 
@@ -10,22 +10,22 @@ from coserve.contract.plan import AdapterLoad, IterationPlan, IterationResult, S
 from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
+from coserve.inference.planner import InferencePlanner
 from coserve.inference.request import Request, RequestStatus
 from coserve.inference.request_rules import check_stop
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.scheduler_config import SchedulerConfig
 
 BS = 4
 TOKEN = 50  # what the fake engine samples unless told otherwise
 
 
-def make_policy(num_blocks: int = 64, num_slots: int = 2, **config: Any) -> InferenceScheduler:
+def make_policy(num_blocks: int = 64, num_slots: int = 2, **config: Any) -> InferencePlanner:
     config.setdefault("max_model_len", 64)
     config.setdefault("block_size", BS)
     caching = config.setdefault("enable_prefix_caching", True)
     kv = KVBlockManager(num_blocks=num_blocks, block_size=config["block_size"],
                         enable_prefix_caching=caching)
-    return InferenceScheduler(SchedulerConfig(**config), kv, AdapterSlots(num_slots))
+    return InferencePlanner(SchedulerConfig(**config), kv, AdapterSlots(num_slots))
 
 
 def make_request(request_id: str, prompt_len: int = 6, *, prompt: list[int] | None = None,
@@ -38,7 +38,7 @@ def make_request(request_id: str, prompt_len: int = 6, *, prompt: list[int] | No
     return Request(request_id, tokens, SamplingParams(**sampling), eos_token_id=eos, adapter=ref)
 
 
-def step(policy: InferenceScheduler,
+def step(policy: InferencePlanner,
          tokens: dict[str, int] | None = None) -> tuple[IterationPlan, list[Request]]:
     """Plan, 'execute' (sample TOKEN or tokens[id] for every sampled chunk) and update."""
     plan = policy.plan()
@@ -103,7 +103,7 @@ def test_max_num_seqs_limits_the_running_batch() -> None:
 
 # ----------------------------------------------------------------------------- preemption
 
-def _two_requests_filling_the_cache(caching: bool) -> InferenceScheduler:
+def _two_requests_filling_the_cache(caching: bool) -> InferencePlanner:
     """4 blocks of 4: a and b take 2 blocks each; the decode of a's 9th position needs a 5th."""
     policy = make_policy(num_blocks=4, max_model_len=16, enable_prefix_caching=caching)
     policy.add_request(make_request("a", 6, max_tokens=4))
@@ -322,11 +322,11 @@ def test_prompt_longer_than_max_model_len_is_rejected() -> None:
 def test_policy_and_kv_must_agree() -> None:
     config = SchedulerConfig(max_model_len=64, block_size=BS)
     with pytest.raises(ValueError, match="block size 8"):
-        InferenceScheduler(config, KVBlockManager(64, 8), AdapterSlots(1))
+        InferencePlanner(config, KVBlockManager(64, 8), AdapterSlots(1))
     with pytest.raises(ValueError, match="prefix caching"):
-        InferenceScheduler(config, KVBlockManager(64, BS, enable_prefix_caching=False), AdapterSlots(1))
+        InferencePlanner(config, KVBlockManager(64, BS, enable_prefix_caching=False), AdapterSlots(1))
     with pytest.raises(ValueError, match="max_model_len=64"):
-        InferenceScheduler(config, KVBlockManager(15, BS), AdapterSlots(1))
+        InferencePlanner(config, KVBlockManager(15, BS), AdapterSlots(1))
 
 
 def test_update_rejects_mismatched_results() -> None:

@@ -9,8 +9,8 @@ from coserve.contract.sampling import EosIds, SamplingParams
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.kv_retention import RetainedBlocks
+from coserve.inference.planner import InferencePlanner
 from coserve.inference.request import RequestStatus, expand_request
-from coserve.inference.scheduler import InferenceScheduler
 from coserve.inference.scheduler_config import SchedulerConfig
 
 BS = 4
@@ -84,12 +84,12 @@ def test_retained_blocks_bound_and_order() -> None:
     assert RetainedBlocks(max_blocks=0).add(9, 1.0) == [9]
 
 
-def _scheduler(kv: KVBlockManager) -> InferenceScheduler:
+def _scheduler(kv: KVBlockManager) -> InferencePlanner:
     config = SchedulerConfig(max_model_len=64, max_num_seqs=4, max_batch_tokens=64, block_size=BS)
-    return InferenceScheduler(config, kv, AdapterSlots(2))
+    return InferencePlanner(config, kv, AdapterSlots(2))
 
 
-def _run(scheduler: InferenceScheduler, request_id: str, retain_s: float, max_tokens: int,
+def _run(scheduler: InferencePlanner, request_id: str, retain_s: float, max_tokens: int,
          prompt: list[int] = CONVERSATION) -> None:
     [request] = expand_request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0),
                                EosIds(eos=None, extra=()), retain_kv_s=retain_s)

@@ -1,5 +1,6 @@
-"""The inference scheduler: continuous batching, a token budget, chunked prefill, over KV blocks and adapter
-slots, admitting waiting requests in its `AdmissionOrder` (arrival, or VTC with the TTFT guard).
+"""The inference planner (`InferencePlanner`): continuous batching, a token budget, chunked prefill, over KV
+blocks and adapter slots, admitting waiting requests in its `AdmissionOrder` (arrival, or VTC with the TTFT
+guard).
 
 No prefill and decode phases (vLLM v1): each request's `num_computed_tokens` catches up with `num_tokens`,
 an iteration gives each some tokens under one budget; a long prompt is computed in chunks over several
@@ -43,7 +44,7 @@ def _no_reserve() -> int:
     return 0
 
 
-class InferenceScheduler:
+class InferencePlanner:
     """Continuous batching: running requests first, then waiting requests in the admission order.
 
     Args:

@@ -1,4 +1,4 @@
-"""`ClusterScheduler`: several engines under one scheduler's decisions.
+"""`EngineCluster`: several engines under one scheduler's decisions.
 
 Each engine keeps its own KV blocks, adapter slots, latency model and iteration loop (an
 `EngineMember`: one `CoServingPolicy` and one `EngineCore`, one plan in flight). What is central:
@@ -9,7 +9,7 @@ Each engine keeps its own KV blocks, adapter slots, latency model and iteration 
 * **routing** (`routing`): a new request goes to the least loaded engine, with affinity for the one
   that holds its adapter and the one that holds its prefix (or its fan-out's siblings); a fine-tuned
   adapter's requests go only where its files are (`adapter_catalog`; every engine on shared storage);
-* **jobs** (`cluster_jobs`): placed on one engine by memory and load, their checkpoints published to
+* **jobs** (`jobs`: `ClusterJobs`): placed on one engine by memory and load, their checkpoints published to
   every engine;
 * **late binding** (`work_stealing`): an engine with free batch slots takes waiting requests another
   engine would keep waiting, when their tenant is ahead in the counters (or overdue), so a tenant's
@@ -52,7 +52,7 @@ class NoEngine(RuntimeError):
     """No engine is running to take a new request (the server answers 503)."""
 
 
-class ClusterScheduler:
+class EngineCluster:
     """Several engines, one scheduler's decisions (module docstring).
 
     Args:
