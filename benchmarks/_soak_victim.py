@@ -23,6 +23,7 @@ ROWS = [{"messages": [{"role": "user", "content": f"Say the number {i}"},
                       {"role": "assistant", "content": f"The number is {i}."}]} for i in range(12)]
 TOKENS = list(range(5, 37))
 TERMINAL = ("succeeded", "failed", "cancelled")
+WAIT_S = 900  # a Tinker call not done in 15 minutes is an error
 
 
 @dataclass
@@ -55,8 +56,8 @@ class VictimRecord:
 class Victim:
     """The victim's four loops (two chat clients, its jobs, its Tinker run) against `url` (`.../v1`)."""
 
-    def __init__(self, url: str, model: str, key: str, tinker_key: str) -> None:
-        self.url, self.model, self.key, self.tinker_key = url, model, key, tinker_key
+    def __init__(self, url: str, model: str, key: str, tinker_key: str, pause_s: float) -> None:
+        self.url, self.model, self.key, self.tinker_key, self.pause_s = url, model, key, tinker_key, pause_s
         self.record = VictimRecord()
         self.fine_tuned: str | None = None
         self._stop = threading.Event()
@@ -115,7 +116,7 @@ class Victim:
                 continue
             ttft = None if first is None else first - start
             self.record.chats.append(Chat(start, "stream", label, ttft, time.monotonic() - start))
-            self._stop.wait(0.2)
+            self._stop.wait(self.pause_s)
 
     def _chat_plain(self) -> None:
         turn = 0
@@ -130,7 +131,7 @@ class Victim:
                 self._error("chat plain", f"an unfinished reply: {reply.choices[0]}")
                 continue
             self.record.chats.append(Chat(start, "plain", label, None, time.monotonic() - start))
-            self._stop.wait(0.2)
+            self._stop.wait(self.pause_s)
 
     def _jobs(self) -> None:
         """One job after another: each must succeed; its model is chatted with from then on."""
@@ -159,24 +160,24 @@ class Victim:
         """forward_backward + optim_step + sample rounds; every 10 rounds a save, sampled from after."""
         service = tinker.ServiceClient(base_url=f"{self.url.removesuffix('/v1')}/tinker", api_key=self.tinker_key)
         try:
-            run = service.create_lora_training_client(base_model=self.model, rank=4).result(timeout=300)
-            sampler = service.create_sampling_client(base_model=self.model)
+            run = service.create_lora_training_client(base_model=self.model, rank=4).result(timeout=WAIT_S)
+            sampler = service.create_sampling_client(base_model=self.model).result(timeout=WAIT_S)
             datum = types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]),
                                 loss_fn_inputs={"target_tokens": np.asarray(TOKENS[1:], np.int64),
                                                 "weights": np.ones(len(TOKENS) - 1, np.float32)})
             rounds = 0
             while not self._stop.is_set():
                 start = time.monotonic()
-                out = run.forward_backward([datum], "cross_entropy").result(timeout=300)
+                out = run.forward_backward([datum], "cross_entropy").result(timeout=WAIT_S)
                 assert len(out.loss_fn_outputs) == 1, out
-                run.optim_step(types.AdamParams(learning_rate=1e-4)).result(timeout=300)
+                run.optim_step(types.AdamParams(learning_rate=1e-4)).result(timeout=WAIT_S)
                 sample = sampler.sample(prompt=types.ModelInput.from_ints(TOKENS[:4]), num_samples=1,
-                                        sampling_params=types.SamplingParams(max_tokens=4)).result(timeout=300)
+                                        sampling_params=types.SamplingParams(max_tokens=4)).result(timeout=WAIT_S)
                 assert len(sample.sequences[0].tokens) >= 1, sample
                 rounds += 1
                 if rounds % 10 == 0:
-                    path = run.save_weights_for_sampler(f"victim-{rounds}").result(timeout=300).path
-                    sampler = service.create_sampling_client(model_path=path)
+                    path = run.save_weights_for_sampler(f"victim-{rounds}").result(timeout=WAIT_S).path
+                    sampler = service.create_sampling_client(model_path=path).result(timeout=WAIT_S)
                 self.record.tinker_rounds.append((start, time.monotonic() - start))
         finally:
             service.close("success")

@@ -48,7 +48,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--engines", default="native,vllm")
+    ap.add_argument("--engines", default="torch,vllm")
     args = ap.parse_args()
     results = [run(args.model, engine, args.steps) for engine in args.engines.split(",")]
     print(json.dumps(results, indent=2))

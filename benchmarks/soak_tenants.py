@@ -28,11 +28,15 @@ import argparse
 import json
 import os
 import platform
+import re
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from _soak_attacker import Attacker
 from _soak_victim import Victim, summarize
@@ -69,6 +73,18 @@ def escape_target(root: Path, server_pid: int, port: int) -> EscapeTarget:
                                  str(Path(__file__).resolve().parents[1])))
 
 
+def tokens_by_tenant(url: str) -> dict[str, dict[str, float]]:
+    """Prompt, completion and fine-tuning tokens by tenant so far, from the server's /metrics."""
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60).text
+    found: dict[str, dict[str, float]] = {}
+    for labels, value in re.findall(r"^coserve_tokens_total\{(.*)\} (\S+)$", text, re.M):
+        kind, tenant = re.search(r'kind="([^"]+)"', labels), re.search(r'tenant="([^"]+)"', labels)
+        if kind is not None and tenant is not None:
+            row = found.setdefault(tenant.group(1), {})
+            row[kind.group(1)] = row.get(kind.group(1), 0.0) + float(value)
+    return found
+
+
 def passed(result: dict[str, Any]) -> bool:
     return (result["victim"]["errors"] == 0 and not result["attacks"]["not_refused_or_contained"]
             and result["health"]["failures"] == 0 and result["health"]["slowest_ms"] < HEALTH_BOUND_MS)
@@ -81,7 +97,7 @@ def soak(args: argparse.Namespace, root: Path, model: str, vocab: int, quota: in
     url = f"http://127.0.0.1:{args.port}"
     watch = ServerWatch(server.pid, url)
     try:
-        victim = Victim(f"{url}/v1", model, VICTIM, VICTIM_TINKER)
+        victim = Victim(f"{url}/v1", model, VICTIM, VICTIM_TINKER, args.chat_pause_s)
         victim.start()
         time.sleep(args.warmup_s)
         watch.mark()
@@ -89,6 +105,7 @@ def soak(args: argparse.Namespace, root: Path, model: str, vocab: int, quota: in
         time.sleep(args.quiet_s)
         quiet_peak, quiet_rss = watch.peak_since_mark(), watch.mark()
         victim.record.attack_at = time.monotonic()
+        tokens_before = tokens_by_tenant(url)
         attacker = Attacker(url, model, vocab, (ATTACKER, ATTACKER_TINKER), escape_target(root, server.pid, args.port),
                             (ATTACKER, ATTACKER_TINKER, VICTIM, VICTIM_TINKER, ADMIN_KEY), victim.file_id, quota,
                             root / "data")
@@ -96,13 +113,18 @@ def soak(args: argparse.Namespace, root: Path, model: str, vocab: int, quota: in
         time.sleep(args.duration_s)
         attacker.stop()
         victim.stop()
+        tokens = tokens_by_tenant(url)
         return {"victim": summarize(victim.record), "attacks": attacker.summary(), "health": watch.health(),
+                "tokens_under_attack": {tenant: {kind: n - tokens_before.get(tenant, {}).get(kind, 0)
+                                                 for kind, n in kinds.items()} for tenant, kinds in tokens.items()},
                 "server_rss_mb": {"quiet_peak": quiet_peak, "at_attack_start": quiet_rss,
                                   "peak_under_attack": watch.peak_since_mark()},
                 "attacker_storage_quota_bytes": quota}
     finally:
         watch.stop()
         stop_server(server)
+        if args.server_log is not None:
+            shutil.copyfile(root / "server.log", args.server_log)
 
 
 def main() -> None:
@@ -112,7 +134,10 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=180.0, help="the attack's length")
     parser.add_argument("--warmup-s", type=float, default=10.0, help="the victim alone, not counted")
     parser.add_argument("--quiet-s", type=float, default=30.0, help="then the victim alone, for its quiet figures")
+    parser.add_argument("--chat-pause-s", type=float, default=1.0, help="each victim chat client's pause between "
+                        "requests (back to back, two clients leave fine-tuning only its minimum share)")
     parser.add_argument("--port", type=int, default=8131)
+    parser.add_argument("--server-log", type=Path, default=None, help="keep the server's log here")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.model == MODEL_DIR:
@@ -120,7 +145,7 @@ def main() -> None:
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
     header = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "mode": "ray" if args.ray else "local",
               "model": args.model.resolve().name, "duration_s": args.duration_s, "quiet_s": args.quiet_s,
-              "warmup_s": args.warmup_s,
+              "warmup_s": args.warmup_s, "chat_pause_s": args.chat_pause_s,
               "machine": f"{platform.machine()} x{os.cpu_count()}",
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "load_average_before": [round(x, 2) for x in os.getloadavg()]}

@@ -25,7 +25,7 @@ def main() -> int:
     add_arguments(ap)
     args = ap.parse_args()
     results = {}
-    for engine in (EngineKind.NATIVE, EngineKind.VLLM):
+    for engine in (EngineKind.TORCH, EngineKind.VLLM):
         run = argparse.Namespace(**{**vars(args), "engine": engine})
         print(f"--- engine {engine.value}", flush=True)
         result = run_benchmark(run)

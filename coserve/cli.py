@@ -209,10 +209,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _serve_engine_args(group: argparse._ArgumentGroup) -> None:
     """`coserve serve`'s engines and memory flags."""
-    group.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
+    group.add_argument("--engine", type=EngineKind.parse, default=EngineKind.TORCH,
                        metavar="{" + ",".join(k.value for k in EngineKind) + "}",
-                       help="the backend: native (coserve's engine) or vllm (vLLM's engine, fine-tuning on its "
-                            "weights; needs vLLM: make vllm) (default: native)")
+                       help="the backend: torch (coserve's engine; 'native' names it too) or vllm (vLLM's engine, "
+                            "fine-tuning on its weights; needs vLLM: make vllm) (default: torch)")
     group.add_argument("--engines", type=int, default=None, metavar="N",
                        help="engine actors under the one scheduler, each with its own KV cache and adapter "
                             "slots, pinned one per GPU with --device cuda (one CPU each otherwise); at most the "

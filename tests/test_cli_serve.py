@@ -223,7 +223,7 @@ def test_the_banner_names_the_port_actually_bound(llama_dir: Path, tenants_file:
             line = proc.stdout.readline()
             assert line, f"the server exited: {banner}"
             banner += line
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1 \(local mode, engine native, dtype float32\)",
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1 \(local mode, engine torch, dtype float32\)",
                              banner).group(1))
         assert port != 0
         headers = {"Authorization": f"Bearer {KEY}"}

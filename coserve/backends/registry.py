@@ -21,7 +21,7 @@ class BuiltEngine(Engine, Protocol):
     model_config: ModelConfig
 
 
-def _native(config: EngineConfig) -> BuiltEngine:
+def _torch(config: EngineConfig) -> BuiltEngine:
     from coserve.torch_engine.engine import TorchEngine
 
     return TorchEngine(config)
@@ -34,7 +34,7 @@ def _vllm(config: EngineConfig) -> BuiltEngine:
 
 
 ENGINE_BUILDERS: dict[EngineKind, Callable[[EngineConfig], BuiltEngine]] = {
-    EngineKind.NATIVE: _native,
+    EngineKind.TORCH: _torch,
     EngineKind.VLLM: _vllm,
 }
 

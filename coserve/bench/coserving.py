@@ -119,9 +119,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="arrival window per run (default 16 quick, 40 otherwise)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--device", default="cpu", help="engine device: cpu, cuda, cuda:1, ... (default cpu)")
-    ap.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
+    ap.add_argument("--engine", type=EngineKind.parse, default=EngineKind.TORCH,
                     metavar="{" + ",".join(k.value for k in EngineKind) + "}",
-                    help="the backend, as `coserve serve --engine` (default: native)")
+                    help="the backend, as `coserve serve --engine` (default: torch)")
     ap.add_argument("--dtype", default="float32", help="engine dtype (default float32)")
     ap.add_argument("--tpot-slo-ms", type=float, default=None,
                     help="use this TPOT SLO instead of the calibrated one (e.g. 50 for an 8B model on a GPU)")

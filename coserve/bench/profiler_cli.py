@@ -40,9 +40,9 @@ def register_profile(subparsers: Any) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads while profiling (default: torch's); profile with the threads "
                              "the engine will serve with, since an iteration's time depends on them")
-    parser.add_argument("--engine", type=EngineKind.parse, default=EngineKind.NATIVE,
+    parser.add_argument("--engine", type=EngineKind.parse, default=EngineKind.TORCH,
                         metavar="{" + ",".join(k.value for k in EngineKind) + "}",
-                        help="the backend to profile, as `coserve serve --engine` (default: native)")
+                        help="the backend to profile, as `coserve serve --engine` (default: torch)")
     parser.set_defaults(handler=_cmd_profile)
 
 

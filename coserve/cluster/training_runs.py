@@ -39,9 +39,9 @@ from coserve.contract.training_calls import (
     CallOutcome,
     CallPending,
     CallTicket,
-    CheckpointRecord,
     ForwardBackwardCall,
     LoadCall,
+    RunCheckpoint,
     RunInfo,
     RunRequest,
     SaveCall,
@@ -299,5 +299,5 @@ class TrainingRuns:
         if run is None or not folder.is_dir():
             return
         run.info.checkpoints = [c for c in run.info.checkpoints if c.path != outcome.path]  # saved again
-        run.info.checkpoints.append(CheckpointRecord(call.name, outcome.path, call.resumable, self._clock(),
+        run.info.checkpoints.append(RunCheckpoint(call.name, outcome.path, call.resumable, self._clock(),
                                                      tree_size(folder)))

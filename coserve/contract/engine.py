@@ -24,20 +24,23 @@ class EngineKind(enum.Enum):
     """Which backend executes the plans (`coserve serve --engine`, `LLM(engine=...)`); each kind has its
     builder in `coserve.backends.registry`."""
 
-    NATIVE = "native"  # coserve's own torch engine (coserve.torch_engine.engine)
+    TORCH = "torch"  # coserve's own torch engine (coserve.torch_engine.engine)
     VLLM = "vllm"  # vLLM's engine, co-serving on its weights (coserve.vllm.engine)
 
     @classmethod
     def parse(cls, value: str | EngineKind) -> EngineKind:
-        """The kind named `value`.
+        """The kind named `value` ("native", coserve's engine's name before "torch", is still accepted).
 
         Raises:
             ValueError: no such kind (the message lists them).
         """
         try:
-            return cls(value)
+            return cls(ENGINE_ALIASES.get(value, value) if isinstance(value, str) else value)
         except ValueError:
             raise ValueError(f"engine must be one of {', '.join(k.value for k in cls)}, got {value!r}") from None
+
+
+ENGINE_ALIASES = {"native": "torch"}  # older names of the kinds, accepted wherever a kind is named
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,7 @@ class RuntimeLayout:
     tokenizer: TokenizerSpec | None = None
     engine_owns_kv_cache: bool = False
     structured_output: bool = True
-    engine: str = "native"
+    engine: str = "torch"
     dtype: str = "float32"
 
 

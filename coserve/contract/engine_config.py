@@ -27,7 +27,7 @@ class EngineConfig:
     max_lora_rank: int = defaults.MAX_LORA_RANK
     seed: int = 0
     native_kernels: bool = True  # the C paged-decode kernel on CPU/fp32 (falls back to torch without gcc)
-    engine: EngineKind = EngineKind.NATIVE  # which backend builds from this (coserve.backends.registry)
+    engine: EngineKind = EngineKind.TORCH  # which backend builds from this (coserve.backends.registry)
     # vLLM's own scheduler budgets (at least what coserve's scheduler plans); coserve's engine needs none.
     max_num_seqs: int = defaults.MAX_NUM_SEQS
     max_batch_tokens: int = defaults.MAX_BATCH_TOKENS

@@ -138,7 +138,9 @@ class RunRequest:
 
 
 @dataclass(slots=True)
-class CheckpointRecord:
+class RunCheckpoint:
+    """A training run's saved state or sampler weights (a job's checkpoint row: `store.records.CheckpointRecord`)."""
+
     name: str
     path: str  # its tinker:// path
     resumable: bool  # a training state (else a sampler's weights)
@@ -153,7 +155,7 @@ class RunInfo:
     base_model: str
     lora: LoRASettings
     steps: int  # optimizer steps done
-    checkpoints: list[CheckpointRecord] = field(default_factory=list)
+    checkpoints: list[RunCheckpoint] = field(default_factory=list)
     failure: CallFailure | None = None  # the run ended (its engine was lost, or it failed)
 
 

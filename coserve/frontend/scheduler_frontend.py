@@ -57,7 +57,7 @@ class SchedulerFrontend:
 
     def __init__(self, scheduler: SchedulerClient, tokenizer: Any, model_config: ModelConfig,
                  max_model_len: int, max_lora_rank: int, structured_output: bool = True) -> None:
-        self.scheduler = scheduler
+        self.client = scheduler
         self._tokenizer = tokenizer
         self._intake = PromptIntake(tokenizer, model_config)
         self._intake.attach(max_model_len, max_lora_rank, structured_output)
@@ -81,10 +81,10 @@ class SchedulerFrontend:
                    layout.max_model_len, layout.max_lora_rank, layout.structured_output)
 
     async def start(self) -> None:
-        await self.scheduler.start()
+        await self.client.start()
 
     async def close(self) -> None:
-        await self.scheduler.close()
+        await self.client.close()
         self._intake.close()
 
     async def submit(self, sub: ChatSubmission) -> ChatAdmission:
@@ -92,7 +92,7 @@ class SchedulerFrontend:
         intake = await self._intake.prepare(sub)
         if isinstance(intake, Rejection):
             return ChatAdmission(rejection=intake)
-        admission = await self.scheduler.submit(TokenSubmission(
+        admission = await self.client.submit(TokenSubmission(
             request_id=sub.request_id, tenant=sub.tenant, prompt_token_ids=intake.prompt, sampling=intake.sampling,
             eos=self._eos, adapter=intake.adapter, client_max_tokens=sub.sampling.max_tokens,
             counts_request=sub.counts_request, retain_kv_s=sub.retain_kv_s))
@@ -114,13 +114,21 @@ class SchedulerFrontend:
     async def submit_tokens(self, request_id: str, tenant: str, prompt: list[int], sampling: SamplingParams,
                             adapter: AdapterSpec | None) -> Admission:
         """Queue a prompt given as token ids (the Tinker API's `sample`) once it fits the context and the
-        adapter checks out; its output is read as token ids with `scheduler.stream`."""
+        adapter checks out; its output is read as token ids with `stream_tokens`."""
         checked = self._intake.check_tokens(prompt, sampling, adapter)
         if isinstance(checked, Rejection):
             return Admission(rejection=checked)
-        return await self.scheduler.submit(TokenSubmission(
+        return await self.client.submit(TokenSubmission(
             request_id=request_id, tenant=tenant, prompt_token_ids=prompt, sampling=checked, eos=self._eos,
             adapter=adapter, client_max_tokens=sampling.max_tokens))
+
+    def stream_tokens(self, request_id: str) -> AsyncIterator[TokenBatch]:
+        """The output of a request queued with `submit_tokens`, as token ids, batch by batch."""
+        return self.client.stream(request_id)
+
+    async def training(self, query: RunQuery) -> RunAnswer:
+        """A training run's call or query (the Tinker API), answered by the scheduler."""
+        return await self.client.training(query)
 
     async def stream(self, request_id: str) -> AsyncIterator[StreamBatch]:
         """The request's output as text, batch by batch, until a batch with `done`."""
@@ -128,10 +136,10 @@ class SchedulerFrontend:
         if text is None:
             yield StreamBatch(done=True, error=f"unknown request {request_id!r}")
             return
-        async for batch in self.scheduler.stream(request_id):
+        async for batch in self.client.stream(request_id):
             out, stopped = text.apply(batch)
             for index in stopped:
-                await self.scheduler.stop(request_id, index)
+                await self.client.stop(request_id, index)
             yield out
             if out.done:
                 return
@@ -139,10 +147,10 @@ class SchedulerFrontend:
     async def abort(self, request_id: str) -> bool:
         """Stop a request (its client went away). False when the scheduler no longer has it."""
         self._texts.pop(request_id, None)
-        return await self.scheduler.abort(request_id)
+        return await self.client.abort(request_id)
 
     async def metrics_text(self) -> str:
-        return await self.scheduler.metrics_text()
+        return await self.client.metrics_text()
 
     async def health(self) -> str | None:
-        return await self.scheduler.health()
+        return await self.client.health()

@@ -77,8 +77,8 @@ class LLM:
         native_kernels: use the C paged-decode kernel on CPU in float32 (else pure torch).
         gpu_memory_utilization: on CUDA, the share of the memory left free by the weights that the
             KV cache takes (default 0.9).
-        engine: "native" (coserve's engine) or "vllm" (vLLM's, with fine-tuning on its weights; needs
-            vLLM installed: `make vllm`). On "vllm", vLLM sizes its own KV cache (`num_kv_blocks` and
+        engine: "torch" (coserve's engine; "native" names it too) or "vllm" (vLLM's, with fine-tuning on
+            its weights; needs vLLM installed: `make vllm`). On "vllm", vLLM sizes its own KV cache (`num_kv_blocks` and
             `block_size` are its) and caches prefixes itself.
         enable_lora, enforce_eager: accepted for vLLM compatibility (LoRA is always on; coserve has
             no CUDA graphs to skip). `use_tqdm` of `generate` and
@@ -94,7 +94,7 @@ class LLM:
                  max_lora_rank: int = defaults.MAX_LORA_RANK,
                  native_kernels: bool = True, gpu_memory_utilization: float = 0.9,
                  enable_lora: bool = True, enforce_eager: bool = True,
-                 engine: str | EngineKind = EngineKind.NATIVE) -> None:
+                 engine: str | EngineKind = EngineKind.TORCH) -> None:
         from transformers import AutoTokenizer  # the tokenizer only; no modeling code
 
         batch_tokens = max_batch_tokens or max_num_batched_tokens or defaults.MAX_BATCH_TOKENS

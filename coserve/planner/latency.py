@@ -106,7 +106,7 @@ def engine_machine_id(device: str, engine: EngineKind) -> str:
     """`machine_id` plus the engine when it is not coserve's own: a profile measured on one backend
     is refused by a server running the other (their iterations cost differently)."""
     base = machine_id(device)
-    return base if engine is EngineKind.NATIVE else f"{base} | engine {engine.value}"
+    return base if engine is EngineKind.TORCH else f"{base} | engine {engine.value}"
 
 
 def _positive(name: str, value: float) -> float:

@@ -76,7 +76,7 @@ def gateway_app(opts: ServeOptions, tenants: Any, store: Any, scheduler: Any, la
 
 
 def serving_words(engine: str, dtype: str) -> str:
-    """What the banner and the log say of the engine serving: "engine native, dtype float32"."""
+    """What the banner and the log say of the engine serving: "engine torch, dtype float32"."""
     return f"engine {engine}, dtype {dtype}"
 
 

@@ -55,7 +55,7 @@ class ServeOptions:
     max_upload_bytes: int = 128 * 1024 * 1024  # POST /v1/files (api.state.DEFAULT_MAX_UPLOAD_BYTES: why)
     dedicated_min_tokens: int | None = None  # jobs training this many tokens go to Ray Train (None: never)
     dedicated_workers: int = 2  # workers of a dedicated run that does not say (finetune.dedicated)
-    engine: EngineKind = EngineKind.NATIVE  # the backend (`--engine`; coserve.backends.registry)
+    engine: EngineKind = EngineKind.TORCH  # the backend (`--engine`; coserve.backends.registry)
     engines: int | None = None  # engine actors (`--engines`; None: one per visible GPU, one on the CPU)
     enable_python_graders: bool = False  # run `python` graders in a bubblewrap sandbox (graders.python_grader)
     lenient_params: bool = False  # drop unknown request fields with a log line instead of a 400

@@ -112,7 +112,7 @@ class TorchEngine:
         self.layout = RuntimeLayout(num_kv_blocks=num_blocks, block_size=config.block_size,
                                     max_model_len=max_len, vocab_size=cfg.vocab_size,
                                     num_adapter_slots=config.max_loras,
-                                    max_lora_rank=config.max_lora_rank, engine=EngineKind.NATIVE.value,
+                                    max_lora_rank=config.max_lora_rank, engine=EngineKind.TORCH.value,
                                     dtype=str(self.dtype).removeprefix("torch."))
         self._seqs: dict[str, _Sequence] = {}
         self.training = TrainingRuntime(self.model, self.cache, self.bank)

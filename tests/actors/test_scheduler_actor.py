@@ -59,7 +59,7 @@ def engine_config(llama_dir: Path) -> EngineConfig:
 def run(llama_dir: Path, engine_config: EngineConfig, body: Callable[[SchedulerFrontend], Awaitable[object]],
         policy_factory: PolicyFactory = INFERENCE_ONLY, **settings: object) -> object:
     """Run `body(gateway)` on a fresh in-process scheduler + engine behind the gateway's frontend, on a
-    new event loop (`gateway.scheduler` is the `LocalSchedulerClient`)."""
+    new event loop (`gateway.client` is the `LocalSchedulerClient`)."""
     async def main() -> object:
         engine = EngineActor(engine_config)
         local = LocalSchedulerClient(SchedulerActor(SchedulerSettings(model=str(llama_dir), **settings),
@@ -108,8 +108,8 @@ def test_policy_seam_gets_the_engine_layout(llama_dir: Path, engine_config: Engi
 
 def test_poll_returns_every_request_of_its_origin(llama_dir: Path, engine_config: EngineConfig) -> None:
     async def body(gateway: SchedulerFrontend) -> None:
-        scheduler = gateway.scheduler.scheduler
-        prompt = Tokenizer.from_spec(gateway.scheduler.engine.layout().tokenizer).encode("Hello there")
+        scheduler = gateway.client.scheduler
+        prompt = Tokenizer.from_spec(gateway.client.engine.layout().tokenizer).encode("Hello there")
         for rid in ("p1", "p2"):
             assert (await scheduler.submit(token_submission(rid, prompt, origin="gw-1"))).rejection is None
         assert (await scheduler.submit(token_submission("other", prompt, origin="gw-2", n=2))).rejection is None
@@ -155,7 +155,7 @@ def test_abort_refunds_the_quota(llama_dir: Path, engine_config: EngineConfig) -
 def test_a_failed_engine_step_fails_its_requests_and_the_loop_goes_on(llama_dir: Path,
                                                                       engine_config: EngineConfig) -> None:
     async def body(gateway: SchedulerFrontend) -> None:
-        engine = gateway.scheduler.engine.engine
+        engine = gateway.client.engine.engine
         real_step, calls = engine.step, []
 
         def failing_once(plan: IterationPlan) -> IterationResult:
@@ -182,7 +182,7 @@ def test_an_engine_whose_steps_keep_failing_whole_is_given_up(llama_dir: Path, e
     fails every step so, the plans that only free the failed requests' state too): the engine goes to the
     engine-lost path, new requests are a 503."""
     async def body(gateway: SchedulerFrontend) -> None:
-        engine = gateway.scheduler.engine.engine
+        engine = gateway.client.engine.engine
         steps: list[int] = []
 
         def broken(plan: IterationPlan) -> IterationResult:
@@ -197,7 +197,7 @@ def test_an_engine_whose_steps_keep_failing_whole_is_given_up(llama_dir: Path, e
             _, last = await collect(gateway.stream(f"r{i}"))
             assert last.error is not None and "CUDA" not in last.error, last.error
         assert admission.rejection is not None and admission.rejection.status == 503
-        assert await gateway.scheduler.health() is not None  # /health says so
+        assert await gateway.client.health() is not None  # /health says so
         assert len(steps) == ENGINE_BROKEN_AFTER
         text = await gateway.metrics_text()
         assert f'coserve_engine_failed_steps_total{{engine="engine-0"}} {ENGINE_BROKEN_AFTER}.0' in text
@@ -215,7 +215,7 @@ def test_a_stop_string_the_gateway_sees_stops_the_request_in_the_scheduler(llama
         params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])
         sub = ChatSubmission(request_id="cut", tenant="t", messages=HELLO, sampling=params)
         assert (await gateway.submit(sub)).rejection is None
-        scheduler = gateway.scheduler.scheduler
+        scheduler = gateway.client.scheduler
         child = scheduler._streams.get("cut").children[0]  # the scheduler's request, to see it stop
         batches = [batch async for batch in gateway.stream("cut")]
         last = batches[-1]

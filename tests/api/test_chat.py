@@ -278,7 +278,7 @@ def test_quota_429_with_retry_after(server: Server) -> None:
 
 
 def _engine(server: Server) -> object:
-    return server.app.state.gateway.scheduler.scheduler.engine.engine  # frontend -> LocalSchedulerClient -> actor
+    return server.app.state.gateway.scheduler.client.engine.engine  # frontend -> LocalSchedulerClient -> actor
 
 
 def test_engine_failure_mid_stream_sends_error_event(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:

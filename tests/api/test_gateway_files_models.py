@@ -185,18 +185,18 @@ def test_the_served_base_model_says_its_engine_and_dtype(tmp_path: Path) -> None
 
     store = MetadataStore(tmp_path / "data")
     tenants = parse_tenants({"tenants": {"acme": {"api_keys": [ACME_KEY]}}})
-    app = build_app(store, tenants, [BASE], serving=ModelServing(engine="native", dtype="float32"))
+    app = build_app(store, tenants, [BASE], serving=ModelServing(engine="torch", dtype="float32"))
     with serve_in_thread(app, lifespan="off", timeout_s=10) as url:
         base = httpx.get(f"{url}/v1/models/{BASE}", headers={"Authorization": f"Bearer {ACME_KEY}"})
         assert base.status_code == 200
         assert base.json() == {"id": BASE, "object": "model", "created": base.json()["created"],
                                "owned_by": "system", "shutdown_date": None, "parent": None, "root": BASE,
-                               "coserve": {"engine": "native", "dtype": "float32"}}
+                               "coserve": {"engine": "torch", "dtype": "float32"}}
         oa = openai.OpenAI(base_url=f"{url}/v1", api_key=ACME_KEY, max_retries=0)
-        assert oa.models.retrieve(BASE).model_extra["coserve"] == {"engine": "native", "dtype": "float32"}
+        assert oa.models.retrieve(BASE).model_extra["coserve"] == {"engine": "torch", "dtype": "float32"}
         store.models.register(f"ft:{BASE}:acme:sfx:ab12cd34", tenant="acme", base_model=BASE)
         listed = {m.id: m.model_extra.get("coserve") for m in oa.models.list()}
-        assert listed == {BASE: {"engine": "native", "dtype": "float32"}, f"ft:{BASE}:acme:sfx:ab12cd34": None}
+        assert listed == {BASE: {"engine": "torch", "dtype": "float32"}, f"ft:{BASE}:acme:sfx:ab12cd34": None}
 
 
 

@@ -39,7 +39,7 @@ class Server:
     @property
     def runtime(self) -> Any:
         """The vLLM runtime inside the engine (local mode: the same process)."""
-        return self.app.state.gateway.scheduler.scheduler.engine.engine.runtime  # frontend -> LocalSchedulerClient
+        return self.app.state.gateway.scheduler.client.engine.engine.runtime  # frontend -> LocalSchedulerClient
 
 
 @pytest.fixture(scope="module")

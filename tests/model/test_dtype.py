@@ -60,7 +60,7 @@ def test_the_native_engine_layout_says_what_serves(llama_dir: Path, tmp_path: Pa
 
     sizes = {"num_kv_blocks": 8, "max_loras": 1}
     engine = TorchEngine(EngineConfig(model=str(llama_dir), **sizes))  # dtype "auto": the config's float32
-    assert (engine.layout.engine, engine.layout.dtype, engine.dtype) == ("native", "float32", torch.float32)
+    assert (engine.layout.engine, engine.layout.dtype, engine.dtype) == ("torch", "float32", torch.float32)
     bf16 = _with_config(llama_dir, tmp_path / "bf16", dtype="bfloat16")
     engine = TorchEngine(EngineConfig(model=str(bf16), **sizes))
     assert (engine.layout.dtype, engine.dtype) == ("bfloat16", torch.bfloat16)

@@ -84,7 +84,7 @@ def test_smollm2_default_dtype_is_the_same_on_both_engines(smollm2_dir: Path,
     params = SamplingParams(temperature=0, max_tokens=32)
     sizes = {"max_num_seqs": 4, "max_batch_tokens": 256, "max_model_len": 2048}
     native = LLM(model=str(smollm2_dir), **sizes)
-    assert (native.engine.layout.engine, native.engine.layout.dtype) == ("native", "float32")
+    assert (native.engine.layout.engine, native.engine.layout.dtype) == ("torch", "float32")
     ours = [o.outputs[0].token_ids for o in native.chat(chats, params)]
     del native
     with caplog.at_level(logging.DEBUG, logger="coserve.vllm.cast_warnings"):

@@ -17,7 +17,7 @@ from coserve.api.protocol.base import OpenAIBaseModel, now
 
 
 class ModelServing(OpenAIBaseModel):
-    """How a base model is served: `engine` ("native" or "vllm", `coserve serve --engine`) and `dtype`
+    """How a base model is served: `engine` ("torch" or "vllm", `coserve serve --engine`) and `dtype`
     ("float32", "bfloat16", "float16": `--dtype`, with "auto" resolved to the model config's dtype)."""
 
     engine: str

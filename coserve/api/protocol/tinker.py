@@ -154,7 +154,9 @@ class ModelInput(RequestModel):
     chunks: list[EncodedTextChunk]
 
 
-class SamplingParams(RequestModel):
+class TinkerSamplingParams(RequestModel):
+    """A sample's settings as Tinker's SDK sends them (the engine's: `contract.sampling.SamplingParams`)."""
+
     max_tokens: int | None = None
     seed: int | None = None
     stop: str | list[str] | list[int] | None = None
@@ -166,7 +168,7 @@ class SamplingParams(RequestModel):
 class SampleRequest(RequestModel):
     num_samples: int = Field(default=1, ge=1)
     prompt: ModelInput
-    sampling_params: SamplingParams
+    sampling_params: TinkerSamplingParams
     base_model: str | None = None
     model_path: str | None = None
     sampling_session_id: str | None = None

@@ -94,7 +94,7 @@ class TinkerSampling:
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         length = [False] * n
-        async for batch in self._generation.scheduler.scheduler.stream(request_id):
+        async for batch in self._generation.scheduler.stream_tokens(request_id):
             for delta in batch.deltas:
                 tokens[delta.index].extend(delta.token_ids)
                 logprobs[delta.index].extend(lp.logprob for lp in delta.logprobs or [])

@@ -85,7 +85,7 @@ class TinkerTraining:
         self._scheduler = state.scheduler
 
     async def _ask(self, query: Any) -> RunAnswer:
-        answer: RunAnswer = await self._scheduler.scheduler.training(query)
+        answer: RunAnswer = await self._scheduler.training(query)
         return answer
 
     async def create_model(self, tenant: str, request: CreateModelRequest) -> str:
