@@ -24,6 +24,11 @@ ROWS = [{"messages": [{"role": "user", "content": f"Say the number {i}"},
 TOKENS = list(range(5, 37))
 TERMINAL = ("succeeded", "failed", "cancelled")
 WAIT_S = 900  # a Tinker call not done in 15 minutes is an error
+GRACE_S = 60  # how long a call in flight when the soak ends may take still (then it is cut, not an error)
+
+
+class Cut(Exception):
+    """A call of the victim's still in flight `GRACE_S` after the soak ended."""
 
 
 @dataclass
@@ -48,6 +53,7 @@ class VictimRecord:
     errors: list[tuple[float, str, str]] = field(default_factory=list)  # (time, where, what)
     tinker_rounds: list[tuple[float, float]] = field(default_factory=list)  # (start, seconds)
     jobs: list[dict[str, Any]] = field(default_factory=list)
+    cut: list[str] = field(default_factory=list)  # calls in flight when it ended
 
     def phase(self, at: float) -> str:
         return "attack" if at >= self.attack_at else "quiet" if at >= self.quiet_at else "warm-up"
@@ -76,7 +82,22 @@ class Victim:
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=300)
+            thread.join(timeout=GRACE_S + 180)
+
+    def _result(self, future: Any) -> Any:
+        """A Tinker call's answer within `WAIT_S` (TimeoutError past it), or `Cut` `GRACE_S` after `stop`."""
+        deadline, stopped_at = time.monotonic() + WAIT_S, None
+        while True:
+            try:
+                return future.result(timeout=2)
+            except TimeoutError:
+                now = time.monotonic()
+                if now > deadline:
+                    raise TimeoutError(f"a Tinker call got no answer in {WAIT_S} s") from None
+                if self._stop.is_set():
+                    stopped_at = stopped_at or now
+                    if now - stopped_at > GRACE_S:
+                        raise Cut from None
 
     def _error(self, where: str, error: BaseException | str) -> None:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -86,6 +107,8 @@ class Victim:
         while not self._stop.is_set():
             try:
                 loop()
+            except Cut:
+                self.record.cut.append(where)
             except Exception as error:  # noqa: BLE001 - any error of the victim is the soak's finding
                 self._error(where, error)
                 self._stop.wait(1.0)
@@ -160,24 +183,24 @@ class Victim:
         """forward_backward + optim_step + sample rounds; every 10 rounds a save, sampled from after."""
         service = tinker.ServiceClient(base_url=f"{self.url.removesuffix('/v1')}/tinker", api_key=self.tinker_key)
         try:
-            run = service.create_lora_training_client(base_model=self.model, rank=4).result(timeout=WAIT_S)
-            sampler = service.create_sampling_client(base_model=self.model).result(timeout=WAIT_S)
+            run = self._result(service.create_lora_training_client(base_model=self.model, rank=4))
+            sampler = self._result(service.create_sampling_client(base_model=self.model))
             datum = types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]),
                                 loss_fn_inputs={"target_tokens": np.asarray(TOKENS[1:], np.int64),
                                                 "weights": np.ones(len(TOKENS) - 1, np.float32)})
             rounds = 0
             while not self._stop.is_set():
                 start = time.monotonic()
-                out = run.forward_backward([datum], "cross_entropy").result(timeout=WAIT_S)
+                out = self._result(run.forward_backward([datum], "cross_entropy"))
                 assert len(out.loss_fn_outputs) == 1, out
-                run.optim_step(types.AdamParams(learning_rate=1e-4)).result(timeout=WAIT_S)
-                sample = sampler.sample(prompt=types.ModelInput.from_ints(TOKENS[:4]), num_samples=1,
-                                        sampling_params=types.SamplingParams(max_tokens=4)).result(timeout=WAIT_S)
+                self._result(run.optim_step(types.AdamParams(learning_rate=1e-4)))
+                sample = self._result(sampler.sample(prompt=types.ModelInput.from_ints(TOKENS[:4]), num_samples=1,
+                                                     sampling_params=types.SamplingParams(max_tokens=4)))
                 assert len(sample.sequences[0].tokens) >= 1, sample
                 rounds += 1
                 if rounds % 10 == 0:
-                    path = run.save_weights_for_sampler(f"victim-{rounds}").result(timeout=WAIT_S).path
-                    sampler = service.create_sampling_client(model_path=path).result(timeout=WAIT_S)
+                    path = self._result(run.save_weights_for_sampler(f"victim-{rounds}")).path
+                    sampler = self._result(service.create_sampling_client(model_path=path))
                 self.record.tinker_rounds.append((start, time.monotonic() - start))
         finally:
             service.close("success")
@@ -193,7 +216,7 @@ def _round(value: float | None) -> float | None:
 
 def summarize(record: VictimRecord) -> dict[str, Any]:
     """Per phase: errors, chat TTFT and latency (p50/p99, ms), Tinker rounds; the jobs."""
-    out: dict[str, Any] = {"errors": len(record.errors),
+    out: dict[str, Any] = {"errors": len(record.errors), "calls_cut_by_the_end": record.cut,
                            "error_examples": [f"{record.phase(t)} {where}: {what}" for t, where, what in
                                               record.errors[:8]], "jobs": record.jobs}
     for phase in ("quiet", "attack"):

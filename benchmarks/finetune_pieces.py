@@ -30,7 +30,7 @@ from coserve.bench.replay import AdapterSlotTracker
 from coserve.bench.trainer import ensure_model
 from coserve.cluster.engine_core import EngineCore
 from coserve.contract.engine_config import EngineConfig
-from coserve.finetune.job import FinetuneJob
+from coserve.finetune.job import CoservedJob
 from coserve.finetune.pieces import JobPieces
 from coserve.torch_engine.engine import TorchEngine
 
@@ -68,7 +68,7 @@ def main() -> None:
     spec = bench_job_spec(AutoTokenizer.from_pretrained(str(model_dir)), engine.model_config.num_layers,
                           engine.layout.max_model_len, Path(tempfile.mkdtemp()), seed=0)
     policy = fcfs_policy(engine.layout, 2048, DECODE_BATCH)
-    pieces, tracker = JobPieces(FinetuneJob(spec, policy.kv, policy.adapters)), AdapterSlotTracker()
+    pieces, tracker = JobPieces(CoservedJob(spec, policy.kv, policy.adapters)), AdapterSlotTracker()
     core = EngineCore(policy, pieces)
     add_requests(policy, engine.layout, "decode", DECODE_BATCH, PROMPT_LEN, 1_000_000)
     for _ in range(20):  # prefills, and a warm decode path

@@ -20,10 +20,11 @@ import statistics
 import time
 
 from coserve.bench.replay import job_host
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, ScheduledChunk
 from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingExample, TrainingReport
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.finetune.job import CoservedJob
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import Request
@@ -62,7 +63,7 @@ def build(num_jobs: int) -> CoServingPolicy:
         spec = FinetuneJobSpec(job_id=f"job{k}", tenant=f"t{k * 11}", adapter_id=100 + k,
                                examples=examples, n_epochs=1000, batch_size=2, seed=k,
                                num_layers=NUM_LAYERS, output_dir=f"/tmp/job{k}")
-        job_host(policy).add(FinetuneJob(spec, kv, policy.adapters))
+        job_host(policy).add(CoservedJob(spec, kv, policy.adapters))
     return policy
 
 

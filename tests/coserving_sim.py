@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingExample, TrainingReport
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.finetune.job import CoservedJob
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.request import Request
 from coserve.inference.scheduler_config import SchedulerConfig
@@ -57,13 +58,13 @@ def make_request(request_id: str, tenant: str = "default", prompt_len: int = 6, 
 
 def make_job(policy: CoServingPolicy, job_id: str, tenant: str, *, lengths: tuple[int, ...] = (24,),
              n_epochs: int = 1, num_layers: int = 4, adapter_id: int = 100,
-             max_window_tokens: int = 256) -> FinetuneJob:
+             max_window_tokens: int = 256) -> CoservedJob:
     examples = [TrainingExample(list(range(1, n + 1)), [False] + [True] * (n - 1)) for n in lengths]
     spec = FinetuneJobSpec(job_id=job_id, tenant=tenant, adapter_id=adapter_id, examples=examples,
                            n_epochs=n_epochs, batch_size=len(lengths), seed=0, num_layers=num_layers,
                            output_dir=f"/out/{job_id}", max_window_tokens=max_window_tokens,
                            min_tasklet_tokens=1)
-    return FinetuneJob(spec, policy.jobs.kv, policy.adapters)
+    return CoservedJob(spec, policy.jobs.kv, policy.adapters)
 
 
 def execute(plan: IterationPlan, total_s: float = 0.0) -> IterationResult:

@@ -6,7 +6,7 @@ completes. What is left here is what tenants and operators see:
 
 * a request that failed alone (`IterationResult.faults`) ends with its own error, `The engine could not
   run this request: <its error>` (an HTTP 500, or an error event in its stream); nobody else sees it;
-* a job's fault is the job's (`FinetuneJob.fault`: a driven run's call fails, any other job fails);
+* a job's fault is the job's (`CoservedJob.fault`: a driven run's call fails, any other job fails);
 * a step that failed whole, its work not told apart (the vLLM engine's own step, a fault in the plan's
   control), ends its requests and its jobs' work with a generic error (`GENERIC_MESSAGE`), never the
   engine's text, which may come from another tenant's input;

@@ -40,8 +40,9 @@ from coserve.bench.run_metrics import SLO
 from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.cluster.engine_core import EngineCore, Step
 from coserve.contract.engine import Engine, RuntimeLayout, StepExecutor
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.sampling import SamplingParams
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.finetune.job import CoservedJob
 from coserve.finetune.pieces import JobPieces
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
@@ -130,7 +131,7 @@ def _run_finetune(engine: StepExecutor, layout: RuntimeLayout, job_spec: Finetun
                          settings.mixed_decode_batch)
     layers = job_spec.num_layers
     budgets = [(w, 0) for w in settings.forward_windows] + [(0, b) for b in settings.backward_budgets]
-    pieces = JobPieces(FinetuneJob(job_spec, policy.kv, policy.adapters))
+    pieces = JobPieces(CoservedJob(job_spec, policy.kv, policy.adapters))
     core, tracker = EngineCore(policy, pieces), AdapterSlotTracker()
     mix = add_requests(policy, layout, "mix", settings.mixed_decode_batch, 64, 10_000)
     for k in range(3 * len(budgets)):

@@ -76,9 +76,9 @@ from coserve.bench.traces import (
 )
 from coserve.contract.engine import EngineKind
 from coserve.contract.job_request import FineTuningMethod
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
-from coserve.finetune.job import FinetuneJobSpec
 
 # Rates: the small preset on 2 CPU cores serves about 3.5 requests/s of this trace before queues grow
 # (measured 2026-11-21); below ~1 request/s the engine idles and every work-conserving baseline trains

@@ -29,8 +29,8 @@ from coserve.bench.run_metrics import SLO
 from coserve.bench.simulator import EngineShape, LatencyExecutor, VirtualClock, simulate
 from coserve.bench.traces import LengthDistribution, make_trace, poisson_arrivals
 from coserve.contract.engine import RuntimeLayout
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.finetune.job import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.planner.latency import LatencyModel, ModelFingerprint
 

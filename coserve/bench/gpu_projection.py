@@ -61,7 +61,7 @@ from coserve.bench.roofline import GPUS, MODELS, ModelSpec, RooflineModel
 from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.simulator import EngineShape, simulate
 from coserve.bench.traces import make_trace, poisson_arrivals, sharegpt_lengths, synthetic_training_examples
-from coserve.finetune.job import FinetuneJobSpec
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.planner.latency import LatencyModel, ModelFingerprint, machine_id
 from coserve.planner.latency_features import PlanFeatures

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from coserve.backends.registry import BuiltEngine
 from coserve.cluster.engine_core import EngineCore, Step
+from coserve.contract.job_spec import FinetuneJobSpec, JobPhase
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
 from coserve.contract.sampling import AdapterRef, SamplingParams
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobPhase
+from coserve.finetune.job import CoservedJob
 from coserve.finetune.pieces import JobPieces
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
@@ -193,7 +194,7 @@ class _Harness:
                                examples=examples, n_epochs=10**6, batch_size=2, seed=settings.seed,
                                num_layers=engine.model_config.num_layers, output_dir="/nonexistent",
                                min_tasklet_tokens=1, lora=LoRASettings(r=8, lora_alpha=16))
-        self.job = JobPieces(FinetuneJob(spec, self.kv, self.slots))
+        self.job = JobPieces(CoservedJob(spec, self.kv, self.slots))
         self.plans = DesignedPlans()
         self.core = EngineCore(self.plans, self.job)
         # An engine that owns its KV cache (vLLM) needs the earlier tokens computed before the measured

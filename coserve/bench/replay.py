@@ -29,12 +29,13 @@ from coserve.bench.rollout_phases import RolloutPhases
 from coserve.bench.traces import RequestSpec, prompt_token_ids
 from coserve.cluster.engine_core import EngineCore
 from coserve.contract.engine import StepExecutor
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.reinforcement import RolloutGrading
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
 from coserve.contract.training_plan import StepReport
 from coserve.finetune.host import JobHost
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.finetune.job import CoservedJob
 from coserve.finetune.rollouts import RolloutDriver
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.request import Request
@@ -234,7 +235,7 @@ class EngineLane:
         self.rollouts: RolloutDriver | None = None
         self.phases = RolloutPhases()
 
-    def start_rollouts(self, job: FinetuneJob, setup: RolloutSetup) -> None:
+    def start_rollouts(self, job: CoservedJob, setup: RolloutSetup) -> None:
         """Run the job's rollout loop beside it: its requests go to this lane's policy."""
         self.rollouts = RolloutDriver(job, setup.eos, setup.grading, self.policy.add_request, self.policy.abort,
                                       job.fail)
@@ -277,7 +278,7 @@ class EngineLane:
 
 
 def drive(policy: CoServingPolicy, executor: StepExecutor, clock: Clock, trace: Sequence[RequestSpec],
-          limits: RunLimits, *, vocab_size: int, num_layers: int, job: FinetuneJob | None = None,
+          limits: RunLimits, *, vocab_size: int, num_layers: int, job: CoservedJob | None = None,
           policy_name: str = "", rate: float = 0.0,
           on_iteration: Callable[[IterationRecord], None] | None = None,
           rollouts: RolloutSetup | None = None) -> RunRecord:
@@ -377,7 +378,7 @@ def replay(engine: TorchEngine, make_policy: PolicyFactory, trace: Sequence[Requ
     layout = engine.layout
     adapters = AdapterSlots(layout.num_adapter_slots)
     policy = make_policy(layout.num_kv_blocks, layout.block_size, adapters, clock.now)
-    job = FinetuneJob(job_spec, job_host(policy).kv, adapters) if job_spec is not None else None
+    job = CoservedJob(job_spec, job_host(policy).kv, adapters) if job_spec is not None else None
     try:
         return drive(policy, engine, clock, trace, limits, vocab_size=layout.vocab_size,
                      num_layers=engine.model_config.num_layers, job=job, policy_name=policy_name,

@@ -20,7 +20,7 @@ from coserve.bench.replay import RunLimits, RunRecord
 from coserve.bench.run_metrics import relative_error, summarize
 from coserve.bench.simulator import EngineShape, SimSettings, measured_overhead_s, simulate, truth_model_from_run
 from coserve.bench.traces import RequestSpec
-from coserve.finetune.job import FinetuneJobSpec
+from coserve.contract.job_spec import FinetuneJobSpec
 
 SIM_CHECK_KEYS = ("inference_tokens_per_s", "finetune_tokens_per_s", "finetune_steady_tokens_per_s",
                   "tpot_mean_ms", "ttft_p50_ms", "ttft_mean_ms")

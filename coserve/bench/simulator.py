@@ -31,9 +31,10 @@ from coserve.bench.replay import AdapterSlotTracker, EngineLane, PolicyFactory, 
 from coserve.bench.traces import RequestSpec
 from coserve.cluster.engine_cluster import EngineCluster
 from coserve.cluster.routing import RoutingWeights
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan, IterationResult, SampledToken, StepTimings
 from coserve.contract.training_plan import SavedAdapter, StepReport, TrainingReport
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
+from coserve.finetune.job import CoservedJob
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.planner.latency import LatencyModel, ModelFingerprint, PlanFeatures
 from coserve.planner.policy import CoServingPolicy
@@ -133,12 +134,12 @@ class SimSettings:
 
 
 def _lane(make_policy: PolicyFactory, model: IterationCost, shape: EngineShape, sim: SimSettings,
-          job_spec: FinetuneJobSpec | None, index: int = 0) -> tuple[EngineLane, FinetuneJob | None]:
+          job_spec: FinetuneJobSpec | None, index: int = 0) -> tuple[EngineLane, CoservedJob | None]:
     clock = VirtualClock()
     adapters = AdapterSlots(shape.num_adapter_slots)
     policy = make_policy(shape.num_kv_blocks, shape.block_size, adapters, clock)
     executor = LatencyExecutor(model, clock, sim.overhead_s, sim.noise_sigma, sim.seed + index)
-    job = FinetuneJob(job_spec, job_host(policy).kv, adapters) if job_spec is not None else None
+    job = CoservedJob(job_spec, job_host(policy).kv, adapters) if job_spec is not None else None
     return EngineLane(policy, executor, clock, vocab_size=shape.vocab_size, t0=0.0), job
 
 

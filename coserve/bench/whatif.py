@@ -26,7 +26,7 @@ from coserve.bench.replay import RunLimits
 from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.simulator import EngineShape, gpu_latency_model, simulate_cluster
 from coserve.bench.traces import make_trace, poisson_arrivals, sharegpt_lengths, synthetic_training_examples
-from coserve.finetune.job import FinetuneJobSpec
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
 
 SHAPE = EngineShape(num_kv_blocks=4096, block_size=16, num_adapter_slots=8, vocab_size=128256,

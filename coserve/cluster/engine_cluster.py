@@ -291,7 +291,7 @@ class EngineCluster:
     def fail_plan(self, engine_id: str, plan: IterationPlan, message: str) -> list[str]:
         """A plan of the engine failed whole (`StepFailed`): its requests are aborted (their ids returned:
         the caller ends their streams), and its jobs' work fails with `message` (a driven run's call;
-        any other job; `FinetuneJob.fault`)."""
+        any other job; `CoservedJob.fault`)."""
         member = self._members[engine_id]
         aborted = [p.key for p in plan_pieces(plan) if p.kind is PieceKind.REQUEST and self.abort(p.key)]
         for piece in plan_pieces(plan):

@@ -18,7 +18,7 @@ A step that fails in its fused part (`PlanFault`) is retried in pieces (`fault_i
 plans handed out are its sub-plans, until the work at fault is found; then the plan's result is applied
 with the culprits' faults in it, and the work of the others as if nothing had happened. Requests the
 engine failed alone (`IterationResult.faults`) are left out of what the policy applies (the driver
-ends them); jobs handle their own faults (`FinetuneJob.update`).
+ends them); jobs handle their own faults (`CoservedJob.update`).
 """
 
 from __future__ import annotations

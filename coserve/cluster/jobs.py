@@ -4,7 +4,7 @@ The job side of a `EngineCluster`, a `JobRunner` (`contract.job_runner`: start, 
 resume, events) over its engines, one or many:
 
 * `start(spec)` places the job on one engine (`job_placement`: memory, adapter slots, least
-  fine-tuning there) and builds its `FinetuneJob` on that engine's KV blocks and slots; with no engine
+  fine-tuning there) and builds its `CoservedJob` on that engine's KV blocks and slots; with no engine
   that can hold it, the job waits with the reason (a `JobNotice`) and is placed when an engine joins or
   another job ends;
 * the jobs of all engines are chosen and charged by the one set of counters the policies share
@@ -17,7 +17,7 @@ resume, events) over its engines, one or many:
   with `serve_rollouts`; without it a reinforcement job fails, saying so). A loop that raises fails its
   own job (`rollouts_failed`), never the step whose outputs it was given.
 
-A job keeps its id across a move; its `FinetuneJob` object does not (ask `get` for the current one).
+A job keeps its id across a move; its `CoservedJob` object does not (ask `get` for the current one).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind
 from coserve.contract.reinforcement import RolloutGrading
 from coserve.contract.sampling import EosIds
 from coserve.finetune.host import JobHost
-from coserve.finetune.job import FinetuneJob
+from coserve.finetune.job import CoservedJob
 from coserve.finetune.job_checkpoints import JobCheckpoints
 from coserve.finetune.rollouts import RolloutDriver
 from coserve.inference.request import Request
@@ -151,8 +151,8 @@ class ClusterJobs:
 
     # ----------------------------------------------------------------------------- readings
 
-    def get(self, job_id: str) -> FinetuneJob | None:
-        """The job's current `FinetuneJob` (a new one after a move); None when waiting or ended."""
+    def get(self, job_id: str) -> CoservedJob | None:
+        """The job's current `CoservedJob` (a new one after a move); None when waiting or ended."""
         engine = self._engine.get(job_id)
         return None if engine is None else self._members[engine].jobs.get(job_id)
 
@@ -317,7 +317,7 @@ class ClusterJobs:
                                        f"placed on engine {answer.engine_id}, {where}{moved}"))
         return answer.engine_id
 
-    def _start_rollouts(self, job: FinetuneJob, engine_id: str) -> None:
+    def _start_rollouts(self, job: CoservedJob, engine_id: str) -> None:
         service = self._rollout_service
         if service.grading is None or service.eos is None:
             job.fail("rollouts_unavailable", "this server has no grader for reinforcement jobs' rollouts")

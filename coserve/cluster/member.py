@@ -17,7 +17,7 @@ from coserve.cluster.routing import EngineLoad
 from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.plan import IterationPlan
 from coserve.contract.sampling import AdapterRef
-from coserve.finetune.job import FinetuneJob
+from coserve.finetune.job import CoservedJob
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.prefix_hashes import PrefixHashes
 from coserve.inference.request import Request
@@ -43,7 +43,7 @@ class EngineMember:
         self._fanouts: Counter[str] = Counter()  # parent id -> unfinished sequences here
         # Routed here, never sent to the engine (so another engine may take them), by tenant, oldest first.
         self.unsent: dict[str, dict[str, Request]] = {}
-        self.jobs: dict[str, FinetuneJob] = {}  # placed here, not finished
+        self.jobs: dict[str, CoservedJob] = {}  # placed here, not finished
         self._job_weight: dict[str, float] = {}
 
     # --------------------------------------------------------------- what the router reads
@@ -167,7 +167,7 @@ class EngineMember:
                 finished.append(request)
         return finished
 
-    def start_job(self, spec: FinetuneJobSpec, tenant_weight: float, paused: bool = False) -> FinetuneJob:
+    def start_job(self, spec: FinetuneJobSpec, tenant_weight: float, paused: bool = False) -> CoservedJob:
         """Start a job placed here (on this engine's job host: its KV blocks and adapter slots); `paused`:
         it waits for a resume (it was paused before it was placed).
 

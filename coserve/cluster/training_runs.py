@@ -49,7 +49,7 @@ from coserve.contract.training_calls import (
     TrainingCall,
 )
 from coserve.contract.training_settings import LoRASettings
-from coserve.finetune.driven_ops import DrivenCall, DrivenOp, ResolvedLoad
+from coserve.finetune.driven_ops import DrivenCall, DrivenOp, ResolvedLoad, driven_calls
 
 MAX_QUEUED_CALLS = 16  # calls of one run not done yet; more wait at the client (a 429 it retries)
 SESSION_TIMEOUT_S = 120.0  # the SDK heartbeats every 10 s, and warns after 2 minutes without one
@@ -148,8 +148,9 @@ class TrainingRuns:
         if run is None or run.info.tenant != tenant:
             return CallFailure("run_not_found", f"training run {run_id!r} does not exist")
         job = self._jobs.get(run_id)
-        if job is not None and job.driven is not None:
-            run.info.steps = job.driven.steps
+        calls = None if job is None else driven_calls(job.source)
+        if calls is not None:
+            run.info.steps = calls.steps
         return run.info
 
     def submit(self, tenant: str, run_id: str, call: TrainingCall) -> CallTicket | CallFailure:
@@ -261,10 +262,11 @@ class TrainingRuns:
     def _deliver(self, run: _Run, op: DrivenOp) -> None:
         """To the run's job; while it waits for an engine, after the calls already waiting."""
         job = self._jobs.get(run.info.run_id)
-        if job is None or job.driven is None or run.unplaced:
+        calls = None if job is None else driven_calls(job.source)
+        if calls is None or run.unplaced:
             run.unplaced.append(op)
             return
-        job.driven.submit(op)
+        calls.submit(op)
         self._jobs.work_arrived(run.info.run_id)
 
     @staticmethod

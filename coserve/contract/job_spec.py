@@ -70,7 +70,7 @@ class FinetuneJobSpec:
     `rejected_examples[i]` its rejected one. `reference_logprobs` holds the pairs' reference sums known
     when the job starts (pair index -> (chosen, rejected), from the checkpoint a resume starts from).
     A reinforcement job (a policy-gradient loss) has prompts for examples (nothing trained in them): its
-    batches are its graded rollouts of them, fed to the job as they are ready (`FinetuneJob.feed`), by
+    batches are its graded rollouts of them, fed to the job as they are ready (`CoservedJob.feed`), by
     the rollout loop that `rollouts` describes (`coserve.finetune.rollouts`; None: fed by the caller).
     """
 

@@ -2,7 +2,7 @@
 
 Every worker loads the base model and the job's trainable adapter (`build_trainable`: the same init,
 resume and fine-tuned-model start as the co-served trainer), then walks the job's data exactly as the
-scheduler's `FinetuneJob` does: epochs of `DataPosition.next_batch` batches (the same seeded order), one
+scheduler's `CoservedJob` does: epochs of `DataPosition.next_batch` batches (the same seeded order), one
 clipped AdamW step per batch, a resumable checkpoint at each epoch's end, the validation loss after it,
 the PEFT adapter after the last epoch. A batch is trained data-parallel (`ProcessGroupSync`: the ranks
 share its sequences, the gradients are all-reduced), so every rank takes the step one process would.

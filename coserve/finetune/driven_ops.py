@@ -11,17 +11,20 @@ does them one after the other, each as the work a fine-tuning job knows:
 * `load_state`: the engine drops the job's adapter and starts it again from the saved folder.
 
 A call is done when the result of the plan holding its last work comes back; its outcome is then set
-on the `DrivenOp`, which the caller (`cluster.training_runs`) holds. Pure Python: no torch, no Ray.
+on the `DrivenOp`, which the caller (`cluster.training_runs`) holds. `DrivenOps` is the job's
+`BatchSource` (`batch_source`): its batches are its calls'. Pure Python: no torch, no Ray.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
+from coserve.contract.job_spec import JobState
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.training_calls import (
     CallFailure,
@@ -37,6 +40,7 @@ from coserve.contract.training_calls import (
     SaveOutcome,
 )
 from coserve.contract.training_plan import OptimizerStep, SaveAdapter, TrainingExample
+from coserve.finetune.batch_source import BatchSource, NoBatch, SourceJob
 from coserve.finetune.progress import BatchProgress, SequenceProgress
 
 
@@ -74,7 +78,7 @@ class DrivenOp:
         return self.outcome is not None
 
 
-class DrivenOps:
+class DrivenOps(BatchSource):
     """A driven job's calls, in order (module docstring).
 
     Args:
@@ -103,6 +107,10 @@ class DrivenOps:
     def idle(self) -> bool:
         return self._current is None and not self._queue
 
+    @property
+    def parks(self) -> bool:
+        return True
+
     def pending(self) -> list[DrivenOp]:
         return ([self._current] if self._current is not None else []) + list(self._queue)
 
@@ -128,7 +136,33 @@ class DrivenOps:
         self._queue.clear()
         self._current, self._waiting_on = None, None
 
+    def end(self, state: JobState) -> None:
+        self.fail_all(CallFailure("run_ended", f"the training run ended ({state.value})", user=False))
+
     # ------------------------------------------------------------------------------ planning
+
+    def next_batch(self, job: SourceJob, plan: IterationPlan) -> BatchProgress | NoBatch:
+        """The next call: a `forward_backward`'s batch, or its step, save or load planned here (its calls
+        run one after another)."""
+        op = self.next_call()
+        if op is None:
+            return NoBatch.WAIT
+        call = op.call
+        if isinstance(call, ForwardBackwardCall):
+            return self.batch(op, call)
+        if isinstance(call, OptimStepCall):
+            self.plan_step(plan, call)
+        elif isinstance(call, SaveCall):
+            self.plan_save(plan, call, job.trained_tokens)
+        else:
+            # The engine drops the job's adapter and starts it again from the saved folder, in this plan: a
+            # driven run's spec has no examples of its own, only where the weights come from changes.
+            plan.training.job_stops.append(self._job_id)
+            plan.training.job_starts.append(dataclasses.replace(
+                job.restart_message(), resume_from=call.folder if call.with_optimizer else None,
+                init_adapter=None if call.with_optimizer else call.folder))
+            self.planned_load(plan, call)
+        return NoBatch.PLANNED
 
     def next_call(self) -> DrivenOp | None:
         """The call to plan now (None: none, or the current one waits for its plan's result)."""
@@ -168,13 +202,14 @@ class DrivenOps:
                 op.first_plan, op.started = plan.step_id, self._clock() if at is None else at
             op.last_plan = plan.step_id
 
-    def batch_planned(self, plan: IterationPlan) -> None:
-        """The current call's batch has all its work in `plan`."""
+    def batch_planned(self, batch: BatchProgress, plan: IterationPlan) -> bool:
+        """The current call's batch has all its work in `plan`; its client asks for the optimizer step."""
         op = self._current
         assert op is not None and isinstance(op.call, ForwardBackwardCall)
         if op.call.backward:
             self._gradient_tokens += sum(len(d.token_ids) - 1 for d in op.call.data)
         self._waiting_on = plan.step_id
+        return False
 
     def plan_step(self, plan: IterationPlan, call: OptimStepCall) -> None:
         plan.training.optimizer_steps.append(OptimizerStep(
@@ -250,3 +285,8 @@ class DrivenOps:
             return SaveOutcome(f"tinker://{self._job_id}/{kind}/{call.name}")
         self.steps = call.steps if call.with_optimizer else 0  # a fresh optimizer: its count restarts
         return LoadOutcome(call.tinker_path, self._job_id)
+
+
+def driven_calls(source: BatchSource) -> DrivenOps | None:
+    """A job's calls when it is a driven run (its batches are its calls), else None."""
+    return source if isinstance(source, DrivenOps) else None

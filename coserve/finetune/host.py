@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from coserve.contract.job_runner import JobNotice
 from coserve.contract.job_spec import FinetuneJobSpec, JobEvent
-from coserve.finetune.job import FinetuneJob
+from coserve.finetune.job import CoservedJob
 from coserve.finetune.roster import JobRoster, TrainingJob
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
@@ -33,7 +33,7 @@ class JobHost:
     Args:
         vtc: the counters jobs are chosen and charged by (shared with inference admission when
             co-serving).
-        kv: the KV blocks jobs allocate from (build `FinetuneJob`s with it).
+        kv: the KV blocks jobs allocate from (build `CoservedJob`s with it).
         adapters: the adapter slots jobs train in.
         default_weight: the VTC weight of a job's tenant that `vtc` does not know yet.
         also_backlogged: whether a tenant has other backlog (queued requests) besides its jobs.
@@ -65,10 +65,10 @@ class JobHost:
         else:
             self._vtc.on_idle(tenant)
 
-    def start(self, spec: FinetuneJobSpec) -> FinetuneJob:
+    def start(self, spec: FinetuneJobSpec) -> CoservedJob:
         """Build the job on this engine's KV blocks and adapter slots and schedule its work from the next
         plan on. Raises ValueError on a duplicate id."""
-        job = FinetuneJob(spec, self._kv, self._adapters)
+        job = CoservedJob(spec, self._kv, self._adapters)
         self.add(job)
         return job
 

@@ -1,7 +1,7 @@
 """A job's progress as the watchdog counts it: work that stays done, not work planned.
 
 A sequence's forward windows and backward tasklets are undone when inference takes its KV blocks back
-(`FinetuneJob.release_kv`: the sequence restarts from its first token), so a job whose sequence keeps
+(`CoservedJob.release_kv`: the sequence restarts from its first token), so a job whose sequence keeps
 being dropped and restarted plans work in every iteration and gets nowhere. `KeptProgress` counts, for
 each sequence of the batch in flight, the furthest it has got (in token-layers: a forward token passes
 every layer, a backward tasklet of t tokens over one layer is t), and moves only when a sequence goes past

@@ -8,7 +8,7 @@ with each result, so a driver only sets `budget` before `EngineCore.step`.
 from __future__ import annotations
 
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.finetune.job import FinetuneJob
+from coserve.finetune.job import CoservedJob
 
 
 class JobPieces:
@@ -19,13 +19,13 @@ class JobPieces:
         job: the job (allocating from the policy's KV blocks and adapter slots).
     """
 
-    def __init__(self, job: FinetuneJob) -> None:
+    def __init__(self, job: CoservedJob) -> None:
         self._job = job
         self.budget: tuple[int, int] | None = None
         self._cancel = False
 
     @property
-    def job(self) -> FinetuneJob:
+    def job(self) -> CoservedJob:
         return self._job
 
     def cancel(self) -> None:

@@ -10,7 +10,7 @@ token counter charge them. Each pair's reference sums are computed once: the job
 epochs and its checkpoints keep them for a resume.
 
 A validation batch runs all four of each pair's sequences forward only, and reports the pairs' DPO loss
-and reward accuracy (`validation_metrics`).
+and reward accuracy (`validation_metrics`). `PreferenceBatches` is a DPO job's `BatchSource`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
 from coserve.contract.job_spec import FinetuneJobSpec, trained_tokens, unit_tokens
+from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.preference import PairLogprobs
 from coserve.contract.preference import validation_metrics as pair_validation_metrics
 from coserve.contract.training_plan import PairStart, TrainingExample
+from coserve.finetune.batch_source import BatchSource, NoBatch, SourceJob, StartTerms
 from coserve.finetune.progress import BatchProgress, SequenceProgress
 
 
@@ -104,3 +106,50 @@ def validation_metrics(batch: BatchProgress, sums: dict[str, tuple[float, int]],
                             by_role[(k, False, True)], by_role[(k, True, True)])
                for k in range(len(batch.pairs))]
     return pair_validation_metrics(records, beta)
+
+
+class PreferenceBatches(BatchSource):
+    """A DPO job's batches and its reference sums (module docstring)."""
+
+    def __init__(self, spec: FinetuneJobSpec) -> None:
+        self.spec = spec
+        self._references = ReferenceSums(dict(spec.reference_logprobs))
+
+    def next_batch(self, job: SourceJob, plan: IterationPlan) -> BatchProgress | NoBatch:
+        spec = self.spec
+        if job.position.epoch >= spec.n_epochs:
+            return NoBatch.DONE
+        indices, after = job.position.next_batch(len(spec.examples), spec.batch_size)
+        return preference_batch(spec, after, indices, self._references.known, f"{spec.job_id}/s{after.step}")
+
+    def batch_planned(self, batch: BatchProgress, plan: IterationPlan) -> bool:
+        return True
+
+    def start_terms(self, batch: BatchProgress, seq: SequenceProgress) -> StartTerms | None:
+        """A trained sequence's pair (None until its references are known); a reference pass is collected.
+        The normalizer is 1: DPO's coefficient has the batch's mean."""
+        pair = None
+        if not batch.forward_only(seq):
+            pair = pair_start(batch, seq, self._references.known)
+            if pair is None:
+                return None
+        if seq.reference and not batch.evaluation:
+            examples = self.spec.rejected_examples if seq.rejected else self.spec.examples
+            self._references.expect(seq, trained_tokens(examples[seq.example_index]))
+        return StartTerms(pair, 1)
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> None:
+        for window in result.training.windows:
+            self._references.add(window.sequence_id, window.loss_sum, window.num_tokens)
+
+    def checkpoint_state(self) -> dict[int, tuple[float, float]] | None:
+        return dict(self._references.known)
+
+    def validation_batch(self, position: DataPosition) -> BatchProgress:
+        """The validation pass after `position`: every validation pair's four sequences, forward only."""
+        spec = self.spec
+        return preference_batch(spec, position, list(range(len(spec.validation_examples))), {},
+                                f"{spec.job_id}/v{position.step}", evaluation=True)
+
+    def validation_metrics(self, batch: BatchProgress, sums: dict[str, tuple[float, int]]) -> dict[str, float]:
+        return validation_metrics(batch, sums, self.spec.loss.beta)

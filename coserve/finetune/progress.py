@@ -1,12 +1,11 @@
 """How far a fine-tuning job's batch and its sequences have got: the scheduler-side bookkeeping of
-`FinetuneJob` (forward windows done, backward tasklets left per layer). Pure Python."""
+`CoservedJob` (forward windows done, backward tasklets left per layer). Pure Python."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
-from coserve.contract.job_spec import FinetuneJobSpec, trained_tokens
 from coserve.contract.loss_spec import LossSpec, TokenInputs
 from coserve.contract.training_plan import BackwardTasklet, PairStart, TrainingExample
 
@@ -82,6 +81,7 @@ class BatchProgress:
     current: int = 0  # index of the sequence in flight (sequences run one after the other)
     evaluation: bool = False  # the validation set: forward windows only, no optimizer step
     pairs: list[int] = field(default_factory=list)  # a DPO batch's pair (example) indices
+    metrics: dict[str, float] = field(default_factory=dict)  # joined to its step's event (a fed batch's rewards)
 
     def forward_only(self, seq: SequenceProgress) -> bool:
         return self.evaluation or seq.reference
@@ -96,15 +96,3 @@ class BatchProgress:
         seq = self.sequences[self.current]
         return [seq] if self.forward_only(seq) else self.group_of(seq)
 
-
-def supervised_batch(spec: FinetuneJobSpec, after: DataPosition, indices: list[int]) -> BatchProgress:
-    """A supervised batch: one sequence per example, each a group of its own, normalized by the batch's
-    trained tokens (the batch that leads to `after`)."""
-    sequences = []
-    for k, index in enumerate(indices):
-        seq = SequenceProgress(f"{spec.job_id}/s{after.step}.{k}", index, len(spec.examples[index].token_ids),
-                               spec.num_layers, group=k)
-        seq.reset()
-        sequences.append(seq)
-    normalizer = sum(trained_tokens(spec.examples[i]) for i in indices)
-    return BatchProgress(after=after, normalizer=normalizer, sequences=sequences)

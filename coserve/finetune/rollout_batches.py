@@ -6,7 +6,8 @@ rollout is its reward's distance from its group's mean reward, in units of the g
 (`group_advantages`; a group whose rewards are all equal carries no signal: its advantages are 0). Every
 completion token of a rollout gets its rollout's advantage, and the loss (`importance_sampling`, `ppo` or
 `cispo`) compares the trainer's log-prob of each token with the sampler's. A batch trains the mean over
-its completion tokens (its `normalizer`).
+its completion tokens (its `normalizer`). `FedBatches` is a reinforcement job's `BatchSource`: the graded
+batches its rollout loop (`rollouts.RolloutDriver`) feeds it, in order.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from coserve.contract.data_position import DataPosition
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.loss_spec import TokenInputs
+from coserve.contract.plan import IterationPlan
 from coserve.contract.training_plan import TrainingExample
+from coserve.finetune.batch_source import BatchSource, NoBatch, SourceJob
 from coserve.finetune.progress import BatchProgress, SequenceProgress
 
 ADVANTAGE_EPS = 1e-6
@@ -86,4 +90,44 @@ def fed_batch_progress(fed: FedBatch, num_layers: int, prefix: str) -> BatchProg
         seq.reset()
         sequences.append(seq)
     normalizer = sum(len(r.completion_token_ids) for r in fed.rollouts)
-    return BatchProgress(after=fed.after, normalizer=max(1, normalizer), sequences=sequences)
+    return BatchProgress(after=fed.after, normalizer=max(1, normalizer), sequences=sequences,
+                         metrics=dict(fed.metrics))
+
+
+class FedBatches(BatchSource):
+    """A reinforcement job's graded batches, queued until the job takes them (module docstring)."""
+
+    def __init__(self, spec: FinetuneJobSpec) -> None:
+        self.spec = spec
+        self._queue: list[FedBatch] = []
+        self.hold_finish = False  # its final evaluation is still sampling its last weights: no final save yet
+
+    def feed(self, batch: FedBatch) -> None:
+        self._queue.append(batch)
+
+    @property
+    def queued(self) -> bool:
+        """Whether a graded batch waits for the job."""
+        return bool(self._queue)
+
+    def next_batch(self, job: SourceJob, plan: IterationPlan) -> BatchProgress | NoBatch:
+        if job.position.epoch >= self.spec.n_epochs:
+            return NoBatch.WAIT if self.hold_finish else NoBatch.DONE
+        if not self._queue:
+            return NoBatch.WAIT  # its rollout loop is sampling or grading it
+        fed = self._queue.pop(0)
+        return fed_batch_progress(fed, self.spec.num_layers, f"{self.spec.job_id}/s{fed.after.step}")
+
+    def batch_planned(self, batch: BatchProgress, plan: IterationPlan) -> bool:
+        return True
+
+
+def fed_batches(source: BatchSource) -> FedBatches:
+    """A reinforcement job's source.
+
+    Raises:
+        ValueError: the job is not a reinforcement job.
+    """
+    if not isinstance(source, FedBatches):
+        raise ValueError("not a reinforcement job: its batches are not fed")
+    return source

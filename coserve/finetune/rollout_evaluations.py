@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from coserve.contract.job_spec import JobEvent, JobEventKind
 from coserve.contract.reinforcement import GradedSample, RolloutGrading, RolloutSpec
-from coserve.finetune.job import FinetuneJob
+from coserve.finetune.job import CoservedJob
+from coserve.finetune.rollout_batches import FedBatches
 from coserve.finetune.rollout_sampling import Sampling, StepOutputs, record
 
 # (name, prompt index, prompt, samples, seed) -> the submitted completions (`RolloutDriver._sample`)
@@ -53,7 +54,8 @@ class _Evaluation:
 class Evaluations:
     """The evaluations of one job (module docstring)."""
 
-    job: FinetuneJob
+    job: CoservedJob
+    fed: FedBatches  # the job's source: its final save waits for the final evaluation's sampling
     spec: RolloutSpec
     sample: Sample
     grading: RolloutGrading
@@ -64,7 +66,7 @@ class Evaluations:
 
     def __post_init__(self) -> None:
         if self.spec.eval_prompts:
-            self.job.hold_finish = True  # until the final weights are sampled
+            self.fed.hold_finish = True  # until the final weights are sampled
 
     @property
     def sampling(self) -> bool:
@@ -90,12 +92,12 @@ class Evaluations:
                                          metrics=reward_metrics("valid", evaluation.grading.result()),
                                          message=f"validation reward after step {evaluation.step}"))
             if evaluation.final:
-                self.job.hold_finish = False
+                self.fed.hold_finish = False
 
     def start_due(self) -> None:
         """Start the evaluation of the current step's weights if one is due (module docstring)."""
         job, spec = self.job, self.spec
-        if not spec.eval_prompts or self._sampling is not None or not job.between_steps:
+        if not spec.eval_prompts or self._sampling is not None or not job.between_batches or self.fed.queued:
             return
         step, final = job.position.step, job.position.epoch >= job.spec.n_epochs
         if step in self._started or not (final or step % spec.eval_interval == 0):

@@ -1,6 +1,6 @@
-"""A reinforcement job's rollout loop (GRPO), beside its `FinetuneJob`. Pure Python.
+"""A reinforcement job's rollout loop (GRPO), beside its `CoservedJob`. Pure Python.
 
-For each batch, once the job's last step is in the engine (`FinetuneJob.needs_rollouts`):
+For each batch, once the job's last step is in the engine (`needs_rollouts`):
 
 1. sample `samples` completions of each of the batch's prompts from the adapter being trained: ordinary
    inference requests of the job's tenant (a fan-out per prompt), through the adapter's bank slot, the
@@ -33,13 +33,20 @@ from coserve.contract.data_position import DataPosition
 from coserve.contract.job_spec import JobEvent
 from coserve.contract.reinforcement import GradedSample, RolloutGrading
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
-from coserve.finetune.job import FinetuneJob
-from coserve.finetune.rollout_batches import FedBatch, Rollout, group_advantages
+from coserve.finetune.job import CoservedJob
+from coserve.finetune.rollout_batches import FedBatch, Rollout, fed_batches, group_advantages
 from coserve.finetune.rollout_evaluations import Evaluations, reward_metrics
 from coserve.finetune.rollout_sampling import Sampling, StepOutputs, record
 from coserve.inference.request import Request, expand_request
 
 GRADER_FAILED = "grader_failed"  # the code of a job whose grader could grade no sample of a batch
+
+
+def needs_rollouts(job: CoservedJob) -> bool:
+    """A running reinforcement job between steps (no batch in flight, none graded and waiting): its next
+    batch is to be sampled (from `position`, after the last step's weights are in the engine)."""
+    return job.runnable and job.between_batches and not fed_batches(job.source).queued \
+        and job.position.epoch < job.spec.n_epochs and not job.failing
 
 
 @dataclass(slots=True)
@@ -61,15 +68,16 @@ class RolloutDriver:
         fail: fails the job, (code, message).
     """
 
-    def __init__(self, job: FinetuneJob, eos: EosIds, grading: RolloutGrading, submit: Callable[[Request], None],
+    def __init__(self, job: CoservedJob, eos: EosIds, grading: RolloutGrading, submit: Callable[[Request], None],
                  abort: Callable[[str], object], fail: Callable[[str, str], None]) -> None:
         if job.spec.rollouts is None:
             raise ValueError(f"job {job.job_id} has no rollout spec")
         self.job, self.spec = job, job.spec.rollouts
+        self._fed = fed_batches(job.source)  # where the graded batches go
         self._prompts = [list(e.token_ids) for e in job.spec.examples]
         self._eos, self._grading, self._submit, self._abort, self._fail = eos, grading, submit, abort, fail
         self._batch: _Batch | None = None
-        self.evaluations = Evaluations(job, self.spec, self._sample, grading)
+        self.evaluations = Evaluations(job, self._fed, self.spec, self._sample, grading)
         self.notices: list[str] = []  # grader errors, for the job's events
 
     @property
@@ -104,7 +112,7 @@ class RolloutDriver:
         if outputs is not None:
             sampled = record(self._batch.samplings if self._batch else [], outputs)
             sampled += self.evaluations.record(outputs)
-            job.note_rollout_progress(sampled)
+            job.note_progress(sampled)
         self.evaluations.advance()
         batch = self._batch
         if batch is not None and batch.grading is None and all(s.request.is_finished for s in batch.samplings):
@@ -114,9 +122,9 @@ class RolloutDriver:
         if batch is not None and batch.grading is not None and batch.grading.done() \
                 and not self.evaluations.sampling:  # an evaluation samples the weights this batch changes
             self._batch = None
-            job.note_rollout_progress(1)
+            job.note_progress(1)
             self._feed(batch, batch.grading.result())
-        if self._batch is None and job.needs_rollouts:
+        if self._batch is None and needs_rollouts(job):
             self.evaluations.start_due()
             self._start()
         elif self._batch is None:
@@ -175,4 +183,4 @@ class RolloutDriver:
         if not any(r.completion_token_ids for r in rollouts):
             self._fail("empty_rollouts", f"every completion of step {step} was empty: nothing to train")
             return
-        self.job.feed(FedBatch(batch.after, rollouts, advantages, metrics))
+        self._fed.feed(FedBatch(batch.after, rollouts, advantages, metrics))

@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from coserve.contract.job_spec import JobEvent, JobPhase, JobState
 from coserve.contract.plan import IterationPlan, IterationResult
-from coserve.finetune.job import JobEvent, JobPhase, JobState
 from coserve.tenancy.vtc import VirtualTokenCounter
 
 
 class TrainingJob(Protocol):
-    """What the policies need of a fine-tuning job (`finetune_job.FinetuneJob` is the real one)."""
+    """What the policies need of a fine-tuning job (`finetune_job.CoservedJob` is the real one)."""
 
     @property
     def job_id(self) -> str: ...

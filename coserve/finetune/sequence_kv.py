@@ -2,7 +2,7 @@
 back when inference needs them, and kept once inference has taken them too often.
 
 Training borrows memory, inference owns it: when a request needs blocks and none are free, the inference
-scheduler asks fine-tuning for the blocks of its sequence in flight (`FinetuneJob.release_kv`), and the
+scheduler asks fine-tuning for the blocks of its sequence in flight (`CoservedJob.release_kv`), and the
 sequence is redone from its first token. Under a steady stream of long prompts on a small cache that can
 happen to the same sequence every time it gets going, and the job would never finish a sequence. So a
 sequence (a DPO pair: its group) dropped `MAX_DROPS` times in a row is **kept**:

@@ -17,9 +17,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from coserve.contract.job_spec import FinetuneJobSpec, JobEvent, JobEventKind, JobState
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.finetune.host import JobHost
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobEvent, JobEventKind, JobState
+from coserve.finetune.job import CoservedJob
 from coserve.finetune.roster import whole_iteration_allowance
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
@@ -53,7 +54,7 @@ class FineTuneResult:
 
 @dataclass(slots=True)
 class _Tracked:
-    job: FinetuneJob
+    job: CoservedJob
     warnings: list[str]
     events: list[JobEvent] = field(default_factory=list)
 
@@ -78,7 +79,7 @@ class OfflineJobs:
     def next_adapter_id(self) -> int:
         return next(self._adapter_ids)
 
-    def submit(self, spec: FinetuneJobSpec, warnings: Sequence[str] = ()) -> FinetuneJob:
+    def submit(self, spec: FinetuneJobSpec, warnings: Sequence[str] = ()) -> CoservedJob:
         """Schedule a job from the next iteration on (`warnings`: what preparing its data found).
         Raises ValueError on a duplicate id."""
         if spec.job_id in self._jobs:
@@ -124,5 +125,5 @@ class OfflineJobs:
             events=list(events), trained_tokens=job.trained_tokens, warnings=list(tracked.warnings),
             error=None if failure is None else f"{failure.code}: {failure.message}")
 
-    def job(self, job_id: str) -> FinetuneJob:
+    def job(self, job_id: str) -> CoservedJob:
         return self._jobs[job_id].job

@@ -37,8 +37,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from coserve.contract.job_spec import JobPhase
 from coserve.contract.plan import IterationPlan
-from coserve.finetune.job import JobPhase
 from coserve.finetune.roster import Allowance, TrainingJob, fixed_allowance, whole_iteration_allowance
 from coserve.inference.request import Request
 from coserve.planner.backward_layers import backward_within

@@ -45,9 +45,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from coserve.contract.job_spec import JobPhase
 from coserve.contract.plan import IterationPlan, StepTimings
 from coserve.contract.training_plan import TrainingWork
-from coserve.finetune.job import JobPhase
 from coserve.finetune.roster import Allowance, TrainingJob
 from coserve.planner.hold_kind import HoldKind
 from coserve.planner.latency import LatencyModel, PlanFeatures

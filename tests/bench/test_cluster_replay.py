@@ -27,8 +27,8 @@ from coserve.bench.simulator import (
     truth_model_from_run,
 )
 from coserve.bench.traces import RequestSpec, synthetic_training_examples
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.training_settings import LoRASettings
-from coserve.finetune.job import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.planner.latency import LatencyModel, ModelFingerprint
 

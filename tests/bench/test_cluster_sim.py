@@ -18,7 +18,7 @@ from coserve.bench.run_metrics import SLO, summarize
 from coserve.bench.simulator import EngineShape, simulate_engines
 from coserve.bench.tenant_traces import TenantMix, diurnal_arrivals, job_mix, tenant_trace, zipf_shares
 from coserve.bench.traces import RequestSpec, prompt_token_ids, sharegpt_lengths, synthetic_training_examples
-from coserve.finetune.job import FinetuneJobSpec
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.planner.latency import LatencyModel, ModelFingerprint
 

@@ -22,8 +22,8 @@ from coserve.bench.replay import RunLimits, RunRecord, replay
 from coserve.bench.run_metrics import SLO, relative_error, summarize
 from coserve.bench.simulator import EngineShape, SimSettings, measured_overhead_s, simulate, truth_model_from_run
 from coserve.bench.traces import RequestSpec, synthetic_training_examples
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.training_settings import LoRASettings
-from coserve.finetune.job import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.planner.latency import ModelFingerprint
 

@@ -17,7 +17,7 @@ from coserve.bench.traces import (
     sharegpt_lengths,
     synthetic_training_examples,
 )
-from coserve.finetune.job import FinetuneJobSpec
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.planner.latency import LatencyModel, ModelFingerprint
 

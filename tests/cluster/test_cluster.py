@@ -11,7 +11,7 @@ from coserve.cluster.engine_cluster import EngineCluster, NoEngine
 from coserve.cluster.routing import RoutingWeights
 from coserve.contract.job_spec import JobEventKind
 from coserve.contract.sampling import AdapterRef
-from coserve.finetune.job import FinetuneJob
+from coserve.finetune.job import CoservedJob
 from coserve.inference.request import Request, RequestStatus
 from coserve.tenancy.vtc import VTCWeights
 from coserving_sim import FakeClock, execute, make_request
@@ -50,7 +50,7 @@ def test_one_engine_plans_exactly_as_its_policy_alone(events: list[tuple[str, in
             ids.append(pair[0].request_id)
         elif kind == "job" and jobs < 2:
             spec = job_spec(f"j{n}", f"t{tenant}", lengths=(prompt + 4,), n_epochs=2, adapter_id=50 + jobs)
-            alone.jobs.add(FinetuneJob(spec, alone.jobs.kv, alone.adapters))
+            alone.jobs.add(CoservedJob(spec, alone.jobs.kv, alone.adapters))
             c.jobs.start(spec)
             jobs += 1
         elif kind == "abort" and ids:

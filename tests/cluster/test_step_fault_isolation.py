@@ -29,6 +29,7 @@ from coserve.contract.job_spec import FinetuneJobSpec, JobEventKind
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings
+from coserve.finetune.driven_ops import driven_calls
 from coserve.inference.request import Request, RequestStatus
 from coserve.planner.share_kinds import ShareKind
 from coserve.torch_engine.engine import TorchEngine
@@ -231,10 +232,11 @@ def _driven_run(engine: TorchEngine, tmp: Path, calls: list[Any]) -> tuple[list[
                            lora=LoRASettings(r=4, lora_alpha=8), min_tasklet_tokens=1, driven=True)
     c.jobs.start(spec)
     job = c.jobs.get("run")
-    assert job is not None and job.driven is not None
+    queue = None if job is None else driven_calls(job.source)
+    assert queue is not None
     ops = [DrivenOp(f"c{i}", call, 0.0) for i, call in enumerate([*calls, SaveCall("w", resumable=False)])]
     for op in ops:
-        job.driven.submit(op)
+        queue.submit(op)
         c.jobs.work_arrived("run")
         for _ in range(200):
             if op.done:

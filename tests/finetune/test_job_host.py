@@ -3,9 +3,9 @@ runs jobs by its `jobs` attribute (a JobHost, or None)."""
 
 from __future__ import annotations
 
+from coserve.contract.job_spec import JobEventKind
 from coserve.contract.plan import IterationPlan
 from coserve.finetune.host import JobHost
-from coserve.finetune.job import JobEventKind
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.planner import InferencePlanner

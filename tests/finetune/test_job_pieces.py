@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from coserve.cluster.engine_core import EngineCore
+from coserve.contract.job_spec import FinetuneJobSpec, JobState
 from coserve.contract.plan import IterationPlan, IterationResult
 from coserve.contract.training_plan import TrainingExample
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobState
+from coserve.finetune.job import CoservedJob
 from coserve.finetune.pieces import JobPieces
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
@@ -25,7 +26,7 @@ def setup() -> tuple[InferencePlanner, JobPieces, EngineCore]:
     examples = [TrainingExample(list(range(1, 41)), [False] + [True] * 39)]
     spec = FinetuneJobSpec(job_id="j", tenant="t", adapter_id=100, examples=examples, n_epochs=100,
                            batch_size=1, seed=0, num_layers=4, output_dir="/out/j", min_tasklet_tokens=1)
-    pieces = JobPieces(FinetuneJob(spec, policy.kv, policy.adapters))
+    pieces = JobPieces(CoservedJob(spec, policy.kv, policy.adapters))
     return policy, pieces, EngineCore(policy, pieces)
 
 

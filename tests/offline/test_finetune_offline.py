@@ -12,8 +12,8 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from coserve import LLM, LoRARequest, SamplingParams
+from coserve.contract.job_spec import JobState
 from coserve.contract.plan import IterationPlan
-from coserve.finetune.job import JobState
 from coserve.model.tiny_model import create_random_adapter
 from numerics import sum_rel
 from reference import greedy_reference

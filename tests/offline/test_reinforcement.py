@@ -17,7 +17,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from coserve import LLM
-from coserve.finetune.rollout_batches import FedBatch
+from coserve.finetune.rollout_batches import FedBatch, fed_batches
 
 ROWS = [{"messages": [{"role": "user", "content": f"Write something about {i}."}], "letter": "e"} for i in range(10)]
 # The share of the answer's characters that are the row's letter: varied rewards on a random model's text.
@@ -40,13 +40,14 @@ def test_rollouts_sample_from_the_adapter_being_trained(llama_dir: Path, tmp_pat
                                      {"r": 4}, seed=5, samples=4, max_tokens=6)
     job = llm.jobs.job(job_id)
     fed: list[FedBatch] = []
-    feed = job.feed
+    source = fed_batches(job.source)
+    feed = source.feed
 
     def record(batch: FedBatch) -> None:
         fed.append(batch)
         feed(batch)
 
-    job.feed = record  # type: ignore[method-assign]  # this job only
+    source.feed = record  # type: ignore[method-assign]  # this job only
     result = llm.wait(job_id)
     assert result.state.value == "succeeded", result.error
     steps = [e for e in result.events if e.kind.value == "step"]

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from coserve.contract.job_spec import JobEventKind, JobPhase
 from coserve.contract.plan import IterationPlan
 from coserve.contract.sampling import AdapterRef
-from coserve.finetune.job import JobEventKind, JobPhase
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.request import RequestStatus

@@ -8,7 +8,7 @@ import pytest
 
 from coserve.contract.plan import IterationPlan
 from coserve.finetune import sequence_kv
-from coserve.finetune.job import FinetuneJob
+from coserve.finetune.job import CoservedJob
 from coserve.planner.policy import CoServingPolicy
 from coserving_sim import make_job, make_policy, make_request, step
 
@@ -21,7 +21,7 @@ def _small_cache() -> CoServingPolicy:
     return make_policy(num_blocks=48, scheduler={"max_model_len": 128, "max_num_seqs": 4, "max_batch_tokens": 64})
 
 
-def _chat_beside(policy: CoServingPolicy, job: FinetuneJob, plans: int) -> tuple[int, int, int]:
+def _chat_beside(policy: CoServingPolicy, job: CoservedJob, plans: int) -> tuple[int, int, int]:
     """Two clients send 100-token prompts the whole time (the next when the last ends) while the job
     trains, for at most `plans` plans. Returns (plans run, training sequences dropped, chats done)."""
     sent = [0, 0]

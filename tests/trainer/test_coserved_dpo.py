@@ -1,4 +1,4 @@
-"""DPO inside the engine's fused forward, driven by `FinetuneJob` plans, against peft + TRL's loss + AdamW
+"""DPO inside the engine's fused forward, driven by `CoservedJob` plans, against peft + TRL's loss + AdamW
 (fp32, CPU).
 
 A DPO job of 4 pairs (batch 2: two optimizer steps) trains next to a decoding request, under uneven
@@ -24,11 +24,12 @@ from test_coserved_training import LORA, OPTIMIZER, SCHEDULES, _drive, _engine, 
 from transformers import AutoModelForCausalLM
 
 from coserve.contract.data_position import DataPosition
+from coserve.contract.job_spec import FinetuneJobSpec, JobState
 from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.plan import IterationPlan
 from coserve.contract.trainer_state import read_trainer_state
 from coserve.contract.training_plan import TrainingExample
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobState
+from coserve.finetune.job import CoservedJob
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from numerics import dpo_loss_bound
@@ -51,14 +52,14 @@ def _pairs(vocab: int) -> tuple[list[TrainingExample], list[TrainingExample]]:
 
 
 def _dpo_job(engine, kv: KVBlockManager, out: Path, start: Path, n_epochs: int = 1,  # type: ignore[no-untyped-def]
-             job_id: str = "dpo") -> FinetuneJob:
+             job_id: str = "dpo") -> CoservedJob:
     chosen, rejected = _pairs(engine.model_config.vocab_size)
     spec = FinetuneJobSpec(
         job_id=job_id, tenant="t", adapter_id=100, examples=chosen, rejected_examples=rejected,
         loss=LossSpec(LossKind.DPO, beta=BETA), n_epochs=n_epochs, batch_size=BATCH, seed=11,
         num_layers=engine.model_config.num_layers, output_dir=str(out), optimizer=OPTIMIZER,
         min_tasklet_tokens=1, resume_from=str(start), start_position=DataPosition(seed=11))
-    return FinetuneJob(spec, kv, AdapterSlots(2))
+    return CoservedJob(spec, kv, AdapterSlots(2))
 
 
 def _logprob_sum(model: torch.nn.Module, example: TrainingExample) -> torch.Tensor:

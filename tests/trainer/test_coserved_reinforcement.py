@@ -1,7 +1,7 @@
-"""A reinforcement job's step inside the engine's fused forward, driven by `FinetuneJob` plans, against
+"""A reinforcement job's step inside the engine's fused forward, driven by `CoservedJob` plans, against
 peft + the policy-gradient loss written plainly + AdamW (fp32, CPU).
 
-The job's batch is fed (`FinetuneJob.feed`): graded rollouts of its prompts, each a prompt and a
+The job's batch is fed (`FedBatches.feed`): graded rollouts of its prompts, each a prompt and a
 completion with the sampler's log-prob of every completion token and GRPO's group advantage. The trainer
 trains the completion tokens with `importance_sampling` (-exp(l - q) A per token) or `ppo` (the clipped
 ratio), the batch's mean over its completion tokens, beside a decoding request under uneven budgets.
@@ -19,11 +19,13 @@ from test_coserved_training import LORA, OPTIMIZER, SCHEDULES, _drive, _engine, 
 from transformers import AutoModelForCausalLM
 
 from coserve.contract.data_position import DataPosition
+from coserve.contract.job_spec import FinetuneJobSpec
 from coserve.contract.loss_spec import LossKind, LossSpec
 from coserve.contract.plan import IterationPlan
 from coserve.contract.training_plan import TrainingExample
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec
-from coserve.finetune.rollout_batches import FedBatch, Rollout, group_advantages
+from coserve.finetune.job import CoservedJob
+from coserve.finetune.rollout_batches import FedBatch, Rollout, fed_batches, group_advantages
+from coserve.finetune.rollouts import needs_rollouts
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from train_reference import MAX_REL_ERR, check_weights, rel_errs
@@ -94,12 +96,12 @@ def test_a_fed_rollout_batch_trains_the_policy_gradient_exactly(llama_dir: Path,
                            batch_size=len(prompts), seed=11, num_layers=engine.model_config.num_layers,
                            output_dir=str(tmp_path / "out"), optimizer=OPTIMIZER, min_tasklet_tokens=1,
                            resume_from=str(tmp_path / "start"), start_position=DataPosition(seed=11), loss=loss)
-    job = FinetuneJob(spec, kv, AdapterSlots(2))
+    job = CoservedJob(spec, kv, AdapterSlots(2))
     _, after = DataPosition(seed=11).next_batch(len(prompts), len(prompts))
     advantages = [a for k in range(0, len(rollouts), 2)
                   for a in group_advantages([r.reward for r in rollouts[k:k + 2]])]
     assert advantages[4:] == [0.0, 0.0] and advantages[0] == pytest.approx(1.0)
-    job.feed(FedBatch(after, rollouts, advantages, {"train_reward_mean": 0.5}))
+    fed_batches(job.source).feed(FedBatch(after, rollouts, advantages, {"train_reward_mean": 0.5}))
     events = _drive(engine, job, kv, SCHEDULES[schedule], steps=1, with_inference=True)
     weights, grads, reference_loss, clipped = _reference(llama_dir, init, rollouts, advantages, loss)
     if kind == LossKind.PPO:
@@ -114,7 +116,7 @@ def test_a_fed_rollout_batch_trains_the_policy_gradient_exactly(llama_dir: Path,
     check_weights(_weights(engine, "rl"), weights, noisy, bound=6 * OPTIMIZER.learning_rate)
     # it did move: one Adam step is ~lr per element; weight decay alone would move 1e-6 of a tensor
     assert max(rel_errs(init, weights).values()) > 5 * MAX_REL_ERR
-    assert not job.needs_rollouts  # the epoch (one batch) is done: the job finishes, no more sampling
+    assert not needs_rollouts(job)  # the epoch (one batch) is done: the job finishes, no more sampling
 
 
 def test_a_reinforcement_job_waits_for_its_rollouts(llama_dir: Path, tmp_path: Path) -> None:
@@ -124,9 +126,9 @@ def test_a_reinforcement_job_waits_for_its_rollouts(llama_dir: Path, tmp_path: P
     spec = FinetuneJobSpec(job_id="rl", tenant="t", adapter_id=100, examples=prompts, n_epochs=1, batch_size=3,
                            seed=11, num_layers=engine.model_config.num_layers, output_dir=str(tmp_path),
                            lora=LORA, loss=LossSpec(LossKind.IMPORTANCE_SAMPLING))
-    job = FinetuneJob(spec, kv, AdapterSlots(2))
+    job = CoservedJob(spec, kv, AdapterSlots(2))
     plan = IterationPlan(step_id=0)
     assert job.schedule(plan, 64, 64) == 0.0 and plan.training.job_starts  # started, nothing to train
     job.update(plan, engine.step(plan))
-    assert job.state.value == "running" and job.needs_rollouts
+    assert job.state.value == "running" and needs_rollouts(job)
     assert job.schedule(IterationPlan(step_id=1), 64, 64) == 0.0  # no batch fed: no work

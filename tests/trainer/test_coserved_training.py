@@ -1,4 +1,4 @@
-"""Fine-tuning inside the engine's fused forward, driven by `FinetuneJob` plans (fp32, CPU).
+"""Fine-tuning inside the engine's fused forward, driven by `CoservedJob` plans (fp32, CPU).
 
 * Two optimizer steps of a job whose forward windows ride in the engine's fused forward (next to
   inference tokens) and whose tasklets read earlier K/V from the paged cache equal peft + AdamW, for
@@ -20,11 +20,12 @@ import torch
 
 from coserve.contract.data_position import DataPosition
 from coserve.contract.engine_config import EngineConfig
+from coserve.contract.job_spec import FinetuneJobSpec, JobState
 from coserve.contract.plan import IterationPlan, NewSequence, ScheduledChunk
 from coserve.contract.sampling import SamplingParams
 from coserve.contract.training_plan import TrainingExample
 from coserve.contract.training_settings import LoRASettings, OptimizerSettings
-from coserve.finetune.job import FinetuneJob, FinetuneJobSpec, JobState
+from coserve.finetune.job import CoservedJob
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.torch_engine.engine import TorchEngine
@@ -66,13 +67,13 @@ def _start_checkpoint(engine: TorchEngine, path: Path) -> dict[str, torch.Tensor
 
 
 def _job(engine: TorchEngine, kv: KVBlockManager, slots: AdapterSlots, out: Path, resume: Path,
-         position: DataPosition, n_epochs: int = 1, job_id: str = "job") -> FinetuneJob:
+         position: DataPosition, n_epochs: int = 1, job_id: str = "job") -> CoservedJob:
     spec = FinetuneJobSpec(
         job_id=job_id, tenant="t", adapter_id=100, examples=_examples(engine.model_config.vocab_size),
         n_epochs=n_epochs, batch_size=BATCH, seed=11, num_layers=engine.model_config.num_layers,
         output_dir=str(out), optimizer=OPTIMIZER, min_tasklet_tokens=1,
         resume_from=str(resume), start_position=position)
-    return FinetuneJob(spec, kv, slots)
+    return CoservedJob(spec, kv, slots)
 
 
 def _inference(engine: TorchEngine, kv: KVBlockManager, step: int, plan: IterationPlan) -> None:
@@ -91,7 +92,7 @@ def _inference(engine: TorchEngine, kv: KVBlockManager, step: int, plan: Iterati
         plan.chunks.append(ScheduledChunk(rid, length - 1, 1, kv.block_table(rid), sample=True))
 
 
-def _drive(engine: TorchEngine, job: FinetuneJob, kv: KVBlockManager, budget: Budget, steps: int,
+def _drive(engine: TorchEngine, job: CoservedJob, kv: KVBlockManager, budget: Budget, steps: int,
            with_inference: bool = False,
            before: Callable[[int, IterationPlan], None] | None = None) -> list:
     """Iterate until the job has done `steps` optimizer steps (or ended); returns its events."""

@@ -16,8 +16,8 @@ from coserve.contract.plan import IterationPlan
 from coserve.contract.sampling import AdapterRef
 from coserve.contract.training_calls import ForwardBackwardCall, OptimStepCall, TrainingDatum
 from coserve.contract.training_settings import AdamStep, LoRASettings
-from coserve.finetune.driven_ops import DrivenOp
-from coserve.finetune.job import FinetuneJob
+from coserve.finetune.driven_ops import DrivenOp, driven_calls
+from coserve.finetune.job import CoservedJob
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.torch_engine.engine import TorchEngine
@@ -32,8 +32,9 @@ def run_calls(model_dir: Path, tmp_path: Path, park_between: bool) -> dict[str, 
     spec = FinetuneJobSpec(job_id="run", tenant="t", adapter_id=100, examples=[], n_epochs=1, batch_size=1,
                            seed=3, num_layers=engine.model_config.num_layers, output_dir=str(tmp_path),
                            lora=LoRASettings(r=4), loss=LossSpec(), driven=True)
-    job = FinetuneJob(spec, kv, slots)
-    assert job.driven is not None and job.parking is not None
+    job = CoservedJob(spec, kv, slots)
+    calls = driven_calls(job.source)
+    assert calls is not None and job.parking is not None
     step = 0
 
     def plan_once() -> IterationPlan:
@@ -48,7 +49,7 @@ def run_calls(model_dir: Path, tmp_path: Path, park_between: bool) -> dict[str, 
 
     def call(made: ForwardBackwardCall | OptimStepCall) -> None:
         op = DrivenOp(f"c{step}", made, 0.0)
-        job.driven.submit(op)  # type: ignore[union-attr]
+        calls.submit(op)
         for _ in range(100):
             if op.done:
                 break

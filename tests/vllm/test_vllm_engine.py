@@ -21,6 +21,7 @@ pytestmark = pytest.mark.vllm
 from coserve import LLM, LoRARequest, SamplingParams  # noqa: E402
 from coserve.contract.loss_spec import LossKind, LossSpec  # noqa: E402
 from coserve.contract.training_settings import TARGET_MODULES, LoRASettings  # noqa: E402
+from coserve.finetune.rollout_batches import fed_batches  # noqa: E402
 from coserve.forward.transformer import Transformer  # noqa: E402
 from coserve.model.tiny_model import create_random_adapter  # noqa: E402
 from coserve.trainer.lora_params import TrainableLoRA  # noqa: E402
@@ -210,8 +211,9 @@ def test_reinforcement_rollouts_on_vllm_sample_each_steps_weights(vllm_llm: LLM,
                                           {"r": 4}, seed=5, samples=2, max_tokens=5)
     job = vllm_llm.jobs.job(job_id)
     fed = []
-    feed = job.feed
-    job.feed = lambda batch: (fed.append(batch), feed(batch))[1]  # type: ignore[method-assign]
+    source = fed_batches(job.source)
+    feed = source.feed
+    source.feed = lambda batch: (fed.append(batch), feed(batch))[1]  # type: ignore[method-assign]
     result = vllm_llm.wait(job_id)
     assert result.state.value == "succeeded", result.error
     assert adapters.exports - exports == 2  # the initial weights, then step 1's: once each
