@@ -139,7 +139,7 @@ class StepExecutor(Protocol):
 class Engine(StepExecutor, Protocol):
     """A serving backend: its layout (sizes the scheduler plans with) and `step`.
 
-    coserve's torch engine (`coserve.torch_engine.engine.Engine`) implements it.
+    coserve's torch engine (`coserve.torch_engine.engine.TorchEngine`) implements it.
     """
 
     @property

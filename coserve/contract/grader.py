@@ -7,7 +7,7 @@
 - `TextSimilarityGrader`: one of OpenAI's metrics (`SimilarityMetric`);
 - `MultiGrader`: a formula (`calculate_output`) over named sub-graders;
 - `PythonGrader`, `ScoreModelGrader`, `LabelModelGrader`: parsed, so that a server which cannot run one
-  refuses it by name (`coserve.graders.support`).
+  refuses it by name (`coserve.graders.checks.check_grader`).
 
 Templates (`{{ item.answer }}`, `{{ sample.output_text }}`) stay text here; `coserve.graders.templates`
 checks and renders them.

@@ -9,7 +9,7 @@ offline `LLM` or engine ever compiles one. What these bounds miss, the guarded c
 
 The limits (docs/limits.md lists them with every other size a client controls) follow what real
 clients send. OpenAI's own structured outputs allow 5,000 properties, 10 levels of object nesting and
-1,000 enum values per schema; the rest are set from llguidance's measured costs (benchmarks/hostile.py),
+1,000 enum values per schema; the rest are set from llguidance's measured costs (coserve/bench/hostile.py),
 each well above what a model's output could use:
 
 | what | limit | why |

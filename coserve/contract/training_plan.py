@@ -9,7 +9,7 @@ Work of one training sequence (`sequence_id`, one example of one batch of one jo
   job's sequences: reference passes (`reference`: the base model alone, forward only, their summed
   log-prob reported in their windows' `loss_sum`) and the pairs' two trained sequences (`pair`: the
   partner and the reference sums), whose gradients the engine scales by the pair's DPO coefficient once
-  both forwards are done, before either backward (`coserve.trainer.preference`).
+  both forwards are done, before either backward (`coserve.trainer.preference_step`).
 * `ForwardWindow`: positions [start, start + num_tokens) run through every layer *inside the same
   fused forward as the inference tokens*, through the job's trainable adapter (bank slot
   `JobStart.adapter_slot`); their K/V go to the paged KV cache at `block_table`, like a prefill chunk.

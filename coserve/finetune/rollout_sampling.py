@@ -12,7 +12,7 @@ from coserve.inference.request import Request
 
 
 class StepOutputs(Protocol):
-    """What one iteration sampled (`cluster.engine_core.EngineStep`)."""
+    """What one iteration sampled (`cluster.engine_core.Step`)."""
 
     @property
     def advanced(self) -> Sequence[Request]: ...

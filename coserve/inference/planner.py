@@ -156,8 +156,8 @@ class InferencePlanner:
 
     @property
     def jobs(self) -> None:
-        """The inference scheduler runs no fine-tuning jobs (`CoServingPolicy` does; offline
-        fine-tuning plans its own, `finetune.OfflineJobs`)."""
+        """The inference planner runs no fine-tuning jobs (`CoServingPolicy` does; offline
+        fine-tuning plans its own, `offline.finetune.OfflineJobs`)."""
         return None
 
     @property

@@ -1,14 +1,14 @@
 """The co-serving policy (`CoServingPolicy`): one inference planner in VTC order, fine-tuning jobs in
 what it leaves. It is composed of
 
-* an `InferencePlanner` (`inference/planner.py`) with a `VtcOrder` (`admission_order.py`): continuous
+* an `InferencePlanner` (`inference/planner.py`) with a `VtcOrder` (`inference/admission_order.py`): continuous
   batching, chunked prefill, KV blocks, adapter slots, VTC admission across tenants, the TTFT guard and
   fan-outs;
-* a `JobHost` (`job_host.py`): the fine-tuning jobs, chosen by the same counters (`job_roster.py`);
+* a `JobHost` (`finetune/host.py`): the fine-tuning jobs, chosen by the same counters (`finetune/roster.py`);
 * a `FinetuneFloor` (`liveness.py`): fine-tuning's minimum share of the engine's time while a job is
   runnable, or why not;
 * an `OnlineLatency` (`online_latency.py`): the latency model, refined from every measured iteration;
-* a `FinetuneShare` strategy (`finetune_share.py`): how much fine-tuning work an iteration gets
+* a `FinetuneShare` strategy (`strategy.py`): how much fine-tuning work an iteration gets
   (`hybrid`, `temporal`, `dynamic_temporal`, `static_split`, none), built by name in `share_kinds`.
 
 TTFT guard: while a request that has waited past the guard is waiting, the hybrid share adds no

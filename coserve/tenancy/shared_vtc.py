@@ -1,6 +1,6 @@
 """`SharedVtc`: one set of virtual token counters for the policies of several engines.
 
-A `CoServingPolicy` alone keeps its own counters. Under a `EngineCluster` (`cluster.py`) every
+A `CoServingPolicy` alone keeps its own counters. Under an `EngineCluster` (`cluster/engine_cluster.py`) every
 engine's policy charges and selects with the same `VirtualTokenCounter`, so a tenant's service is
 counted over the whole machine: the input, output and fine-tuning tokens it got on any engine raise
 the one counter that every engine's admission order and job roster reads.

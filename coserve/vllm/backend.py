@@ -24,11 +24,11 @@ relies on, and why each is an internal of vLLM 0.32.0 (hence the exact version c
   (`Request.structured_output_request.grammar`) before it runs again, and the matcher's error state
   read after each step (`grammar_error`);
 * on CPU, `dispatch_cpu_unquantized_gemm` is asked to keep each linear layer's torch weight (by default
-  it hands the weight to oneDNN and frees it), so the views stay valid (`vllm_patches.py`, with the
+  it hands the weight to oneDNN and frees it), so the views stay valid (`patches.py`, with the
   environment vLLM reads and the CPU generators' rewind);
 * the model is `llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
   .model`, with vLLM's stacked `qkv_proj` and `gate_up_proj` (coserve's own fused layout), each
-  linear layer wrapped by a LoRA layer whose `base_layer` holds the weight (`vllm_weights.py`);
+  linear layer wrapped by a LoRA layer whose `base_layer` holds the weight (`weights.py`);
 * the dtype is always an explicit name (`--dtype auto` resolved by coserve: vLLM's "auto" makes a
   float32 model bfloat16 on CPU), and the per-tensor "Attempted to load weight ..." lines vLLM logs when
   it casts anyway are one summary line (`cast_warnings.py`, on the loggers that log them).
