@@ -1,12 +1,13 @@
-"""The attacker tenant of benchmarks/soak_tenants.py: every case of issue 45 in a loop, in two threads.
+"""The attacker tenant of benchmarks/soak_tenants.py: every case of issue 45 in a loop, in three threads.
 
 One thread sends the single requests of `coserve/bench/tenant_attacks.py` (python grader escapes, token
 ids past the vocabulary, a zstd bomb, huge CSR shapes, poisoned uploads, big powers, thousands of graders,
 ROUGE-L past its bound, names ending in a newline, telemetry past its caps, another tenant's file) one
-after another; the other runs the flows of several calls: its idle Tinker runs (more than the engine has
-adapter slots) all waking at once, saves past its storage quota (their futures never read; the bytes on
-disk checked after), floods of `create_session` and `telemetry`, a DPO job on a poisoned file, and whether
-the setsid grandchild outlived its grader. Each answer is counted as `<status> <verdict>` per case."""
+after another; one wakes its idle Tinker runs (more than the engine has adapter slots) all at once, again
+and again; one runs the flows of several calls: saves past its storage quota (their futures never read;
+the bytes on disk checked after), floods of `create_session` and `telemetry`, a DPO job on a poisoned
+file. After each setsid grader: whether its grandchild outlived it. Each answer is counted as
+`<status> <verdict>` per case."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from coserve.bench.tenant_attacks import (
 )
 
 IDLE_RUNS = 8  # twice the engine's 4 adapter slots (the issue's case)
-ACCEPTABLE = ("refused", "refused-other", "contained", "served")
+ACCEPTABLE = ("refused", "refused-other", "contained", "served", "pending")  # pending: its own call, at the end
 SESSION = {"tags": [], "sdk_version": "x"}
 TELEMETRY = {"events": [], "platform": "x", "sdk_version": "x", "session_id": "s", "process_uuid": "p"}
 
@@ -65,8 +66,8 @@ class Attacker:
         self._saves, self._job, self._job_file, self._session = 0, None, None, "none"
         self.requests = {**escape_attacks(target, secrets), **openai_attacks(model, vocab, victim_file),
                          **tinker_attacks(self._run.model_id, vocab, zstd_bomb())}
-        self._threads = [threading.Thread(target=self._loop, args=(self._requests,), daemon=True),
-                         threading.Thread(target=self._loop, args=(self._flows,), daemon=True)]
+        self._threads = [threading.Thread(target=self._loop, args=(loop,), daemon=True)
+                         for loop in (self._requests, self._flows, self._wake_idle_runs)]
 
     def start(self) -> None:
         for thread in self._threads:
@@ -130,27 +131,39 @@ class Attacker:
                    "ESCAPED" if left else "contained", str(left) if left else "")
 
     def _flows(self) -> None:
-        for flow in (self._wake_idle_runs, self._saves_past_quota, self._session_flood, self._telemetry_flood,
-                     self._dpo_job):
+        for flow in (self._saves_past_quota, self._session_flood, self._telemetry_flood, self._dpo_job):
             if self._stop.is_set():
                 return
             flow()
 
-    def _sdk_call(self, case: str, call: Callable[[], Any]) -> None:
-        try:
-            call()
-            self._note(case, "ok", "served")
-        except tinker.APIStatusError as error:
+    def _failed(self, case: str, error: Exception) -> None:
+        if isinstance(error, tinker.APIStatusError):
             kind = "refused" if 400 <= error.status_code < 500 else "server_error"
             self._note(case, str(error.status_code), kind, str(error))
-        except Exception as error:  # noqa: BLE001 - a failed future: the attacker's own call failed
+        else:  # a failed future: the attacker's own call failed
             self._note(case, type(error).__name__, "failed", str(error))
+
+    def _wait(self, case: str, future: Any) -> None:
+        """The answer of one of its calls, however long it takes, until the soak ends (then: pending)."""
+        while True:
+            try:
+                future.result(timeout=5)
+            except TimeoutError:
+                if self._stop.is_set():
+                    self._note(case, "pending at the end", "pending")
+                    return
+                continue
+            except Exception as error:  # noqa: BLE001 - reported
+                self._failed(case, error)
+                return
+            self._note(case, "ok", "served")
+            return
 
     def _wake_idle_runs(self) -> None:
         """The idle runs all call forward_backward at once; each must be served (slots shared, not held)."""
         futures = [run.forward_backward([_datum()], "cross_entropy") for run in self._idle]
         for future in futures:
-            self._sdk_call("idle_runs_wake_all_at_once", lambda f=future: f.result(timeout=600))
+            self._wait("idle_runs_wake_all_at_once", future)
 
     def _post(self, case: str, path: str, body: dict[str, Any]) -> httpx.Response:
         answer = self._http.post(path, headers={"X-API-Key": self.tinker_key}, json=body)
@@ -167,7 +180,9 @@ class Attacker:
             if self._post("saves_past_quota", "/tinker/api/v1/save_weights_for_sampler",
                           {"model_id": self._run.model_id, "path": f"q{self._saves}"}).status_code != 200:
                 break
-        self._sdk_call("saves_then_forward", lambda: self._run.forward([_datum()], "cross_entropy").result(600))
+        self._wait("saves_then_forward", self._run.forward([_datum()], "cross_entropy"))
+        if self._stop.is_set():
+            return
         saved = self.data_dir / "runs" / self._run.model_id / "sampler_weights"
         names = sorted(p.name for p in saved.iterdir()) if saved.is_dir() else []
         stored = sum(f.stat().st_size for f in saved.rglob("*") if f.is_file()) if saved.is_dir() else 0
@@ -177,8 +192,7 @@ class Attacker:
                    "" if within else f"{stored} bytes in {names}, quota {self.quota}")
         rest = tinker.RestClient(base_url=f"{self.root}/tinker", api_key=self.tinker_key)
         for name in names:
-            self._sdk_call("delete_checkpoint", lambda n=name: rest.delete_checkpoint(
-                self._run.model_id, f"sampler_weights/{n}").result(timeout=120))
+            self._wait("delete_checkpoint", rest.delete_checkpoint(self._run.model_id, f"sampler_weights/{name}"))
 
     def _session_flood(self) -> None:
         """80 sessions (the cap is 64 open), then 40 sampling sessions on one of them."""

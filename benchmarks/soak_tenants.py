@@ -2,7 +2,8 @@
 victim tenant chats, fine-tunes and trains through Tinker, on one real server.
 
     .venv/bin/python benchmarks/soak_tenants.py [--model DIR] [--ray] [--duration-s 180] [--warmup-s 10]
-                                                [--quiet-s 30] [--json OUT]
+                                                [--quiet-s 30] [--chat-pause-s 1] [--serve-flag=--FLAG=V]
+                                                [--server-log FILE] [--json OUT]
 
 Starts `coserve serve --enable-python-graders` (`--local` unless `--ray`; the tiny model unless `--model`)
 with two tenants. The victim (benchmarks/_soak_victim.py) chats with two clients (one streamed, one not;
@@ -85,6 +86,13 @@ def tokens_by_tenant(url: str) -> dict[str, dict[str, float]]:
     return found
 
 
+def token_rates(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+                seconds: float) -> dict[str, dict[str, float]]:
+    """Tokens per second by tenant and kind between two `tokens_by_tenant`."""
+    return {tenant: {kind: round((n - before.get(tenant, {}).get(kind, 0.0)) / seconds, 2) for kind, n in kinds.items()}
+            for tenant, kinds in after.items()}
+
+
 def passed(result: dict[str, Any]) -> bool:
     return (result["victim"]["errors"] == 0 and not result["attacks"]["not_refused_or_contained"]
             and result["health"]["failures"] == 0 and result["health"]["slowest_ms"] < HEALTH_BOUND_MS)
@@ -93,7 +101,7 @@ def passed(result: dict[str, Any]) -> bool:
 def soak(args: argparse.Namespace, root: Path, model: str, vocab: int, quota: int) -> dict[str, Any]:
     """Start the server, run the quiet phase and the attack; the numbers."""
     server = start_server(root, args.model, args.port, args.ray, tenants_file=tenants(quota),
-                          flags=["--enable-python-graders"])
+                          flags=["--enable-python-graders", *args.serve_flag])
     url = f"http://127.0.0.1:{args.port}"
     watch = ServerWatch(server.pid, url)
     try:
@@ -101,11 +109,11 @@ def soak(args: argparse.Namespace, root: Path, model: str, vocab: int, quota: in
         victim.start()
         time.sleep(args.warmup_s)
         watch.mark()
-        victim.record.quiet_at = time.monotonic()
+        victim.record.quiet_at, at_quiet = time.monotonic(), tokens_by_tenant(url)
         time.sleep(args.quiet_s)
         quiet_peak, quiet_rss = watch.peak_since_mark(), watch.mark()
         victim.record.attack_at = time.monotonic()
-        tokens_before = tokens_by_tenant(url)
+        at_attack = tokens_by_tenant(url)
         attacker = Attacker(url, model, vocab, (ATTACKER, ATTACKER_TINKER), escape_target(root, server.pid, args.port),
                             (ATTACKER, ATTACKER_TINKER, VICTIM, VICTIM_TINKER, ADMIN_KEY), victim.file_id, quota,
                             root / "data")
@@ -113,10 +121,10 @@ def soak(args: argparse.Namespace, root: Path, model: str, vocab: int, quota: in
         time.sleep(args.duration_s)
         attacker.stop()
         victim.stop()
-        tokens = tokens_by_tenant(url)
+        at_end, attack_s = tokens_by_tenant(url), time.monotonic() - victim.record.attack_at
         return {"victim": summarize(victim.record), "attacks": attacker.summary(), "health": watch.health(),
-                "tokens_under_attack": {tenant: {kind: n - tokens_before.get(tenant, {}).get(kind, 0)
-                                                 for kind, n in kinds.items()} for tenant, kinds in tokens.items()},
+                "tokens_per_s": {"quiet": token_rates(at_quiet, at_attack, args.quiet_s),
+                                 "attack": token_rates(at_attack, at_end, attack_s)},
                 "server_rss_mb": {"quiet_peak": quiet_peak, "at_attack_start": quiet_rss,
                                   "peak_under_attack": watch.peak_since_mark()},
                 "attacker_storage_quota_bytes": quota}
@@ -138,6 +146,8 @@ def main() -> None:
                         "requests (back to back, two clients leave fine-tuning only its minimum share)")
     parser.add_argument("--port", type=int, default=8131)
     parser.add_argument("--server-log", type=Path, default=None, help="keep the server's log here")
+    parser.add_argument("--serve-flag", action="append", default=[], help="a flag for coserve serve, repeated "
+                        "(--serve-flag=--tpot-slo-ms=500)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.model == MODEL_DIR:

@@ -5,13 +5,13 @@ graders, and `/health`, are served throughout.
 
 Each attacking grader returns 1.0 when its escape worked and 0.0 when it failed, so a sandbox that let it
 through fails the test (and a grader that broke for another reason shows as a runtime error, which the
-tests also refuse)."""
+tests also refuse). The escapes' sources are `coserve/bench/grader_escapes.py`'s, which the soak
+(benchmarks/soak_tenants.py) runs in a loop."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +22,15 @@ import httpx
 import openai
 import pytest
 
+from coserve.bench.grader_escapes import (
+    NETWORK,
+    NO_AUDIT_HOOK,
+    READ_SECRETS,
+    SIGNAL_SERVER,
+    WRITE_STORE,
+    alive,
+    setsid_grandchild,
+)
 from local_server import ADMIN_KEY, serve_subprocess, upload_jsonl
 from sandbox_support import require_sandbox
 
@@ -94,10 +103,7 @@ def secrets(server: Server) -> dict[str, Path]:
 
 def test_the_tenants_file_data_dir_store_and_uploads_are_not_there(server: Server) -> None:
     paths = [str(p) for p in secrets(server).values()]
-    source = ("import os\ndef grade(sample, item):\n    seen = 0\n    for path in item['paths']:\n"
-              "        try:\n            os.listdir(path) if os.path.isdir(path) else open(path, 'rb').read()\n"
-              "            seen += 1\n        except OSError:\n            pass\n    return seen\n")
-    assert attack(server, source, {"paths": paths}).reward == 0.0
+    assert attack(server, READ_SECRETS, {"paths": paths}).reward == 0.0
     reader = f"def grade(s, i):\n    return open({paths[0]!r}).read()\n"
     leak = server.client(ATTACKER).fine_tuning.alpha.graders.run(
         grader={"type": "python", "name": "leak", "source": reader}, model_sample="x")  # type: ignore[arg-type]
@@ -108,94 +114,43 @@ def test_the_tenants_file_data_dir_store_and_uploads_are_not_there(server: Serve
 def test_the_store_cannot_be_written(server: Server) -> None:
     store = str(secrets(server)["store"])
     before = server.client(VICTIM).files.list().data
-    source = ("import sqlite3\ndef grade(sample, item):\n    try:\n"
-              "        db = sqlite3.connect(item['store'])\n"
-              "        db.execute(\"UPDATE files SET tenant = 'attacker'\")\n        db.commit()\n"
-              "        return float(db.total_changes > 0)\n    except sqlite3.Error:\n        return 0.0\n")
-    assert attack(server, source, {"store": store}).reward == 0.0
+    assert attack(server, WRITE_STORE, {"store": store}).reward == 0.0
     assert [f.id for f in server.client(VICTIM).files.list().data] == [f.id for f in before] != []
     assert server.client(ATTACKER).files.list().data == []
 
 
 def test_signals_to_the_server_do_not_reach_it(server: Server) -> None:
-    source = ("import os, signal\ndef grade(sample, item):\n    hits = 0\n"
-              "    for pid in (os.getppid(), item['server'], 1, -1):\n"
-              "        for sig in (signal.SIGSTOP, signal.SIGKILL):\n"
-              "            if pid in (-1, 1, os.getppid()) and sig == signal.SIGKILL:\n                continue\n"
-              "            try:\n                os.kill(pid, sig)\n                hits += pid == item['server']\n"
-              "            except OSError:\n                pass\n    return float(hits)\n")
-    assert attack(server, source, {"server": server.pid}).reward == 0.0
+    assert attack(server, SIGNAL_SERVER, {"server": server.pid}).reward == 0.0
     assert_victim_served(server)
 
 
 def test_no_audit_hook_to_disable_and_subprocess_and_ctypes_stay_inside(server: Server) -> None:
     paths = secrets(server)
-    source = ("import ctypes, os, subprocess, sys\ndef grade(sample, item):\n"
-              "    sys.modules['__main__'].BLOCKED_EVENTS = ('x',)  # the old audit hook's switch\n"
-              "    escaped = 0\n"
-              "    cat = subprocess.run(['cat', item['tenants']], capture_output=True)\n"
-              "    escaped += cat.returncode == 0\n"
-              "    libc = ctypes.CDLL(None, use_errno=True)\n"
-              "    escaped += libc.unshare(0x10000000 | 0x40000000) == 0  # a user and network namespace\n"
-              "    escaped += libc.syscall(62, item['server'], 19) == 0  # kill(server, SIGSTOP), raw\n"
-              "    fd = os.open('/proc/self/ns/net', os.O_RDONLY)  # its own: setns is refused whatever the target\n"
-              "    escaped += libc.setns(fd, 0) == 0\n"
-              "    escaped += libc.mount(b'none', b'/tmp', b'tmpfs', 0, None) == 0\n"
-              "    escaped += libc.syscall(101, 0, 1, 0, 0) == 0  # ptrace(PTRACE_TRACEME)... of its parent\n"
-              "    return float(escaped)\n")
-    result = attack(server, source, {"tenants": str(paths["tenants file"]), "server": server.pid})
+    result = attack(server, NO_AUDIT_HOOK, {"tenants": str(paths["tenants file"]), "server": server.pid})
     assert result.reward == 0.0
     assert_victim_served(server)
 
 
 def test_no_network_not_even_the_servers_port(server: Server) -> None:
-    source = ("import os, socket\ndef grade(sample, item):\n    reached = 0\n"
-              "    for host in ('127.0.0.1', '0.0.0.0', 'localhost'):\n"
-              "        try:\n            socket.create_connection((host, item['port']), timeout=2).close()\n"
-              "            reached += 1\n        except OSError:\n            pass\n"
-              "    reached += os.path.exists(f\"/proc/{item['server']}/ns/net\")\n    return float(reached)\n")
-    assert attack(server, source, {"port": server.port, "server": server.pid}).reward == 0.0
-
-
-def _alive(token: str) -> list[int]:
-    """Host processes whose command line holds `token`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
-def _setsid_grandchild(token: str, then: str) -> str:
-    """A grader that starts a grandchild in its own session (`sleep <token>`), checks it runs, then `then`."""
-    return ("import os, time\ndef grade(sample, item):\n    if os.fork() == 0:\n        os.setsid()\n"
-            "        if os.fork() == 0:\n"
-            f"            os.execv('/bin/sleep', ['sleep', {token!r}])\n        os._exit(0)\n"
-            "    os.wait()\n    time.sleep(0.3)\n"
-            "    running = any(b" + repr(token) + " in open(f'/proc/{p}/cmdline', 'rb').read()\n"
-            "                  for p in os.listdir('/proc') if p.isdigit())\n"
-            f"    {then}\n    return 0.0 if running else 0.5\n")
+    assert attack(server, NETWORK, {"port": server.port, "server": server.pid}).reward == 0.0
 
 
 def test_a_setsid_grandchild_dies_with_the_grader(server: Server) -> None:
     token = "271.828"
-    assert attack(server, _setsid_grandchild(token, "pass")).reward == 0.0  # 0.5: the grandchild never ran
+    assert attack(server, setsid_grandchild(token, "pass")).reward == 0.0  # 0.5: the grandchild never ran
     time.sleep(0.2)
-    assert _alive(token) == []
+    assert alive(token) == []
 
 
 @pytest.mark.slow
 def test_a_grader_killed_at_its_wall_clock_limit_leaves_nothing_behind(server: Server) -> None:
     token = "314.159"
     result = server.client(ATTACKER).fine_tuning.alpha.graders.run(
-        grader={"type": "python", "name": "stay", "source": _setsid_grandchild(token, "time.sleep(600)")},  # type: ignore[arg-type]
+        grader={"type": "python", "name": "stay", "source": setsid_grandchild(token, "time.sleep(600)")},  # type: ignore[arg-type]
         model_sample="x")
     assert result.metadata.errors.python_grader_server_error_type == "timeout"
     time.sleep(0.2)
-    assert _alive(token) == []
+    assert alive(token) == []
 
 
 def test_a_tenant_flooding_python_graders_leaves_the_victim_its_slot(server: Server) -> None:
