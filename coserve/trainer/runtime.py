@@ -19,7 +19,6 @@ job's or request's work in the step is touched. What stays shared is the fused f
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,9 +26,7 @@ from pathlib import Path
 
 import torch
 
-from coserve.contract.data_position import DataPosition
 from coserve.contract.engine import fault_text
-from coserve.contract.preference import dpo_metrics
 from coserve.contract.training_plan import (
     ForwardWindow,
     JobFailure,
@@ -37,9 +34,7 @@ from coserve.contract.training_plan import (
     JobStart,
     OptimizerStep,
     SaveAdapter,
-    SavedAdapter,
     SequenceStart,
-    StepReport,
     TrainingExample,
     TrainingReport,
     TrainingWork,
@@ -49,7 +44,6 @@ from coserve.contract.training_plan import (
 from coserve.forward.kv_cache import KVCache
 from coserve.forward.lora import LoRABank
 from coserve.forward.transformer import Transformer
-from coserve.trainer.checkpoint import save_checkpoint
 from coserve.trainer.job_state import (
     JobError,
     TrainingJobState,
@@ -60,6 +54,7 @@ from coserve.trainer.job_state import (
     sequence_loss,
     snapshot_gradient,
 )
+from coserve.trainer.job_steps import optimizer_step, save_adapter
 from coserve.trainer.optimizer import NonFiniteGradientError
 from coserve.trainer.parking import park_job, unpark_job
 from coserve.trainer.setup import build_trainable
@@ -365,44 +360,20 @@ class TrainingRuntime:
 
     def _save(self, job: TrainingJobState, save: SaveAdapter, report: TrainingReport) -> bool:
         """Write a checkpoint or the final adapter; a failed write (disk full, permissions) fails the job
-        with the reason, never the iteration: the requests batched with it are not the job's fault.
-        A checkpoint is written atomically (the previous one stays); a partial final adapter is removed."""
-        path = Path(save.path)
+        with the reason, never the iteration: the requests batched with it are not the job's fault."""
         try:
-            if save.position is None:
-                job.lora.save_pretrained(path, job.base_model_name_or_path)
-            else:
-                save_checkpoint(path, job.lora, job.optimizer, DataPosition.from_dict(save.position),
-                                job.base_model_name_or_path, save.trained_tokens, save.reference_logprobs)
+            report.saved.append(save_adapter(job, save))
+            return True
         except OSError as err:
-            if save.position is None:
-                shutil.rmtree(path, ignore_errors=True)
             what = "the fine-tuned adapter" if save.position is None else f"the checkpoint of step {save.step}"
             self._fail(save.job_id, "checkpoint_write_failed", f"could not write {what}: "
                        f"{err.strerror or err}; the job stopped (its last checkpoint is kept)", report)
             return False
-        report.saved.append(SavedAdapter(save.job_id, str(path), save.step))
-        return True
 
     def _step(self, planned: OptimizerStep, report: TrainingReport) -> None:
-        job_id, step, num_sequences = planned.job_id, planned.step, planned.num_sequences
-        num_tokens = planned.num_tokens
-        job = self.jobs[job_id]
-        if step != job.optimizer.step_count + 1:
-            raise RuntimeError(f"job {job_id}: plan asks for step {step}, the optimizer has done "
-                               f"{job.optimizer.step_count}")
-        loss, metrics = job.batch_loss_sum / num_tokens, {}
-        if job.batch_pairs:
-            pairs, logprobs = zip(*job.batch_pairs, strict=True)
-            metrics = dpo_metrics(list(pairs), list(logprobs)).as_dict()
-            loss = metrics["train_loss"]
         try:
-            stats = job.optimizer.step(loss=loss, num_sequences=num_sequences, num_tokens=num_tokens,
-                                       adam=planned.adam)
+            report.steps.append(optimizer_step(self.jobs[planned.job_id], planned))
         except NonFiniteGradientError as err:
-            self._fail(job_id, "non_finite_gradient", f"{err}; the job stopped", report)
+            self._fail(planned.job_id, "non_finite_gradient", f"{err}; the job stopped", report)
             return
-        job.batch_loss_sum, job.batch_pairs = 0.0, []
-        self._install(job_id)
-        report.steps.append(StepReport(job_id, stats.step, loss, stats.grad_norm, stats.learning_rate,
-                                       num_sequences, num_tokens, metrics))
+        self._install(planned.job_id)
