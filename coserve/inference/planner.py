@@ -6,7 +6,8 @@ No prefill and decode phases (vLLM v1): each request's `num_computed_tokens` cat
 an iteration gives each some tokens under one budget; a long prompt is computed in chunks over several
 iterations, a decode is a chunk of one token.
 
-The order-independent rules (`prefix_salt`, `num_new_tokens`, `check_stop`, `Budget`) are `request_rules`.
+The order-independent rules (`prefix_salt`, `num_new_tokens`, `check_stop`, `Budget`) are `request_rules`; the
+requests by state and what each holds, `request_book`.
 Alone it is a policy (`plan`, `update`); `CoServingPolicy` holds one and adds fine-tuning to its plans.
 """
 
@@ -15,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from coserve.contract.plan import IterationPlan, IterationResult, NewSequence, ScheduledChunk
-from coserve.inference.adapter_slots import AdapterSlots, RunningAdapters, acquire_into
+from coserve.inference.adapter_slots import AdapterSlots, RunningAdapters
 from coserve.inference.admission_order import AdmissionOrder, FifoOrder
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.plan_checks import check_kv_matches, check_sequences, check_token_budget
 from coserve.inference.request import Request, RequestStatus
+from coserve.inference.request_book import RequestBook
 from coserve.inference.request_rules import (
     Budget,
     check_new_request,
@@ -76,15 +78,9 @@ class InferencePlanner:
         self._adapters = adapters
         self._order = FifoOrder() if order is None else order
         self._reclaim_kv = reclaim_kv
-        self._on_finished = on_finished
         self._kv_reserve = kv_reserve
-        self._requests: dict[str, Request] = {}  # every unfinished request
-        self._waiting = self._order.queue
-        self._running_adapters = RunningAdapters()
-        self._running: list[Request] = []  # admission order: the last one is preempted first
-        self._in_engine: set[str] = set()  # ids the engine holds state for (sent as NewSequence)
-        self._pinned: set[str] = set()  # ids holding an adapter pin
-        self._pending_freed: list[str] = []  # finished since the last plan; freed in the next one
+        self._book = RequestBook(kv, adapters, self._order, on_finished)
+        self._requests, self._waiting, self._running = self._book.requests, self._book.waiting, self._book.running
         self._next_step_id = 0
 
     # ------------------------------------------------------------------------------- requests
@@ -97,11 +93,7 @@ class InferencePlanner:
                 adapter id, or a request that is not WAITING.
         """
         check_new_request(request, self._config.max_model_len)
-        if request.request_id in self._requests:
-            raise ValueError(f"request id {request.request_id!r} is already scheduled")
-        self._order.added(request)
-        self._requests[request.request_id] = request
-        self._waiting.append(request)
+        self._book.add(request)
 
     def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool:
         """Finish a request now (a client abort, or a stop string found by the output processor).
@@ -119,7 +111,7 @@ class InferencePlanner:
         request = self._requests.get(request_id)
         if request is None:
             return False
-        self._finish(request, status)
+        self._book.finish(request, status)
         return True
 
     def get_request(self, request_id: str) -> Request | None:
@@ -129,21 +121,14 @@ class InferencePlanner:
     def withdraw(self, request_id: str) -> Request | None:
         """Take out a waiting request that was never admitted (no blocks, no slot, no engine state) so
         that another engine can queue it; None when there is no such request."""
-        request = self._requests.get(request_id)
-        if request is None or request.status is not RequestStatus.WAITING or request_id in self._in_engine:
-            return None
-        self._waiting.remove(request)
-        del self._requests[request_id]
-        self._order.withdrawn(request)
-        self._on_finished(request)  # it leaves this engine's watchers too
-        return request
+        return self._book.withdraw(request_id)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
     def has_work(self) -> bool:
         """Unfinished requests, or finished ones whose engine state the next plan must free."""
-        return bool(self._requests or self._pending_freed)
+        return bool(self._requests) or self._book.has_freed
 
     @property
     def kv(self) -> KVBlockManager:
@@ -168,7 +153,7 @@ class InferencePlanner:
     @property
     def running_adapters(self) -> RunningAdapters:
         """The running requests' adapter slots (for the latency model's features)."""
-        return self._running_adapters
+        return self._book.running_adapters
 
     @property
     def num_waiting(self) -> int:
@@ -197,9 +182,8 @@ class InferencePlanner:
 
     def new_plan(self) -> IterationPlan:
         """An empty plan with the next step id that frees what finished since the last plan."""
-        plan = IterationPlan(step_id=self._next_step_id, freed=self._pending_freed)
+        plan = IterationPlan(step_id=self._next_step_id, freed=self._book.take_freed())
         self._next_step_id += 1
-        self._pending_freed = []
         return plan
 
     def schedule(self, plan: IterationPlan, budget: Budget) -> None:
@@ -263,7 +247,7 @@ class InferencePlanner:
             if self._reclaim_kv(plan):
                 continue
             victim = self._running[-1]
-            self._preempt(victim, plan)
+            self._book.preempt(victim, plan)
             preempted = True
             if victim is request:
                 return None, preempted
@@ -278,17 +262,7 @@ class InferencePlanner:
             # gets whole iterations).
             if request is None or not self._try_admit(request, plan, budget):
                 break
-            self._waiting.remove(request)
-            self._running.append(request)
-            request.status = RequestStatus.RUNNING
-            self._on_admitted(request)
-
-    def _on_admitted(self, request: Request) -> None:
-        """Called once per admission, after the request joined the running batch (for accounting)."""
-        adapter = request.adapter
-        slot = self._adapters.slot_of(adapter.adapter_id) if adapter is not None else None
-        self._running_adapters.admitted(request.request_id, -1 if slot is None else slot)
-        self._order.admitted(request)
+            self._book.admitted(request)
 
     def _try_admit(self, request: Request, plan: IterationPlan, budget: Budget) -> bool:
         """Reserve blocks and an adapter slot for a waiting request and emit its first chunk.
@@ -312,7 +286,7 @@ class InferencePlanner:
                 return False
         if request.num_cached_tokens is None:  # a preempted request's recompute is not the client's reuse
             request.num_cached_tokens = request.num_computed_tokens
-        adapter_slot = self._acquire_adapter(request, plan)
+        adapter_slot = self._book.pin_adapter(request, plan)
         plan.new_sequences.append(NewSequence(
             request_id=request_id,
             token_ids=token_ids,
@@ -320,7 +294,7 @@ class InferencePlanner:
             num_output_tokens=request.num_output_tokens,
             adapter_slot=adapter_slot,
         ))
-        self._in_engine.add(request_id)
+        self._book.entered_engine(request_id)
         self._emit_chunk(request, count, plan)
         budget.tokens -= count
         return True
@@ -332,12 +306,6 @@ class InferencePlanner:
             return False
         return self._kv.allocate_slots(request_id, end)
 
-    def _acquire_adapter(self, request: Request, plan: IterationPlan) -> int:
-        if request.adapter is None:
-            return -1
-        self._pinned.add(request.request_id)
-        return acquire_into(self._adapters, request.adapter, plan)
-
     def _emit_chunk(self, request: Request, count: int, plan: IterationPlan) -> None:
         start = request.num_computed_tokens
         plan.chunks.append(ScheduledChunk(
@@ -347,16 +315,6 @@ class InferencePlanner:
             block_table=self._kv.block_table(request.request_id),
             sample=start + count == request.num_tokens,
         ))
-
-    def _preempt(self, request: Request, plan: IterationPlan) -> None:
-        """Drop a running request's K/V and requeue it first; it recomputes from scratch later."""
-        self._running.remove(request)
-        self._release_resources(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        self._waiting.appendleft(request)
-        plan.freed.append(request.request_id)
-        self._in_engine.discard(request.request_id)
 
     # -------------------------------------------------------------------------------- update
 
@@ -391,7 +349,7 @@ class InferencePlanner:
             status = RequestStatus.FINISHED_GRAMMAR_ERROR if token.grammar_error else \
                 check_stop(request, token.token_id, self._config.max_model_len)
             if status is not None:
-                self._finish(request, status)
+                self._book.finish(request, status)
         self._order.sampled(touched)
         return touched
 
@@ -403,27 +361,3 @@ class InferencePlanner:
             return
         self._kv.cache_full_blocks(request.request_id, request.all_token_ids(), end,
                                    prefix_salt(request))
-
-    def _finish(self, request: Request, status: RequestStatus) -> None:
-        request.status = status
-        if request in self._running:
-            self._running.remove(request)
-        elif request in self._waiting:
-            self._waiting.remove(request)
-        # An aborted request (a client gone, a cancelled response) frees its KV at once.
-        ended = status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
-        self._release_resources(request, request.retain_kv_s if ended else 0.0)
-        del self._requests[request.request_id]
-        if request.request_id in self._in_engine:
-            self._in_engine.discard(request.request_id)
-            self._pending_freed.append(request.request_id)
-        self._order.finished(request)
-        self._on_finished(request)
-
-    def _release_resources(self, request: Request, retain_s: float = 0.0) -> None:
-        self._kv.free(request.request_id, retain_s)
-        self._running_adapters.released(request.request_id)
-        if request.request_id in self._pinned:
-            self._pinned.discard(request.request_id)
-            if request.adapter is not None:
-                self._adapters.release(request.adapter.adapter_id)
