@@ -164,12 +164,17 @@ class Victim:
                                                    extra_body={"lora": {"r": 4, "lora_alpha": 8}})
         while job.status not in TERMINAL:
             if self._stop.wait(1.0):
-                self._client.fine_tuning.jobs.cancel(job.id)
-                self.record.jobs.append({"id": job.id, "phase": "end", "status": f"unfinished ({job.status})",
-                                         "seconds": round(time.monotonic() - start, 1),
-                                         "trained_tokens": job.trained_tokens or 0,
-                                         "started_in": self.record.phase(start)})
-                return
+                try:
+                    self._client.fine_tuning.jobs.cancel(job.id)
+                except openai.BadRequestError:
+                    pass  # it ended meanwhile
+                ended = self._client.fine_tuning.jobs.retrieve(job.id)
+                if ended.status == "cancelled":  # the soak ended it: its progress, not an error
+                    self.record.jobs.append({"id": job.id, "phase": "end", "status": f"unfinished ({job.status})",
+                                             "seconds": round(time.monotonic() - start, 1),
+                                             "trained_tokens": job.trained_tokens or 0,
+                                             "started_in": self.record.phase(start)})
+                    return
             job = self._client.fine_tuning.jobs.retrieve(job.id)
         self.record.jobs.append({"id": job.id, "phase": self.record.phase(time.monotonic()), "status": job.status,
                                  "seconds": round(time.monotonic() - start, 1), "trained_tokens": job.trained_tokens,

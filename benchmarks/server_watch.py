@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 
 
-def _children(pid: int) -> list[int]:
-    """`pid` and its descendants (from /proc: each process's parent)."""
+def _children(pid: int) -> list[tuple[int, int]]:
+    """`pid` and its descendants, each with its parent (from /proc: each process's parent)."""
     parents: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -21,18 +21,29 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue  # gone meanwhile
         parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
+    found, todo = [], [(pid, 0)]
     while todo:
-        current = todo.pop()
-        found.append(current)
-        todo += parents.get(current, [])
+        current, parent = todo.pop()
+        found.append((current, parent))
+        todo += [(child, current) for child in parents.get(current, [])]
     return found
 
 
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
 def tree_rss_mb(pid: int) -> float:
-    """The resident memory of `pid` and its descendants, in MB."""
+    """The resident memory of `pid` and its descendants, in MB. A child that runs its parent's command line
+    is a fork not yet exec'd (`subprocess` vforks): it shares its parent's memory, which is counted once
+    (summed twice, a server of 1 GB starting a sandbox read as a 2 GB peak)."""
     total_kb = 0
-    for child in _children(pid):
+    for child, parent in _children(pid):
+        if parent and _cmdline(child) == _cmdline(parent):
+            continue
         try:
             status = Path(f"/proc/{child}/status").read_text()
         except OSError:
