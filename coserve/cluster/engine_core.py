@@ -4,7 +4,7 @@ is fed back. Pure Python (the scheduler's side); the engine is anything with `st
 One iteration::
 
     plan = source.plan()              # the policy decides (inference first, fine-tuning in what is left)
-    jobs.schedule(plan)               # jobs kept beside the policy add their work (offline fine-tuning)
+    jobs.schedule(plan)               # jobs kept beside the policy add their work (a benchmark's pieces)
     result = engine.step(plan)        # the engine executes: here, or in another process
     jobs.update(plan, result)         # training reports: steps, saves, failures
     advanced = source.update(plan, result)   # tokens appended, requests finished
@@ -49,7 +49,7 @@ class PlanSource(Protocol):
 
 
 class JobSide(Protocol):
-    """Fine-tuning jobs kept beside a policy that has none of its own (`coserve.offline.finetune.OfflineJobs`)."""
+    """Fine-tuning jobs kept beside a policy that plans none (`coserve.finetune.pieces.JobPieces`)."""
 
     def schedule(self, plan: IterationPlan) -> None:
         """Add the jobs' work (and deferred control) to the plan the policy made."""

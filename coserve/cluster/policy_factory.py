@@ -10,6 +10,7 @@ unfitted one that learns the iteration costs online from every measured iteratio
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,8 @@ class CoServingPolicyFactory:
             (`CoServingConfig.finetune_min_share`).
         share / share_options: the fine-tuning share strategy (`share_kinds`); with
             `ShareKind.NONE` the policy runs no jobs (the scheduler opens no job manager).
+        max_backward_token_layers: backward work an iteration may hold at most
+            (`CoServingConfig.max_backward_token_layers`; None: its default).
     """
 
     fingerprint: ModelFingerprint
@@ -84,6 +87,7 @@ class CoServingPolicyFactory:
     finetune_min_share: float = defaults.FINETUNE_MIN_SHARE
     share: ShareKind = ShareKind.HYBRID
     share_options: ShareOptions = ShareOptions()
+    max_backward_token_layers: int | None = None
 
     def latency_model(self) -> LatencyModel:
         """The profile's model, checked against this server; or an unfitted one.
@@ -108,5 +112,7 @@ class CoServingPolicyFactory:
                              max_stall_ms=self.max_stall_ms, finetune_min_share=self.finetune_min_share,
                              tpot_slo_ms=DEFAULT_TPOT_SLO_MS if self.tpot_slo_ms is None else self.tpot_slo_ms,
                              ttft_slo_ms=DEFAULT_TTFT_SLO_MS if self.ttft_slo_ms is None else self.ttft_slo_ms)
+        if self.max_backward_token_layers is not None:
+            co = dataclasses.replace(co, max_backward_token_layers=self.max_backward_token_layers)
         return build_policy(self.share, co, layout.num_kv_blocks, AdapterSlots(layout.num_adapter_slots),
                             self.latency_model(), self.share_options, shared=shared)

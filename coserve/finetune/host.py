@@ -1,9 +1,9 @@
 """`JobHost`: the fine-tuning jobs of one engine, as those who submit and control them see them.
 
-A `JobRunner` (`contract.job_runner`): one class for every engine of the server (`ClusterJobs` starts
-a job on the host of the engine it places it on) and for offline fine-tuning (the offline `LLM`'s
-`OfflineJobs`). Jobs are started, cancelled, paused and resumed here and their events popped, and the
-planner that gives them work (`CoServingPolicy`, or `OfflineJobs` offline) reads the same `roster`. A
+A `JobRunner` (`contract.job_runner`): one class for every engine (`ClusterJobs` starts a job on the
+host of the engine it places it on: a server's engines, or the offline `LLM`'s one). Jobs are started,
+cancelled, paused and resumed here and their events popped, and the planner that gives them work
+(`CoServingPolicy`) reads the same `roster`. A
 job's tenant is backlogged in the virtual token counters while it has a runnable job, or while
 `also_backlogged` says so (the co-serving policy: queued requests).
 """

@@ -141,8 +141,7 @@ class InferencePlanner:
 
     @property
     def jobs(self) -> None:
-        """The inference planner runs no fine-tuning jobs (`CoServingPolicy` does; offline
-        fine-tuning plans its own, `offline.finetune.OfflineJobs`)."""
+        """The inference planner runs no fine-tuning jobs (`CoServingPolicy` does)."""
         return None
 
     @property

@@ -5,13 +5,17 @@
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
     print(outs[0].outputs[0].text)
 
-The iteration loop is `EngineCore.step` (the policy plans, the offline jobs add their work, the
-engine executes, the result is applied); this front end turns the token ids of the requests that
-advanced into text (stop strings, logprobs).
+The `LLM` is a cluster of one engine, composed as a server's engine is (`EngineCluster`, its planner a
+`CoServingPolicy` from the same `CoServingPolicyFactory`), with a share that has no SLO: fine-tuning jobs
+get what the inference tokens leave of each iteration (`planner.fill`). Each iteration is
+`EngineCluster.step` (the planner plans inference first, then the jobs' work; the engine executes; the
+result is applied, the jobs' rollout loops advanced); this front end turns the token ids of the requests
+that advanced into text (stop strings, logprobs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
@@ -19,7 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from coserve.backends.registry import build_engine
-from coserve.cluster.engine_core import EngineCore
+from coserve.cluster.engine_cluster import EngineCluster
+from coserve.cluster.policy_factory import CoServingPolicyFactory
 from coserve.contract import defaults
 from coserve.contract.engine import EngineKind
 from coserve.contract.engine_config import EngineConfig
@@ -27,19 +32,18 @@ from coserve.contract.loss_spec import LossSpec
 from coserve.contract.plan import TokenLogprobs
 from coserve.contract.sampling import AdapterRef, EosIds, SamplingParams
 from coserve.contract.training_settings import HyperparameterRequest, LoRASettings
-from coserve.finetune.rollouts import RolloutDriver
 from coserve.frontend.adapter_check import AdapterChecker
 from coserve.frontend.chat_template import encode_chat
 from coserve.frontend.output_tracker import OutputTracker
-from coserve.inference.adapter_slots import AdapterSlots
-from coserve.inference.kv_blocks import KVBlockManager
-from coserve.inference.planner import InferencePlanner
 from coserve.inference.request import Request, RequestStatus, expand_request
 from coserve.inference.scheduler_config import SchedulerConfig
 from coserve.jobs.prepared_job import FIRST_TRAINING_ADAPTER_ID, prepare_job
 from coserve.offline.finetune import FineTuneResult, OfflineJobs
 from coserve.offline.lora_request import LoRARequest
 from coserve.offline.outputs import CompletionOutput, RequestOutput
+from coserve.offline.reinforcement import offline_grading
+from coserve.planner.latency import ModelFingerprint, engine_machine_id, model_id_from_config
+from coserve.planner.share_kinds import ShareKind
 from coserve.structured.guarded_check import GrammarCheck
 
 logger = logging.getLogger(__name__)
@@ -47,6 +51,7 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
+ENGINE = "offline"  # the cluster's one engine
 PromptType = str | dict[str, Any]
 ChatMessages = list[dict[str, Any]]
 
@@ -106,24 +111,28 @@ class LLM:
             engine=EngineKind.parse(engine), max_num_seqs=max_num_seqs, max_batch_tokens=batch_tokens))
         # After the engine: a folder that is not a supported model is reported as such first.
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
-        layout = self.engine.layout
-        enable_prefix_caching = enable_prefix_caching and not layout.engine_owns_kv_cache
+        layout, model_config = self.engine.layout, self.engine.model_config
+        # A decode is one token: no more sequences run at once than the token budget holds.
         self.scheduler_config = SchedulerConfig(
-            max_model_len=layout.max_model_len, max_num_seqs=max_num_seqs, max_batch_tokens=batch_tokens,
-            block_size=layout.block_size, enable_prefix_caching=enable_prefix_caching)
-        self.policy = InferencePlanner(
-            self.scheduler_config,
-            KVBlockManager(layout.num_kv_blocks, layout.block_size, enable_prefix_caching),
-            AdapterSlots(layout.num_adapter_slots))
-        self._eos = EosIds.resolve(self.tokenizer, self.engine.model_config.eos_token_ids)
+            max_model_len=layout.max_model_len, max_num_seqs=min(max_num_seqs, batch_tokens),
+            max_batch_tokens=batch_tokens,
+            block_size=layout.block_size,
+            enable_prefix_caching=enable_prefix_caching and not layout.engine_owns_kv_cache)
+        # The server's composition of an engine's planner, with the share that has no SLO; a backward
+        # iteration may take the whole depth of what inference leaves (offline, memory is the only bound).
+        planner = CoServingPolicyFactory(
+            ModelFingerprint(model_id_from_config(dataclasses.asdict(model_config)),
+                             engine_machine_id(device, self.engine.config.engine), layout.dtype),
+            share=ShareKind.FILL, max_backward_token_layers=batch_tokens * model_config.num_layers)
+        self.cluster = EngineCluster()
+        self.policy = self.cluster.add_engine(
+            ENGINE, lambda shared: planner(self.scheduler_config, layout, shared)).policy
+        self._eos = EosIds.resolve(self.tokenizer, model_config.eos_token_ids)
+        self.cluster.jobs.serve_rollouts(offline_grading(self.tokenizer), self._eos)
+        self.jobs = OfflineJobs(self.cluster.jobs)
         self._ids = itertools.count()
-        self._adapters = AdapterChecker(self.engine.model_config, layout.max_lora_rank)
-        self.jobs = OfflineJobs(self.policy.kv, self.policy.adapters,
-                                self.scheduler_config.max_batch_tokens,
-                                self.engine.model_config.num_layers)
-        self.core = EngineCore(self.policy, self.jobs)
+        self._adapters = AdapterChecker(model_config, layout.max_lora_rank)
         self._grammars = GrammarCheck()
-        self._rollouts: list[RolloutDriver] = []  # reinforcement jobs' rollout loops
 
     def get_tokenizer(self) -> object:
         return self.tokenizer
@@ -179,11 +188,11 @@ class LLM:
         added: list[str] = []
         try:
             for request in requests:
-                self.policy.add_request(request)
+                self.cluster.submit(request)
                 added.append(request.request_id)
         except ValueError:
             for request_id in added:
-                self.policy.abort(request_id)
+                self.cluster.abort(request_id)
             raise
 
     def _prepare(self, prompt: PromptType, params: SamplingParams,
@@ -244,7 +253,7 @@ class LLM:
             max_len=self.scheduler_config.max_model_len, output_dir=output_dir,
             hyperparameters=_hyperparameters(hyperparameters), lora=_lora_settings(lora), seed=seed,
             base_model_name_or_path=self.engine.config.model, validation=validation, loss=loss)
-        return self.jobs.submit(prepared.spec, prepared.dataset.warnings).job_id
+        return self.jobs.submit(prepared.spec, prepared.dataset.warnings)
 
     def start_reinforcement(self, rows: Sequence[Mapping[str, Any]], grader: Mapping[str, Any], output_dir: str,
                             hyperparameters: HyperparameterRequest | Mapping[str, Any] | None = None,
@@ -265,7 +274,7 @@ class LLM:
             TooFewExamplesError: fewer than 10 rows.
             SettingsError: a bad row, grader or setting (`param` names it).
         """
-        from coserve.offline.reinforcement import offline_grading, prepare_reinforcement
+        from coserve.offline.reinforcement import prepare_reinforcement
 
         adapter_id = self.jobs.next_adapter_id()
         prepared = prepare_reinforcement(
@@ -275,15 +284,15 @@ class LLM:
             hyperparameters=_hyperparameters(hyperparameters), lora=_lora_settings(lora), seed=seed,
             samples=samples, max_tokens=max_tokens, loss=loss, base_model_name_or_path=self.engine.config.model,
             validation=validation, eval_interval=eval_interval)
-        job = self.jobs.submit(prepared.spec)
-        self._rollouts.append(RolloutDriver(job, self._eos, offline_grading(self.tokenizer), self.policy.add_request,
-                                            self.policy.abort, job.fail))
-        return job.job_id
+        return self.jobs.submit(prepared.spec)
 
     def wait(self, job_id: str) -> FineTuneResult:
-        """Run iterations (with any queued inference) until the job ends; returns its result."""
-        job = self.jobs.job(job_id)
-        while not job.state.is_finished:
+        """Run iterations (with any queued inference) until the job ends; returns its result. A job that no
+        iteration can start (it waits for a placement the engine cannot give: `ClusterJobs`) fails, saying why."""
+        while not self.jobs.ended(job_id):
+            if not self.cluster.has_work(ENGINE) and self.cluster.jobs.waiting_reason(job_id) is not None:
+                self.jobs.give_up(job_id)
+                break
             self._iteration({})
         return self.jobs.result(job_id)
 
@@ -298,7 +307,7 @@ class LLM:
 
     def _run_to_completion(self, tracked: list[_Run]) -> None:
         by_id = {t.request.request_id: t for t in tracked}
-        while self.core.has_work():
+        while self.cluster.has_work(ENGINE):
             self._iteration(by_id)
 
     def step(self) -> None:
@@ -308,26 +317,19 @@ class LLM:
 
     def _iteration(self, by_id: dict[str, _Run]) -> None:
         """One iteration: inference first, fine-tuning in what is left, then the outputs."""
-        step = self.core.step(self.engine)
+        step = self.cluster.step(ENGINE, self.engine)
         for fault in step.result.faults:  # a request the engine could not run ends alone (aborted)
             logger.warning("request %s failed: %s", fault.request_id, fault.message)
-            self.policy.abort(fault.request_id)
         logprobs = step.logprobs()
         for request in step.advanced:
             item = by_id.get(request.request_id)
             if item is not None:
                 self._on_token(item, logprobs.get(request.request_id))
-        for driver in self._rollouts:
-            driver.advance(step)
-            self.jobs.add_events(driver.pop_events())
-            for notice in driver.notices:
-                logger.warning("fine-tuning job %s: %s", driver.job.job_id, notice)
-            driver.notices.clear()
 
     def _on_token(self, item: _Run, lp: TokenLogprobs | None) -> None:
         item.output.add(item.request.output_token_ids[-1:], None if lp is None else [lp])
         if item.output.stopped and not item.request.is_finished:
-            self.policy.abort(item.request.request_id, RequestStatus.FINISHED_STOPPED)
+            self.cluster.abort(item.request.request_id, RequestStatus.FINISHED_STOPPED)
 
     def _request_output(self, request_id: str, prompt: str | None,
                         tracked: list[_Run]) -> RequestOutput:

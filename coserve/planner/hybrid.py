@@ -84,6 +84,7 @@ class HybridShare:
     label = "hybrid share"
     hosts_jobs = True
     floor_applies = True
+    learns_latency = True
     kv_fraction = None
 
     def __init__(self) -> None:

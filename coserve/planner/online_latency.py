@@ -23,11 +23,14 @@ class OnlineLatency:
     Args:
         config: the SLOs and limits (for the decode-batch check).
         model: the iteration latency model (refined online, through its `SampleGuard`).
+        learn: False for a policy with no SLO (`FinetuneShare.learns_latency`): the model is kept as it
+            is and no SLO is checked.
     """
 
-    def __init__(self, config: CoServingConfig, model: LatencyModel) -> None:
+    def __init__(self, config: CoServingConfig, model: LatencyModel, learn: bool = True) -> None:
         self._config = config
         self.model = model
+        self._learn = learn
         self._planned: dict[int, PlanFeatures] = {}  # step id -> features, until its result
         # Measured / predicted time of iterations with fine-tuning work (moving average): what the
         # latency model's fit leaves as bias at the operating point (missing nonlinear terms, a slow
@@ -37,8 +40,9 @@ class OnlineLatency:
         self.slo_warning: str | None = None  # set when the SLO cannot hold for a full decode batch
         # Decode iterations a model learned online measures before the SLO check runs again (0: never;
         # a fitted or loaded model was checked at construction).
-        self._unchecked_decode_samples = 0 if model.trusted else model.guard.warmup_samples
-        self._check_decode_batch_fits()
+        self._unchecked_decode_samples = 0 if model.trusted or not learn else model.guard.warmup_samples
+        if learn:
+            self._check_decode_batch_fits()
 
     def _check_decode_batch_fits(self) -> None:
         """Warn (`slo_warning`, logged) when one decode, or a full batch of them, already breaks the SLO
@@ -61,7 +65,8 @@ class OnlineLatency:
 
     def planned(self, step_id: int, features: PlanFeatures) -> None:
         """Remember what the plan `step_id` holds until its result comes."""
-        self._planned[step_id] = features
+        if self._learn:
+            self._planned[step_id] = features
 
     def observe(self, plan: IterationPlan, result: IterationResult) -> None:
         """Learn from the plan's measured time (plans of another policy's, or unmeasured, are skipped)."""

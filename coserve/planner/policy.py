@@ -101,7 +101,7 @@ class CoServingPolicy:
                                              kv_reserve=self._kv_reserve)
         self._floor = FinetuneFloor(config.finetune_min_share, config.min_piece_tokens,
                                     config.scheduler.max_batch_tokens, config.max_backward_token_layers)
-        self._latency = OnlineLatency(config, latency)
+        self._latency = OnlineLatency(config, latency, share.learns_latency)
 
     def _waiting_has(self, tenant: str) -> bool:
         return self._order.queue.has_tenant(tenant)

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.planner.dynamic_temporal import dynamic_temporal_share
+from coserve.planner.fill import FillShare
 from coserve.planner.hybrid import HybridShare
 from coserve.planner.latency import LatencyModel
 from coserve.planner.policy import CoServingPolicy
@@ -29,13 +30,14 @@ from coserve.tenancy.shared_vtc import SharedVtc
 
 
 class ShareKind(enum.Enum):
-    """The fine-tuning share strategies (`finetune_share`)."""
+    """The fine-tuning share strategies (`strategy.FinetuneShare`)."""
 
     HYBRID = "hybrid"  # what the latency model says fits under the TPOT SLO (the default)
     TEMPORAL = "temporal"  # a fine-tuning iteration every `inference_iterations`
     DYNAMIC_TEMPORAL = "dynamic-temporal"  # FlexLLM Algorithm 3's adaptive interval
     STATIC_SPLIT = "static-split"  # `finetune_fraction` of every iteration and of the KV cache
     NONE = "none"  # inference only; no jobs
+    FILL = "fill"  # no SLO: what inference leaves of each iteration (the offline `LLM`)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,6 +59,7 @@ SHARE_FACTORIES: Mapping[ShareKind, ShareFactory] = MappingProxyType({
     ShareKind.DYNAMIC_TEMPORAL: lambda config, options: dynamic_temporal_share(),
     ShareKind.STATIC_SPLIT: lambda config, options: StaticSplitShare(config, options.finetune_fraction),
     ShareKind.NONE: lambda config, options: NoFinetuneShare(),
+    ShareKind.FILL: lambda config, options: FillShare(),
 })
 
 

@@ -66,6 +66,7 @@ class StaticSplitShare:
 
     hosts_jobs = True
     floor_applies = True
+    learns_latency = True
     watcher = IGNORE_REQUESTS
 
     def __init__(self, config: CoServingConfig, finetune_fraction: float = DEFAULT_FINETUNE_FRACTION) -> None:

@@ -8,6 +8,7 @@ through this small protocol, reading the policy through `ShareContext`:
 * `hybrid.HybridShare`: what the latency model says fits under the TPOT SLO (the default);
 * `temporal.TurnTakingShare`: whole iterations in turns (fixed interval, or FlexLLM's dynamic one);
 * `static_split.StaticSplitShare`: a fixed fraction of every iteration (and of the KV cache);
+* `fill.FillShare`: what inference leaves of every iteration, with no SLO (the offline `LLM`);
 * `NoFinetuneShare`: none (inference only; the policy hosts no jobs).
 
 `share_kinds` builds them by name.
@@ -109,12 +110,15 @@ class FinetuneShare(Protocol):
             range as `finetune_kv`, and inference never takes its blocks); None: fine-tuning borrows
             inference's blocks, and gives them back when inference needs them.
         watcher: what it follows of the requests.
+        learns_latency: whether the policy keeps learning the iteration latency model (and warns when the
+            TPOT SLO cannot hold); a share with no SLO neither reads nor needs it.
     """
 
     label: str
     hosts_jobs: bool
     floor_applies: bool
     watcher: RequestWatcher
+    learns_latency: bool
 
     @property
     def kv_fraction(self) -> float | None: ...  # read-only: a share that never splits says None
@@ -140,6 +144,7 @@ class NoFinetuneShare:
     floor_applies = False
     kv_fraction = None
     watcher = IGNORE_REQUESTS
+    learns_latency = True
 
     def begin_iteration(self, ctx: ShareContext) -> bool:
         return True

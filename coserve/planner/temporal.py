@@ -40,6 +40,7 @@ class TurnTakingShare:
     # Turns give fine-tuning whole iterations by construction (at least one every n, and every one
     # without inference): a floor piece inside an inference turn would break the baseline's contract.
     floor_applies = False
+    learns_latency = True
     kv_fraction = None
 
     def __init__(self, turns: TurnSchedule, label: str, watcher: RequestWatcher = IGNORE_REQUESTS) -> None:

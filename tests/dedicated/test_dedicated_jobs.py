@@ -41,7 +41,7 @@ def _manager(store: MetadataStore, llm: LLM, data_dir: Path, dedicated: Dedicate
     settings = FineTuningSettings(base_model_id=BASE, base_model_path=llm.engine.config.model, data_dir=data_dir,
                                   num_layers=llm.engine.model_config.num_layers, max_model_len=256,
                                   stall_after_s=1.0, dedicated=dedicated)
-    return JobManager(store, llm.jobs.host, llm.get_tokenizer(), settings,
+    return JobManager(store, llm.cluster.jobs, llm.get_tokenizer(), settings,
                       dedicated=DedicatedJobs(dedicated, store, llm.engine.config.model, data_dir))
 
 

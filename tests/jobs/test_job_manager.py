@@ -42,7 +42,7 @@ def _manager(store: MetadataStore, llm: LLM, data_dir: Path, tokenizer: Any = No
     settings = FineTuningSettings(base_model_id=BASE, base_model_path=llm.engine.config.model,
                                   data_dir=data_dir, num_layers=llm.engine.model_config.num_layers,
                                   max_model_len=256)
-    return JobManager(store, llm.jobs.host, tokenizer or llm.get_tokenizer(), settings,
+    return JobManager(store, llm.cluster.jobs, tokenizer or llm.get_tokenizer(), settings,
                       {name: t.limits for name, t in TENANTS.tenants.items()})
 
 
@@ -145,13 +145,13 @@ def test_pause_resume_cancel_and_bad_requests(llama_dir: Path, store: MetadataSt
     _run(manager, llm, iterations=30)
     service.pause("acme", job_id)
     _run(manager, llm, iterations=3)
-    tokens = llm.jobs.host.get(job_id).position
+    tokens = llm.cluster.jobs.get(job_id).position
     _run(manager, llm, iterations=30)
-    assert llm.jobs.host.get(job_id).position == tokens  # no progress while paused
+    assert llm.cluster.jobs.get(job_id).position == tokens  # no progress while paused
     assert not llm.engine.training.sequences  # the sequence in flight was dropped
     service.resume("acme", job_id)
     _run(manager, llm, iterations=20)
-    assert llm.jobs.host.get(job_id).position != tokens
+    assert llm.cluster.jobs.get(job_id).position != tokens
     assert store.jobs.get("acme", job_id).status == JobStatus.RUNNING
 
     # A second job fills acme's limit of two; a third is refused with 429.
@@ -341,7 +341,7 @@ def test_a_job_whose_preparation_raises_fails_alone_and_the_pass_goes_on(llama_d
         events, _ = store.events.page("globex", job_id, limit=10)
         assert events[0].level == "error" and events[0].message == f"Job failed: {job.error['message']}"
     llm.step()
-    assert llm.jobs.host.get(paused).state is JobState.PAUSED
+    assert llm.cluster.jobs.get(paused).state is JobState.PAUSED
     manager.record_events()
     assert store.jobs.get("acme", cancelled).status == JobStatus.CANCELLED
 
@@ -390,7 +390,8 @@ def test_pauses_and_cancels_are_applied_while_a_big_file_is_prepared(llama_dir: 
         loop = asyncio.create_task(manager.run(lambda: None, lambda: status(slow, "globex").is_terminal))
         steps = [(lambda: status(victim) == JobStatus.RUNNING and status(cancelled) == JobStatus.RUNNING,
                   lambda: (service.pause("acme", victim), service.cancel("acme", cancelled))),
-                 (lambda: llm.jobs.host.get(victim).state is JobState.PAUSED and llm.jobs.host.get(cancelled) is None,
+                 (lambda: llm.cluster.jobs.get(victim).state is JobState.PAUSED
+                  and llm.cluster.jobs.get(cancelled) is None,
                   release.set)]
         for _ in range(2000):
             llm.step()

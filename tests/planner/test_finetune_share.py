@@ -158,6 +158,7 @@ class RecordingShare:
     hosts_jobs = True
     floor_applies = False
     kv_fraction = None
+    learns_latency = True
 
     def __init__(self) -> None:
         self.calls: list[str] = []
