@@ -1,3 +1,7 @@
-"""The processes' shells, plain classes wrapped by Ray in cluster mode and used in-process in local mode: the
-scheduler actor (admission, token streams, its iteration loops, its fine-tuning side), the engine actor and its
-supervisor, the gateway's scheduler client. Imported by the server, the CLI and the benchmarks only."""
+"""The processes' shells: the scheduler actor and its parts, the engine actor and supervisor, the client.
+Imported by: server, bench, cli.
+
+Plain classes, wrapped by Ray in cluster mode and used in-process in local mode: the scheduler actor
+(`scheduler_actor.py`: admission, token streams, its engines' iteration loops; its fine-tuning side
+`fine_tuning.py`; how a failed step ends its work `step_faults.py`; metrics), the engine actor and its
+supervisor, and the gateway's scheduler client (`client.py`)."""

@@ -1,3 +1,2 @@
-"""Which engine executes the plans: the registry of backends (`EngineKind` -> its builder), above both engines
-(`torch_engine/`, `vllm/`), neither of which imports the other. Imported by whoever builds an engine: the
-engine actor, the offline `LLM`, the benchmarks."""
+"""Which engine executes the plans: the registry of backends, above both engines.
+Imported by: actors, offline, bench."""

@@ -1,1 +1,2 @@
-"""Benchmarks shipped with coserve: `coserve bench trainer`, `coserve bench co-serving`."""
+"""Benchmarks shipped with coserve: `coserve bench trainer`, `coserve bench co-serving`, profiler, simulator.
+Imported by: cli."""

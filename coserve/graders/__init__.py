@@ -1,2 +1,2 @@
-"""OpenAI's graders, run in-process: templates, string checks, text similarity (maintained metric libraries)
-and multi-grader formulas. Pure Python, no torch."""
+"""OpenAI's graders, run in-process: templates, checks, similarity, formulas, sandboxed python, rollouts.
+Imported by: jobs, api, actors, offline, server, bench."""

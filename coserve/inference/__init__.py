@@ -1,4 +1,7 @@
-"""Inference as one engine's planner sees it: requests and their states, the inference planner (continuous
-batching under a token budget, chunked prefill, admission order: VTC, the TTFT guard, fan-outs), KV block and
-adapter slot bookkeeping, and the invariants every plan holds. Pure Python: it decides, the engine executes.
-Imports contract and tenancy; imported by finetune, the planner, the cluster and the offline `LLM`."""
+"""Inference as one engine's planner sees it: requests, the inference planner, KV blocks, adapter slots.
+Imported by: finetune, planner, cluster, actors, offline, bench.
+
+Requests and their states (`request.py`, `request_book.py`), the inference planner (`planner.py`:
+continuous batching under a token budget, chunked prefill) and its admission order (`admission_order.py`: VTC,
+the TTFT guard, fan-outs), KV blocks and adapter slots, and the invariants every plan holds. Pure Python: it
+decides, the engine executes."""

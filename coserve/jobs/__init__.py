@@ -1,4 +1,8 @@
-"""A fine-tuning job's lifecycle on the scheduler's side: its data prepared (rows -> tokenized, loss-masked
-examples), validated, started, resumed, watched, its events recorded and its failures reported, and the
-dedicated runs it may go to. Imports the packages below it (contract, tenancy, store, frontend, graders,
-finetune); imported by the scheduler actor, the offline `LLM`, the server and the benchmarks."""
+"""A fine-tuning job's lifecycle on the scheduler's side: its data, validation, start, resume, events, watchdog.
+Imported by: actors, offline, bench.
+
+The job manager (`manager.py`) keeps the runners' jobs in line with the store: a job's files read and
+tokenized (`training_data.py`, `preference_data.py`, `reinforcement_data.py`, `prepared_job.py`) and checked
+(`preparation.py`, `storage.py`), resumed from its checkpoint (`resume.py`), its events recorded (`events.py`)
+and its failures reported (`failures.py`), watched (`watchdog.py`); large jobs go to dedicated Ray Train runs
+(`dedicated_jobs.py`, `dedicated_job.py`, `leftover_groups.py`). Torch-free."""

@@ -1,3 +1,3 @@
-"""A model as coserve reads it: `config.json`, safetensors weights in the fused layout, the tokenizer the
-gateway rebuilds, PEFT adapter folders checked without torch, known real models (`coserve model fetch`),
-GGUF import, and the tiny random models of the tests and the demo."""
+"""A model as coserve reads it: config, safetensors weights, tokenizer, PEFT folders, known models, GGUF.
+Imported by: forward, trainer, frontend, dedicated, torch_engine, vllm, backends, actors, offline, server, bench, cli.
+"""

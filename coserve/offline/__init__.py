@@ -1,3 +1,2 @@
-"""The offline API, shaped like vLLM's: `LLM` (generate, chat, fine-tune in one process, no server),
-`LoRARequest`, the output objects, and `coserve demo`. `from coserve import LLM, SamplingParams,
-LoRARequest` re-exports them."""
+"""The offline API, shaped like vLLM's: `LLM` (a cluster of one engine), `LoRARequest`, outputs, the demo.
+Imported by: cli (and `coserve` itself)."""

@@ -1,2 +1,2 @@
-"""A coserve server built from its settings: `options` (`ServeOptions`, the flags of `coserve serve`)
-and `assembly` (the gateway, scheduler and engine wired in one process or on Ray)."""
+"""A coserve server built from its settings: `ServeOptions`, and the assembly in one process or on Ray.
+Imported by: cli."""

@@ -1,4 +1,5 @@
-"""The metadata store: files, fine-tuning jobs, events, checkpoints and models in one SQLite file."""
+"""The metadata store: files, jobs, events, checkpoints, models and stored responses in one SQLite file.
+Imported by: jobs, api, actors, server."""
 
 from coserve.store.records import (
                                           ALLOWED_TRANSITIONS,

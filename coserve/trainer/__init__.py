@@ -1,5 +1,5 @@
-"""Token-level LoRA fine-tuning: trainable adapters, the windowed exact forward/backward, the loss,
-the optimizer step and checkpoints."""
+"""Token-level LoRA fine-tuning on the engine: adapters, the windowed forward/backward, losses, steps.
+Imported by: torch_engine, vllm, dedicated, bench."""
 
 from coserve.contract.data_position import DataPosition
 from coserve.trainer.checkpoint import load_checkpoint, save_checkpoint
