@@ -63,7 +63,8 @@ test-slow: venv sandbox
 # models; no server, Ray, real model, vLLM or GPU (the tiers: tests/tiers.py).
 FAST_TESTS := tests/contract tests/inference tests/finetune tests/planner tests/cluster tests/tenancy tests/jobs \
 	tests/structured tests/tools tests/forward tests/torch_engine tests/trainer tests/model tests/frontend tests/graders \
-	tests/test_package_graph.py tests/test_import_cycles.py tests/test_suite_guards.py
+	tests/test_package_graph.py tests/test_import_cycles.py tests/test_suite_guards.py tests/test_docstring_names.py \
+	tests/test_file_sizes.py
 test-fast: venv
 	$(PY) -m pytest -q -m "not (ray or real_model or vllm or slow or gpu)" $(FAST_TESTS)
 
