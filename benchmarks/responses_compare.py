@@ -63,23 +63,25 @@ def case_items_second_turn(oa: openai.OpenAI, model: str) -> str:
 
 
 def case_stream(oa: openai.OpenAI, model: str) -> str:
-    with oa.responses.stream(model=model, input="Count to three.", max_output_tokens=12, temperature=0) as stream:
-        numbers = [event.sequence_number for event in stream]
+    with oa.responses.stream(model=model, input="What is the capital of France?", max_output_tokens=64,
+                             temperature=0) as stream:
+        events = list(stream)
         final = stream.get_final_response()
+    numbers = [event.sequence_number for event in events]
     assert numbers == sorted(numbers) and final.output_text
-    return f"{len(numbers)} events, get_final_response()"
+    return f"{len(numbers)} events in order, get_final_response()"
 
 
 def case_parse(oa: openai.OpenAI, model: str) -> str:
     parsed = oa.responses.parse(model=model, input="Weather in Paris as JSON.", text_format=Report,
-                                max_output_tokens=60, temperature=0)
+                                max_output_tokens=200, temperature=0)
     assert isinstance(parsed.output_parsed, Report)
     return f"{parsed.output_parsed}"
 
 
 def case_forced_call(oa: openai.OpenAI, model: str) -> str:
     reply = oa.responses.create(model=model, input="Weather in Paris?", tools=[WEATHER], tool_choice="required",
-                                max_output_tokens=40, temperature=0)
+                                parallel_tool_calls=False, max_output_tokens=40, temperature=0)
     calls = [o for o in reply.output if o.type == "function_call"]
     assert calls and json.loads(calls[0].arguments), [o.type for o in reply.output]
     return f"{calls[0].name}({calls[0].arguments})"
@@ -87,7 +89,7 @@ def case_forced_call(oa: openai.OpenAI, model: str) -> str:
 
 def case_streamed_call(oa: openai.OpenAI, model: str) -> str:
     with oa.responses.stream(model=model, input="Weather in Paris?", tools=[WEATHER], tool_choice="required",
-                             max_output_tokens=40, temperature=0) as stream:
+                             parallel_tool_calls=False, max_output_tokens=40, temperature=0) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
     assert "response.function_call_arguments.done" in kinds and final.output[0].type == "function_call", \
@@ -98,7 +100,7 @@ def case_streamed_call(oa: openai.OpenAI, model: str) -> str:
 
 def case_chain_with_tools(oa: openai.OpenAI, model: str) -> str:
     first = oa.responses.create(model=model, input="Weather in Paris?", tools=[WEATHER], tool_choice="required",
-                                max_output_tokens=40, temperature=0)
+                                parallel_tool_calls=False, max_output_tokens=40, temperature=0)
     call = next(o for o in first.output if o.type == "function_call")
     output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
     second = oa.responses.create(model=model, input=[output], previous_response_id=first.id, tools=[WEATHER],
@@ -184,7 +186,8 @@ def vllm_server(model: Path) -> Iterator[str]:
     env = {**os.environ, "VLLM_ENABLE_RESPONSES_API_STORE": "1", "OMP_NUM_THREADS": "2"}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", "float32",
            "--chat-template", str(TEMPLATE), "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-           "--max-model-len", "2048", "--port", str(port), "--api-key", KEY, "--served-model-name", model.name]
+           "--max-model-len", "2048", "--kv-cache-memory-bytes", str(2**30), "--port", str(port), "--api-key", KEY,
+           "--served-model-name", model.name]
     log = open(Path(tempfile.gettempdir()) / f"vllm-compare-{port}.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
