@@ -35,6 +35,11 @@ class Report(pydantic.BaseModel):
     weather: str
 
 
+class Capital(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=24)
+    country: str = pydantic.Field(max_length=24)
+
+
 def _agent(srv: LocalServer, called: list[str]) -> Any:
     from agents import Agent, ModelSettings, OpenAIResponsesModel, function_tool, set_tracing_disabled
 
@@ -100,3 +105,31 @@ def test_auto_tools_are_served_with_the_template(smol: LocalServer) -> None:
     assert reply.status in ("completed", "incomplete") and reply.output
     assert all(item.type in ("message", "function_call") for item in reply.output)
     assert not any("<tool_call>" in item.content[0].text for item in reply.output if item.type == "message")
+
+
+def test_the_official_clients_calls_on_smollm2(smol: LocalServer) -> None:
+    """create, stream + get_final_response, parse, retrieve, input_items, a continuation, delete, and a
+    background response cancelled, on the real model."""
+    oa = openai.OpenAI(base_url=f"{smol.url}/v1", api_key=KEY, max_retries=0, timeout=600)
+    first = oa.responses.create(model=smol.base, input="What is the capital of France?", max_output_tokens=12,
+                                temperature=0)
+    assert "Paris" in first.output_text
+    with oa.responses.stream(model=smol.base, input="What is the capital of France?", max_output_tokens=12,
+                             temperature=0) as stream:
+        deltas = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert deltas == final.output_text == first.output_text
+    parsed = oa.responses.parse(model=smol.base, input="The capital of France, as JSON.", text_format=Capital,
+                                max_output_tokens=60, temperature=0)
+    assert isinstance(parsed.output_parsed, Capital) and parsed.output_parsed.city
+    follow = oa.responses.create(model=smol.base, input="And of Italy?", previous_response_id=first.id,
+                                 max_output_tokens=12, temperature=0)
+    assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 16
+    assert oa.responses.retrieve(follow.id).output_text == follow.output_text
+    assert [item.type for item in oa.responses.input_items.list(follow.id).data] == ["message"]
+    oa.responses.delete(follow.id)
+    with pytest.raises(openai.NotFoundError, match="was deleted"):
+        oa.responses.retrieve(follow.id)
+    queued = oa.responses.create(model=smol.base, input="Tell me a long story.", background=True,
+                                 max_output_tokens=500)
+    assert oa.responses.cancel(queued.id).status == "cancelled"
