@@ -1,9 +1,11 @@
-"""The JSON of training files, read one strict way at upload and again when a job is prepared.
+"""The JSON of training files, read one strict way: at upload, once.
 
-The gateway checks an upload with it (`api/protocol/files.py`: a 400 naming the line) and the job manager
-reads the rows back with it (`jobs/preparation.py`), so a file either side accepts, the other reads
-the same: lines split on "\\n" only (not on the other line breaks `str.splitlines` knows, such as U+2028
-inside a string), a byte-order mark allowed on the first line, blank lines skipped but counted.
+The gateway checks an upload with it (`api/protocol/files.py`: a 400 naming the line) and keeps what it read
+(`training_rows.ParsedTrainingFile`), which later steps read instead of the bytes; the job manager reads with
+it only a file stored before the server kept its parsed rows (`jobs/preparation.py`), so a file either side
+accepts, the other reads the same: lines split on "\\n" only (not on the other line breaks
+`str.splitlines` knows, such as U+2028 inside a string), a byte-order mark allowed on the first line, blank
+lines skipped but counted.
 
 Refused, each with a phrase saying why (`JsonTextError`, `RowError` adding the 1-based line):
 

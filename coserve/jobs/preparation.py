@@ -15,6 +15,7 @@ from typing import Any
 
 from coserve.contract.job_request import JobRequest
 from coserve.contract.training_jsonl import RowError, read_rows
+from coserve.contract.training_rows import ParsedTrainingFile
 from coserve.contract.training_settings import LoRASettings
 from coserve.finetune.dedicated import DedicatedSettings
 from coserve.jobs.dedicated_jobs import route_job
@@ -112,9 +113,13 @@ class JobPreparation:
         return prepared
 
     def _rows(self, record: JobRecord, file_id: str, param: str) -> list[Any]:
-        """The rows of one of the job's files, read as strictly as at upload (a file stored before a check
-        existed fails the job naming the line)."""
+        """The rows of one of the job's files, as the gateway parsed them at upload (`contract.training_rows`);
+        a file stored before the server kept them (a job created before too) is read as strictly as at upload
+        (one stored before a check existed fails the job naming the line)."""
         code = f"invalid_{param}"
+        parsed = self._store.files.parsed(record.tenant, file_id)
+        if parsed is not None:
+            return ParsedTrainingFile.from_bytes(parsed).rows
         content = self._store.files.content(record.tenant, file_id)
         if content is None:
             raise JobRefused(f"the {param.replace('_', ' ')} {file_id} no longer exists", code, param)

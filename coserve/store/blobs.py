@@ -18,6 +18,10 @@ ORPHAN_GRACE_S = 600.0
 row (a write waits at most `schema.BUSY_TIMEOUT_S` for the database)."""
 
 
+PARSED_SUFFIX = ".parsed.json"
+"""The parsed form of a file (a training file's rows, `contract.training_rows`) lies beside its bytes."""
+
+
 class BlobDir:
     """A folder of immutable blobs named by file id.
 
@@ -29,19 +33,19 @@ class BlobDir:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
 
-    def path(self, file_id: str) -> Path:
-        """Where the bytes of `file_id` live.
+    def path(self, file_id: str, parsed: bool = False) -> Path:
+        """Where the bytes of `file_id` live (`parsed`: the parsed form kept beside them).
 
         Raises:
             ValueError: `file_id` is not a store-generated file id.
         """
         if not (is_generated_id(file_id) and file_id.startswith("file-")):
             raise ValueError(f"not a file id: {file_id!r}")
-        return self.root / file_id
+        return self.root / (file_id + PARSED_SUFFIX if parsed else file_id)
 
-    def write(self, file_id: str, content: bytes) -> None:
+    def write(self, file_id: str, content: bytes, parsed: bool = False) -> None:
         """Write `content` durably: after this returns, a crash leaves either all of it or nothing."""
-        final = self.path(file_id)
+        final = self.path(file_id, parsed)
         tmp = final.with_name(final.name + _TMP_SUFFIX)
         with open(tmp, "wb") as handle:
             handle.write(content)
@@ -50,12 +54,13 @@ class BlobDir:
         os.replace(tmp, final)
         self._sync_dir()
 
-    def read(self, file_id: str) -> bytes:
-        """The bytes of `file_id` (FileNotFoundError if they are gone)."""
-        return self.path(file_id).read_bytes()
+    def read(self, file_id: str, parsed: bool = False) -> bytes:
+        """The bytes of `file_id`, or its parsed form (FileNotFoundError if they are gone)."""
+        return self.path(file_id, parsed).read_bytes()
 
     def remove(self, file_id: str) -> None:
-        """Delete the bytes of `file_id`; missing bytes are not an error."""
+        """Delete the bytes of `file_id` and its parsed form; missing ones are not an error."""
+        self.path(file_id, parsed=True).unlink(missing_ok=True)
         self.path(file_id).unlink(missing_ok=True)
 
     def sweep(self, live_ids: Iterable[str], grace_s: float = ORPHAN_GRACE_S) -> list[str]:
@@ -64,7 +69,7 @@ class BlobDir:
         Only entries last written more than `grace_s` ago: another process with the store open may be
         between writing an upload's bytes and committing its row (`live_ids` was read before that commit).
         """
-        keep = set(live_ids)
+        keep = {name for file_id in live_ids for name in (file_id, file_id + PARSED_SUFFIX)}
         cutoff = time.time() - grace_s
         removed = []
         for entry in self.root.iterdir():

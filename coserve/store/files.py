@@ -1,4 +1,6 @@
-"""Uploaded files: the row in SQLite, the bytes in `<data_dir>/files/<file_id>`.
+"""Uploaded files: the row in SQLite, the bytes in `<data_dir>/files/<file_id>`, and a file's parsed form
+(what the gateway read of a training file at upload, so that no later step reads it again) beside them in
+`<file_id>.parsed.json`.
 
 Order of writes, so that a crash never serves half a file: bytes first (atomically, fsynced), then the
 row. A crash in between leaves bytes without a row, which nothing can reach and the next open removes.
@@ -22,7 +24,8 @@ class FileTable:
         self._db = db
 
     def create(self, tenant: str, filename: str, purpose: str, content: bytes,
-                    *, status: str = "processed", byte_budget: int | None = None) -> FileRecord:
+                    *, status: str = "processed", byte_budget: int | None = None,
+                    parsed: bytes | None = None) -> FileRecord:
         """Store `content` durably and record it as a file of `tenant`.
 
         Args:
@@ -34,6 +37,7 @@ class FileTable:
             byte_budget: the most the tenant's live files may hold together, this one included; checked
                 in the transaction that records it, so concurrent uploads cannot both take the last room
                 (None: no limit).
+            parsed: the content's parsed form, kept beside it (`parsed`); written before the row, as the bytes.
 
         Raises:
             ValueError: empty tenant or filename, filename longer than 512 characters, unknown purpose,
@@ -52,6 +56,8 @@ class FileTable:
                             filename=filename, purpose=purpose, status=status)
         # Outside the lock: a large upload must not stall every other call; the id is fresh, so no race.
         self._db.blobs.write(record.id, content)
+        if parsed is not None:
+            self._db.blobs.write(record.id, parsed, parsed=True)
         try:
             self._insert_file_row(record, byte_budget)
         except BaseException:
@@ -89,6 +95,23 @@ class FileTable:
         except FileNotFoundError:
             # Deleted by a concurrent `delete` after the row was read: it is gone for the caller too.
             return None
+
+    def parsed(self, tenant: str, file_id: str) -> bytes | None:
+        """The parsed form kept beside `tenant`'s file `file_id`; None when it has none (a file stored
+        before the server kept one) or `get` would return None."""
+        if self.get(tenant, file_id) is None:
+            return None
+        try:
+            return self._db.blobs.read(file_id, parsed=True)
+        except FileNotFoundError:
+            return None
+
+    def keep_parsed(self, tenant: str, file_id: str, parsed: bytes) -> bool:
+        """Keep the parsed form of a file stored without one; False when `get` would return None."""
+        if self.get(tenant, file_id) is None:
+            return False
+        self._db.blobs.write(file_id, parsed, parsed=True)
+        return True
 
     def page(self, tenant: str, *, after: str | None = None, limit: int = 10_000,
                    newest_first: bool = True, purpose: str | None = None) -> tuple[list[FileRecord], bool]:

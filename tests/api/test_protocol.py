@@ -29,7 +29,6 @@ from coserve.api.protocol.files import (
     FileDeleted,
     FileList,
     FileObject,
-    TrainingFileKind,
     validate_finetune_jsonl,
 )
 from coserve.api.protocol.fine_tuning import (
@@ -44,6 +43,7 @@ from coserve.api.protocol.fine_tuning import (
 )
 from coserve.api.protocol.models import Model, ModelDeleted, ModelList
 from coserve.contract.training_jsonl import read_rows
+from coserve.contract.training_rows import TrainingFileKind
 
 USER = {"role": "user", "content": "hi"}
 

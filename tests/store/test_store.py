@@ -142,6 +142,28 @@ def test_crash_after_bytes_before_row_is_swept_on_reopen(tmp_path: Path) -> None
         assert store.files.page("acme") == ([kept], False)
 
 
+def test_a_files_parsed_form_lives_and_goes_with_it(tmp_path: Path) -> None:
+    """The parsed form beside a file's bytes: read back, kept for a file stored without one, removed with the
+    file, and swept as an orphan once its file is gone (a crash between the two removals)."""
+    with MetadataStore(tmp_path) as store:
+        parsed = store.files.create("acme", "train.jsonl", "fine-tune", TRAIN, parsed=b'{"rows": 1}')
+        older = store.files.create("acme", "old.jsonl", "fine-tune", TRAIN)
+        assert store.files.parsed("acme", parsed.id) == b'{"rows": 1}'
+        assert store.files.parsed("acme", older.id) is None and store.files.parsed("globex", parsed.id) is None
+        assert store.files.keep_parsed("acme", older.id, b'{"rows": 2}')
+        assert not store.files.keep_parsed("globex", older.id, b"x")  # another tenant's file: nothing kept
+        assert store.files.parsed("acme", older.id) == b'{"rows": 2}'
+        assert store.files.delete("acme", parsed.id)
+        assert not (tmp_path / "files" / f"{parsed.id}.parsed.json").exists()
+        orphan = tmp_path / "files" / f"{'file-' + 'd' * 24}.parsed.json"
+        orphan.write_bytes(b"left by a crash")
+        old = time.time() - ORPHAN_GRACE_S - 1
+        os.utime(orphan, (old, old))
+    with MetadataStore(tmp_path) as store:
+        assert store.orphans_removed == [orphan.name]
+        assert store.files.parsed("acme", older.id) == b'{"rows": 2}'
+
+
 def test_blob_names_must_be_generated_file_ids(tmp_path: Path) -> None:
     blobs = BlobDir(tmp_path / "files")
     for bad in ("../metadata.sqlite3", "file-" + "A" * 24, "ftjob-" + "a" * 24, "file-abc"):

@@ -14,8 +14,6 @@ keys, the item fields a grader reads (`{{ item.answer }}`; any JSON). One file h
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field
@@ -24,6 +22,7 @@ from coserve.api.protocol.base import OpenAIBaseModel, ProtocolError, now
 from coserve.api.protocol.preference_rows import check_preference_row, is_preference_row
 from coserve.api.protocol.training_tools import check_tool_calls, check_tool_flow, check_tools
 from coserve.contract.training_jsonl import RowError, jsonl_rows
+from coserve.contract.training_rows import ParsedTrainingFile, TrainingFileKind
 
 FilePurpose = Literal["assistants", "assistants_output", "batch", "batch_output", "fine-tune",
                       "fine-tune-results", "vision", "user_data"]
@@ -175,20 +174,6 @@ def _check_reinforcement_row(example: dict[str, Any]) -> str | None:
     return None
 
 
-class TrainingFileKind(str, enum.Enum):
-    CHAT = "chat"  # `messages` rows: supervised fine-tuning
-    PREFERENCE = "preference"  # `input` / `preferred_output` / `non_preferred_output` rows: DPO
-    REINFORCEMENT = "reinforcement"  # `messages` ending with a user message, and item fields: reinforcement
-
-
-@dataclass(frozen=True, slots=True)
-class TrainingFile:
-    """What a valid fine-tuning file holds."""
-
-    num_examples: int
-    kind: TrainingFileKind
-
-
 def _check_row(example: Any) -> tuple[TrainingFileKind, str | None]:
     if is_preference_row(example):
         reason = check_preference_row(example, _check_message)
@@ -201,8 +186,9 @@ def _check_row(example: Any) -> tuple[TrainingFileKind, str | None]:
     return TrainingFileKind.CHAT, _check_example(example)
 
 
-def validate_finetune_jsonl(data: bytes) -> TrainingFile:
-    """Check a fine-tuning upload: its number of examples and their kind (every row of one kind).
+def validate_finetune_jsonl(data: bytes) -> ParsedTrainingFile:
+    """Parse and check a fine-tuning upload: its rows and their kind (every row of one kind), what later
+    steps read instead of the bytes (`contract.training_rows`).
 
     Blank lines (a trailing newline, say) are skipped but still counted in line numbers.
 
@@ -211,7 +197,8 @@ def validate_finetune_jsonl(data: bytes) -> TrainingFile:
             also when the file holds no example at all, or mixes kinds of rows. The minimum
             of 10 examples is checked when a job is created, as OpenAI does, not here.
     """
-    count, kind = 0, None
+    rows: list[Any] = []
+    kind = None
     try:
         for line_no, example in jsonl_rows(data):
             row_kind, reason = _check_row(example)
@@ -223,11 +210,11 @@ def validate_finetune_jsonl(data: bytes) -> TrainingFile:
                                          f"for DPO, reinforcement rows, whose messages end with the user's "
                                          f"prompt, for reinforcement)")
             kind = row_kind
-            count += 1
+            rows.append(example)
     except RowError as err:
         raise _bad_line(err.line, err.reason) from None
     if kind is None:
         raise ProtocolError("Invalid file format. The file contains no examples.", param="file",
                             code="invalid_file_format")
-    return TrainingFile(count, kind)
+    return ParsedTrainingFile(kind, rows)
 

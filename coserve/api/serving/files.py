@@ -22,8 +22,9 @@ from coserve.store import FileRecord, MetadataStore, StorageLimitError
 from coserve.tenancy.quotas import Refusal, TenantLimits
 from coserve.tenancy.storage_quota import admit_upload
 
-# What each purpose's content must satisfy, checked before anything is stored (raises ProtocolError).
-_CONTENT_CHECKS: dict[str, Callable[[bytes], object]] = {"fine-tune": validate_finetune_jsonl}
+# What each purpose's content must satisfy, checked before anything is stored (raises ProtocolError), and
+# the parsed form kept beside it: a training file is parsed here, once (`contract.training_rows`).
+_PARSERS: dict[str, Callable[[bytes], bytes]] = {"fine-tune": lambda data: validate_finetune_jsonl(data).to_bytes()}
 
 # Read uploads in pieces, so a body over the limit is refused after reading at most limit + 1 MiB.
 _CHUNK = 1024 * 1024
@@ -80,12 +81,11 @@ class FilesService:
             raise ProtocolError(f"Invalid 'purpose': {purpose!r} is not supported by this server "
                                 f"(supported: {supported}).", param="purpose", code="invalid_value")
         content = read_limited(stream, self.max_upload_bytes)
-        check = _CONTENT_CHECKS.get(purpose)
-        if check is not None:
-            check(content)
+        parse = _PARSERS.get(purpose)
+        parsed = None if parse is None else parse(content)
         budget = self._byte_budget(tenant, len(content))
         try:
-            record = self.store.files.create(tenant, filename, purpose, content, byte_budget=budget)
+            record = self.store.files.create(tenant, filename, purpose, content, byte_budget=budget, parsed=parsed)
         except StorageLimitError:
             # Another upload of the tenant took the room since `_byte_budget` measured it.
             raise storage_quota_error(self._refusal_now(tenant, len(content)), "file") from None

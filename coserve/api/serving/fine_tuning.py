@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from coserve.api.auth import Caller
 from coserve.api.protocol.base import ProtocolError
-from coserve.api.protocol.files import TrainingFileKind, validate_finetune_jsonl
+from coserve.api.protocol.files import validate_finetune_jsonl
 from coserve.api.protocol.fine_tuning import (
     CheckpointMetrics,
     FineTuningJob,
@@ -36,7 +36,7 @@ from coserve.api.protocol.fine_tuning import (
 from coserve.api.serving.job_request import GRADER_PARAM, DedicatedCapacity, grader_variables, job_request
 from coserve.api.serving.storage_errors import storage_quota_error, tenant_limits
 from coserve.contract.job_request import FineTuningMethod, JobRequest
-from coserve.contract.training_jsonl import read_rows
+from coserve.contract.training_rows import ParsedTrainingFile, TrainingFileKind
 from coserve.contract.training_settings import HYPERPARAMETERS, MIN_EXAMPLES, TooFewExamplesError, auto_n_epochs
 from coserve.graders.checks import Variable
 from coserve.graders.item_fields import missing_item_field
@@ -90,18 +90,22 @@ def to_checkpoint(record: CheckpointRecord) -> FineTuningJobCheckpoint:
                                    metrics=CheckpointMetrics(**metrics))
 
 
-def _check_item_fields(variables: list[Variable], content: bytes, param: str) -> None:
+def _check_item_fields(variables: list[Variable], parsed: ParsedTrainingFile, param: str) -> None:
     """Every row of the file (`param`) holds each `{{ item.* }}` value the grader reads.
 
     Raises:
         ProtocolError: 400 `invalid_grader` naming the first missing variable, the file and the row.
     """
-    for number, row in enumerate(read_rows(content), start=1):
+    for number, row in enumerate(parsed.rows, start=1):
         missing = missing_item_field(variables, row)
         if missing is not None:
             raise ProtocolError(f"the grader reads {missing}, and row {number} of the {param} has no such "
                                 f"value; give every row the fields the grader reads", param=GRADER_PARAM,
                                 code="invalid_grader")
+
+
+def _no_file(file_id: str, param: str) -> ProtocolError:
+    return ProtocolError(f"invalid {param}: no such file {file_id}", param=param, code="invalid_file")
 
 
 def _job_not_found(job_id: str) -> ProtocolError:
@@ -200,26 +204,37 @@ class FineTuningService:
         """The examples of a file the job trains (or validates) on, checked for the method (and, given the
         grader's `variables`, for the item fields it reads)."""
         record = self.store.files.get(tenant, file_id)
-        content = self.store.files.content(tenant, file_id) if record is not None else None
-        if record is None or content is None:
-            raise ProtocolError(f"invalid {param}: no such file {file_id}", param=param,
-                                code="invalid_file")
+        if record is None:
+            raise _no_file(file_id, param)
         if record.purpose != "fine-tune":
             raise ProtocolError(f"invalid {param}: file {file_id} has purpose '{record.purpose}', "
                                 f"not 'fine-tune'", param=param, code="invalid_file_purpose")
-        try:
-            summary = validate_finetune_jsonl(content)
-        except ProtocolError as err:
-            raise ProtocolError(f"invalid {param}: {err.message}", param=param,
-                                code="invalid_file_format") from None
+        summary = self._parsed(tenant, file_id, param)
         wanted = METHOD_FILES[method]
         if summary.kind != wanted:
             raise ProtocolError(f"invalid {param}: file {file_id} holds {summary.kind.value} rows, and a "
                                 f"{method.value} job trains on {wanted.value} rows", param=param,
                                 code="invalid_file_format")
         if variables:
-            _check_item_fields(variables, content, param)
+            _check_item_fields(variables, summary, param)
         return summary.num_examples
+
+    def _parsed(self, tenant: str, file_id: str, param: str) -> ParsedTrainingFile:
+        """The file as it was parsed at upload; a file uploaded before the server kept that is parsed now,
+        once, and kept so (the job manager reads it too)."""
+        stored = self.store.files.parsed(tenant, file_id)
+        if stored is not None:
+            return ParsedTrainingFile.from_bytes(stored)
+        content = self.store.files.content(tenant, file_id)
+        if content is None:  # deleted meanwhile
+            raise _no_file(file_id, param)
+        try:
+            parsed = validate_finetune_jsonl(content)
+        except ProtocolError as err:
+            raise ProtocolError(f"invalid {param}: {err.message}", param=param,
+                                code="invalid_file_format") from None
+        self.store.files.keep_parsed(tenant, file_id, parsed.to_bytes())
+        return parsed
 
     def _check_job_limit(self, tenant: str) -> None:
         """The tenant's concurrent-jobs quota (training tokens are checked once the file is tokenized)."""
