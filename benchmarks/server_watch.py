@@ -1,15 +1,30 @@
 """What a benchmark sees of a running server from the outside: the resident memory of its processes
-(the server and every process it started, summed; sampled every 0.5 s) and /health (polled every 0.2 s:
-failures and the slowest answer)."""
+(the server and every process it started, summed; sampled every 0.5 s) and /health (polled every 0.2 s
+from a process of its own, so that the benchmark's threads do not slow the poll: failures and the slowest
+answer)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+# The poller: one line per poll, "<1 if answered 200 else 0> <seconds>", until its stdin closes.
+POLLER = """
+import sys, threading, time, httpx
+url, done = sys.argv[1], threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+with httpx.Client(timeout=30) as http:
+    while not done.wait(0.2):
+        start = time.monotonic()
+        try:
+            ok = http.get(url).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        print(int(ok), time.monotonic() - start, flush=True)
+"""
 
 
 def _children(pid: int) -> list[tuple[int, int]]:
@@ -66,8 +81,10 @@ class ServerWatch:
         self._lock = threading.Lock()
         self._peak = 0.0
         self._polls, self._failures, self._slowest = 0, 0, 0.0
+        self._poller = subprocess.Popen([sys.executable, "-c", POLLER, f"{url}/health"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
         self._threads = [threading.Thread(target=self._sample_memory, daemon=True),
-                         threading.Thread(target=self._poll_health, daemon=True)]
+                         threading.Thread(target=self._read_health, daemon=True)]
         for thread in self._threads:
             thread.start()
 
@@ -88,6 +105,9 @@ class ServerWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        assert self._poller.stdin is not None
+        self._poller.stdin.close()
+        self._poller.wait(timeout=60)
         for thread in self._threads:
             thread.join()
 
@@ -97,15 +117,11 @@ class ServerWatch:
             with self._lock:
                 self._peak = max(self._peak, now)
 
-    def _poll_health(self) -> None:
-        with httpx.Client(timeout=30) as http:
-            while not self._stop.wait(0.2):
-                start = time.monotonic()
-                try:
-                    ok = http.get(f"{self._url}/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                with self._lock:
-                    self._polls += 1
-                    self._failures += not ok
-                    self._slowest = max(self._slowest, time.monotonic() - start)
+    def _read_health(self) -> None:
+        assert self._poller.stdout is not None
+        for line in self._poller.stdout:
+            ok, seconds = line.split()
+            with self._lock:
+                self._polls += 1
+                self._failures += ok != "1"
+                self._slowest = max(self._slowest, float(seconds))

@@ -136,7 +136,7 @@ def soak(args: argparse.Namespace, root: Path, model: str, vocab: int, quota: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=MODEL_DIR, help="model folder (default: the tiny model)")
     parser.add_argument("--ray", action="store_true", help="serve on Ray (default: --local)")
     parser.add_argument("--duration-s", type=float, default=180.0, help="the attack's length")
