@@ -1,11 +1,11 @@
-"""The attacker tenant of benchmarks/soak_tenants.py: every case of issue 45 in a loop, in three threads.
+"""The attacker tenant of benchmarks/soak_tenants.py: every case of issue 45 in a loop, in four threads.
 
 One thread sends the single requests of `coserve/bench/tenant_attacks.py` (python grader escapes, token
 ids past the vocabulary, a zstd bomb, huge CSR shapes, poisoned uploads, big powers, thousands of graders,
 ROUGE-L past its bound, names ending in a newline, telemetry past its caps, another tenant's file) one
 after another; one wakes its idle Tinker runs (more than the engine has adapter slots) all at once, again
-and again; one runs the flows of several calls: saves past its storage quota (their futures never read;
-the bytes on disk checked after), floods of `create_session` and `telemetry`, a DPO job on a poisoned
+and again; one saves past its storage quota (the futures never read; the bytes on disk checked once its
+run's next call is done); one floods `create_session` and `telemetry` and runs a DPO job on a poisoned
 file. After each setsid grader: whether its grandchild outlived it. Each answer is counted as
 `<status> <verdict>` per case."""
 
@@ -67,7 +67,7 @@ class Attacker:
         self.requests = {**escape_attacks(target, secrets), **openai_attacks(model, vocab, victim_file),
                          **tinker_attacks(self._run.model_id, vocab, zstd_bomb())}
         self._threads = [threading.Thread(target=self._loop, args=(loop,), daemon=True)
-                         for loop in (self._requests, self._flows, self._wake_idle_runs)]
+                         for loop in (self._requests, self._flows, self._wake_idle_runs, self._saves_past_quota)]
 
     def start(self) -> None:
         for thread in self._threads:
@@ -131,7 +131,7 @@ class Attacker:
                    "ESCAPED" if left else "contained", str(left) if left else "")
 
     def _flows(self) -> None:
-        for flow in (self._saves_past_quota, self._session_flood, self._telemetry_flood, self._dpo_job):
+        for flow in (self._session_flood, self._telemetry_flood, self._dpo_job):
             if self._stop.is_set():
                 return
             flow()
