@@ -38,9 +38,10 @@ class ParsedTrainingFile:
         return len(self.rows)
 
     def to_bytes(self) -> bytes:
-        """The stored form (ASCII JSON: any string the reader accepted round-trips exactly)."""
-        return json.dumps({"format": FORMAT, "kind": self.kind.value, "rows": self.rows},
-                          separators=(",", ":")).encode("ascii")
+        """The stored form: compact JSON in UTF-8, about the upload's own size (a lone surrogate a row's
+        escapes held is kept as such: any string the reader accepted round-trips exactly)."""
+        return json.dumps({"format": FORMAT, "kind": self.kind.value, "rows": self.rows}, ensure_ascii=False,
+                          separators=(",", ":")).encode("utf-8", "surrogatepass")
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ParsedTrainingFile:
@@ -49,7 +50,7 @@ class ParsedTrainingFile:
         Raises:
             ValueError: not a stored parsed file of this format.
         """
-        stored = json.loads(data)
+        stored = json.loads(data.decode("utf-8", "surrogatepass"))
         if not isinstance(stored, dict) or stored.get("format") != FORMAT or not isinstance(stored.get("rows"), list):
             raise ValueError("not a parsed training file of format 1")
         return cls(TrainingFileKind(stored["kind"]), stored["rows"])

@@ -10,7 +10,6 @@ from coserve.inference.adapter_slots import AdapterSlots
 from coserve.inference.kv_blocks import KVBlockManager
 from coserve.inference.planner import InferencePlanner
 from coserve.inference.scheduler_config import SchedulerConfig
-from coserve.offline.finetune import OfflineJobs
 from coserve.planner.share_kinds import ShareKind
 from coserve.tenancy.vtc import VirtualTokenCounter, VTCWeights
 from coserving_sim import BS, make_job, make_policy, make_request, step
@@ -76,13 +75,3 @@ def test_the_policy_reports_why_it_held_jobs_back_on_its_host() -> None:
     step(policy)
     assert policy.jobs.finetune_held_back is not None
     assert "predicted iteration" in policy.jobs.finetune_held_back
-
-
-def test_offline_fine_tuning_keeps_its_jobs_in_the_same_job_host() -> None:
-    offline = OfflineJobs(KVBlockManager(64, BS), AdapterSlots(2), max_batch_tokens=64, num_layers=4)
-    assert isinstance(offline.host, JobHost)
-    job = make_job(make_policy(), "j", "acme")
-    offline.host.add(job)  # as the server's JobManager adds one
-    plan = IterationPlan(step_id=0)
-    offline.schedule(plan)
-    assert plan.training.forward_tokens > 0 and job.last_planned_step == 0

@@ -36,6 +36,7 @@ def test_the_llm_plans_with_the_servers_planner_and_a_share_with_no_slo(llama_di
 
     llm.engine.step = recording  # type: ignore[method-assign]
     job_id = llm.start_fine_tune(EXAMPLES, str(tmp_path / "job"), {"n_epochs": 1, "batch_size": 4}, {"r": 4})
+    assert llm.policy.jobs is not None and llm.policy.jobs.get(job_id) is llm.jobs.job(job_id)  # the planner's host
     llm.generate(["The quick brown fox"] * 3, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     result = llm.wait(job_id)
     assert result.state is JobState.SUCCEEDED and result.adapter_path is not None
