@@ -57,6 +57,7 @@ class Attacker:
         self.key, self.tinker_key = keys
         self.answers: dict[str, Counter[str]] = {}
         self.examples: dict[str, dict[str, str]] = {}
+        self.timeline: list[tuple[float, float, str]] = []  # (start, end, case) of what it sent
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._http = httpx.Client(base_url=root, timeout=300)
         self._service = tinker.ServiceClient(base_url=f"{root}/tinker", api_key=self.tinker_key)
@@ -86,7 +87,7 @@ class Attacker:
         with self._lock:
             self.answers.setdefault(case, Counter())[f"{status} {kind}"] += 1
             if text:
-                self.examples.setdefault(case, {}).setdefault(status, text[:240])
+                self.examples.setdefault(case, {}).setdefault(f"{status} {kind}", text[:240])
 
     def _loop(self, round_: Callable[[], None]) -> None:
         while not self._stop.is_set():
@@ -111,8 +112,10 @@ class Attacker:
         for name, attack in self.requests.items():
             if self._stop.is_set():
                 return
+            start = time.monotonic()
             try:
                 answer = self.send(attack)
+                self.timeline.append((start, time.monotonic(), name))
             except httpx.HTTPError as error:
                 self._note(name, f"connection: {type(error).__name__}", "server_error", str(error))
                 continue
@@ -134,7 +137,9 @@ class Attacker:
         for flow in (self._session_flood, self._telemetry_flood, self._dpo_job):
             if self._stop.is_set():
                 return
+            start = time.monotonic()
             flow()
+            self.timeline.append((start, time.monotonic(), flow.__name__.strip("_")))
 
     def _failed(self, case: str, error: Exception) -> None:
         if isinstance(error, tinker.APIStatusError):
@@ -244,6 +249,10 @@ class Attacker:
             self._http.post(f"/v1/fine_tuning/jobs/{self._job}/cancel", headers=headers)
         self._http.delete(f"/v1/files/{self._job_file}", headers=headers)
         self._job = None
+
+    def in_flight(self, start: float, end: float) -> list[str]:
+        """The cases it was sending between `start` and `end` (the requests thread's and the floods')."""
+        return sorted({case for begun, ended, case in list(self.timeline) if begun < end and ended > start})
 
     def summary(self) -> dict[str, Any]:
         """Per case: its answers; the cases with an answer that is neither a refusal nor contained."""

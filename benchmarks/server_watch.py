@@ -11,7 +11,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-# The poller: one line per poll, "<1 if answered 200 else 0> <seconds>", until its stdin closes.
+SLOW_S = 0.5  # a /health answer slower than this is kept with its time (`slow_polls`)
+# The poller: one line per poll, "<1 if answered 200 else 0> <seconds> <its start, time.monotonic()>" (the
+# system's monotonic clock: the same in every process), until its stdin closes.
 POLLER = """
 import sys, threading, time, httpx
 url, done = sys.argv[1], threading.Event()
@@ -23,7 +25,7 @@ with httpx.Client(timeout=30) as http:
             ok = http.get(url).status_code == 200
         except httpx.HTTPError:
             ok = False
-        print(int(ok), time.monotonic() - start, flush=True)
+        print(int(ok), time.monotonic() - start, start, flush=True)
 """
 
 
@@ -81,6 +83,7 @@ class ServerWatch:
         self._lock = threading.Lock()
         self._peak = 0.0
         self._polls, self._failures, self._slowest = 0, 0, 0.0
+        self._slow: list[tuple[float, float]] = []  # (start, seconds) of the polls over SLOW_S
         self._poller = subprocess.Popen([sys.executable, "-c", POLLER, f"{url}/health"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True)
         self._threads = [threading.Thread(target=self._sample_memory, daemon=True),
@@ -103,6 +106,11 @@ class ServerWatch:
         with self._lock:
             return {"polls": self._polls, "failures": self._failures, "slowest_ms": round(self._slowest * 1000)}
 
+    def slow_polls(self) -> list[tuple[float, float]]:
+        """(start on `time.monotonic()`'s clock, seconds) of each poll slower than `SLOW_S`."""
+        with self._lock:
+            return list(self._slow)
+
     def stop(self) -> None:
         self._stop.set()
         assert self._poller.stdin is not None
@@ -120,8 +128,10 @@ class ServerWatch:
     def _read_health(self) -> None:
         assert self._poller.stdout is not None
         for line in self._poller.stdout:
-            ok, seconds = line.split()
+            ok, seconds, start = line.split()
             with self._lock:
                 self._polls += 1
                 self._failures += ok != "1"
                 self._slowest = max(self._slowest, float(seconds))
+                if float(seconds) > SLOW_S:
+                    self._slow.append((float(start), float(seconds)))

@@ -122,7 +122,11 @@ def soak(args: argparse.Namespace, root: Path, model: str, vocab: int, quota: in
         attacker.stop()
         victim.stop()
         at_end, attack_s = tokens_by_tenant(url), time.monotonic() - victim.record.attack_at
-        return {"victim": summarize(victim.record), "attacks": attacker.summary(), "health": watch.health(),
+        slow = sorted(watch.slow_polls(), key=lambda poll: -poll[1])[:10]
+        health = {**watch.health(), "slowest_polls": [
+            {"ms": round(seconds * 1000), "phase": victim.record.phase(start),
+             "attacker_in_flight": attacker.in_flight(start, start + seconds)} for start, seconds in slow]}
+        return {"victim": summarize(victim.record), "attacks": attacker.summary(), "health": health,
                 "tokens_per_s": {"quiet": token_rates(at_quiet, at_attack, args.quiet_s),
                                  "attack": token_rates(at_attack, at_end, attack_s)},
                 "server_rss_mb": {"quiet_peak": quiet_peak, "at_attack_start": quiet_rss,

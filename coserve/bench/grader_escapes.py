@@ -60,15 +60,18 @@ NETWORK = (
 
 
 def setsid_grandchild(token: str, then: str = "pass") -> str:
-    """A grader that starts a grandchild in its own session (`sleep <token>`, a number of seconds), checks
-    that it runs, then does `then`; 0.0 when the grandchild ran (the escape is judged afterwards: whether a
-    process with `token` in its command line outlives the grader), 0.5 when it never ran."""
+    """A grader that starts a grandchild in its own session (`sleep <token>`, a number of seconds), waits
+    until it runs (5 s at most), then does `then`; 0.0 when the grandchild ran (the escape is judged
+    afterwards: whether a process with `token` in its command line outlives the grader), 0.5 when it
+    never ran."""
     return ("import os, time\ndef grade(sample, item):\n    if os.fork() == 0:\n        os.setsid()\n"
             "        if os.fork() == 0:\n"
             f"            os.execv('/bin/sleep', ['sleep', {token!r}])\n        os._exit(0)\n"
-            "    os.wait()\n    time.sleep(0.3)\n"
-            "    running = any(b" + repr(token) + " in open(f'/proc/{p}/cmdline', 'rb').read()\n"
-            "                  for p in os.listdir('/proc') if p.isdigit())\n"
+            "    os.wait()\n    running = False\n"
+            "    for _ in range(50):  # until it shows (a loaded machine takes a while)\n"
+            "        running = any(b" + repr(token) + " in open(f'/proc/{p}/cmdline', 'rb').read()\n"
+            "                      for p in os.listdir('/proc') if p.isdigit())\n"
+            "        if running:\n            break\n        time.sleep(0.1)\n"
             f"    {then}\n    return 0.0 if running else 0.5\n")
 
 
