@@ -5,6 +5,7 @@ the victim's grading and `/health` stay fast throughout."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import time
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ import httpx
 import openai
 import pytest
 
+from coserve.api.serving import graders as grader_service
+from coserve.contract.grader import parse_grader
 from local_server import LocalServer, local_server
 
 ATTACKER, VICTIM = "sk-attacker-graders-01234", "sk-victim-graders-01234"
@@ -76,6 +79,30 @@ def test_a_grader_of_thousands_of_graders_is_a_400(server: LocalServer) -> None:
     body = info.value.body
     assert isinstance(body, dict) and body["param"] == "grader" and body["code"] == "invalid_grader", body
     assert "at most 64" in body["message"] and time.monotonic() - start < 5.0
+
+
+def test_a_grader_is_parsed_off_the_event_loop(server: LocalServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building and checking a grader of thousands of graders holds the GIL for 0.1 s (a quiet machine; a
+    loaded one took /health to 0.7 s): it runs in a thread, the event loop serving /health in between."""
+    on_loop: list[bool] = []
+
+    def parse(raw: dict[str, Any]) -> Any:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return parse_grader(raw)
+
+    monkeypatch.setattr(grader_service, "parse_grader", parse)
+    rouge = {"type": "text_similarity", "name": "r", "input": "{{ sample.output_text }}", "reference": "x",
+             "evaluation_metric": "rouge_l"}
+    level = {"type": "multi", "name": "l", "calculate_output": "g0", "graders": {f"g{i}": rouge for i in range(32)}}
+    huge = {"type": "multi", "name": "h", "calculate_output": "g0", "graders": {f"g{i}": level for i in range(32)}}
+    with pytest.raises(openai.BadRequestError):
+        server.client(ATTACKER).fine_tuning.alpha.graders.run(grader=huge, model_sample="x")  # type: ignore[arg-type]
+    victim_grades(server)
+    assert on_loop == [False, False]
 
 
 def test_similarity_work_past_its_bound_scores_zero_with_other_error(server: LocalServer) -> None:
